@@ -1,0 +1,171 @@
+/**
+ * The relay: moves committed outbox rows into Temporal, one usage workflow per event.
+ *
+ * Each call of `relayOutbox` runs for a bounded time (so the relay workflow's history stays small
+ * and a redeploy picks up new code), claiming batches while there is work and sleeping on
+ * LISTEN/NOTIFY (with a polling fallback) while there is none.
+ */
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import { Context } from '@temporalio/activity';
+import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/client';
+import type pg from 'pg';
+import type { Config } from '../src/config.js';
+import type { OutboxNotifier } from '../src/notifier.js';
+import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
+
+export interface RelayDeps {
+  pool: pg.Pool;
+  client: Client;
+  notifier: OutboxNotifier;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal'>;
+  /** How long one relay activity runs before handing back to its workflow. */
+  runForMs?: number;
+  /** Aborted when this process is shutting down: relays stop claiming at once. */
+  stopping?: AbortSignal;
+  log?: (msg: string, fields: Record<string, unknown>) => void;
+}
+
+/** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
+const MAX_IDLE_WAIT_MS = 5_000;
+
+export interface ClaimedRow {
+  id: number;
+  idempotency_key: string;
+  tenant_id: string;
+}
+
+/**
+ * Claims up to `limit` rows, oldest first. SKIP LOCKED keeps concurrent claimers off each other's
+ * candidates; the guarded UPDATE re-checks that each row is still claimable, so a claim can only
+ * take a row that is pending or whose previous lease has lapsed.
+ */
+export async function claimBatch(
+  db: Pick<pg.Pool, 'query'>,
+  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number },
+): Promise<ClaimedRow[]> {
+  const { rows } = await db.query<ClaimedRow>(
+    `WITH candidates AS (
+       SELECT id FROM outbox
+       WHERE status IN ('pending', 'claimed') AND (status = 'pending' OR processing_deadline < now())
+       ORDER BY id
+       LIMIT $1
+       FOR UPDATE SKIP LOCKED
+     )
+     UPDATE outbox o
+        SET status = 'claimed', claimed_by = $2, claim_id = $3,
+            processing_deadline = clock_timestamp() + $4 * interval '1 millisecond', updated_at = now()
+       FROM candidates c
+      WHERE o.id = c.id
+        AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
+     RETURNING o.id, o.idempotency_key, o.tenant_id`,
+    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs],
+  );
+  return rows;
+}
+
+/** Marks rows dispatched, only while they are still held by this claim. Returns how many were. */
+export async function markDispatched(db: Pick<pg.Pool, 'query'>, ids: number[], claimId: string): Promise<number> {
+  if (ids.length === 0) return 0;
+  const result = await db.query(
+    `UPDATE outbox
+        SET status = 'dispatched', dispatched_at = now(), workflow_id = idempotency_key,
+            claim_id = NULL, processing_deadline = NULL, updated_at = now()
+      WHERE id = ANY($1::bigint[]) AND status = 'claimed' AND claim_id = $2`,
+    [ids, claimId],
+  );
+  return result.rowCount ?? 0;
+}
+
+/**
+ * Starts the usage workflow of one event. Workflow id = idempotency key, and the policies make a
+ * second run impossible: FAIL if one is running, REJECT_DUPLICATE if one ever ran (within the
+ * namespace's retention). Either refusal means the event is already in Temporal's hands.
+ * Returns false when it was already started.
+ */
+export async function startUsageWorkflow(
+  client: Client,
+  row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
+  config: Pick<Config, 'retry' | 'temporal'>,
+): Promise<boolean> {
+  const input: UsageWorkflowInput = { key: row.idempotency_key, tenantId: row.tenant_id, retry: config.retry };
+  try {
+    await client.workflow.start('usageWorkflow', {
+      workflowId: row.idempotency_key,
+      taskQueue: config.temporal.taskQueue,
+      args: [input],
+      workflowIdConflictPolicy: 'FAIL',
+      workflowIdReusePolicy: 'REJECT_DUPLICATE',
+      typedSearchAttributes: [
+        { key: OutboxStatusKey, value: 'dispatched' },
+        { key: TenantIdKey, value: row.tenant_id },
+      ],
+    });
+    return true;
+  } catch (err) {
+    if (err instanceof WorkflowExecutionAlreadyStartedError) return false;
+    throw err;
+  }
+}
+
+export interface RelayResult {
+  claimed: number;
+  started: number;
+  alreadyStarted: number;
+  failedToStart: number;
+}
+
+export function createRelayActivities(deps: RelayDeps) {
+  const { pool, client, notifier, config } = deps;
+  const runForMs = deps.runForMs ?? 60_000;
+  const log = deps.log ?? (() => undefined);
+
+  /** Claims one batch, starts its workflows, marks the started ones dispatched. */
+  async function relayBatch(claimedBy: string, totals: RelayResult): Promise<number> {
+    const claimId = randomUUID();
+    const rows = await claimBatch(pool, { limit: config.relay.batchSize, claimedBy, claimId, leaseMs: config.relay.leaseMs });
+    if (rows.length === 0) return 0;
+    const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config)));
+    const inTemporal: number[] = [];
+    outcomes.forEach((outcome, i) => {
+      const row = rows[i]!;
+      if (outcome.status === 'fulfilled') {
+        inTemporal.push(row.id);
+        if (outcome.value) totals.started++;
+        else totals.alreadyStarted++;
+      } else {
+        // Left claimed: the lease lapses and a relay picks the row up again.
+        totals.failedToStart++;
+        log('failed to start usage workflow', { key: row.idempotency_key, error: String(outcome.reason) });
+      }
+    });
+    await markDispatched(pool, inTemporal, claimId);
+    totals.claimed += rows.length;
+    return rows.length;
+  }
+
+  return {
+    async relayOutbox(relayId: string): Promise<RelayResult> {
+      const ctx = Context.current();
+      const claimedBy = `${hostname()}:${process.pid}:${relayId}`;
+      const totals: RelayResult = { claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0 };
+      const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
+      const stop = AbortSignal.any(signals);
+      const until = Date.now() + runForMs;
+      await notifier.start();
+      while (!stop.aborted && Date.now() < until) {
+        const mark = notifier.mark();
+        const n = await relayBatch(claimedBy, totals);
+        ctx.heartbeat(totals);
+        if (n < config.relay.batchSize) {
+          const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - Date.now()));
+          await notifier.wait(idleMs, stop, mark);
+          ctx.heartbeat(totals);
+        }
+      }
+      return totals;
+    },
+  };
+}
+
+export type RelayActivities = ReturnType<typeof createRelayActivities>;

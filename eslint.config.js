@@ -1,0 +1,29 @@
+// Lint: the recommended JS and TypeScript rules, plus a guard that keeps workflow code deterministic.
+import js from '@eslint/js';
+import tseslint from 'typescript-eslint';
+
+export default tseslint.config(
+  { ignores: ['node_modules/', '.tools/', '.data/', 'dist/', 'coverage/'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommended,
+  {
+    rules: {
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
+    },
+  },
+  {
+    // Workflow code is replayed: no Node APIs, no I/O, no clocks or randomness outside the SDK's.
+    files: ['workflows/**/*.ts'],
+    rules: {
+      'no-restricted-imports': [
+        'error',
+        {
+          patterns: [
+            { group: ['node:*', 'pg', 'stripe', '@temporalio/client', '@temporalio/worker', '@temporalio/activity'], message: 'workflow code must stay deterministic' },
+            { group: ['../src/*', '../activities/*'], allowTypeImports: true, message: 'workflows may import only types from activities and src' },
+          ],
+        },
+      ],
+    },
+  },
+);

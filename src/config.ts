@@ -1,0 +1,171 @@
+/**
+ * Configuration, read once from the environment and validated at start-up.
+ *
+ * Every variable is documented in `.env.example`. A bad value stops the process with one line per
+ * offending variable; secret values (the Stripe key, database passwords) are never echoed back.
+ */
+import { z } from 'zod';
+
+const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
+
+/** A positive integer read from a string, with an inclusive range. */
+function int(min: number, max: number) {
+  return z
+    .string()
+    .trim()
+    .regex(/^\d+$/, `must be a whole number between ${min} and ${max}`)
+    .transform(Number)
+    .pipe(z.number().int().min(min, `must be at least ${min}`).max(max, `must be at most ${max}`));
+}
+
+function decimal(min: number, max: number) {
+  return z
+    .string()
+    .trim()
+    .regex(/^\d+(\.\d+)?$/, `must be a number between ${min} and ${max}`)
+    .transform(Number)
+    .pipe(z.number().min(min, `must be at least ${min}`).max(max, `must be at most ${max}`));
+}
+
+const nonEmpty = (what: string) => z.string().trim().min(1, `must not be empty (${what})`);
+
+const schema = z.object({
+  NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+  DATABASE_URL: z
+    .string()
+    .trim()
+    .refine((v) => /^postgres(ql)?:\/\//.test(v), 'must be a postgres:// or postgresql:// URL')
+    .optional(),
+  TEMPORAL_ADDRESS: z
+    .string()
+    .trim()
+    .regex(/^[^\s:/]+:\d{1,5}$/, 'must be host:port, e.g. localhost:7233')
+    .optional(),
+  TEMPORAL_NAMESPACE: nonEmpty('a Temporal namespace').default('default'),
+  TEMPORAL_TASK_QUEUE: nonEmpty('a Temporal task queue').default('billing-outbox'),
+  STRIPE_API_KEY: z
+    .string()
+    .trim()
+    .regex(/^(sk|rk)_(test|live)_[A-Za-z0-9_]+$/, 'must be a Stripe secret or restricted key (sk_test_…, sk_live_…, rk_…)')
+    .optional(),
+  STRIPE_API_BASE: z
+    .string()
+    .trim()
+    .refine((v) => {
+      try {
+        const u = new URL(v);
+        return (u.protocol === 'https:' || u.protocol === 'http:') && (u.pathname === '/' || u.pathname === '');
+      } catch {
+        return false;
+      }
+    }, 'must be an http(s) base URL without a path, e.g. http://127.0.0.1:12111')
+    .default(STRIPE_DEFAULT_BASE),
+  STRIPE_METER_EVENT_NAME: z
+    .string()
+    .trim()
+    .min(1, 'must not be empty')
+    .max(100, 'must be at most 100 characters (Stripe limit)')
+    .default('api_requests'),
+  STRIPE_TIMEOUT_MS: int(100, 120_000).default(20_000),
+  RETRY_INITIAL_INTERVAL_MS: int(1, 3_600_000).default(1_000),
+  RETRY_BACKOFF_COEFFICIENT: decimal(1, 10).default(2),
+  RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
+  RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
+  RELAY_BATCH_SIZE: int(1, 5_000).default(200),
+  RELAY_COUNT: int(1, 64).default(2),
+  RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
+  RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+type Parsed = z.infer<typeof schema>;
+
+export interface RetryConfig {
+  initialIntervalMs: number;
+  backoffCoefficient: number;
+  maximumIntervalMs: number;
+  maximumAttempts: number;
+}
+
+export interface Config {
+  production: boolean;
+  databaseUrl: string | undefined;
+  temporal: { address: string | undefined; namespace: string; taskQueue: string };
+  stripe: {
+    /** Undefined outside production means "use the local Stripe-compatible server's test key". */
+    apiKey: string | undefined;
+    apiBase: string;
+    /** True when STRIPE_API_BASE was left at Stripe's own API. */
+    isRealStripe: boolean;
+    meterEventName: string;
+    timeoutMs: number;
+  };
+  retry: RetryConfig;
+  relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
+  logLevel: Parsed['LOG_LEVEL'];
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+/**
+ * Reads the configuration from `env` (default: `process.env`). Empty strings count as unset, so
+ * `FOO=` in a .env file means "use the default".
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const input: Record<string, string> = {};
+  for (const key of Object.keys(schema.shape)) {
+    const value = env[key];
+    if (value !== undefined && value.trim() !== '') input[key] = value;
+  }
+  const result = schema.safeParse(input);
+  if (!result.success) {
+    const problems = result.error.issues.map((issue) => {
+      const name = String(issue.path[0] ?? '(environment)');
+      return `${name}: ${issue.message}`;
+    });
+    throw new ConfigError(problems);
+  }
+  const c = result.data;
+  const problems: string[] = [];
+  if (c.NODE_ENV === 'production' && !c.STRIPE_API_KEY) {
+    problems.push('STRIPE_API_KEY: is required when NODE_ENV=production');
+  }
+  if (c.RETRY_MAXIMUM_INTERVAL_MS < c.RETRY_INITIAL_INTERVAL_MS) {
+    problems.push('RETRY_MAXIMUM_INTERVAL_MS: must not be smaller than RETRY_INITIAL_INTERVAL_MS');
+  }
+  if (c.STRIPE_API_KEY?.includes('_live_') && c.STRIPE_API_BASE !== STRIPE_DEFAULT_BASE) {
+    problems.push('STRIPE_API_KEY: a live key may only be sent to Stripe itself; unset STRIPE_API_BASE');
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
+
+  return {
+    production: c.NODE_ENV === 'production',
+    databaseUrl: c.DATABASE_URL,
+    temporal: { address: c.TEMPORAL_ADDRESS, namespace: c.TEMPORAL_NAMESPACE, taskQueue: c.TEMPORAL_TASK_QUEUE },
+    stripe: {
+      apiKey: c.STRIPE_API_KEY,
+      apiBase: c.STRIPE_API_BASE.replace(/\/$/, ''),
+      isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
+      meterEventName: c.STRIPE_METER_EVENT_NAME,
+      timeoutMs: c.STRIPE_TIMEOUT_MS,
+    },
+    retry: {
+      initialIntervalMs: c.RETRY_INITIAL_INTERVAL_MS,
+      backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT,
+      maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS,
+      maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS,
+    },
+    relay: {
+      batchSize: c.RELAY_BATCH_SIZE,
+      count: c.RELAY_COUNT,
+      leaseMs: c.RELAY_LEASE_MS,
+      pollIntervalMs: c.RELAY_POLL_INTERVAL_MS,
+    },
+    logLevel: c.LOG_LEVEL,
+  };
+}

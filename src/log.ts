@@ -1,0 +1,37 @@
+/**
+ * Structured JSON logs. Secrets never reach them: known secret fields are redacted by path, and
+ * every string is scrubbed of Stripe keys and URL passwords before it is written.
+ */
+import pino from 'pino';
+
+const REDACT_PATHS = [
+  'apiKey', '*.apiKey', 'STRIPE_API_KEY', '*.STRIPE_API_KEY', 'password', '*.password', 'token', '*.token',
+  'authorization', '*.authorization', 'headers.authorization', 'req.headers.authorization', 'secret', '*.secret',
+];
+
+const STRIPE_KEY = /\b(sk|rk|pk|whsec)_(test|live)?_?[A-Za-z0-9]{6,}/g;
+const URL_PASSWORD = /(\b[a-z][a-z0-9+.-]*:\/\/[^:@/\s]+:)[^@/\s]+@/gi;
+
+/** Removes anything that looks like a Stripe key or a password inside a URL. */
+export function scrub(text: string): string {
+  return text.replace(STRIPE_KEY, '$1_***').replace(URL_PASSWORD, '$1***@');
+}
+
+export type Logger = pino.Logger;
+
+export function createLogger(level: string = process.env.LOG_LEVEL ?? 'info', destination?: pino.DestinationStream): Logger {
+  return pino(
+    {
+      level,
+      base: { service: 'billing-outbox' },
+      redact: { paths: REDACT_PATHS, censor: '***' },
+      formatters: { log: (obj) => JSON.parse(scrub(JSON.stringify(obj))) as Record<string, unknown> },
+      hooks: {
+        logMethod(args, method) {
+          method.apply(this, args.map((a) => (typeof a === 'string' ? scrub(a) : a)) as Parameters<typeof method>);
+        },
+      },
+    },
+    destination ?? pino.destination(1),
+  );
+}

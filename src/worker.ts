@@ -1,0 +1,94 @@
+/**
+ * A billing-outbox worker: the relay workflows, the usage workflows and their activities, on one
+ * Temporal task queue. Run as many as you like; they share the work through Temporal and PostgreSQL.
+ */
+import { Client, Connection, WorkflowIdConflictPolicy } from '@temporalio/client';
+import { NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type pg from 'pg';
+import type Stripe from 'stripe';
+import { createDeliveryActivities } from '../activities/delivery.js';
+import { createRelayActivities } from '../activities/relay.js';
+import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
+import type { Config } from './config.js';
+import type { Logger } from './log.js';
+import { OutboxNotifier } from './notifier.js';
+
+export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'workflows', 'index.ts');
+
+export interface WorkerDeps {
+  config: Config;
+  databaseUrl: string;
+  pool: pg.Pool;
+  stripe: Stripe;
+  connection: NativeConnection;
+  client: Client;
+  log?: Logger;
+  /** A pre-built bundle (tests bundle once); otherwise the workflows are bundled at start-up. */
+  workflowBundle?: WorkerOptions['workflowBundle'];
+  relayRunForMs?: number;
+  workerOptions?: Partial<WorkerOptions>;
+}
+
+export interface RunningWorker {
+  worker: Worker;
+  /** Stops claiming, lets in-flight activities finish (or be retried elsewhere), then resolves. */
+  shutdown(): Promise<void>;
+  /** Resolves when the worker has stopped (rejects if it crashed). */
+  done: Promise<void>;
+}
+
+export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
+  const { config, pool, stripe, client } = deps;
+  const stopping = new AbortController();
+  const notifier = new OutboxNotifier(deps.databaseUrl);
+  const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
+  const activities = {
+    ...createDeliveryActivities({ pool, stripe }),
+    ...createRelayActivities({ pool, client, notifier, config, stopping: stopping.signal, log: relayLog, runForMs: deps.relayRunForMs }),
+  };
+  const worker = await Worker.create({
+    connection: deps.connection,
+    namespace: config.temporal.namespace,
+    taskQueue: config.temporal.taskQueue,
+    activities,
+    ...(deps.workflowBundle ? { workflowBundle: deps.workflowBundle } : { workflowsPath: WORKFLOWS_PATH }),
+    shutdownGraceTime: '20 seconds',
+    ...deps.workerOptions,
+  });
+  const done = worker.run().finally(() => notifier.close());
+  await ensureRelays(client, config);
+  deps.log?.info({ taskQueue: config.temporal.taskQueue, relays: config.relay.count }, 'worker started');
+  return {
+    worker,
+    done,
+    async shutdown() {
+      stopping.abort();
+      if (worker.getState() === 'RUNNING') worker.shutdown();
+      await done;
+    },
+  };
+}
+
+/** Starts the relay workflows unless they are already running. Every worker calls this at boot. */
+export async function ensureRelays(client: Client, config: Config): Promise<void> {
+  await Promise.all(
+    Array.from({ length: config.relay.count }, (_, i) =>
+      client.workflow.start('relayWorkflow', {
+        workflowId: relayWorkflowId(i),
+        taskQueue: config.temporal.taskQueue,
+        args: [{ relayId: `relay-${i}` } satisfies RelayWorkflowInput],
+        workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,
+      }),
+    ),
+  );
+}
+
+/** One gRPC connection for the client (starting workflows) and one native one for the worker. */
+export async function connectTemporal(address: string, namespace: string): Promise<{ connection: NativeConnection; client: Client; clientConnection: Connection }> {
+  const connection = await NativeConnection.connect({ address });
+  const clientConnection = await Connection.connect({ address });
+  const client = new Client({ connection: clientConnection, namespace });
+  return { connection, client, clientConnection };
+}

@@ -1,0 +1,112 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { withTransaction } from '../src/db.js';
+import {
+  InvalidUsageError,
+  MAX_QUANTITY,
+  recordUsage,
+  UnknownTenantError,
+  UsageConflictError,
+  type UsageInput,
+} from '../src/enqueue.js';
+import { addCustomer, createTestDb, type TestDb } from './helpers.js';
+
+let db: TestDb;
+beforeAll(async () => {
+  db = await createTestDb();
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+});
+afterAll(() => db?.drop());
+
+const count = async (table: string) => Number((await db.pool.query(`SELECT count(*) FROM ${table}`)).rows[0].count);
+
+describe('recordUsage', () => {
+  it('writes the usage row and the outbox row in the caller transaction', async () => {
+    const at = new Date('2026-11-30T10:00:00.123Z');
+    const result = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'u-1', tenantId: 'acme', quantity: 7, occurredAt: at }));
+    expect(result.created).toBe(true);
+    expect(result.entry).toMatchObject({ idempotencyKey: 'usage_log:u-1', tenantId: 'acme', quantity: 7, status: 'pending', eventName: 'api_requests' });
+    expect(result.entry.occurredAt.toISOString()).toBe(at.toISOString());
+    const usage = await db.pool.query('SELECT * FROM usage_logs WHERE id = $1', ['u-1']);
+    expect(usage.rows[0]).toMatchObject({ tenant_id: 'acme', quantity: 7 });
+  });
+
+  it('leaves no row when the transaction rolls back', async () => {
+    const before = [await count('usage_logs'), await count('outbox')];
+    await expect(
+      withTransaction(db.pool, async (c) => {
+        await recordUsage(c, { usageId: 'u-rollback', tenantId: 'acme', quantity: 1 });
+        throw new Error('the application failed after recording');
+      }),
+    ).rejects.toThrow('the application failed');
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+    expect((await db.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = 'usage_log:u-rollback'`)).rowCount).toBe(0);
+  });
+
+  it('returns the existing entry for the same usage and adds nothing', async () => {
+    const input: UsageInput = { usageId: 'u-dup', tenantId: 'acme', quantity: 3, eventName: 'tokens', occurredAt: new Date('2026-11-30T11:00:00Z') };
+    const first = await withTransaction(db.pool, (c) => recordUsage(c, input));
+    const before = [await count('usage_logs'), await count('outbox')];
+    const second = await withTransaction(db.pool, (c) => recordUsage(c, input));
+    expect(second.created).toBe(false);
+    expect(second.entry).toEqual(first.entry);
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+  });
+
+  it('handles the same usage recorded by concurrent transactions: one row', async () => {
+    const input: UsageInput = { usageId: 'u-race', tenantId: 'acme', quantity: 2, occurredAt: new Date('2026-11-30T12:00:00Z') };
+    const results = await Promise.all(Array.from({ length: 8 }, () => withTransaction(db.pool, (c) => recordUsage(c, input))));
+    expect(results.filter((r) => r.created)).toHaveLength(1);
+    expect(new Set(results.map((r) => r.entry.id)).size).toBe(1);
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = 'usage_log:u-race'`)).rows[0].n).toBe(1);
+  });
+
+  it('refuses a usage id reused with different values, without aborting the transaction', async () => {
+    await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 5 }));
+    await withTransaction(db.pool, async (c) => {
+      await expect(recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 6 })).rejects.toBeInstanceOf(UsageConflictError);
+      // The caller's transaction is still usable.
+      await c.query('SELECT 1');
+    });
+  });
+
+  it('rejects an unknown tenant with a typed error, writes nothing, and keeps the transaction usable', async () => {
+    const before = [await count('usage_logs'), await count('outbox')];
+    await withTransaction(db.pool, async (c) => {
+      const err = await recordUsage(c, { usageId: 'u-ghost', tenantId: 'ghost', quantity: 1 }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(UnknownTenantError);
+      expect((err as UnknownTenantError).code).toBe('unknown_tenant');
+      await c.query('SELECT 1');
+    });
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+  });
+
+  const bad: [string, Partial<UsageInput>, string][] = [
+    ['zero quantity', { quantity: 0 }, 'quantity'],
+    ['negative quantity', { quantity: -3 }, 'quantity'],
+    ['fractional quantity', { quantity: 1.5 }, 'quantity'],
+    ['quantity as string', { quantity: '5' as unknown as number }, 'quantity'],
+    ['NaN quantity', { quantity: Number.NaN }, 'quantity'],
+    ['quantity beyond 15 digits', { quantity: MAX_QUANTITY + 1 }, 'quantity'],
+    ['empty usage id', { usageId: '' }, 'usageId'],
+    ['usage id making a key over 100 chars', { usageId: 'x'.repeat(91) }, 'usageId'],
+    ['usage id with a newline', { usageId: 'a\nb' }, 'usageId'],
+    ['empty event name', { eventName: '' }, 'eventName'],
+    ['event name over 100 chars', { eventName: 'e'.repeat(101) }, 'eventName'],
+    ['empty tenant', { tenantId: '' }, 'tenantId'],
+    ['invalid date', { occurredAt: new Date('nope') }, 'occurredAt'],
+  ];
+  it.each(bad)('rejects %s before writing anything', async (_name, patch, field) => {
+    const before = [await count('usage_logs'), await count('outbox')];
+    const input = { usageId: 'u-bad', tenantId: 'acme', quantity: 1, ...patch } as UsageInput;
+    const err = await withTransaction(db.pool, (c) => recordUsage(c, input)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(InvalidUsageError);
+    expect((err as InvalidUsageError).field).toBe(field);
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+  });
+
+  it('accepts the largest quantity Stripe takes and a 90-character usage id', async () => {
+    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'y'.repeat(90), tenantId: 'acme', quantity: MAX_QUANTITY }));
+    expect(r.entry.quantity).toBe(MAX_QUANTITY);
+    expect(r.entry.idempotencyKey).toHaveLength(100);
+  });
+});

@@ -1,0 +1,51 @@
+/**
+ * Starts the real services once per test run and shares their addresses with every test file:
+ * PostgreSQL (embedded unless DATABASE_URL is set), a Temporal dev server (unless TEMPORAL_ADDRESS
+ * is set), and the workflow bundle (bundling takes seconds; do it once).
+ */
+import { bundleWorkflowCode } from '@temporalio/worker';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import type { TestProject } from 'vitest/node';
+import './provided.js';
+import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
+import { startTemporalDevServer } from '../src/embedded/temporal.js';
+import { WORKFLOWS_PATH } from '../src/worker.js';
+
+export default async function setup(project: TestProject) {
+  const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-test-'));
+  // Run as root, PostgreSQL runs as a `postgres` system user that must be able to enter this folder.
+  await chmod(tmp, 0o755);
+  const stops: (() => Promise<void>)[] = [];
+
+  let adminDatabaseUrl = process.env.DATABASE_URL;
+  if (!adminDatabaseUrl) {
+    const pg = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'postgres', persistent: false });
+    stops.push(pg.stop);
+    adminDatabaseUrl = pg.url;
+  }
+
+  let temporalAddress = process.env.TEMPORAL_ADDRESS;
+  if (!temporalAddress) {
+    const server = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db') });
+    stops.push(server.stop);
+    temporalAddress = server.address;
+  }
+
+  const bundle = await bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: quietLogger });
+  const workflowBundlePath = path.join(tmp, 'workflow-bundle.js');
+  await writeFile(workflowBundlePath, bundle.code);
+
+  project.provide('adminDatabaseUrl', adminDatabaseUrl);
+  project.provide('temporalAddress', temporalAddress);
+  project.provide('workflowBundlePath', workflowBundlePath);
+
+  return async () => {
+    for (const stop of stops.reverse()) await stop().catch(() => undefined);
+    await rm(tmp, { recursive: true, force: true });
+  };
+}
+
+const noop = () => undefined;
+const quietLogger = { trace: noop, debug: noop, info: noop, warn: console.warn, error: console.error, log: noop };

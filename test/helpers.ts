@@ -1,0 +1,95 @@
+/**
+ * Shared test plumbing: a fresh database per test file on the shared PostgreSQL server, a Temporal
+ * client and worker on the shared dev server with a task queue of the file's own, and configs.
+ */
+import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import pg from 'pg';
+import { inject } from 'vitest';
+import { loadConfig, type Config } from '../src/config.js';
+import { createPool, migrate } from '../src/db.js';
+import './provided.js';
+
+export interface TestDb {
+  url: string;
+  pool: pg.Pool;
+  drop(): Promise<void>;
+}
+
+export function databaseUrlFor(name: string): string {
+  const url = new URL(inject('adminDatabaseUrl'));
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+/** A new, migrated database of the test file's own. */
+export async function createTestDb(): Promise<TestDb> {
+  const name = `bo_test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name}`);
+  await admin.end();
+  const url = databaseUrlFor(name);
+  await migrate(url);
+  const pool = createPool(url, 20);
+  return {
+    url,
+    pool,
+    async drop() {
+      await pool.end();
+      const a = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+      await a.connect();
+      await a.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await a.end();
+    },
+  };
+}
+
+export async function addCustomer(db: pg.Pool, tenantId: string, stripeCustomerId: string): Promise<void> {
+  await db.query(
+    `INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1, $2)
+     ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id`,
+    [tenantId, stripeCustomerId],
+  );
+}
+
+/** A config for tests: fast retries, a task queue of its own, and whatever `env` overrides. */
+export function testConfig(env: Record<string, string> = {}): Config {
+  return loadConfig({
+    NODE_ENV: 'test',
+    TEMPORAL_ADDRESS: inject('temporalAddress'),
+    TEMPORAL_TASK_QUEUE: `test-${randomUUID()}`,
+    RETRY_INITIAL_INTERVAL_MS: '50',
+    RETRY_BACKOFF_COEFFICIENT: '2',
+    RETRY_MAXIMUM_INTERVAL_MS: '200',
+    RETRY_MAXIMUM_ATTEMPTS: '4',
+    RELAY_COUNT: '1',
+    RELAY_POLL_INTERVAL_MS: '200',
+    LOG_LEVEL: 'silent',
+    ...env,
+  });
+}
+
+export function workflowBundle(): { code: string } {
+  return { code: readFileSync(inject('workflowBundlePath'), 'utf8') };
+}
+
+export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000, everyMs = 100): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < until) {
+    try {
+      const v = await fn();
+      if (v !== undefined && v !== false) return v;
+    } catch (err) {
+      last = err;
+    }
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+}
+
+export async function statusCounts(pool: pg.Pool): Promise<Record<string, number>> {
+  const { rows } = await pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
+  return Object.fromEntries(rows.map((r) => [r.status, r.n]));
+}

@@ -1,0 +1,24 @@
+/**
+ * A long-lived relay: loops over the relay activity and continues-as-new to keep its history short.
+ * Several run at once (RELAY_COUNT), each with a fixed id, started idempotently by every worker.
+ */
+import { continueAsNew, proxyActivities, workflowInfo } from '@temporalio/workflow';
+import type { RelayActivities } from '../activities/relay.js';
+import type { RelayWorkflowInput } from './shared.js';
+
+const { relayOutbox } = proxyActivities<RelayActivities>({
+  // An activity call runs for about a minute; the heartbeat timeout is what notices a dead worker.
+  startToCloseTimeout: '5 minutes',
+  heartbeatTimeout: '30 seconds',
+  retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
+});
+
+/** Activity calls per run before continuing as new (each adds a handful of history events). */
+const CALLS_PER_RUN = 200;
+
+export async function relayWorkflow(input: RelayWorkflowInput): Promise<never> {
+  for (let i = 0; i < CALLS_PER_RUN && !workflowInfo().continueAsNewSuggested; i++) {
+    await relayOutbox(input.relayId);
+  }
+  return continueAsNew<typeof relayWorkflow>(input);
+}
