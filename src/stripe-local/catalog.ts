@@ -1,0 +1,115 @@
+/**
+ * Customers and meters: the objects a meter event must refer to. `reset()` of the server keeps them.
+ */
+import type { MeterInfo } from './types.js';
+
+export interface CustomerObject {
+  id: string;
+  object: 'customer';
+  created: number;
+  livemode: false;
+  name: string | null;
+  email: string | null;
+  metadata: Record<string, string>;
+}
+
+export interface MeterObject {
+  id: string;
+  object: 'billing.meter';
+  created: number;
+  display_name: string;
+  event_name: string;
+  event_time_window: null;
+  livemode: false;
+  status: 'active';
+  status_transitions: { deactivated_at: null };
+  updated: number;
+  default_aggregation: { formula: 'sum' };
+  customer_mapping: { event_payload_key: 'stripe_customer_id'; type: 'by_id' };
+  value_settings: { event_payload_key: 'value' };
+}
+
+export class Catalog {
+  private readonly customers = new Map<string, CustomerObject>();
+  private readonly meters = new Map<string, MeterObject>();
+  private customerSeq = 0;
+  private meterSeq = 0;
+
+  constructor(private readonly nowSeconds: () => number) {}
+
+  /** Registers a customer with a chosen id (test setup; the API itself never lets you choose). */
+  addCustomer(id: string, fields: Partial<Pick<CustomerObject, 'name' | 'email' | 'metadata'>> = {}): CustomerObject {
+    const existing = this.customers.get(id);
+    if (existing) return existing;
+    const customer: CustomerObject = {
+      id,
+      object: 'customer',
+      created: this.nowSeconds(),
+      livemode: false,
+      name: fields.name ?? null,
+      email: fields.email ?? null,
+      metadata: fields.metadata ?? {},
+    };
+    this.customers.set(id, customer);
+    return customer;
+  }
+
+  /** POST /v1/customers: Stripe assigns the id. */
+  createCustomer(fields: Partial<Pick<CustomerObject, 'name' | 'email' | 'metadata'>>): CustomerObject {
+    let id: string;
+    do id = `cus_local_${++this.customerSeq}`;
+    while (this.customers.has(id));
+    return this.addCustomer(id, fields);
+  }
+
+  customer(id: string): CustomerObject | undefined {
+    return this.customers.get(id);
+  }
+
+  listCustomers(): CustomerObject[] {
+    // Stripe lists newest first.
+    return [...this.customers.values()].reverse();
+  }
+
+  /** Adds an active meter for `eventName`, or returns the existing one's id. */
+  addMeter(eventName: string): string {
+    const existing = this.meterForEvent(eventName);
+    if (existing) return existing.id;
+    const id = `mtr_local_${++this.meterSeq}`;
+    const now = this.nowSeconds();
+    this.meters.set(id, {
+      id,
+      object: 'billing.meter',
+      created: now,
+      display_name: eventName,
+      event_name: eventName,
+      event_time_window: null,
+      livemode: false,
+      status: 'active',
+      status_transitions: { deactivated_at: null },
+      updated: now,
+      default_aggregation: { formula: 'sum' },
+      customer_mapping: { event_payload_key: 'stripe_customer_id', type: 'by_id' },
+      value_settings: { event_payload_key: 'value' },
+    });
+    return id;
+  }
+
+  /** Stripe routes a meter event to the one active meter whose `event_name` matches exactly. */
+  meterForEvent(eventName: string): MeterObject | undefined {
+    for (const meter of this.meters.values()) if (meter.event_name === eventName) return meter;
+    return undefined;
+  }
+
+  meter(id: string): MeterObject | undefined {
+    return this.meters.get(id);
+  }
+
+  listMeters(): MeterObject[] {
+    return [...this.meters.values()];
+  }
+
+  meterInfos(): MeterInfo[] {
+    return this.listMeters().map((m) => ({ id: m.id, eventName: m.event_name }));
+  }
+}

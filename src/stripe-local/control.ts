@@ -1,0 +1,159 @@
+/**
+ * Control API (`/_local/*`) for processes that cannot call LocalStripe's methods directly: the demo
+ * and tests that run the main job as a separate process. Plain JSON, no API key, loopback clients
+ * only. It is not part of Stripe and `refuseFor` never blocks it.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { WebhookDelivery } from './error-reports.js';
+import type { FaultRequest, MeterInfo, RecordedMeterEvent, RequestRecord } from './types.js';
+import { headerValue, readBody } from './wire.js';
+
+/** The LocalStripe methods the control API drives. */
+export interface ControlTarget {
+  events(): RecordedMeterEvent[];
+  requests(): RequestRecord[];
+  meters(): MeterInfo[];
+  webhookDeliveries(): WebhookDelivery[];
+  maxConcurrencySeen(customer: string, eventName: string): number;
+  applyFaults(request: FaultRequest): void;
+  reset(): void;
+  addCustomer(id: string): void;
+  addMeter(eventName: string): string;
+  flushAsyncErrors(): Promise<void>;
+  advanceClock(ms: number): number;
+}
+
+class BadRequest extends Error {}
+
+const LOOPBACK = new Set(['127.0.0.1', '::1', '::ffff:127.0.0.1']);
+
+export async function handleControl(target: ControlTarget, req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+  if (!LOOPBACK.has(req.socket.remoteAddress ?? '')) {
+    send(res, 403, { error: 'the control API only answers loopback clients' });
+    return;
+  }
+  try {
+    const body = req.method === 'POST' ? await readJson(req) : {};
+    const result = await dispatch(target, `${req.method ?? 'GET'} ${url.pathname}`, url.searchParams, body);
+    if (result === undefined) send(res, 404, { error: `no control endpoint ${req.method ?? 'GET'} ${url.pathname}` });
+    else send(res, 200, result);
+  } catch (error) {
+    const status = error instanceof BadRequest ? 400 : 500;
+    send(res, status, { error: error instanceof Error ? error.message : String(error) });
+  }
+}
+
+async function dispatch(target: ControlTarget, route: string, query: URLSearchParams, body: Record<string, unknown>): Promise<unknown> {
+  switch (route) {
+    case 'GET /_local/events':
+      return target.events();
+    case 'GET /_local/requests':
+      return target.requests();
+    case 'GET /_local/meters':
+      return target.meters();
+    case 'GET /_local/webhook-deliveries':
+      return target.webhookDeliveries();
+    case 'GET /_local/concurrency': {
+      const customer = query.get('customer') ?? '';
+      const eventName = query.get('eventName') ?? '';
+      return { customer, eventName, maxConcurrencySeen: target.maxConcurrencySeen(customer, eventName) };
+    }
+    case 'POST /_local/faults':
+      target.applyFaults(parseFaults(body));
+      return { ok: true };
+    case 'POST /_local/reset':
+      target.reset();
+      return { ok: true };
+    case 'POST /_local/customers':
+      target.addCustomer(requireString(body, 'id'));
+      return { ok: true };
+    case 'POST /_local/meters':
+      return { id: target.addMeter(requireString(body, 'eventName')) };
+    case 'POST /_local/flush-async-errors':
+      await target.flushAsyncErrors();
+      return { ok: true };
+    case 'POST /_local/clock':
+      return { now: target.advanceClock(requireNumber(body, 'advanceMs', -Infinity)) };
+    default:
+      return undefined;
+  }
+}
+
+function parseFaults(body: Record<string, unknown>): FaultRequest {
+  const faults: FaultRequest = {};
+  if (body.failNext !== undefined) {
+    const failNext = requireObject(body, 'failNext');
+    faults.failNext = {
+      count: requireNumber(failNext, 'count'),
+      status: requireNumber(failNext, 'status'),
+      retryAfterSeconds: optionalNumber(failNext, 'retryAfterSeconds'),
+      message: optionalString(failNext, 'message'),
+    };
+  }
+  faults.latencyMs = optionalNumber(body, 'latencyMs');
+  faults.dropAfterRecord = optionalNumber(body, 'dropAfterRecord');
+  faults.refuseForSeconds = optionalNumber(body, 'refuseForSeconds');
+  if (body.asyncErrorNext !== undefined) {
+    const asyncErrorNext = requireObject(body, 'asyncErrorNext');
+    faults.asyncErrorNext = {
+      count: requireNumber(asyncErrorNext, 'count'),
+      code: requireString(asyncErrorNext, 'code'),
+      message: optionalString(asyncErrorNext, 'message'),
+    };
+  }
+  return faults;
+}
+
+async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> {
+  const raw = await readBody(req);
+  if (raw.trim() === '') return {};
+  if (!(headerValue(req, 'content-type') ?? 'application/json').includes('json')) {
+    throw new BadRequest('send a JSON body (content-type: application/json)');
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch {
+    throw new BadRequest('the body is not valid JSON');
+  }
+  if (!isRecord(parsed)) throw new BadRequest('the body must be a JSON object');
+  return parsed;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function requireObject(body: Record<string, unknown>, name: string): Record<string, unknown> {
+  const value = body[name];
+  if (!isRecord(value)) throw new BadRequest(`${name} must be an object`);
+  return value;
+}
+
+function requireString(body: Record<string, unknown>, name: string): string {
+  const value = body[name];
+  if (typeof value !== 'string' || value === '') throw new BadRequest(`${name} must be a non-empty string`);
+  return value;
+}
+
+function optionalString(body: Record<string, unknown>, name: string): string | undefined {
+  return body[name] === undefined ? undefined : requireString(body, name);
+}
+
+function requireNumber(body: Record<string, unknown>, name: string, min = 0): number {
+  const value = body[name];
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < min) {
+    throw new BadRequest(`${name} must be a number${min === 0 ? ' of 0 or more' : ''}`);
+  }
+  return value;
+}
+
+function optionalNumber(body: Record<string, unknown>, name: string): number | undefined {
+  return body[name] === undefined ? undefined : requireNumber(body, name);
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}

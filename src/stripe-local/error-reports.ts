@@ -1,0 +1,208 @@
+/**
+ * Asynchronous validation errors: `v1.billing.meter.error_report_triggered`.
+ *
+ * A 200 from the meter events endpoint means "received", not "billed". Stripe validates some
+ * things later, groups the failures per meter over a short window, and publishes one event per
+ * meter. It is a *thin* event (Stripe's v2 event system): the webhook body carries only
+ * `{ id, object: 'v2.core.event', type, created, related_object, … }`, signed like any webhook,
+ * and the receiver fetches the full event — whose `data.reason` lists the failed identifiers —
+ * from GET /v2/core/events/:id. stripe-node handles it with `stripe.parseEventNotification(…)` and
+ * `notification.fetchEvent()`; `stripe.webhooks.constructEvent` refuses thin events by design.
+ */
+import { createHmac } from 'node:crypto';
+import type { AsyncErrorInfo, WebhookTarget } from './types.js';
+import { newId } from './wire.js';
+
+export const ERROR_REPORT_EVENT = 'v1.billing.meter.error_report_triggered';
+/** Real Stripe only promises a sample of the failed requests; here every one up to this cap. */
+const MAX_SAMPLES_PER_CODE = 100;
+const DELIVERY_TIMEOUT_MS = 5000;
+
+export interface FailedMeterEvent extends AsyncErrorInfo {
+  meterId: string;
+  identifier: string;
+  /** ms by the simulated clock */
+  receivedAt: number;
+}
+
+export interface ErrorReportEvent {
+  id: string;
+  object: 'v2.core.event';
+  type: typeof ERROR_REPORT_EVENT;
+  created: string;
+  livemode: false;
+  context: null;
+  reason: null;
+  related_object: { id: string; type: 'billing.meter'; url: string };
+  data: {
+    developer_message_summary: string;
+    reason: {
+      error_count: number;
+      error_types: {
+        code: string;
+        error_count: number;
+        sample_errors: { error_message: string; request: { identifier: string } }[];
+      }[];
+    };
+    validation_start: string;
+    validation_end: string;
+  };
+}
+
+export interface WebhookDelivery {
+  eventId: string;
+  /** HTTP status of the receiver's answer, when there was one. */
+  status?: number;
+  error?: string;
+}
+
+export class ErrorReporter {
+  private pending: FailedMeterEvent[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private published: ErrorReportEvent[] = [];
+  private deliveryLog: WebhookDelivery[] = [];
+  private readonly inFlight = new Set<Promise<void>>();
+
+  constructor(
+    private readonly now: () => number,
+    private readonly webhook: WebhookTarget | undefined,
+    /** How long failures collect before a report goes out (Stripe batches them per window). */
+    private readonly batchDelayMs = 50,
+  ) {}
+
+  add(failure: FailedMeterEvent): void {
+    this.pending.push(failure);
+    this.timer ??= setTimeout(() => void this.flush(), this.batchDelayMs);
+  }
+
+  /** Publishes everything pending now and waits until every webhook delivery has finished. */
+  async flush(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    const batch = this.pending;
+    this.pending = [];
+    for (const event of buildReports(batch, this.now())) {
+      this.published.push(event);
+      if (this.webhook) this.track(this.deliver(event, this.webhook));
+    }
+    await Promise.all([...this.inFlight]);
+  }
+
+  event(id: string): ErrorReportEvent | undefined {
+    return this.published.find((event) => event.id === id);
+  }
+
+  /** Newest first, like Stripe's event lists. */
+  events(): ErrorReportEvent[] {
+    return [...this.published].reverse();
+  }
+
+  deliveries(): WebhookDelivery[] {
+    return this.deliveryLog.map((d) => ({ ...d }));
+  }
+
+  reset(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.pending = [];
+    this.published = [];
+    this.deliveryLog = [];
+  }
+
+  /** Drops what is pending and waits for deliveries already on their way. */
+  async close(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.pending = [];
+    await Promise.all([...this.inFlight]);
+  }
+
+  private track(delivery: Promise<void>): void {
+    this.inFlight.add(delivery);
+    void delivery.finally(() => this.inFlight.delete(delivery));
+  }
+
+  /** One attempt, no retries: a receiver that was down can catch up through GET /v2/core/events. */
+  private async deliver(event: ErrorReportEvent, webhook: WebhookTarget): Promise<void> {
+    const body = JSON.stringify(thinNotification(event));
+    try {
+      const response = await fetch(webhook.url, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json; charset=utf-8',
+          'stripe-signature': signatureHeader(body, webhook.secret),
+          'user-agent': 'Stripe/1.0 (+https://stripe.com/docs/webhooks) local',
+        },
+        body,
+        signal: AbortSignal.timeout(DELIVERY_TIMEOUT_MS),
+      });
+      await response.arrayBuffer();
+      this.deliveryLog.push({ eventId: event.id, status: response.status });
+    } catch (error) {
+      this.deliveryLog.push({ eventId: event.id, error: error instanceof Error ? error.message : String(error) });
+    }
+  }
+}
+
+/**
+ * Stripe's webhook signature: `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`.
+ * `t` is real time, not the simulated clock: receivers reject signatures older than 5 minutes by
+ * their own clock.
+ */
+export function signatureHeader(rawBody: string, secret: string, timestampSeconds = Math.floor(Date.now() / 1000)): string {
+  const signature = createHmac('sha256', secret).update(`${timestampSeconds}.${rawBody}`, 'utf8').digest('hex');
+  return `t=${timestampSeconds},v1=${signature}`;
+}
+
+/** What a webhook receives: the event without `data`, which must be fetched. */
+function thinNotification(event: ErrorReportEvent): Omit<ErrorReportEvent, 'data'> {
+  const { data: _data, ...thin } = event;
+  return thin;
+}
+
+/** One event per meter, its failures grouped by error code. */
+function buildReports(batch: FailedMeterEvent[], nowMs: number): ErrorReportEvent[] {
+  const byMeter = groupBy(batch, (failure) => failure.meterId);
+  return [...byMeter].map(([meterId, failures]) => {
+    const byCode = groupBy(failures, (failure) => failure.code);
+    const count = failures.length;
+    const firstReceived = Math.min(...failures.map((f) => f.receivedAt));
+    return {
+      id: newId('evt_local', 24),
+      object: 'v2.core.event',
+      type: ERROR_REPORT_EVENT,
+      created: new Date(nowMs).toISOString(),
+      livemode: false,
+      context: null,
+      reason: null,
+      related_object: { id: meterId, type: 'billing.meter', url: `/v1/billing/meters/${meterId}` },
+      data: {
+        developer_message_summary: count === 1 ? 'There is 1 invalid event' : `There are ${count} invalid events`,
+        reason: {
+          error_count: count,
+          error_types: [...byCode].map(([code, ofCode]) => ({
+            code,
+            error_count: ofCode.length,
+            sample_errors: ofCode.slice(0, MAX_SAMPLES_PER_CODE).map((f) => ({
+              error_message: f.message,
+              request: { identifier: f.identifier },
+            })),
+          })),
+        },
+        validation_start: new Date(Math.floor(firstReceived / 1000) * 1000).toISOString(),
+        validation_end: new Date(nowMs).toISOString(),
+      },
+    };
+  });
+}
+
+function groupBy<T>(items: T[], key: (item: T) => string): Map<string, T[]> {
+  const groups = new Map<string, T[]>();
+  for (const item of items) {
+    const k = key(item);
+    const group = groups.get(k);
+    if (group) group.push(item);
+    else groups.set(k, [item]);
+  }
+  return groups;
+}

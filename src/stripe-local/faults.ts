@@ -1,0 +1,134 @@
+/**
+ * Injected failures: the ways Stripe, or the network in front of it, lets a pipeline down.
+ */
+import { performance } from 'node:perf_hooks';
+import type { AsyncErrorInfo, FailNextOptions } from './types.js';
+import { stripeError, type ApiResponse } from './wire.js';
+
+/** A FIFO of "the next N requests get X"; later calls queue behind earlier ones. */
+class CountedQueue<T> {
+  private batches: { remaining: number; item: T }[] = [];
+
+  add(count: number, item: T): void {
+    if (count > 0) this.batches.push({ remaining: count, item });
+  }
+
+  take(): T | undefined {
+    const batch = this.batches[0];
+    if (!batch) return undefined;
+    batch.remaining--;
+    if (batch.remaining === 0) this.batches.shift();
+    return batch.item;
+  }
+
+  clear(): void {
+    this.batches = [];
+  }
+}
+
+export interface InjectedFailure extends FailNextOptions {
+  status: number;
+}
+
+export class FaultPlan {
+  private readonly failures = new CountedQueue<InjectedFailure>();
+  private readonly drops = new CountedQueue<true>();
+  private readonly asyncErrors = new CountedQueue<AsyncErrorInfo>();
+  private refuseUntil = 0;
+  latencyMs = 0;
+
+  failNext(count: number, status: number, opts: FailNextOptions = {}): void {
+    if (status < 400 || status > 599) throw new RangeError(`failNext needs an error status, got ${status}`);
+    this.failures.add(count, { status, ...opts });
+  }
+
+  takeFailure(): InjectedFailure | undefined {
+    return this.failures.take();
+  }
+
+  dropAfterRecord(count: number): void {
+    this.drops.add(count, true);
+  }
+
+  takeDrop(): boolean {
+    return this.drops.take() ?? false;
+  }
+
+  /** Real time, not the simulated clock: an outage lasts as long as the test waits. */
+  refuseFor(seconds: number): void {
+    this.refuseUntil = performance.now() + seconds * 1000;
+  }
+
+  isRefusing(): boolean {
+    return performance.now() < this.refuseUntil;
+  }
+
+  asyncErrorNext(count: number, code: string, message?: string): void {
+    this.asyncErrors.add(count, { code, message: message ?? defaultAsyncMessage(code) });
+  }
+
+  takeAsyncError(): AsyncErrorInfo | undefined {
+    return this.asyncErrors.take();
+  }
+
+  reset(): void {
+    this.failures.clear();
+    this.drops.clear();
+    this.asyncErrors.clear();
+    this.refuseUntil = 0;
+    this.latencyMs = 0;
+  }
+}
+
+/**
+ * The answer Stripe gives for an injected status. Each carries the error type stripe-node maps to
+ * its error classes, so a pipeline's error classification sees what it would see in production.
+ */
+export function failureResponse(failure: InjectedFailure): ApiResponse {
+  const { status, message, retryAfterSeconds } = failure;
+  if (status === 429) {
+    // A 429 promises nothing about retrying; only Retry-After, when present, says when.
+    const headers = retryAfterSeconds !== undefined ? { 'retry-after': String(retryAfterSeconds) } : undefined;
+    return stripeError(
+      429,
+      { type: 'rate_limit_error', code: 'rate_limit', message: message ?? 'Too many requests hit the API too quickly.' },
+      headers,
+    );
+  }
+  if (status === 409) {
+    // Stripe's 409: another request with the same Idempotency-Key is still executing.
+    return stripeError(409, {
+      type: 'idempotency_error',
+      code: 'idempotency_key_in_use',
+      message: message ?? 'Another request with this Idempotency-Key is in progress. Retry it later.',
+    });
+  }
+  if (status >= 500) {
+    return stripeError(status, { type: 'api_error', message: message ?? 'Something went wrong on Stripe\'s end (injected fault).' });
+  }
+  return stripeError(status, { type: 'invalid_request_error', message: message ?? `Injected ${status} error.` });
+}
+
+/** Stripe saves a 5xx under its Idempotency-Key (the endpoint had started); 4xx faults are refusals. */
+export function isStoredFailure(failure: InjectedFailure): boolean {
+  return failure.status >= 500;
+}
+
+function defaultAsyncMessage(code: string): string {
+  switch (code) {
+    case 'meter_event_customer_not_found':
+      return 'No customer was found with the id in payload[stripe_customer_id].';
+    case 'no_meter':
+      return 'No active meter was found for this event name.';
+    case 'archived_meter':
+      return 'The meter for this event name is archived.';
+    case 'meter_event_invalid_value':
+      return 'The value in payload[value] is not a valid number.';
+    case 'timestamp_too_far_in_past':
+      return 'The timestamp is more than 35 days in the past.';
+    case 'timestamp_in_future':
+      return 'The timestamp is more than 5 minutes in the future.';
+    default:
+      return `The meter event failed validation (${code}).`;
+  }
+}

@@ -1,0 +1,532 @@
+/**
+ * A local Stripe-compatible HTTP server for tests and the embedded demo mode.
+ *
+ * The real `stripe` package talks to it through
+ * `new Stripe(key, { host: '127.0.0.1', port, protocol: 'http' })`. It implements the part of the
+ * API the billing pipeline uses — meter events, their adjustments and summaries, meters, customers,
+ * and the asynchronous error report — with the behaviour the pipeline has to survive: identifier
+ * deduplication for 24 hours, Idempotency-Key replay, rate limits, one concurrent call per customer
+ * and meter, and injectable failures (errors, latency, lost responses, outages). Everything it
+ * accepted can be read back, in process or through the control API (`control.ts`).
+ *
+ * Order of checks for POST /v1/billing/meter_events, as Stripe applies them:
+ *   refuse (outage) → auth → Idempotency-Key replay → injected failure → rate limit →
+ *   per-customer concurrency → parameter validation → identifier dedup → record,
+ * then the (simulated) latency, then the answer — or a dropped connection.
+ */
+import { randomUUID } from 'node:crypto';
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { createAdjustment } from './adjustments.js';
+import { checkApiKey } from './auth.js';
+import { Catalog, type CustomerObject } from './catalog.js';
+import { InFlightTracker } from './concurrency.js';
+import { handleControl, type ControlTarget } from './control.js';
+import { ErrorReporter, type WebhookDelivery } from './error-reports.js';
+import { FaultPlan, failureResponse, isStoredFailure } from './faults.js';
+import { IdempotencyStore } from './idempotency.js';
+import { MeterEventLedger } from './ledger.js';
+import { duplicateIdentifier, meterEventBody, meterEventKeys, validateMeterEvent, type MeterEventInput } from './meter-events.js';
+import { SlidingWindowLimiter } from './rate-limiter.js';
+import { eventSummaries } from './summaries.js';
+import type { FailNextOptions, FaultRequest, LocalStripeOptions, MeterInfo, RecordedMeterEvent, RequestRecord } from './types.js';
+import {
+  canonicalParams,
+  flatStrings,
+  headerValue,
+  json,
+  list,
+  newId,
+  notFound,
+  objectParam,
+  parseStripeForm,
+  readBody,
+  stringParam,
+  stripeError,
+  writeResponse,
+  type ApiResponse,
+  type FormObject,
+} from './wire.js';
+
+export type * from './types.js';
+export type { ErrorReportEvent, WebhookDelivery } from './error-reports.js';
+export { signatureHeader } from './error-reports.js';
+
+/** One API request, once its body has been read. */
+interface ApiCall {
+  method: string;
+  path: string;
+  query: URLSearchParams;
+  form: FormObject;
+  authorization: string | null;
+  idempotencyKey: string | null;
+  requestId: string;
+  /** ms by the simulated clock */
+  arrivedAt: number;
+}
+
+/** What executing an endpoint produced, and whether Stripe would save it under the Idempotency-Key. */
+interface Execution {
+  response: ApiResponse;
+  store: boolean;
+  event?: RecordedMeterEvent;
+}
+
+interface Outcome {
+  response: ApiResponse;
+  replayed: boolean;
+  event?: RecordedMeterEvent;
+}
+
+interface Route {
+  method: 'GET' | 'POST';
+  pattern: RegExp;
+  handle: (call: ApiCall, params: string[]) => ApiResponse;
+}
+
+const METER_EVENTS_PATH = '/v1/billing/meter_events';
+
+export class LocalStripe implements ControlTarget {
+  private readonly server: http.Server;
+  private readonly clock: () => number;
+  private readonly catalog: Catalog;
+  private readonly ledger = new MeterEventLedger();
+  private readonly idempotency: IdempotencyStore;
+  private readonly limiter: SlidingWindowLimiter;
+  private readonly inFlight = new InFlightTracker();
+  private readonly faults = new FaultPlan();
+  private readonly reporter: ErrorReporter;
+  private readonly routes: Route[];
+  private requestLog: RequestRecord[] = [];
+  private clockOffsetMs = 0;
+  /** Resolvers of pending latency waits, so close() does not wait for them. */
+  private readonly sleepers = new Set<() => void>();
+  private closed = false;
+  private boundPort = 0;
+  private boundHost = '127.0.0.1';
+
+  static async start(opts: LocalStripeOptions = {}): Promise<LocalStripe> {
+    const instance = new LocalStripe(opts);
+    await instance.listen(opts.port ?? 0, opts.host ?? '127.0.0.1');
+    return instance;
+  }
+
+  private constructor(private readonly options: LocalStripeOptions) {
+    this.clock = options.now ?? Date.now;
+    this.catalog = new Catalog(() => Math.floor(this.now() / 1000));
+    this.idempotency = new IdempotencyStore(() => this.now());
+    this.limiter = new SlidingWindowLimiter(options.rateLimitPerSecond);
+    this.reporter = new ErrorReporter(() => this.now(), options.webhook);
+    for (const eventName of options.meters ?? ['api_requests']) this.catalog.addMeter(eventName);
+    for (const id of options.customers ?? []) this.catalog.addCustomer(id);
+    this.routes = this.buildRoutes();
+    this.server = http.createServer((req, res) => this.onRequest(req, res));
+  }
+
+  get port(): number {
+    return this.boundPort;
+  }
+
+  get url(): string {
+    const host = this.boundHost.includes(':') ? `[${this.boundHost}]` : this.boundHost;
+    return `http://${host}:${this.boundPort}`;
+  }
+
+  /** Closes the server, every open (keep-alive) socket and pending latency waits. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const wake of [...this.sleepers]) wake();
+    const serverClosed = new Promise<void>((resolve, reject) => {
+      this.server.close((error) => (error ? reject(error) : resolve()));
+    });
+    this.server.closeAllConnections();
+    await Promise.all([serverClosed, this.reporter.close()]);
+  }
+
+  // ---- setup ----------------------------------------------------------------------------------
+
+  addCustomer(id: string): void {
+    this.catalog.addCustomer(id);
+  }
+
+  addMeter(eventName: string): string {
+    return this.catalog.addMeter(eventName);
+  }
+
+  meters(): MeterInfo[] {
+    return this.catalog.meterInfos();
+  }
+
+  /**
+   * Moves the simulated clock forward (on top of `options.now`), e.g. by 25 hours to leave the
+   * identifier window. Returns the new time in ms. For processes that cannot pass `now`.
+   */
+  advanceClock(ms: number): number {
+    this.clockOffsetMs += ms;
+    return this.now();
+  }
+
+  // ---- what Stripe saw ------------------------------------------------------------------------
+
+  /** Every accepted meter event, in acceptance order (cancelled ones included, flagged). */
+  events(): RecordedMeterEvent[] {
+    return this.ledger.all();
+  }
+
+  /** Every request that reached POST /v1/billing/meter_events, in arrival order. */
+  requests(): RequestRecord[] {
+    return this.requestLog.map((record) => ({ ...record }));
+  }
+
+  /** Highest number of meter-event requests for the pair in flight at once, counted at arrival. */
+  maxConcurrencySeen(customer: string, eventName: string): number {
+    return this.inFlight.maxSeen(customer, eventName);
+  }
+
+  /** Outcome of each error-report webhook delivery. */
+  webhookDeliveries(): WebhookDelivery[] {
+    return this.reporter.deliveries();
+  }
+
+  // ---- fault injection ------------------------------------------------------------------------
+
+  /** The next `count` meter-event requests fail with `status` (Stripe-shaped body); nothing is recorded. */
+  failNext(count: number, status: number, opts?: FailNextOptions): void {
+    this.faults.failNext(count, status, opts);
+  }
+
+  /** Delay before answering each meter-event request (the request stays in flight meanwhile). */
+  setLatency(ms: number): void {
+    this.faults.latencyMs = ms;
+  }
+
+  /** The next `count` meter-event requests are processed (and recorded) but never answered. */
+  dropAfterRecord(count: number): void {
+    this.faults.dropAfterRecord(count);
+  }
+
+  /** For `seconds` of real time, every API connection is cut before anything is processed. */
+  refuseFor(seconds: number): void {
+    this.faults.refuseFor(seconds);
+  }
+
+  /** The next `count` accepted events get a 200 and are then reported failed via the webhook. */
+  asyncErrorNext(count: number, code: string, message?: string): void {
+    this.faults.asyncErrorNext(count, code, message);
+  }
+
+  /** Publishes pending error reports now and waits for their webhook deliveries. */
+  flushAsyncErrors(): Promise<void> {
+    return this.reporter.flush();
+  }
+
+  applyFaults(request: FaultRequest): void {
+    const { failNext, latencyMs, dropAfterRecord, refuseForSeconds, asyncErrorNext } = request;
+    if (failNext) this.failNext(failNext.count, failNext.status, failNext);
+    if (latencyMs !== undefined) this.setLatency(latencyMs);
+    if (dropAfterRecord !== undefined) this.dropAfterRecord(dropAfterRecord);
+    if (refuseForSeconds !== undefined) this.refuseFor(refuseForSeconds);
+    if (asyncErrorNext) this.asyncErrorNext(asyncErrorNext.count, asyncErrorNext.code, asyncErrorNext.message);
+  }
+
+  /** Forgets events, requests, idempotency keys, faults, error reports and the clock offset; keeps customers and meters. */
+  reset(): void {
+    this.ledger.reset();
+    this.requestLog = [];
+    this.idempotency.reset();
+    this.limiter.reset();
+    this.inFlight.reset();
+    this.faults.reset();
+    this.reporter.reset();
+    this.clockOffsetMs = 0;
+  }
+
+  // ---- HTTP -----------------------------------------------------------------------------------
+
+  private now(): number {
+    return this.clock() + this.clockOffsetMs;
+  }
+
+  private async listen(port: number, host: string): Promise<void> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(port, host, () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
+    const address = this.server.address() as AddressInfo;
+    this.boundPort = address.port;
+    this.boundHost = host;
+  }
+
+  private onRequest(req: IncomingMessage, res: ServerResponse): void {
+    this.route(req, res).catch((error: unknown) => {
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
+      const message = error instanceof Error ? error.message : String(error);
+      writeResponse(res, stripeError(500, { type: 'api_error', message: `Local Stripe failed: ${message}` }), {});
+    });
+  }
+
+  private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? '/', 'http://local');
+    if (url.pathname.startsWith('/_local/')) {
+      await handleControl(this, req, res, url);
+      return;
+    }
+    // Stripe unreachable: the connection dies before any byte of an answer. The client cannot
+    // tell this from a lost response; here nothing was processed.
+    if (this.faults.isRefusing()) {
+      req.socket.destroy();
+      return;
+    }
+    const call = await this.readCall(req, url);
+    const headers = this.responseHeaders(req, call);
+    if (call.method === 'POST' && call.path === METER_EVENTS_PATH) {
+      await this.handleMeterEvent(res, call, headers);
+      return;
+    }
+    const response = checkApiKey(call.authorization, this.options.apiKey) ?? this.withIdempotency(call, () => this.dispatch(call)).response;
+    writeResponse(res, response, headers);
+  }
+
+  private async readCall(req: IncomingMessage, url: URL): Promise<ApiCall> {
+    const raw = await readBody(req);
+    const isForm = (headerValue(req, 'content-type') ?? '').includes('application/x-www-form-urlencoded');
+    return {
+      method: req.method ?? 'GET',
+      path: url.pathname,
+      query: url.searchParams,
+      form: isForm ? parseStripeForm(raw) : {},
+      authorization: headerValue(req, 'authorization'),
+      idempotencyKey: headerValue(req, 'idempotency-key'),
+      requestId: newId('req'),
+      arrivedAt: this.now(),
+    };
+  }
+
+  private responseHeaders(req: IncomingMessage, call: ApiCall): Record<string, string> {
+    const headers: Record<string, string> = { 'request-id': call.requestId };
+    const version = headerValue(req, 'stripe-version');
+    if (version) headers['stripe-version'] = version;
+    if (call.idempotencyKey && call.method === 'POST') headers['idempotency-key'] = call.idempotencyKey;
+    return headers;
+  }
+
+  private sleep(ms: number): Promise<void> {
+    if (ms <= 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.sleepers.delete(wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      this.sleepers.add(wake);
+    });
+  }
+
+  // ---- meter events ---------------------------------------------------------------------------
+
+  private async handleMeterEvent(res: ServerResponse, call: ApiCall, headers: Record<string, string>): Promise<void> {
+    const keys = meterEventKeys(call.form);
+    const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '');
+    res.once('close', flight.leave);
+
+    const denied = checkApiKey(call.authorization, this.options.apiKey);
+    const outcome: Outcome = denied
+      ? { response: denied, replayed: false }
+      : this.withIdempotency(call, () => this.executeMeterEvent(call, flight.othersInFlight));
+    const dropped = this.faults.takeDrop();
+    this.logRequest(call, keys, outcome, dropped);
+
+    await this.sleep(this.faults.latencyMs);
+    if (dropped || this.closed) {
+      // A lost response: Stripe did the work, the caller never hears about it.
+      res.destroy();
+      return;
+    }
+    writeResponse(res, outcome.response, headers);
+  }
+
+  private executeMeterEvent(call: ApiCall, othersInFlight: number): Execution {
+    const failure = this.faults.takeFailure();
+    if (failure) return { response: failureResponse(failure), store: isStoredFailure(failure) };
+    if (!this.limiter.tryAcquire()) return { response: rateLimited(), store: false };
+    if (othersInFlight > 0 && this.options.enforcePerCustomerConcurrency !== false) {
+      return { response: concurrentCall(call.form), store: false };
+    }
+    const now = this.now();
+    const input = validateMeterEvent(call.form, this.catalog, now);
+    if ('status' in input) return { response: input, store: false };
+    if (input.identifier !== undefined && this.ledger.isDuplicate(input.identifier, now)) {
+      return { response: duplicateIdentifier(input.identifier), store: true };
+    }
+    const event = this.recordMeterEvent(input, call, now);
+    return { response: json(meterEventBody(event)), store: true, event };
+  }
+
+  private recordMeterEvent(input: MeterEventInput, call: ApiCall, now: number): RecordedMeterEvent {
+    const asyncError = this.faults.takeAsyncError();
+    const event: RecordedMeterEvent = {
+      identifier: input.identifier ?? randomUUID(),
+      eventName: input.eventName,
+      customer: input.customer,
+      value: input.value,
+      payload: input.payload,
+      timestamp: input.timestamp ?? Math.floor(now / 1000),
+      receivedAt: now,
+      cancelled: false,
+      ...(asyncError ? { asyncError } : {}),
+      idempotencyKey: call.idempotencyKey,
+      requestId: call.requestId,
+    };
+    this.ledger.record(event);
+    const meter = this.catalog.meterForEvent(event.eventName);
+    if (asyncError && meter) {
+      this.reporter.add({ ...asyncError, meterId: meter.id, identifier: event.identifier, receivedAt: now });
+    }
+    return event;
+  }
+
+  private logRequest(call: ApiCall, keys: ReturnType<typeof meterEventKeys>, outcome: Outcome, dropped: boolean): void {
+    const error = errorOf(outcome.response);
+    this.requestLog.push({
+      at: call.arrivedAt,
+      requestId: call.requestId,
+      identifier: outcome.event?.identifier ?? keys.identifier,
+      customer: keys.customer,
+      eventName: keys.eventName,
+      idempotencyKey: call.idempotencyKey,
+      status: outcome.response.status,
+      ...(error?.message !== undefined ? { errorMessage: error.message } : {}),
+      ...(error?.code !== undefined ? { errorCode: error.code } : {}),
+      replayed: outcome.replayed,
+      dropped,
+    });
+  }
+
+  // ---- idempotency ----------------------------------------------------------------------------
+
+  private withIdempotency(call: ApiCall, execute: () => Execution): Outcome {
+    const key = call.idempotencyKey;
+    if (call.method !== 'POST' || key === null) return { ...execute(), replayed: false };
+    const endpoint = `${call.method} ${call.path}`;
+    const params = canonicalParams(call.form);
+    const found = this.idempotency.lookup(key, endpoint, params);
+    if (found.kind !== 'new') return { response: found.response, replayed: found.kind === 'replay' };
+    const result = execute();
+    if (result.store) this.idempotency.save(key, endpoint, params, result.response);
+    return { response: result.response, replayed: false, event: result.event };
+  }
+
+  // ---- other endpoints ------------------------------------------------------------------------
+
+  private dispatch(call: ApiCall): Execution {
+    for (const route of this.routes) {
+      const match = route.method === call.method ? route.pattern.exec(call.path) : null;
+      if (!match) continue;
+      const params = match.slice(1).map((p) => decodeURIComponent(p));
+      const response = route.handle(call, params);
+      // Only successful writes are worth replaying; refusals are evaluated afresh.
+      return { response, store: response.status < 300 };
+    }
+    return {
+      response: stripeError(404, {
+        type: 'invalid_request_error',
+        message: `Unrecognized request URL (${call.method}: ${call.path}).`,
+      }),
+      store: false,
+    };
+  }
+
+  private buildRoutes(): Route[] {
+    const catalog = this.catalog;
+    return [
+      { method: 'GET', pattern: /^\/v1\/customers$/, handle: (c) => list(catalog.listCustomers(), '/v1/customers', c.query) },
+      { method: 'POST', pattern: /^\/v1\/customers$/, handle: (c) => json(catalog.createCustomer(customerFields(c.form))) },
+      {
+        method: 'GET',
+        pattern: /^\/v1\/customers\/([^/]+)$/,
+        handle: (_c, [id = '']) => found(catalog.customer(id), `No such customer: '${id}'`),
+      },
+      { method: 'GET', pattern: /^\/v1\/billing\/meters$/, handle: (c) => list(catalog.listMeters(), '/v1/billing/meters', c.query) },
+      {
+        method: 'GET',
+        pattern: /^\/v1\/billing\/meters\/([^/]+)$/,
+        handle: (_c, [id = '']) => found(catalog.meter(id), `No such billing meter: '${id}'`),
+      },
+      {
+        method: 'GET',
+        pattern: /^\/v1\/billing\/meters\/([^/]+)\/event_summaries$/,
+        handle: (c, [id = '']) => {
+          const meter = catalog.meter(id);
+          return meter ? eventSummaries(meter, c.query, this.ledger.billable()) : notFound(`No such billing meter: '${id}'`, 'id');
+        },
+      },
+      {
+        method: 'POST',
+        pattern: /^\/v1\/billing\/meter_event_adjustments$/,
+        handle: (c) => createAdjustment(c.form, this.ledger, this.now()),
+      },
+      { method: 'GET', pattern: /^\/v2\/core\/events$/, handle: (c) => this.listErrorReports(c.query) },
+      {
+        method: 'GET',
+        pattern: /^\/v2\/core\/events\/([^/]+)$/,
+        handle: (_c, [id = '']) => found(this.reporter.event(id), `No such event: '${id}'`),
+      },
+    ];
+  }
+
+  /** GET /v2/core/events (v2 list shape); `object_id` filters by the related meter. */
+  private listErrorReports(query: URLSearchParams): ApiResponse {
+    const objectId = query.get('object_id');
+    const data = this.reporter.events().filter((event) => objectId === null || event.related_object.id === objectId);
+    return json({ data, next_page_url: null, previous_page_url: null });
+  }
+}
+
+function found(object: object | undefined, missingMessage: string): ApiResponse {
+  return object ? json(object) : notFound(missingMessage, 'id');
+}
+
+function customerFields(form: FormObject): Partial<Pick<CustomerObject, 'name' | 'email' | 'metadata'>> {
+  return {
+    name: stringParam(form, 'name'),
+    email: stringParam(form, 'email'),
+    metadata: flatStrings(objectParam(form, 'metadata')),
+  };
+}
+
+function rateLimited(): ApiResponse {
+  return stripeError(
+    429,
+    { type: 'rate_limit_error', code: 'rate_limit', message: 'Request rate limit exceeded. Back off and retry after a moment.' },
+    { 'retry-after': '1' },
+  );
+}
+
+function concurrentCall(form: FormObject): ApiResponse {
+  const { customer, eventName } = meterEventKeys(form);
+  return stripeError(429, {
+    type: 'rate_limit_error',
+    code: 'rate_limit',
+    message:
+      `Too many concurrent requests for customer '${customer ?? ''}' and event name '${eventName ?? ''}'. ` +
+      'Stripe accepts one meter event request at a time per customer and meter.',
+  });
+}
+
+function errorOf(response: ApiResponse): { message?: string; code?: string } | undefined {
+  const body = response.body as { error?: { message?: unknown; code?: unknown } } | null;
+  const error = body?.error;
+  if (!error) return undefined;
+  return {
+    ...(typeof error.message === 'string' ? { message: error.message } : {}),
+    ...(typeof error.code === 'string' ? { code: error.code } : {}),
+  };
+}

@@ -1,0 +1,107 @@
+/**
+ * Public types of the local Stripe server. `server.ts` re-exports all of them.
+ */
+
+export interface LocalStripeOptions {
+  /** 0 (default) picks an ephemeral port. */
+  port?: number;
+  /** Default '127.0.0.1'. The control API (`/_local/*`) answers loopback clients only. */
+  host?: string;
+  /**
+   * If set, only this secret key is accepted. Otherwise any `sk_test_…` or `rk_test_…` key is,
+   * which is what stripe-mock does too.
+   */
+  apiKey?: string;
+  /** Event names of active meters; default ['api_requests']. Each gets the id `mtr_local_<n>`. */
+  meters?: string[];
+  /** Customer ids that exist from the start. */
+  customers?: string[];
+  /**
+   * Clock in ms (default Date.now). Every rule Stripe states in calendar time — the 24 h identifier
+   * window, the 24 h cancel window, the 24 h idempotency-key lifetime, the 35-day / 5-minute
+   * timestamp bounds — reads this clock, so a test can jump a day ahead. Rate limits, latency and
+   * `refuseFor` use real time: they are about the network, not the calendar.
+   */
+  now?: () => number;
+  /** Account-wide limit on meter-event requests per second (sliding 1 s window). Default: none. */
+  rateLimitPerSecond?: number;
+  /**
+   * Default true. Stripe allows one concurrent meter-event call per (customer, meter); a request
+   * that arrives while another for the same pair is in flight gets a 429.
+   */
+  enforcePerCustomerConcurrency?: boolean;
+  /** Where to POST asynchronous error reports (`v1.billing.meter.error_report_triggered`). */
+  webhook?: WebhookTarget;
+}
+
+export interface WebhookTarget {
+  url: string;
+  /** Signing secret, conventionally `whsec_…`. */
+  secret: string;
+}
+
+export interface MeterInfo {
+  id: string;
+  eventName: string;
+}
+
+export interface AsyncErrorInfo {
+  code: string;
+  message: string;
+}
+
+/** A meter event Stripe answered with 200 (and therefore stored). */
+export interface RecordedMeterEvent {
+  identifier: string;
+  eventName: string;
+  customer: string;
+  /** `payload[value]` as a number. */
+  value: number;
+  /** The whole payload as sent (strings, like the wire format). */
+  payload: Record<string, string>;
+  /** Usage time, unix seconds (the request's `timestamp`, or the time of receipt). */
+  timestamp: number;
+  /** When Stripe received it, ms by the `now` clock. Starts the 24 h dedup and cancel windows. */
+  receivedAt: number;
+  /** Cancelled by a meter event adjustment: no longer counted in summaries. */
+  cancelled: boolean;
+  /** Set when the event was answered 200 but failed Stripe's later validation. */
+  asyncError?: AsyncErrorInfo;
+  idempotencyKey: string | null;
+  requestId: string;
+}
+
+/** One request that reached POST /v1/billing/meter_events (refused connections never reach it). */
+export interface RequestRecord {
+  /** Arrival time, ms by the `now` clock. */
+  at: number;
+  requestId: string;
+  /** As sent; for an accepted event without one, the identifier Stripe generated. */
+  identifier: string | null;
+  customer: string | null;
+  eventName: string | null;
+  idempotencyKey: string | null;
+  /** The status Stripe produced (also when the response was then dropped). */
+  status: number;
+  errorMessage?: string;
+  errorCode?: string;
+  /** Answered from the idempotency store (`idempotent-replayed: true`). */
+  replayed: boolean;
+  /** The response was lost on purpose (`dropAfterRecord`). */
+  dropped: boolean;
+}
+
+export interface FailNextOptions {
+  /** Only used with status 429: sent as the `Retry-After` header. */
+  retryAfterSeconds?: number;
+  message?: string;
+}
+
+/** JSON body of `POST /_local/faults`; every field is optional and applied in turn. */
+export interface FaultRequest {
+  failNext?: { count: number; status: number } & FailNextOptions;
+  latencyMs?: number;
+  dropAfterRecord?: number;
+  refuseForSeconds?: number;
+  asyncErrorNext?: { count: number; code: string; message?: string };
+}

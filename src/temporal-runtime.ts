@@ -1,0 +1,24 @@
+/**
+ * Routes the Temporal SDK's own logs into our structured logger. Must run before anything touches
+ * the SDK runtime (connections, workers, test environments), once per process.
+ */
+import { DefaultLogger, Runtime, type LogLevel } from '@temporalio/worker';
+import type { Logger } from './log.js';
+
+let installed = false;
+
+export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN'): void {
+  if (installed) return;
+  installed = true;
+  const sdkLog = new DefaultLogger(level, ({ level: l, message, meta }) => {
+    if (!log) return;
+    const fields = { ...meta, sdk: 'temporal' };
+    // Task tokens are opaque but long; they make log lines unreadable and say nothing to a human.
+    delete (fields as Record<string, unknown>).taskToken;
+    if (l === 'ERROR') log.error(fields, message);
+    else if (l === 'WARN') log.warn(fields, message);
+    else if (l === 'INFO') log.info(fields, message);
+    else log.debug(fields, message);
+  });
+  Runtime.install({ logger: sdkLog });
+}

@@ -1,0 +1,36 @@
+/**
+ * `npm run worker`: one worker process against configured services (DATABASE_URL, TEMPORAL_ADDRESS,
+ * STRIPE_API_KEY). Migrates on boot (safe with many workers), runs until SIGTERM, then drains.
+ */
+import { loadConfig } from './config.js';
+import { createPool, migrate, redactUrl } from './db.js';
+import { createLogger } from './log.js';
+import { installTemporalRuntime } from './temporal-runtime.js';
+import { runMain, untilSignal } from './main-util.js';
+import { createStripeClient } from './stripe-client.js';
+import { connectTemporal, startWorker } from './worker.js';
+
+await runMain(async () => {
+  const config = loadConfig();
+  const log = createLogger(config.logLevel);
+  installTemporalRuntime(log);
+  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  if (!config.stripe.apiKey && config.stripe.isRealStripe) {
+    throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
+  }
+  const address = config.temporal.address ?? 'localhost:7233';
+  await migrate(config.databaseUrl);
+  const pool = createPool(config.databaseUrl);
+  const { connection, client, clientConnection } = await connectTemporal(address, config.temporal.namespace);
+  const stripe = createStripeClient(config.stripe);
+  const running = await startWorker({ config, databaseUrl: config.databaseUrl, pool, stripe, connection, client, log });
+  log.info({ database: redactUrl(config.databaseUrl), temporal: address, stripe: config.stripe.apiBase }, 'billing-outbox worker running');
+
+  const signal = await Promise.race([untilSignal(), running.done.then(() => undefined)]);
+  if (signal) log.info({ signal }, 'shutting down: finishing in-flight activities');
+  await running.shutdown();
+  await clientConnection.close();
+  await connection.close();
+  await pool.end();
+  log.info('worker stopped');
+});

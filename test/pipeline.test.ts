@@ -1,0 +1,234 @@
+/**
+ * The whole path on real services: PostgreSQL outbox → relay → Temporal usage workflow → the local
+ * Stripe-compatible server, with Stripe's failures injected as faults.
+ */
+import { randomUUID } from 'node:crypto';
+import type { Client } from '@temporalio/client';
+import type { NativeConnection } from '@temporalio/worker';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { claimBatch, startUsageWorkflow } from '../activities/relay.js';
+import type { Config } from '../src/config.js';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/enqueue.js';
+import { createStripeClient } from '../src/stripe-client.js';
+import { LocalStripe } from '../src/stripe-local/server.js';
+import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
+import { retrySignal, stateQuery } from '../workflows/shared.js';
+import { addCustomer, createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let stripe: LocalStripe;
+let config: Config;
+let client: Client;
+let connection: NativeConnection;
+let closeClient: () => Promise<void>;
+let worker: RunningWorker;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme', 'cus_globex'] });
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+  await addCustomer(db.pool, 'globex', 'cus_globex');
+  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
+  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_pipeline' });
+  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+  client = t.client;
+  connection = t.connection;
+  closeClient = () => t.clientConnection.close();
+  worker = await startWorker({
+    config,
+    databaseUrl: db.url,
+    pool: db.pool,
+    stripe: createStripeClient(config.stripe),
+    connection,
+    client,
+    workflowBundle: workflowBundle(),
+    relayRunForMs: 5_000,
+    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+  });
+});
+
+afterAll(async () => {
+  // Dead letters wait for a signal forever: end this file's workflows so the shared server is quiet.
+  if (client) {
+    for await (const wf of client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
+      await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+    }
+  }
+  await worker?.shutdown();
+  await closeClient?.();
+  await connection?.close();
+  await stripe?.close();
+  await db?.drop();
+});
+
+async function enqueue(tenantId: string, quantity: number, occurredAt = new Date(Date.now() - 60_000)): Promise<string> {
+  const usageId = randomUUID();
+  const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId, quantity, occurredAt }));
+  return r.entry.idempotencyKey;
+}
+
+async function row(key: string) {
+  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
+  return rows[0];
+}
+
+const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
+  waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
+
+const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
+
+describe('the core pipeline', () => {
+  it('delivers committed usage to Stripe once, with the idempotency key as identifier', async () => {
+    const occurredAt = new Date(Date.now() - 3_600_000);
+    const keys = [await enqueue('acme', 3, occurredAt), await enqueue('globex', 5, occurredAt), await enqueue('acme', 1, occurredAt)];
+    for (const key of keys) await waitStatus(key, 'sent');
+    const recorded = keys.map((k) => eventsFor(k));
+    expect(recorded.map((r) => r.length)).toEqual([1, 1, 1]);
+    expect(recorded[1]![0]).toMatchObject({ eventName: 'api_requests', customer: 'cus_globex', value: 5, timestamp: Math.floor(occurredAt.getTime() / 1000) });
+    const sent = await row(keys[0]!);
+    expect(sent).toMatchObject({ attempt_count: 1, workflow_id: keys[0], last_error_code: null });
+    expect(sent.sent_at).toBeInstanceOf(Date);
+    expect(sent.first_attempted_at).toBeInstanceOf(Date);
+    expect(await client.workflow.getHandle(keys[0]!).query(stateQuery)).toEqual({ status: 'sent', attempts: 1, lastError: null });
+  });
+
+  it('retries 5xx answers with Temporal backoff and bills once, with a fresh Idempotency-Key per attempt', async () => {
+    stripe.failNext(2, 500);
+    const key = await enqueue('acme', 4);
+    const sent = await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    expect(sent.attempt_count).toBe(3);
+    const requests = stripe.requests().filter((r) => r.identifier === key);
+    expect(requests.map((r) => r.status)).toEqual([500, 500, 200]);
+    // One constant key would have replayed the stored 500 for a day.
+    expect(new Set(requests.map((r) => r.idempotencyKey)).size).toBe(3);
+  });
+
+  it('treats a lost response after Stripe recorded the event as delivered: duplicate identifier → sent, one event', async () => {
+    // Stripe records the event but the answer is lost, twice: the library's own retry of the closed
+    // connection (same Idempotency-Key) is lost too, so the attempt fails and Temporal retries.
+    stripe.dropAfterRecord(2);
+    const key = await enqueue('globex', 9);
+    const sent = await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    const requests = stripe.requests().filter((r) => r.identifier === key);
+    // The new attempt was refused as a duplicate identifier, which means Stripe already has it.
+    expect(requests.at(-1)).toMatchObject({ status: 400 });
+    expect(requests.at(-1)!.errorMessage).toMatch(/^An event already exists with identifier /);
+    expect(sent.attempt_count).toBe(2);
+    expect(await client.workflow.getHandle(key).query(stateQuery)).toMatchObject({ status: 'sent' });
+  });
+
+  it('a single lost response is absorbed by the replayed answer: one event, one attempt', async () => {
+    stripe.dropAfterRecord(1);
+    const key = await enqueue('globex', 10);
+    const sent = await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    expect(stripe.requests().filter((r) => r.identifier === key).at(-1)).toMatchObject({ status: 200, replayed: true });
+    expect(sent.attempt_count).toBe(1);
+  });
+
+  it('dead-letters a non-retryable 400 at once, with Stripe code and message on the row', async () => {
+    const key = await enqueue('ghost', 2);
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.attempt_count).toBe(1);
+    expect(dead.last_error_code).toBe('resource_missing');
+    expect(dead.last_error_message).toContain('cus_does_not_exist');
+    expect(eventsFor(key)).toHaveLength(0);
+    const state = await client.workflow.getHandle(key).query(stateQuery);
+    expect(state).toMatchObject({ status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } });
+  });
+
+  it('dead-letters after the last attempt, then a retry signal sends it with the same identifier', async () => {
+    stripe.failNext(4, 503);
+    const key = await enqueue('acme', 6);
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.attempt_count).toBe(config.retry.maximumAttempts);
+    expect(dead.last_error_code).toMatch(/.+/);
+    expect(eventsFor(key)).toHaveLength(0);
+
+    // The workflow is still open, waiting for a human.
+    const handle = client.workflow.getHandle(key);
+    expect((await handle.describe()).status.name).toBe('RUNNING');
+    await handle.signal(retrySignal);
+    const sent = await waitStatus(key, 'sent');
+    expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);
+    expect(eventsFor(key)).toHaveLength(1);
+    expect(eventsFor(key)[0]!.identifier).toBe(key);
+    await waitFor('workflow to complete', async () => (await handle.describe()).status.name === 'COMPLETED');
+  });
+
+  it('finds dead letters by the OutboxStatus and TenantId search attributes', async () => {
+    const key = await enqueue('ghost', 1);
+    await waitStatus(key, 'dead');
+    const q = `TaskQueue = "${config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "ghost"`;
+    const ids = await waitFor('dead letters in visibility', async () => {
+      const found: string[] = [];
+      for await (const wf of client.workflow.list({ query: q })) found.push(wf.workflowId);
+      return found.includes(key) ? found : undefined;
+    });
+    expect(ids).toContain(key);
+    const sentQuery = `TaskQueue = "${config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "acme"`;
+    const acme: string[] = [];
+    for await (const wf of client.workflow.list({ query: sentQuery })) acme.push(wf.workflowId);
+    expect(acme).not.toContain(key);
+  });
+
+  it('never starts a second run for an event: duplicate start is refused, running or closed', async () => {
+    const key = await enqueue('acme', 2);
+    await waitStatus(key, 'sent');
+    await waitFor('workflow to complete', async () => (await client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
+    // A late relay (or a restart) tries to start it again after it finished.
+    expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(false);
+    const runs: string[] = [];
+    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    expect(runs).toHaveLength(1);
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('recovers a crash between claim and start: the lease lapses, one run, one meter event', async () => {
+    // Stop the relay from taking the row first: claim it as a claimer that then "crashes".
+    const key = await withTransaction(db.pool, async (c) => {
+      const r = await recordUsage(c, { usageId: randomUUID(), tenantId: 'globex', quantity: 8 });
+      return r.entry.idempotencyKey;
+    });
+    const claimed = await waitFor('crash claim', async () => {
+      const rows = await claimBatch(db.pool, { limit: 1000, claimedBy: 'crashed-relay', claimId: randomUUID(), leaseMs: 1500 });
+      return rows.some((r) => r.idempotency_key === key) ? rows : undefined;
+    }, 5_000, 10).catch(() => undefined);
+    // Either the crashed claimer or the live relay got it first; both paths must end in one event.
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    const runs: string[] = [];
+    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    expect(runs).toHaveLength(1);
+    if (claimed) expect((await row(key)).claimed_by).not.toBe('crashed-relay');
+  });
+
+  it('recovers a crash between start and marking dispatched: re-claim finds the run, no second one', async () => {
+    const key = `usage_log:${randomUUID()}`;
+    // Stripe answers slowly, so the run is still in flight when a relay re-claims the row.
+    stripe.setLatency(2_000);
+    try {
+      // As a relay that claimed the row, started its workflow and died before marking it would
+      // leave it: started, still `claimed`, with a lease about to lapse.
+      await db.pool.query(
+        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, claimed_by, claim_id, processing_deadline)
+         VALUES ('acme', 'api_requests', 11, now(), $1, 'claimed', 'dead-relay', $2, clock_timestamp() + interval '1 second')`,
+        [key, randomUUID()],
+      );
+      expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(true);
+      // The live relay re-claims it, finds the run already started, and marks it dispatched.
+      const dispatched = await waitStatus(key, 'dispatched', 10_000);
+      expect(dispatched.claimed_by).not.toBe('dead-relay');
+    } finally {
+      stripe.setLatency(0);
+    }
+    await waitStatus(key, 'sent');
+    const runs: string[] = [];
+    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    expect(runs).toHaveLength(1);
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+});
