@@ -9,13 +9,14 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { Context } from '@temporalio/activity';
 import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/client';
-import type pg from 'pg';
+import type { Queryable } from '../src/db.js';
 import type { Config } from '../src/config.js';
 import type { OutboxNotifier } from '../src/notifier.js';
+import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox-sql.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
 
 export interface RelayDeps {
-  pool: pg.Pool;
+  db: Queryable;
   client: Client;
   notifier: OutboxNotifier;
   config: Pick<Config, 'relay' | 'retry' | 'temporal'>;
@@ -28,54 +29,6 @@ export interface RelayDeps {
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
 const MAX_IDLE_WAIT_MS = 5_000;
-
-export interface ClaimedRow {
-  id: number;
-  idempotency_key: string;
-  tenant_id: string;
-}
-
-/**
- * Claims up to `limit` rows, oldest first. SKIP LOCKED keeps concurrent claimers off each other's
- * candidates; the guarded UPDATE re-checks that each row is still claimable, so a claim can only
- * take a row that is pending or whose previous lease has lapsed.
- */
-export async function claimBatch(
-  db: Pick<pg.Pool, 'query'>,
-  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number },
-): Promise<ClaimedRow[]> {
-  const { rows } = await db.query<ClaimedRow>(
-    `WITH candidates AS (
-       SELECT id FROM outbox
-       WHERE status IN ('pending', 'claimed') AND (status = 'pending' OR processing_deadline < now())
-       ORDER BY id
-       LIMIT $1
-       FOR UPDATE SKIP LOCKED
-     )
-     UPDATE outbox o
-        SET status = 'claimed', claimed_by = $2, claim_id = $3,
-            processing_deadline = clock_timestamp() + $4 * interval '1 millisecond', updated_at = now()
-       FROM candidates c
-      WHERE o.id = c.id
-        AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
-     RETURNING o.id, o.idempotency_key, o.tenant_id`,
-    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs],
-  );
-  return rows;
-}
-
-/** Marks rows dispatched, only while they are still held by this claim. Returns how many were. */
-export async function markDispatched(db: Pick<pg.Pool, 'query'>, ids: number[], claimId: string): Promise<number> {
-  if (ids.length === 0) return 0;
-  const result = await db.query(
-    `UPDATE outbox
-        SET status = 'dispatched', dispatched_at = now(), workflow_id = idempotency_key,
-            claim_id = NULL, processing_deadline = NULL, updated_at = now()
-      WHERE id = ANY($1::bigint[]) AND status = 'claimed' AND claim_id = $2`,
-    [ids, claimId],
-  );
-  return result.rowCount ?? 0;
-}
 
 /**
  * Starts the usage workflow of one event. Workflow id = idempotency key, and the policies make a
@@ -116,14 +69,14 @@ export interface RelayResult {
 }
 
 export function createRelayActivities(deps: RelayDeps) {
-  const { pool, client, notifier, config } = deps;
+  const { db, client, notifier, config } = deps;
   const runForMs = deps.runForMs ?? 60_000;
   const log = deps.log ?? (() => undefined);
 
   /** Claims one batch, starts its workflows, marks the started ones dispatched. */
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<number> {
     const claimId = randomUUID();
-    const rows = await claimBatch(pool, { limit: config.relay.batchSize, claimedBy, claimId, leaseMs: config.relay.leaseMs });
+    const rows = await claimBatch(db, { limit: config.relay.batchSize, claimedBy, claimId, leaseMs: config.relay.leaseMs });
     if (rows.length === 0) return 0;
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config)));
     const inTemporal: number[] = [];
@@ -139,7 +92,7 @@ export function createRelayActivities(deps: RelayDeps) {
         log('failed to start usage workflow', { key: row.idempotency_key, error: String(outcome.reason) });
       }
     });
-    await markDispatched(pool, inTemporal, claimId);
+    await markDispatched(db, inTemporal, claimId);
     totals.claimed += rows.length;
     return rows.length;
   }

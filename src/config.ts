@@ -29,6 +29,19 @@ function decimal(min: number, max: number) {
 
 const nonEmpty = (what: string) => z.string().trim().min(1, `must not be empty (${what})`);
 
+/** Scopes a bearer token can carry; each route requires one. */
+export const API_SCOPES = ['usage:write', 'usage:read', 'metrics:read'] as const;
+export type ApiScope = (typeof API_SCOPES)[number];
+
+const apiToken = z.object({
+  name: z.string().min(1, 'each token needs a name (used in logs instead of the token)'),
+  token: z.string().min(24, 'each token must be at least 24 characters'),
+  /** Tenants this token may record usage for; ["*"] for all. */
+  tenants: z.array(z.string().min(1)).min(1, 'each token needs tenants (["*"] for all)'),
+  scopes: z.array(z.enum(API_SCOPES)).min(1, `each token needs scopes (${API_SCOPES.join(', ')})`),
+});
+export type ApiToken = z.infer<typeof apiToken>;
+
 const schema = z.object({
   NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
   DATABASE_URL: z
@@ -75,6 +88,25 @@ const schema = z.object({
   RELAY_COUNT: int(1, 64).default(2),
   RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
+  API_HOST: z.string().trim().min(1).default('127.0.0.1'),
+  API_PORT: int(0, 65_535).default(8080),
+  API_BODY_LIMIT_BYTES: int(256, 10_485_760).default(65_536),
+  API_TOKENS: z
+    .string()
+    .trim()
+    .transform((v, ctx) => {
+      try {
+        return JSON.parse(v) as unknown;
+      } catch {
+        ctx.addIssue({ code: 'custom', message: 'must be a JSON array of {"name","token","tenants","scopes"} (not valid JSON)' });
+        return z.NEVER;
+      }
+    })
+    .pipe(z.array(apiToken, 'must be a JSON array of {"name","token","tenants","scopes"}'))
+    .optional(),
+  WORKER_METRICS_PORT: int(0, 65_535).optional(),
+  DATA_DIR: z.string().trim().min(1).optional(),
+  TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 
@@ -102,6 +134,12 @@ export interface Config {
   };
   retry: RetryConfig;
   relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
+  api: { host: string; port: number; bodyLimitBytes: number; tokens: ApiToken[] };
+  /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
+  workerMetricsPort: number | undefined;
+  /** Where `npm start` keeps embedded data (default: .data under the project). */
+  dataDir: string | undefined;
+  temporalCliPath: string | undefined;
   logLevel: Parsed['LOG_LEVEL'];
 }
 
@@ -125,8 +163,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const result = schema.safeParse(input);
   if (!result.success) {
     const problems = result.error.issues.map((issue) => {
-      const name = String(issue.path[0] ?? '(environment)');
-      return `${name}: ${issue.message}`;
+      const [name, ...rest] = issue.path.map(String);
+      const where = rest.length ? ` (at ${rest.join('.')})` : '';
+      return `${name ?? '(environment)'}: ${issue.message}${where}`;
     });
     throw new ConfigError(problems);
   }
@@ -140,6 +179,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   if (c.STRIPE_API_KEY?.includes('_live_') && c.STRIPE_API_BASE !== STRIPE_DEFAULT_BASE) {
     problems.push('STRIPE_API_KEY: a live key may only be sent to Stripe itself; unset STRIPE_API_BASE');
+  }
+  const names = new Set<string>();
+  for (const t of c.API_TOKENS ?? []) {
+    if (names.has(t.name)) problems.push(`API_TOKENS: token name ${JSON.stringify(t.name)} is used twice`);
+    names.add(t.name);
   }
   if (problems.length > 0) throw new ConfigError(problems);
 
@@ -166,6 +210,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       leaseMs: c.RELAY_LEASE_MS,
       pollIntervalMs: c.RELAY_POLL_INTERVAL_MS,
     },
+    api: { host: c.API_HOST, port: c.API_PORT, bodyLimitBytes: c.API_BODY_LIMIT_BYTES, tokens: c.API_TOKENS ?? [] },
+    workerMetricsPort: c.WORKER_METRICS_PORT,
+    dataDir: c.DATA_DIR,
+    temporalCliPath: c.TEMPORAL_CLI_PATH,
     logLevel: c.LOG_LEVEL,
   };
 }

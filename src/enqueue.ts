@@ -3,6 +3,7 @@
  * its meter event, in the caller's own transaction, with no network call.
  */
 import type { Queryable } from './db.js';
+import { findEntryByKey, insertUsage, type EntryRow } from './outbox-sql.js';
 
 /** Stripe rejects meter event values with more than 15 significant digits. */
 export const MAX_QUANTITY = 999_999_999_999_999;
@@ -123,16 +124,14 @@ export function validateUsage(input: UsageInput, defaultEventName: string): Vali
   return { usageId, tenantId, quantity, eventName, occurredAt };
 }
 
-interface EntryRow {
-  id: number;
-  idempotency_key: string;
-  tenant_id: string;
-  event_name: string;
-  quantity: number;
-  occurred_at: Date;
-  status: string;
-}
-
+/**
+ * Records one usage and queues its meter event inside the caller's open transaction.
+ *
+ * - Pass a client on which you have run BEGIN; the rows commit or roll back with your work.
+ * - Recording the same `usageId` again returns the existing entry with `created: false`.
+ * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
+ *   reused with different values. Makes no network call besides the database query.
+ */
 function toEntry(row: EntryRow): OutboxEntry {
   return {
     id: row.id,
@@ -145,36 +144,6 @@ function toEntry(row: EntryRow): OutboxEntry {
   };
 }
 
-const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status';
-
-// One round trip for the common case. Written so that no input can raise an error inside the
-// caller's transaction (which would abort it): an unknown tenant inserts nothing, a duplicate hits
-// ON CONFLICT DO NOTHING; the caller then learns which one happened from the flags.
-const INSERT_SQL = `
-WITH tenant AS (
-  SELECT tenant_id FROM billing_customers WHERE tenant_id = $2
-), usage AS (
-  INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
-  SELECT $1, tenant_id, $3, $4, COALESCE($5::timestamptz, now()) FROM tenant
-  ON CONFLICT (id) DO NOTHING
-  RETURNING id, tenant_id, event_name, quantity, occurred_at
-), queued AS (
-  INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-  SELECT tenant_id, event_name, quantity, occurred_at, $6 FROM usage
-  ON CONFLICT (idempotency_key) DO NOTHING
-  RETURNING ${ENTRY_COLUMNS}
-)
-SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
-FROM (SELECT 1) AS one LEFT JOIN queued q ON true`;
-
-/**
- * Records one usage and queues its meter event inside the caller's open transaction.
- *
- * - Pass a client on which you have run BEGIN; the rows commit or roll back with your work.
- * - Recording the same `usageId` again returns the existing entry with `created: false`.
- * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
- *   reused with different values. Makes no network call besides the database query.
- */
 export async function recordUsage(
   client: Queryable,
   input: UsageInput,
@@ -182,21 +151,12 @@ export async function recordUsage(
 ): Promise<RecordUsageResult> {
   const usage = validateUsage(input, options.defaultEventName ?? 'api_requests');
   const key = idempotencyKeyFor(usage.usageId);
-  const { rows } = await client.query<EntryRow & { tenant_known: boolean }>(INSERT_SQL, [
-    usage.usageId,
-    usage.tenantId,
-    usage.eventName,
-    usage.quantity,
-    usage.occurredAt,
-    key,
-  ]);
-  const row = rows[0];
-  if (!row?.tenant_known) throw new UnknownTenantError(usage.tenantId);
-  if (row.id !== null) return { entry: toEntry(row), created: true };
+  const inserted = await insertUsage(client, { ...usage, key });
+  if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
+  if (inserted.row) return { entry: toEntry(inserted.row), created: true };
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
-  const existing = await client.query<EntryRow>(`SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = $1`, [key]);
-  const found = existing.rows[0];
+  const found = await findEntryByKey(client, key);
   if (!found) {
     // The usage row exists without an outbox row: impossible through this function, and a
     // repeatable-read snapshot taken before the other transaction committed can also land here.

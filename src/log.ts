@@ -19,7 +19,7 @@ export function scrub(text: string): string {
 
 export type Logger = pino.Logger;
 
-export function createLogger(level: string = process.env.LOG_LEVEL ?? 'info', destination?: pino.DestinationStream): Logger {
+export function createLogger(level: string, destination?: pino.DestinationStream): Logger {
   return pino(
     {
       level,

@@ -35,7 +35,7 @@ await runMain(async () => {
   let config: Config = loadConfig();
   const log = createLogger(config.logLevel);
   installTemporalRuntime(log);
-  const dataDir = path.resolve(process.env.BILLING_OUTBOX_DATA_DIR ?? path.join(PROJECT_ROOT, '.data'));
+  const dataDir = path.resolve(config.dataDir ?? path.join(PROJECT_ROOT, '.data'));
   await mkdir(dataDir, { recursive: true, mode: 0o755 });
   const stops: (() => Promise<void>)[] = [];
   const stopAll = async () => {
@@ -63,6 +63,7 @@ await runMain(async () => {
         uiPort: await portOr(8233),
         headless: false,
         namespace: config.temporal.namespace,
+        cliPath: config.temporalCliPath,
       });
       stops.push(server.stop);
       temporalAddress = server.address;

@@ -34,7 +34,7 @@ export interface MeterEventRequest {
   occurredAt: Date;
 }
 
-export async function sendMeterEvent(client: Stripe, event: MeterEventRequest): Promise<void> {
+export async function sendMeterEvent(client: Pick<Stripe, 'billing'>, event: MeterEventRequest): Promise<void> {
   await client.billing.meterEvents.create({
     event_name: event.eventName,
     payload: { stripe_customer_id: event.stripeCustomerId, value: String(event.quantity) },

@@ -8,8 +8,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type Stripe from 'stripe';
-import { createDeliveryActivities } from '../activities/delivery.js';
-import { createRelayActivities } from '../activities/relay.js';
+import { createActivities } from '../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
 import type { Config } from './config.js';
 import type { Logger } from './log.js';
@@ -44,10 +43,16 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const stopping = new AbortController();
   const notifier = new OutboxNotifier(deps.databaseUrl);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
-  const activities = {
-    ...createDeliveryActivities({ pool, stripe }),
-    ...createRelayActivities({ pool, client, notifier, config, stopping: stopping.signal, log: relayLog, runForMs: deps.relayRunForMs }),
-  };
+  const activities = createActivities({
+    db: pool,
+    stripe,
+    client,
+    notifier,
+    config,
+    stopping: stopping.signal,
+    log: relayLog,
+    runForMs: deps.relayRunForMs,
+  });
   const worker = await Worker.create({
     connection: deps.connection,
     namespace: config.temporal.namespace,

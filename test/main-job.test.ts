@@ -25,7 +25,7 @@ afterAll(async () => {
 it('npm start runs the main job on embedded defaults and drains events to the local Stripe', async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-main-'));
   await chmod(dataDir, 0o755);
-  const env: NodeJS.ProcessEnv = { ...process.env, BILLING_OUTBOX_DATA_DIR: dataDir, LOG_LEVEL: 'info', RELAY_POLL_INTERVAL_MS: '200' };
+  const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir, LOG_LEVEL: 'info', RELAY_POLL_INTERVAL_MS: '200' };
   for (const name of ['DATABASE_URL', 'TEMPORAL_ADDRESS', 'STRIPE_API_KEY', 'STRIPE_API_BASE', 'NODE_ENV']) delete env[name];
   child = spawn('npm', ['start'], { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   child.stdout!.on('data', (b: Buffer) => (output += b.toString()));

@@ -12,8 +12,8 @@ import { freePort } from './postgres.js';
 export const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
 /** The temporal CLI found by scripts/tools.sh (TEMPORAL_CLI_PATH, PATH, or .tools/). */
-export function findTemporalCli(): string | undefined {
-  if (process.env.TEMPORAL_CLI_PATH) return process.env.TEMPORAL_CLI_PATH;
+export function findTemporalCli(configured?: string): string | undefined {
+  if (configured) return configured;
   const recorded = path.join(PROJECT_ROOT, '.tools', 'temporal-path');
   if (existsSync(recorded)) {
     const p = readFileSync(recorded, 'utf8').trim();
@@ -36,8 +36,10 @@ export async function startTemporalDevServer(opts: {
   headless?: boolean;
   namespace?: string;
   logFile?: (line: string) => void;
+  /** TEMPORAL_CLI_PATH; otherwise what scripts/tools.sh found. */
+  cliPath?: string | undefined;
 } = {}): Promise<DevServer> {
-  const cli = findTemporalCli();
+  const cli = findTemporalCli(opts.cliPath);
   if (!cli) throw new Error('no temporal CLI found: run `bash scripts/tools.sh` (or set TEMPORAL_CLI_PATH)');
   const port = opts.port ?? (await freePort());
   const args = [
