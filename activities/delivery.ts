@@ -4,9 +4,9 @@
 import { activityInfo, ApplicationFailure } from '@temporalio/activity';
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
-import { beginAttempt, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
+import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
 import { classifyStripeError, sendMeterEvent } from '../src/stripe-client.js';
-import { ErrorTypes } from '../workflows/shared.js';
+import { ErrorTypes, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
 
 export interface DeliveryDeps {
   db: Queryable;
@@ -19,6 +19,28 @@ export interface DeliveryResult {
   attempts: number;
 }
 
+function fail(type: string, code: string, message: string): ApplicationFailure {
+  return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
+}
+
+/** Stripe only takes usage stamped within the past 35 days and at most 5 minutes ahead. */
+export function timestampProblem(occurredAt: Date, now: number): { code: string; message: string } | undefined {
+  const age = now - occurredAt.getTime();
+  if (age > MAX_EVENT_AGE_MS) {
+    return {
+      code: 'timestamp_too_far_in_past',
+      message: `usage from ${occurredAt.toISOString()} is older than Stripe's 35-day window and cannot be reported`,
+    };
+  }
+  if (-age > MAX_EVENT_FUTURE_MS) {
+    return {
+      code: 'timestamp_in_future',
+      message: `usage stamped ${occurredAt.toISOString()} is more than 5 minutes in the future`,
+    };
+  }
+  return undefined;
+}
+
 export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
   return {
     /**
@@ -26,16 +48,30 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
      * Each failure is classified here, where the call is made, into an ApplicationFailure whose
      * type tells Temporal (and the workflow) whether another attempt can help.
      */
-    async deliverUsage(key: string): Promise<DeliveryResult> {
-      const row = await beginAttempt(db, key, activityInfo().workflowExecution?.workflowId ?? key);
+    async deliverUsage({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
+      const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
+      const row = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
       if (!row) {
-        throw ApplicationFailure.create({ type: ErrorTypes.missing, message: `no outbox row with key ${key}`, details: ['outbox_row_missing'], nonRetryable: true });
+        const existing = await findRowByKey(db, key);
+        if (!existing) {
+          throw fail(ErrorTypes.missing, 'outbox_row_missing', `no outbox row with key ${key}`);
+        }
+        const message =
+          `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: ` +
+          `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
+        await recordAttemptError(db, key, 'identifier_window_expired', message);
+        throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
       }
       if (row.status === 'sent') return { outcome: 'already_sent', attempts: row.attempt_count };
       if (!row.stripe_customer_id) {
         const message = 'the tenant has no Stripe customer mapping';
         await recordAttemptError(db, key, 'customer_mapping_missing', message);
-        throw ApplicationFailure.create({ type: ErrorTypes.missing, message, details: ['customer_mapping_missing'], nonRetryable: true });
+        throw fail(ErrorTypes.missing, 'customer_mapping_missing', message);
+      }
+      const outside = timestampProblem(row.occurred_at, Date.now());
+      if (outside) {
+        await recordAttemptError(db, key, outside.code, outside.message);
+        throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
       }
 
       try {
@@ -54,7 +90,7 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
         await recordAttemptError(db, key, failure.code, failure.message);
         switch (failure.kind) {
           case 'rejected':
-            throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: failure.message, details: [failure.code], nonRetryable: true });
+            throw fail(ErrorTypes.rejected, failure.code, failure.message);
           case 'rate_limited':
             throw ApplicationFailure.create({
               type: ErrorTypes.rateLimited,

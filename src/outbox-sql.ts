@@ -73,9 +73,15 @@ export interface AttemptRow {
 
 /**
  * Starts one delivery attempt: counts it (unless the row is already sent), stamps the first
- * attempt time, and reads what to send, in one statement.
+ * attempt time, and reads what to send, in one statement. Takes nothing (returns undefined) when
+ * the row is missing or when its first attempt is older than `safeWindowMs` and `force` is off:
+ * resending then could be billed twice, so it is not even counted as an attempt.
  */
-export async function beginAttempt(db: Queryable, key: string, workflowId: string): Promise<AttemptRow | undefined> {
+export async function beginAttempt(
+  db: Queryable,
+  key: string,
+  opts: { workflowId: string; safeWindowMs: number; force: boolean },
+): Promise<AttemptRow | undefined> {
   const { rows } = await db.query<AttemptRow>(
     `UPDATE outbox o
         SET attempt_count = o.attempt_count + CASE WHEN o.status = 'sent' THEN 0 ELSE 1 END,
@@ -83,10 +89,31 @@ export async function beginAttempt(db: Queryable, key: string, workflowId: strin
             workflow_id = COALESCE(o.workflow_id, $2::text),
             updated_at = now()
       WHERE o.idempotency_key = $1::text
+        AND (o.status = 'sent' OR $4::boolean OR o.first_attempted_at IS NULL
+             OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
       RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at,
                 (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
-    [key, workflowId],
+    [key, opts.workflowId, opts.safeWindowMs, opts.force],
   );
+  return rows[0];
+}
+
+export interface OutboxRow extends EntryRow {
+  attempt_count: number;
+  last_error_code: string | null;
+  last_error_message: string | null;
+  claimed_by: string | null;
+  processing_deadline: Date | null;
+  workflow_id: string | null;
+  first_attempted_at: Date | null;
+  created_at: Date;
+  dispatched_at: Date | null;
+  sent_at: Date | null;
+  dead_at: Date | null;
+}
+
+export async function findRowByKey(db: Queryable, key: string): Promise<OutboxRow | undefined> {
+  const { rows } = await db.query<OutboxRow>('SELECT * FROM outbox WHERE idempotency_key = $1::text', [key]);
   return rows[0];
 }
 

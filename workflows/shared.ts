@@ -19,11 +19,27 @@ export interface RetryPolicyInput {
   maximumAttempts: number;
 }
 
+/**
+ * Stripe rejects a second event with the same identifier "within a rolling period of at least 24
+ * hours". Past that, a resend may be counted twice. We stop resending an hour early.
+ */
+export const IDENTIFIER_WINDOW_MS = 24 * 3_600_000;
+export const SAFE_RESEND_WINDOW_MS = IDENTIFIER_WINDOW_MS - 3_600_000;
+/** Stripe accepts meter events stamped within the past 35 days and up to 5 minutes ahead. */
+export const MAX_EVENT_AGE_MS = 35 * 86_400_000;
+export const MAX_EVENT_FUTURE_MS = 5 * 60_000;
+
 export interface UsageWorkflowInput {
   /** The outbox row's idempotency key: also this workflow's id and Stripe's `identifier`. */
   key: string;
   tenantId: string;
   retry: RetryPolicyInput;
+}
+
+export interface DeliverInput {
+  key: string;
+  /** Operator override of the identifier-window guard (see RetryRequest.force). */
+  force?: boolean;
 }
 
 export interface UsageState {
@@ -33,8 +49,18 @@ export interface UsageState {
   lastError: { code: string; message: string } | null;
 }
 
+export interface RetryRequest {
+  /**
+   * Resend even though the event's first attempt is older than Stripe's 24-hour identifier
+   * window, where Stripe can no longer tell it is a duplicate. Only after reconciliation.
+   */
+  force?: boolean;
+  /** Who asked, for the record. */
+  requestedBy?: string;
+}
+
 /** Sent by an operator to a dead event: try again with the same identifier. */
-export const retrySignal = defineSignal('retry');
+export const retrySignal = defineSignal<[RetryRequest?]>('retry');
 export const stateQuery = defineQuery<UsageState>('state');
 
 export interface RelayWorkflowInput {
@@ -49,6 +75,8 @@ export const ErrorTypes = {
   rateLimited: 'StripeRateLimited',
   /** The outbox row or its billing customer is missing: nothing to send. */
   missing: 'OutboxRowMissing',
+  /** Sending now could bill twice (identifier window passed) or Stripe cannot take it (timestamp). */
+  unsafeToSend: 'UnsafeToSend',
 } as const;
 
 export function relayWorkflowId(index: number): string {

@@ -21,6 +21,7 @@ import {
   retrySignal,
   stateQuery,
   type OutboxStatus,
+  type RetryRequest,
   type UsageState,
   type UsageWorkflowInput,
 } from './shared.js';
@@ -33,7 +34,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       backoffCoefficient: input.retry.backoffCoefficient,
       maximumInterval: input.retry.maximumIntervalMs,
       maximumAttempts: input.retry.maximumAttempts,
-      nonRetryableErrorTypes: [ErrorTypes.rejected, ErrorTypes.missing],
+      nonRetryableErrorTypes: [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend],
     },
   });
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
@@ -43,12 +44,20 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   });
 
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
-  let retryRequested = false;
+  let requested: RetryRequest | undefined;
+  let force = false;
   setHandler(stateQuery, () => state);
-  setHandler(retrySignal, () => {
+  setHandler(retrySignal, (request: RetryRequest = {}) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
-    if (state.status === 'dead') retryRequested = true;
+    if (state.status === 'dead') requested = request;
   });
+
+  /** Waits for an operator's retry signal (one sent before the event was dead does not count). */
+  const nextRetry = async (): Promise<RetryRequest> => {
+    requested = undefined;
+    await condition(() => requested !== undefined);
+    return requested ?? {};
+  };
 
   const setStatus = (status: OutboxStatus) => {
     state.status = status;
@@ -57,7 +66,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 
   for (;;) {
     try {
-      const result = await deliverUsage(input.key);
+      const result = await deliverUsage({ key: input.key, force });
       state.attempts = result.attempts;
       state.lastError = null;
       setStatus('sent');
@@ -68,8 +77,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       state.attempts = await markDead({ key: input.key, ...state.lastError });
       setStatus('dead');
     }
-    retryRequested = false;
-    await condition(() => retryRequested);
+    force = (await nextRetry()).force === true;
     await markRetrying(input.key);
     setStatus('dispatched');
   }
