@@ -232,4 +232,46 @@ describe('the core pipeline', () => {
     expect(runs).toHaveLength(1);
     expect(eventsFor(key)).toHaveLength(1);
   });
+
+  it('dead-letters usage older than Stripe\'s 35-day window before calling Stripe', async () => {
+    const key = await enqueue('acme', 3, new Date(Date.now() - 36 * 86_400_000));
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_code).toBe('timestamp_too_far_in_past');
+    expect(dead.last_error_message).toMatch(/35-day/);
+    expect(stripe.requests().filter((r) => r.identifier === key)).toHaveLength(0);
+  });
+
+  it('refuses a retry past the 24 h identifier window, and sends on a forced retry', async () => {
+    stripe.failNext(4, 503);
+    const key = await enqueue('acme', 12);
+    await waitStatus(key, 'dead');
+    const before = stripe.requests().filter((r) => r.identifier === key).length;
+    // The event was first attempted 25 hours ago: Stripe may have forgotten its identifier.
+    await db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
+    const handle = client.workflow.getHandle(key);
+    await handle.signal(retrySignal);
+    const refused = await waitFor('the refusal', async () => {
+      const r = await row(key);
+      return r.status === 'dead' && r.last_error_code === 'identifier_window_expired' ? r : undefined;
+    });
+    expect(refused.last_error_message).toMatch(/24 h/);
+    expect(refused.attempt_count).toBe(config.retry.maximumAttempts);
+    expect(stripe.requests().filter((r) => r.identifier === key)).toHaveLength(before);
+
+    await handle.signal(retrySignal, { force: true, requestedBy: 'test' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('honours Retry-After on a 429', async () => {
+    stripe.failNext(1, 429, { retryAfterSeconds: 2 });
+    const started = Date.now();
+    const key = await enqueue('globex', 2);
+    await waitStatus(key, 'sent');
+    const requests = stripe.requests().filter((r) => r.identifier === key);
+    expect(requests.map((r) => r.status)).toEqual([429, 200]);
+    // The retry policy alone would have come back after ~50 ms; Stripe asked for 2 s.
+    expect(requests[1]!.at - requests[0]!.at).toBeGreaterThanOrEqual(1_900);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1_900);
+  });
 });

@@ -1,0 +1,87 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig } from '../src/config.js';
+
+function problems(env: Record<string, string>): string[] {
+  try {
+    loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.problems;
+    throw err;
+  }
+  return [];
+}
+
+describe('configuration', () => {
+  it('has working defaults when nothing is set', () => {
+    const c = loadConfig({});
+    expect(c.temporal).toEqual({ address: undefined, namespace: 'default', taskQueue: 'billing-outbox' });
+    expect(c.stripe).toMatchObject({ apiBase: 'https://api.stripe.com', isRealStripe: true, meterEventName: 'api_requests' });
+    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12 });
+    expect(c.relay.batchSize).toBeGreaterThan(0);
+  });
+
+  it('reads every documented variable', () => {
+    const c = loadConfig({
+      DATABASE_URL: 'postgres://u:p@db:5432/x',
+      TEMPORAL_ADDRESS: 'temporal:7233',
+      STRIPE_API_KEY: 'sk_test_abc123',
+      STRIPE_API_BASE: 'http://127.0.0.1:12111/',
+      RETRY_BACKOFF_COEFFICIENT: '1.5',
+      RELAY_COUNT: '3',
+      API_TOKENS: JSON.stringify([{ name: 'app', token: 'x'.repeat(32), tenants: ['*'], scopes: ['usage:write'] }]),
+    });
+    expect(c.stripe).toMatchObject({ apiBase: 'http://127.0.0.1:12111', isRealStripe: false, apiKey: 'sk_test_abc123' });
+    expect(c.retry.backoffCoefficient).toBe(1.5);
+    expect(c.relay.count).toBe(3);
+    expect(c.api.tokens[0]!.name).toBe('app');
+  });
+
+  it('reports one clear line per bad variable, all at once', () => {
+    const p = problems({
+      RELAY_BATCH_SIZE: 'lots',
+      RETRY_MAXIMUM_ATTEMPTS: '0',
+      TEMPORAL_ADDRESS: 'no port here',
+      STRIPE_API_BASE: 'ftp://x',
+      DATABASE_URL: 'mysql://x',
+    });
+    expect(p).toHaveLength(5);
+    expect(p.find((l) => l.startsWith('RELAY_BATCH_SIZE:'))).toMatch(/whole number/);
+    expect(p.find((l) => l.startsWith('RETRY_MAXIMUM_ATTEMPTS:'))).toMatch(/at least 1/);
+    expect(p.find((l) => l.startsWith('TEMPORAL_ADDRESS:'))).toMatch(/host:port/);
+    expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toBeDefined();
+    expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toBeDefined();
+  });
+
+  it('never echoes a secret value in its messages', () => {
+    const err = (() => {
+      try {
+        loadConfig({ STRIPE_API_KEY: 'pk_live_SECRETSECRET', DATABASE_URL: 'redis://user:hunter2@x' });
+      } catch (e) {
+        return e as Error;
+      }
+    })();
+    expect(err).toBeInstanceOf(ConfigError);
+    expect(err!.message).not.toContain('SECRETSECRET');
+    expect(err!.message).not.toContain('hunter2');
+  });
+
+  it('requires STRIPE_API_KEY in production', () => {
+    expect(problems({ NODE_ENV: 'production' })).toEqual(['STRIPE_API_KEY: is required when NODE_ENV=production']);
+    expect(problems({ NODE_ENV: 'production', STRIPE_API_KEY: 'sk_live_abc' })).toEqual([]);
+  });
+
+  it('refuses to send a live key anywhere but Stripe', () => {
+    expect(problems({ STRIPE_API_KEY: 'sk_live_abc', STRIPE_API_BASE: 'http://127.0.0.1:12111' })[0]).toMatch(/live key/);
+  });
+
+  it('rejects malformed API tokens', () => {
+    expect(problems({ API_TOKENS: '{nope' })[0]).toMatch(/^API_TOKENS: .*not valid JSON/);
+    expect(problems({ API_TOKENS: JSON.stringify([{ name: 'a', token: 'short', tenants: ['*'], scopes: ['usage:write'] }]) })[0]).toMatch(/24 characters/);
+    const dup = { name: 'a', token: 'y'.repeat(30), tenants: ['*'], scopes: ['usage:write'] };
+    expect(problems({ API_TOKENS: JSON.stringify([dup, dup]) })[0]).toMatch(/used twice/);
+  });
+
+  it('treats empty strings as unset', () => {
+    expect(loadConfig({ RELAY_COUNT: '', STRIPE_API_KEY: '  ' }).relay.count).toBe(2);
+  });
+});
