@@ -117,6 +117,8 @@ export interface RetryConfig {
   backoffCoefficient: number;
   maximumIntervalMs: number;
   maximumAttempts: number;
+  /** STRIPE_TIMEOUT_MS plus room for the database work around the call. */
+  attemptTimeoutMs: number;
 }
 
 export interface Config {
@@ -203,6 +205,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT,
       maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS,
       maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS,
+      attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000,
     },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,

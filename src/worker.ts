@@ -12,6 +12,7 @@ import { createActivities } from '../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
 import type { Config } from './config.js';
 import type { Logger } from './log.js';
+import type { Metrics } from './metrics.js';
 import { OutboxNotifier } from './notifier.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'workflows', 'index.ts');
@@ -27,6 +28,8 @@ export interface WorkerDeps {
   /** A pre-built bundle (tests bundle once); otherwise the workflows are bundled at start-up. */
   workflowBundle?: WorkerOptions['workflowBundle'];
   relayRunForMs?: number;
+  /** Where the activities count deliveries and claims (nothing is counted without it). */
+  metrics?: Metrics;
   workerOptions?: Partial<WorkerOptions>;
 }
 
@@ -52,6 +55,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     stopping: stopping.signal,
     log: relayLog,
     runForMs: deps.relayRunForMs,
+    metrics: deps.metrics,
   });
   const worker = await Worker.create({
     connection: deps.connection,
@@ -81,7 +85,7 @@ export async function ensureRelays(client: Client, config: Config): Promise<void
   await Promise.all(
     Array.from({ length: config.relay.count }, (_, i) =>
       client.workflow.start('relayWorkflow', {
-        workflowId: relayWorkflowId(i),
+        workflowId: relayWorkflowId(config.temporal.taskQueue, i),
         taskQueue: config.temporal.taskQueue,
         args: [{ relayId: `relay-${i}` } satisfies RelayWorkflowInput],
         workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,

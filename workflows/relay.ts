@@ -9,7 +9,7 @@ import type { RelayWorkflowInput } from './shared.js';
 const { relayOutbox } = proxyActivities<RelayActivities>({
   // An activity call runs for about a minute; the heartbeat timeout is what notices a dead worker.
   startToCloseTimeout: '5 minutes',
-  heartbeatTimeout: '30 seconds',
+  heartbeatTimeout: '15 seconds',
   retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
 });
 

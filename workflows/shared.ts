@@ -17,6 +17,12 @@ export interface RetryPolicyInput {
   backoffCoefficient: number;
   maximumIntervalMs: number;
   maximumAttempts: number;
+  /**
+   * How long one attempt may take before Temporal gives up on it and retries (the Stripe call's
+   * own timeout plus the database work around it). Also bounds how long a crashed worker's
+   * in-flight attempt holds the event.
+   */
+  attemptTimeoutMs?: number;
 }
 
 /**
@@ -79,6 +85,7 @@ export const ErrorTypes = {
   unsafeToSend: 'UnsafeToSend',
 } as const;
 
-export function relayWorkflowId(index: number): string {
-  return `billing-outbox-relay-${index}`;
+/** Relays are per task queue, so deployments sharing a namespace keep their relays apart. */
+export function relayWorkflowId(taskQueue: string, index: number): string {
+  return `billing-outbox-relay:${taskQueue}:${index}`;
 }

@@ -28,7 +28,7 @@ import {
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
-    startToCloseTimeout: '2 minutes',
+    startToCloseTimeout: input.retry.attemptTimeoutMs ?? '2 minutes',
     retry: {
       initialInterval: input.retry.initialIntervalMs,
       backoffCoefficient: input.retry.backoffCoefficient,
