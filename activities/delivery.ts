@@ -4,6 +4,7 @@
 import { activityInfo, ApplicationFailure } from '@temporalio/activity';
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
+import type { DeliveryMetrics } from '../src/metrics.js';
 import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
 import { classifyStripeError, sendMeterEvent } from '../src/stripe-client.js';
 import { ErrorTypes, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
@@ -11,6 +12,8 @@ import { ErrorTypes, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_M
 export interface DeliveryDeps {
   db: Queryable;
   stripe: Pick<Stripe, 'billing'>;
+  /** This process's counters; nothing is recorded without it. */
+  metrics?: DeliveryMetrics;
 }
 
 export interface DeliveryResult {
@@ -41,7 +44,12 @@ export function timestampProblem(occurredAt: Date, now: number): { code: string;
   return undefined;
 }
 
-export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
+export function createDeliveryActivities({ db, stripe, metrics }: DeliveryDeps) {
+  /** Counted once the row is marked sent, timed from its commit. */
+  const acknowledged = (createdAt: Date) => {
+    metrics?.eventsSent.inc();
+    metrics?.commitToAck.observe(Math.max(0, Date.now() - createdAt.getTime()) / 1000);
+  };
   return {
     /**
      * One attempt to report the event: count the attempt, call Stripe once, mark the row sent.
@@ -60,6 +68,7 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
           `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: ` +
           `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
         await recordAttemptError(db, key, 'identifier_window_expired', message);
+        metrics?.stripeErrors.inc({ class: 'unsafe' });
         throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
       }
       if (row.status === 'sent') return { outcome: 'already_sent', attempts: row.attempt_count };
@@ -71,6 +80,7 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
       const outside = timestampProblem(row.occurred_at, Date.now());
       if (outside) {
         await recordAttemptError(db, key, outside.code, outside.message);
+        metrics?.stripeErrors.inc({ class: 'unsafe' });
         throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
       }
 
@@ -85,9 +95,13 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
       } catch (err) {
         const failure = classifyStripeError(err);
         if (failure.kind === 'delivered') {
-          return { outcome: 'duplicate', attempts: await markSent(db, key) };
+          const attempts = await markSent(db, key);
+          metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
+          acknowledged(row.created_at);
+          return { outcome: 'duplicate', attempts };
         }
         await recordAttemptError(db, key, failure.code, failure.message);
+        metrics?.stripeErrors.inc({ class: failure.kind });
         switch (failure.kind) {
           case 'rejected':
             throw fail(ErrorTypes.rejected, failure.code, failure.message);
@@ -102,7 +116,9 @@ export function createDeliveryActivities({ db, stripe }: DeliveryDeps) {
             throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
         }
       }
-      return { outcome: 'sent', attempts: await markSent(db, key) };
+      const attempts = await markSent(db, key);
+      acknowledged(row.created_at);
+      return { outcome: 'sent', attempts };
     },
 
     /** After the last attempt: the row becomes a dead letter carrying the final error. */

@@ -11,6 +11,7 @@ import { Context } from '@temporalio/activity';
 import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/client';
 import type { Queryable } from '../src/db.js';
 import type { Config } from '../src/config.js';
+import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/notifier.js';
 import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox-sql.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
@@ -25,6 +26,8 @@ export interface RelayDeps {
   /** Aborted when this process is shutting down: relays stop claiming at once. */
   stopping?: AbortSignal;
   log?: (msg: string, fields: Record<string, unknown>) => void;
+  /** This process's claim histograms; nothing is recorded without it. */
+  metrics?: RelayMetrics;
 }
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
@@ -76,7 +79,10 @@ export function createRelayActivities(deps: RelayDeps) {
   /** Claims one batch, starts its workflows, marks the started ones dispatched. */
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<number> {
     const claimId = randomUUID();
+    const endTimer = deps.metrics?.claimDuration.startTimer();
     const rows = await claimBatch(db, { limit: config.relay.batchSize, claimedBy, claimId, leaseMs: config.relay.leaseMs });
+    endTimer?.();
+    if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return 0;
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config)));
     const inTemporal: number[] = [];

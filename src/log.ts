@@ -19,19 +19,24 @@ export function scrub(text: string): string {
 
 export type Logger = pino.Logger;
 
+/**
+ * Scrubs each finished line on its way out, after pino's serializers and redaction have run, so
+ * every field of every line is covered (a serializer's output included).
+ */
+class ScrubbingStream implements pino.DestinationStream {
+  constructor(private readonly inner: pino.DestinationStream) {}
+  write(line: string): void {
+    this.inner.write(scrub(line));
+  }
+}
+
 export function createLogger(level: string, destination?: pino.DestinationStream): Logger {
   return pino(
     {
       level,
       base: { service: 'billing-outbox' },
       redact: { paths: REDACT_PATHS, censor: '***' },
-      formatters: { log: (obj) => JSON.parse(scrub(JSON.stringify(obj))) as Record<string, unknown> },
-      hooks: {
-        logMethod(args, method) {
-          method.apply(this, args.map((a) => (typeof a === 'string' ? scrub(a) : a)) as Parameters<typeof method>);
-        },
-      },
     },
-    destination ?? pino.destination(1),
+    new ScrubbingStream(destination ?? pino.destination({ fd: 1, sync: true })),
   );
 }

@@ -3,16 +3,19 @@
  * - no DATABASE_URL      → embedded PostgreSQL with its data under .data/pg
  * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (.data/temporal.db) with its Web UI
  * - no STRIPE_API_KEY    → the local Stripe-compatible server: NOTHING IS BILLED
- * then migrates and runs a worker (relays + usage workflows) until SIGTERM/SIGINT.
+ * then migrates and runs a worker (relays + usage workflows) and the HTTP API (API_HOST:API_PORT)
+ * in one process, sharing one metrics registry, until SIGTERM/SIGINT.
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
+import { buildApi, temporalHealthConnection } from './api/index.js';
 import { loadConfig, type Config } from './config.js';
 import { createPool, migrate, redactUrl } from './db.js';
 import { freePort, startEmbeddedPostgres } from './embedded/postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer } from './embedded/temporal.js';
 import { createLogger } from './log.js';
+import { createMetrics } from './metrics.js';
 import { installTemporalRuntime } from './temporal-runtime.js';
 import { runMain, untilSignal } from './main-util.js';
 import { createStripeClient, LOCAL_TEST_KEY } from './stripe-client.js';
@@ -34,7 +37,9 @@ async function portOr(preferred: number): Promise<number> {
 await runMain(async () => {
   let config: Config = loadConfig();
   const log = createLogger(config.logLevel);
-  installTemporalRuntime(log);
+  // The SDK's own worker metrics, on loopback only: the API's GET /metrics appends them.
+  const sdkMetricsAddress = `127.0.0.1:${await freePort()}`;
+  installTemporalRuntime(log, 'WARN', sdkMetricsAddress);
   const dataDir = path.resolve(config.dataDir ?? path.join(PROJECT_ROOT, '.data'));
   await mkdir(dataDir, { recursive: true, mode: 0o755 });
   const stops: (() => Promise<void>)[] = [];
@@ -53,6 +58,7 @@ await runMain(async () => {
     await migrate(databaseUrl);
     const pool = createPool(databaseUrl);
     stops.push(() => pool.end());
+    const metrics = createMetrics(undefined, { db: pool, temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
 
     let temporalAddress = config.temporal.address;
     let temporalUi: string | undefined;
@@ -112,11 +118,21 @@ await runMain(async () => {
       connection,
       client,
       log,
+      metrics,
     });
     stops.push(() => running.shutdown());
 
+    // Stopped first (stops run in reverse): no new usage is taken while the worker drains.
+    const temporalHealth = temporalHealthConnection(temporalAddress);
+    stops.push(() => temporalHealth.close());
+    const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics });
+    await api.listen({ host: config.api.host, port: await portOr(config.api.port) });
+    stops.push(() => api.close());
+    const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
+    if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /healthz only, every other route 401');
+
     // Where everything is, for tools on this machine (the file may hold the local database password).
-    const endpoints = { pid: process.pid, databaseUrl, temporalAddress, temporalUi, stripeApiBase: config.stripe.apiBase, localStripe: Boolean(localStripe) };
+    const endpoints = { pid: process.pid, databaseUrl, temporalAddress, temporalUi, stripeApiBase: config.stripe.apiBase, localStripe: Boolean(localStripe), api: apiUrl };
     await writeFile(path.join(dataDir, 'endpoints.json'), JSON.stringify(endpoints, null, 2), { mode: 0o600 });
     console.error(
       [
@@ -124,6 +140,7 @@ await runMain(async () => {
         `  PostgreSQL:       ${redactUrl(databaseUrl)}`,
         `  Temporal:         ${temporalAddress}${temporalUi ? `   Web UI: ${temporalUi}` : ''}`,
         `  Stripe API base:  ${config.stripe.apiBase}${localStripe ? '  (local: nothing is billed)' : ''}`,
+        `  API:              ${apiUrl}  (POST /v1/usage, GET /healthz, GET /metrics)`,
         `  Dead letters:     temporal workflow list -q 'OutboxStatus="dead"'`,
         'Stop with Ctrl-C.',
       ].join('\n'),

@@ -69,6 +69,8 @@ export interface AttemptRow {
   occurred_at: Date;
   first_attempted_at: Date;
   stripe_customer_id: string | null;
+  /** When the row was committed: the start of the commit-to-acknowledgement latency. */
+  created_at: Date;
 }
 
 /**
@@ -91,7 +93,7 @@ export async function beginAttempt(
       WHERE o.idempotency_key = $1::text
         AND (o.status = 'sent' OR $4::boolean OR o.first_attempted_at IS NULL
              OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
-      RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at,
+      RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
                 (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
     [key, opts.workflowId, opts.safeWindowMs, opts.force],
   );
@@ -207,4 +209,252 @@ export async function insertUsage(
 export async function findEntryByKey(db: Queryable, key: string): Promise<EntryRow | undefined> {
   const { rows } = await db.query<EntryRow>(`SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = $1::text`, [key]);
   return rows[0];
+}
+
+export interface StatusSummary {
+  pending: number;
+  claimed: number;
+  dispatched: number;
+  dead: number;
+  sent: number;
+  /** True when `sent` is the planner's estimate rather than a count. */
+  sent_estimated: boolean;
+  /** Age of the oldest row still waiting for a relay (pending or claimed); 0 when there is none. */
+  oldest_pending_age_seconds: number;
+}
+
+/**
+ * Outbox health for the metrics scrape, in one statement, without touching the sent rows.
+ *
+ * - Unsent rows (pending, claimed, dispatched, dead) are counted exactly, in one pass over the
+ *   partial index `outbox_status_idx` (status <> 'sent'): its size follows the backlog and the dead
+ *   letters, not the table.
+ * - Sent rows are nearly the whole table and grow without bound; counting them exactly is a full
+ *   scan on every scrape (seconds with tens of millions of rows). Once the table's estimated size
+ *   reaches `exactCountBelow` rows, `sent` = estimated table rows − unsent rows, where the estimate
+ *   is the planner's own: pg_class.reltuples (refreshed by autovacuum/ANALYZE) scaled by the
+ *   table's current size in pages, so it follows growth between analyses. Below that size (or
+ *   when the table was never analysed: reltuples = -1) they are counted exactly. The exact count
+ *   sits in a CASE branch, so PostgreSQL never runs it when the estimate is used.
+ * - The oldest waiting row is the first entry of `outbox_claimable_idx` (ids follow commit order
+ *   closely enough for an age): one index probe, not a sort.
+ */
+export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
+  const { rows } = await db.query<StatusSummary>(
+    `WITH unsent AS (
+       SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
+              count(*) FILTER (WHERE status = 'claimed')    AS claimed,
+              count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
+              count(*) FILTER (WHERE status = 'dead')       AS dead,
+              count(*)                                      AS total
+         FROM outbox WHERE status <> 'sent'
+     ), size AS (
+       SELECT CASE WHEN c.reltuples < 0 THEN -1
+                   WHEN c.relpages = 0 THEN c.reltuples
+                   ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+              END AS estimate
+         FROM pg_class c WHERE c.oid = 'outbox'::regclass
+     )
+     SELECT u.pending, u.claimed, u.dispatched, u.dead,
+            CASE WHEN s.estimate < $1::float8
+                 THEN (SELECT count(*) FROM outbox WHERE status = 'sent')
+                 ELSE greatest(0, round(s.estimate) - u.total)::bigint
+            END AS sent,
+            s.estimate >= $1::float8 AS sent_estimated,
+            COALESCE((SELECT extract(epoch FROM now() - o.created_at)::float8
+                        FROM outbox o WHERE o.status IN ('pending', 'claimed') ORDER BY o.id LIMIT 1), 0) AS oldest_pending_age_seconds
+       FROM unsent u, size s`,
+    [opts.exactCountBelow ?? 100_000],
+  );
+  return rows[0]!;
+}
+
+// ---- Operator CLI (src/cli/) ----------------------------------------------------------------------
+
+export interface RecentlySent {
+  last_minute: number;
+  last_hour: number;
+}
+
+/**
+ * Events sent in the minute and the hour before `at`. Scans the rows sent in the last hour: there
+ * is no index on sent_at (the hot path pays for every index; an operator command can afford this).
+ * Counts, age and backlog come from `statusSummary`.
+ */
+export async function countRecentlySent(db: Queryable, at: Date): Promise<RecentlySent> {
+  const { rows } = await db.query<RecentlySent>(
+    `SELECT count(*) FILTER (WHERE sent_at > $1::timestamptz - interval '1 minute') AS last_minute,
+            count(*) AS last_hour
+       FROM outbox WHERE sent_at > $1::timestamptz - interval '1 hour'`,
+    [at],
+  );
+  return rows[0]!;
+}
+
+export async function countDeadByErrorCode(db: Queryable): Promise<{ code: string | null; count: number }[]> {
+  const { rows } = await db.query<{ code: string | null; count: number }>(
+    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = 'dead'
+      GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
+  );
+  return rows;
+}
+
+/** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
+export interface OperatorRow {
+  id: number;
+  idempotency_key: string;
+  tenant_id: string;
+  status: string;
+  attempt_count: number;
+  last_error_code: string | null;
+  last_error_message: string | null;
+  occurred_at: Date;
+  created_at: Date;
+  first_attempted_at: Date | null;
+  dead_at: Date | null;
+  stripe_customer_id: string | null;
+}
+
+const OPERATOR_COLUMNS = `o.id, o.idempotency_key, o.tenant_id, o.status, o.attempt_count, o.last_error_code,
+  o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
+  (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
+
+export interface DeadLetterFilter {
+  tenantId?: string | undefined;
+  errorCode?: string | undefined;
+}
+
+/**
+ * One page of dead letters after `afterId`, oldest first. Keyset paging (not OFFSET): a bulk retry
+ * moves rows out of `dead` while it pages, which would make OFFSET skip rows, and each page costs
+ * the same however deep it is.
+ */
+export async function listDeadLetters(
+  db: Queryable,
+  opts: DeadLetterFilter & { afterId: number; limit: number },
+): Promise<OperatorRow[]> {
+  const { rows } = await db.query<OperatorRow>(
+    `SELECT ${OPERATOR_COLUMNS} FROM outbox o
+      WHERE o.status = 'dead' AND o.id > $1::bigint
+        AND ($2::text IS NULL OR o.tenant_id = $2::text)
+        AND ($3::text IS NULL OR o.last_error_code = $3::text)
+      ORDER BY o.id
+      LIMIT $4::int`,
+    [opts.afterId, opts.tenantId ?? null, opts.errorCode ?? null, opts.limit],
+  );
+  return rows;
+}
+
+export async function countDeadLetters(db: Queryable, filter: DeadLetterFilter): Promise<number> {
+  const { rows } = await db.query<{ count: number }>(
+    `SELECT count(*) AS count FROM outbox
+      WHERE status = 'dead' AND ($1::text IS NULL OR tenant_id = $1::text) AND ($2::text IS NULL OR last_error_code = $2::text)`,
+    [filter.tenantId ?? null, filter.errorCode ?? null],
+  );
+  return rows[0]!.count;
+}
+
+export async function findOperatorRow(db: Queryable, key: string): Promise<OperatorRow | undefined> {
+  const { rows } = await db.query<OperatorRow>(`SELECT ${OPERATOR_COLUMNS} FROM outbox o WHERE o.idempotency_key = $1::text`, [key]);
+  return rows[0];
+}
+
+/**
+ * Takes a dead letter back in flight before an operator starts a new workflow run for it. The
+ * `status = 'dead'` guard is the lock: of two operators reopening the same event at once, the
+ * second one's UPDATE re-checks the row after the first commits, finds it dispatched, and returns
+ * nothing, so only one of them goes on to start a run. A sent row can never match. Returns the
+ * previous dead_at, for `restoreDeadLetter` if the start fails.
+ */
+export async function reopenDeadLetter(db: Queryable, key: string): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
+  const { rows } = await db.query<{ tenant_id: string; previous_dead_at: Date | null }>(
+    `WITH prev AS (
+       SELECT id, dead_at FROM outbox WHERE idempotency_key = $1::text AND status = 'dead' FOR UPDATE
+     )
+     UPDATE outbox o
+        SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
+            workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
+       FROM prev
+      WHERE o.id = prev.id AND o.status = 'dead'
+     RETURNING o.tenant_id, prev.dead_at AS previous_dead_at`,
+    [key],
+  );
+  return rows[0];
+}
+
+/** Undoes `reopenDeadLetter` when no run could be started: the row is a dead letter again. */
+export async function restoreDeadLetter(db: Queryable, key: string, deadAt: Date | null): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE outbox SET status = 'dead', dead_at = COALESCE($2::timestamptz, now()), updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'dispatched'`,
+    [key, deadAt],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export interface BillingCustomerRow {
+  tenant_id: string;
+  stripe_customer_id: string;
+  created_at: Date;
+  updated_at: Date;
+}
+
+/** Maps a tenant to its Stripe customer (insert or replace); also returns the customer it replaced. */
+export async function upsertBillingCustomer(
+  db: Queryable,
+  tenantId: string,
+  stripeCustomerId: string,
+): Promise<BillingCustomerRow & { previous_customer_id: string | null }> {
+  const { rows } = await db.query<BillingCustomerRow & { previous_customer_id: string | null }>(
+    `WITH prev AS (SELECT stripe_customer_id FROM billing_customers WHERE tenant_id = $1::text)
+     INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text)
+     ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = now()
+     RETURNING tenant_id, stripe_customer_id, created_at, updated_at, (SELECT stripe_customer_id FROM prev) AS previous_customer_id`,
+    [tenantId, stripeCustomerId],
+  );
+  return rows[0]!;
+}
+
+export async function listBillingCustomers(db: Queryable): Promise<BillingCustomerRow[]> {
+  const { rows } = await db.query<BillingCustomerRow>(
+    'SELECT tenant_id, stripe_customer_id, created_at, updated_at FROM billing_customers ORDER BY tenant_id',
+  );
+  return rows;
+}
+
+export interface OperatorAction {
+  actor: string;
+  action: 'retry' | 'customers.set';
+  key: string | null;
+  tenantId: string | null;
+  forced: boolean;
+  outcome: string;
+  detail: string | null;
+}
+
+export async function recordOperatorAction(db: Queryable, a: OperatorAction): Promise<void> {
+  await db.query(
+    `INSERT INTO operator_actions (actor, action, idempotency_key, tenant_id, forced, outcome, detail)
+     VALUES ($1::text, $2::text, $3::text, $4::text, $5::boolean, $6::text, $7::text)`,
+    [a.actor.slice(0, 200), a.action, a.key, a.tenantId, a.forced, a.outcome, a.detail?.slice(0, 2000) ?? null],
+  );
+}
+
+export interface OperatorActionRow {
+  at: Date;
+  actor: string;
+  action: string;
+  forced: boolean;
+  outcome: string;
+  detail: string | null;
+}
+
+/** The most recent operator actions on one event, newest first. */
+export async function listOperatorActions(db: Queryable, key: string, limit: number): Promise<OperatorActionRow[]> {
+  const { rows } = await db.query<OperatorActionRow>(
+    `SELECT at, actor, action, forced, outcome, detail FROM operator_actions
+      WHERE idempotency_key = $1::text ORDER BY at DESC, id DESC LIMIT $2::int`,
+    [key, limit],
+  );
+  return rows;
 }

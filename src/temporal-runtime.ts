@@ -7,7 +7,11 @@ import type { Logger } from './log.js';
 
 let installed = false;
 
-export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN'): void {
+/**
+ * `prometheusBindAddress` (host:port) turns on the SDK's own Prometheus exporter (worker and
+ * connection metrics: task slots, poll latencies, schedule-to-start, …) at http://host:port/metrics.
+ */
+export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN', prometheusBindAddress?: string): void {
   if (installed) return;
   installed = true;
   const sdkLog = new DefaultLogger(level, ({ level: l, message, meta }) => {
@@ -20,5 +24,8 @@ export function installTemporalRuntime(log: Logger | undefined, level: LogLevel 
     else if (l === 'INFO') log.info(fields, message);
     else log.debug(fields, message);
   });
-  Runtime.install({ logger: sdkLog });
+  Runtime.install({
+    logger: sdkLog,
+    ...(prometheusBindAddress ? { telemetryOptions: { metrics: { prometheus: { bindAddress: prometheusBindAddress } } } } : {}),
+  });
 }

@@ -1,0 +1,45 @@
+/**
+ * `npm run api`: the HTTP ingestion API on its own (DATABASE_URL and API_TOKENS required). Listens
+ * on API_HOST:API_PORT; on SIGTERM/SIGINT it stops accepting connections, lets in-flight requests
+ * finish, then closes the pool. Run it next to any number of workers (`npm run worker`).
+ */
+import { buildApi, temporalHealthConnection } from './api/index.js';
+import { loadConfig } from './config.js';
+import { createPool, migrate, redactUrl } from './db.js';
+import { createLogger } from './log.js';
+import { runMain, untilSignal } from './main-util.js';
+import { createMetrics } from './metrics.js';
+
+await runMain(async () => {
+  const config = loadConfig();
+  const log = createLogger(config.logLevel);
+  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  if (config.api.tokens.length === 0) {
+    throw new Error('API_TOKENS is not set: every route but /healthz needs a bearer token (see .env.example)');
+  }
+  const temporalAddress = config.temporal.address ?? 'localhost:7233';
+
+  // Safe with workers migrating at the same time; the API may well be the first process up.
+  await migrate(config.databaseUrl);
+  const pool = createPool(config.databaseUrl);
+  // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
+  const temporal = temporalHealthConnection(temporalAddress);
+  const metrics = createMetrics(undefined, { db: pool });
+  const app = buildApi({ config, db: pool, log, temporal, metrics });
+
+  try {
+    await app.listen({ host: config.api.host, port: config.api.port });
+    log.info(
+      { address: app.server.address(), database: redactUrl(config.databaseUrl), temporal: temporalAddress, tokens: config.api.tokens.map((t) => t.name) },
+      'billing-outbox API listening',
+    );
+    const signal = await untilSignal();
+    log.info({ signal }, 'shutting down: finishing in-flight requests');
+  } finally {
+    // close(): stop accepting, answer 503 to new requests on kept-alive sockets, wait for the rest.
+    await app.close();
+    await temporal.close();
+    await pool.end();
+  }
+  log.info('API stopped');
+});

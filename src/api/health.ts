@@ -1,0 +1,73 @@
+/**
+ * GET /healthz: can this process take usage (PostgreSQL) and are events moving on (Temporal)?
+ * Unauthenticated, so it says which dependency failed and nothing more; the cause goes to the log.
+ */
+import { Connection } from '@temporalio/client';
+import type { Queryable } from '../db.js';
+import type { Logger } from '../log.js';
+
+export type ProbeResult = 'ok' | 'timeout' | 'error';
+export type TemporalHealth = Pick<Connection, 'healthService' | 'withDeadline'>;
+
+export interface HealthBody {
+  status: 'ok' | 'unavailable';
+  postgres: ProbeResult;
+  temporal: ProbeResult | 'not_configured';
+}
+
+// grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING (the enum lives in @temporalio/proto,
+// which is not a direct dependency).
+const SERVING = 1;
+
+/** Runs `fn` with a deadline; the probe is abandoned (not cancelled) when the deadline passes. */
+async function probe(what: string, fn: () => Promise<void>, timeoutMs: number, log: Pick<Logger, 'warn'>): Promise<ProbeResult> {
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), timeoutMs)));
+  const ran = fn().then(
+    () => 'ok' as const,
+    (err: unknown) => {
+      log.warn({ error: String(err), dependency: what }, 'health check failed');
+      return 'error' as const;
+    },
+  );
+  try {
+    const result = await Promise.race([ran, timedOut]);
+    if (result === 'timeout') log.warn({ dependency: what, timeoutMs }, 'health check timed out');
+    return result;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * A connection for health checks only: lazy (the API starts while Temporal is away) and without
+ * the client's default retry interceptor. A probe wants one answer within its deadline, not
+ * retries that outlive it (and that would fire on a channel closed at shutdown).
+ */
+export function temporalHealthConnection(address: string): Connection {
+  return Connection.lazy({ address, interceptors: [] });
+}
+
+export async function checkHealth(
+  deps: { db: Queryable; temporal?: TemporalHealth | undefined; log: Pick<Logger, 'warn'> },
+  timeoutMs: number,
+): Promise<HealthBody> {
+  const { db, temporal, log } = deps;
+  const [postgres, temporalResult] = await Promise.all([
+    probe('postgres', async () => void (await db.query('SELECT 1')), timeoutMs, log),
+    temporal
+      ? probe(
+          'temporal',
+          async () => {
+            // The gRPC deadline ends the call itself; the probe's timer only bounds our wait.
+            const res = await temporal.withDeadline(Date.now() + timeoutMs, () => temporal.healthService.check({}));
+            if (res.status !== SERVING) throw new Error(`Temporal health status ${String(res.status)}`);
+          },
+          timeoutMs,
+          log,
+        )
+      : Promise.resolve('not_configured' as const),
+  ]);
+  const ok = postgres === 'ok' && (temporalResult === 'ok' || temporalResult === 'not_configured');
+  return { status: ok ? 'ok' : 'unavailable', postgres, temporal: temporalResult };
+}

@@ -1,0 +1,106 @@
+/**
+ * The HTTP ingestion API: POST /v1/usage, GET /healthz, GET /metrics.
+ *
+ * `buildApi` returns a Fastify instance that is not listening (tests use `app.inject()`;
+ * src/api-main.ts and src/main.ts call `listen`). Request order: request id → bearer token and
+ * route scope (before the body is read, so an unauthenticated client cannot make us parse
+ * anything) → content type and body limit → JSON Schema → tenant → recordUsage.
+ */
+import { randomUUID } from 'node:crypto';
+import Fastify, { type FastifyBaseLogger } from 'fastify';
+import type pg from 'pg';
+import { Registry } from 'prom-client';
+import type { ApiScope, ApiToken, Config } from '../config.js';
+import type { Logger } from '../log.js';
+import { createMetrics, type Metrics } from '../metrics.js';
+import { authenticate, requireScope, TokenVerifier } from './auth.js';
+import { ApiError, errorHandler } from './errors.js';
+import { checkHealth, type TemporalHealth } from './health.js';
+
+export { temporalHealthConnection } from './health.js';
+import { RequestLogController } from './request-log.js';
+import { registerUsageRoutes } from './usage.js';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The scope a token needs for this route. */
+    scope?: ApiScope;
+    /** No token needed (health checks). */
+    public?: boolean;
+  }
+  interface FastifyRequest {
+    /** The authenticated caller's token (null on public routes). */
+    apiToken: ApiToken | null;
+  }
+}
+
+export interface ApiDeps {
+  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens'>; stripe: Pick<Config['stripe'], 'meterEventName'> };
+  db: pg.Pool;
+  log: Logger;
+  /** For /healthz (see temporalHealthConnection); without it Temporal is `not_configured`. */
+  temporal?: TemporalHealth;
+  /** The process's registry for /metrics; by default one of the API's own, reading `db`. */
+  metrics?: Pick<Metrics, 'render' | 'contentType'>;
+  /** How long /healthz waits for each dependency (default 2 s). */
+  healthTimeoutMs?: number;
+}
+
+// Printable, header-safe, short: anything else from the outside is replaced, never logged as is.
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,64}$/;
+
+export function buildApi(deps: ApiDeps) {
+  const verifier = new TokenVerifier(deps.config.api.tokens);
+  const metrics = deps.metrics ?? createMetrics(new Registry(), { db: deps.db });
+  const healthTimeoutMs = deps.healthTimeoutMs ?? 2_000;
+
+  const app = Fastify({
+    // Typed as Fastify's base logger so route modules take a plain FastifyInstance.
+    loggerInstance: deps.log as FastifyBaseLogger,
+    bodyLimit: deps.config.api.bodyLimitBytes,
+    genReqId: (req) => {
+      const incoming = req.headers['x-request-id'];
+      return typeof incoming === 'string' && SANE_REQUEST_ID.test(incoming) ? incoming : randomUUID();
+    },
+    logController: new RequestLogController(),
+    // Fastify's defaults coerce "5" into 5 and silently drop unknown fields; an ingestion API
+    // must refuse both, and report every bad field at once.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: true } },
+    return503OnClosing: true,
+  });
+
+  // JSON only: a text/plain body would otherwise reach validation as a string (400, not 415).
+  app.removeContentTypeParser('text/plain');
+  app.decorateRequest('apiToken', null);
+  app.setErrorHandler(errorHandler);
+  app.setNotFoundHandler((request) => {
+    throw new ApiError(404, 'not_found', `no route ${request.method} ${request.url.split('?')[0]}`);
+  });
+
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('x-request-id', request.id);
+    const routeConfig = request.routeOptions.config;
+    if (routeConfig.public) return;
+    const token = authenticate(verifier, request);
+    request.apiToken = token;
+    const log = request.log.child({ tokenName: token.name });
+    request.log = log;
+    reply.log = log;
+    if (routeConfig.scope) requireScope(token, routeConfig.scope);
+  });
+
+  registerUsageRoutes(app, { db: deps.db, defaultEventName: deps.config.stripe.meterEventName });
+
+  app.get('/healthz', { config: { public: true } }, async (request, reply) => {
+    const body = await checkHealth({ db: deps.db, temporal: deps.temporal, log: request.log }, healthTimeoutMs);
+    return reply.code(body.status === 'ok' ? 200 : 503).send(body);
+  });
+
+  app.get('/metrics', { config: { scope: 'metrics:read' } }, async (_request, reply) => {
+    return reply.type(metrics.contentType).send(await metrics.render());
+  });
+
+  return app;
+}
+
+export type Api = ReturnType<typeof buildApi>;

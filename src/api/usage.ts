@@ -1,0 +1,97 @@
+/**
+ * POST /v1/usage: records one usage and queues its meter event in one transaction (recordUsage).
+ * Repeating a request is safe: the usage_id is the idempotency key.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type pg from 'pg';
+import { withTransaction } from '../db.js';
+import {
+  idempotencyKeyFor,
+  MAX_EVENT_NAME_LENGTH,
+  MAX_QUANTITY,
+  MAX_TENANT_ID_LENGTH,
+  MAX_USAGE_ID_LENGTH,
+  recordUsage,
+  type OutboxEntry,
+} from '../enqueue.js';
+import { requireTenant } from './auth.js';
+
+export interface UsageRequestBody {
+  tenant_id: string;
+  usage_id: string;
+  quantity: number;
+  event_name?: string;
+  occurred_at?: string;
+}
+
+export interface UsageResponseBody {
+  idempotency_key: string;
+  status: string;
+  tenant_id: string;
+  usage_id: string;
+  quantity: number;
+  event_name: string;
+  occurred_at: string;
+  /** False when this usage_id was already recorded with the same values (nothing was added). */
+  created: boolean;
+}
+
+// Types are not coerced and unknown fields are refused (see the Ajv options in buildApi): "5" is
+// not a quantity, and a misspelt `ocurred_at` must not silently become "now". recordUsage checks
+// again what JSON Schema cannot (control characters, surrounding spaces, impossible dates).
+export const usageBodySchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['tenant_id', 'usage_id', 'quantity'],
+  properties: {
+    tenant_id: { type: 'string', minLength: 1, maxLength: MAX_TENANT_ID_LENGTH },
+    usage_id: { type: 'string', minLength: 1, maxLength: MAX_USAGE_ID_LENGTH },
+    quantity: { type: 'integer', minimum: 1, maximum: MAX_QUANTITY },
+    event_name: { type: 'string', minLength: 1, maxLength: MAX_EVENT_NAME_LENGTH },
+    occurred_at: { type: 'string', format: 'date-time' },
+  },
+} as const;
+
+function responseBody(entry: OutboxEntry, usageId: string, created: boolean): UsageResponseBody {
+  return {
+    idempotency_key: entry.idempotencyKey,
+    status: entry.status,
+    tenant_id: entry.tenantId,
+    usage_id: usageId,
+    quantity: entry.quantity,
+    event_name: entry.eventName,
+    occurred_at: entry.occurredAt.toISOString(),
+    created,
+  };
+}
+
+export function registerUsageRoutes(app: FastifyInstance, deps: { db: pg.Pool; defaultEventName: string }): void {
+  app.post<{ Body: UsageRequestBody }>(
+    '/v1/usage',
+    { schema: { body: usageBodySchema }, config: { scope: 'usage:write' } },
+    async (request: FastifyRequest<{ Body: UsageRequestBody }>, reply: FastifyReply) => {
+      const body = request.body;
+      requireTenant(request.apiToken!, body.tenant_id);
+      // Every later line of this request, including Fastify's "request completed", carries the key.
+      const log = request.log.child({ idempotencyKey: idempotencyKeyFor(body.usage_id) });
+      request.log = log;
+      reply.log = log;
+
+      const { entry, created } = await withTransaction(deps.db, (client) =>
+        recordUsage(
+          client,
+          {
+            usageId: body.usage_id,
+            tenantId: body.tenant_id,
+            quantity: body.quantity,
+            eventName: body.event_name,
+            occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
+          },
+          { defaultEventName: deps.defaultEventName },
+        ),
+      );
+      log.info({ tenantId: entry.tenantId, quantity: entry.quantity, created, status: entry.status }, created ? 'usage recorded' : 'usage already recorded');
+      return reply.code(created ? 201 : 200).send(responseBody(entry, body.usage_id, created));
+    },
+  );
+}

@@ -1,0 +1,181 @@
+/**
+ * Prometheus metrics: what the worker's activities count, what the outbox table holds (read from
+ * PostgreSQL at scrape time), and the Node process. One registry per process: in `npm start` the
+ * API serves it at GET /metrics; a standalone worker serves it on WORKER_METRICS_PORT.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { Queryable } from './db.js';
+import { statusSummary, type StatusSummary } from './outbox-sql.js';
+
+/** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
+export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe'] as const;
+export type StripeErrorClass = (typeof STRIPE_ERROR_CLASSES)[number];
+
+const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'dead'] as const;
+
+export interface MetricsOptions {
+  /** Read at scrape time for the outbox gauges; without it they are not registered. */
+  db?: Queryable;
+  /** Table size from which sent rows are estimated instead of counted (see statusSummary). */
+  exactCountBelow?: number;
+  /**
+   * The Temporal SDK's own Prometheus exporter (see installTemporalRuntime), appended to every
+   * render() so one scrape target carries both.
+   */
+  temporalSdkUrl?: string;
+}
+
+export type Metrics = ReturnType<typeof createMetrics>;
+
+/**
+ * Creates every metric in `registry` (a new one by default), with prom-client's default process
+ * metrics. Call once per registry: registering a name twice throws.
+ */
+export function createMetrics(registry: Registry = new Registry(), options: MetricsOptions = {}) {
+  const registers = [registry];
+  collectDefaultMetrics({ register: registry });
+
+  const eventsSent = new Counter({
+    name: 'billing_outbox_events_sent_total',
+    help: 'Usage events this process saw Stripe acknowledge (accepted now, or already held as a duplicate identifier).',
+    registers,
+  });
+  const stripeErrors = new Counter({
+    name: 'billing_outbox_stripe_errors_total',
+    help: 'Delivery attempts that did not end in a plain acceptance, by class.',
+    labelNames: ['class'] as const,
+    registers,
+  });
+  const claimBatchSize = new Histogram({
+    name: 'billing_outbox_relay_claim_batch_size',
+    help: 'Rows taken by each non-empty relay claim (empty polls only show in the claim duration count).',
+    buckets: [1, 2, 5, 10, 25, 50, 100, 200, 500, 1000, 2000, 5000],
+    registers,
+  });
+  const claimDuration = new Histogram({
+    name: 'billing_outbox_relay_claim_duration_seconds',
+    help: 'Time of each relay claim query, empty or not.',
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers,
+  });
+  const commitToAck = new Histogram({
+    name: 'billing_outbox_commit_to_ack_seconds',
+    help: 'From the outbox row being committed to Stripe acknowledging the event.',
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400],
+    registers,
+  });
+  for (const c of STRIPE_ERROR_CLASSES) stripeErrors.inc({ class: c }, 0);
+
+  const outboxRegisters = options.db ? registers : [];
+  const outboxRows = new Gauge({
+    name: 'billing_outbox_rows',
+    help: 'Outbox rows by status (sent is estimated from table statistics on large tables).',
+    labelNames: ['status'] as const,
+    registers: outboxRegisters,
+    collect: () => refresh(),
+  });
+  const oldestPendingAge = new Gauge({
+    name: 'billing_outbox_oldest_pending_age_seconds',
+    help: 'Age of the oldest outbox row not yet taken by a relay (pending or claimed); 0 when none.',
+    registers: outboxRegisters,
+    collect: () => refresh(),
+  });
+  const statusQueryFailures = new Counter({
+    name: 'billing_outbox_status_query_failures_total',
+    help: 'Scrapes on which the outbox status query failed (the outbox gauges are then absent).',
+    registers: outboxRegisters,
+    // Waits for the scrape's query too, so the failure shows in the same scrape.
+    collect: () => refresh(),
+  });
+
+  // Both gauges are filled by the same query; a scrape collects them concurrently, so they share
+  // one in-flight query instead of running it twice.
+  let inFlight: Promise<void> | undefined;
+  function refresh(): Promise<void> {
+    inFlight ??= query().finally(() => (inFlight = undefined));
+    return inFlight;
+  }
+  async function query(): Promise<void> {
+    if (!options.db) return;
+    let summary: StatusSummary;
+    try {
+      summary = await statusSummary(options.db, { exactCountBelow: options.exactCountBelow });
+    } catch {
+      // No stale numbers: absent series are what an alert on a dead database should see.
+      outboxRows.reset();
+      oldestPendingAge.reset();
+      statusQueryFailures.inc();
+      return;
+    }
+    for (const status of OUTBOX_STATUSES) outboxRows.set({ status }, summary[status]);
+    oldestPendingAge.set(summary.oldest_pending_age_seconds);
+  }
+
+  return {
+    registry,
+    eventsSent,
+    stripeErrors,
+    claimBatchSize,
+    claimDuration,
+    commitToAck,
+    outboxRows,
+    oldestPendingAge,
+    statusQueryFailures,
+    contentType: registry.contentType,
+    /** The registry in Prometheus text format, followed by the Temporal SDK's metrics if configured. */
+    async render(): Promise<string> {
+      const own = await registry.metrics();
+      if (!options.temporalSdkUrl) return own;
+      try {
+        const res = await fetch(options.temporalSdkUrl, { signal: AbortSignal.timeout(2_000) });
+        if (!res.ok) throw new Error(`HTTP ${res.status}`);
+        return `${own}\n${await res.text()}`;
+      } catch (err) {
+        return `${own}\n# Temporal SDK metrics unavailable: ${String(err).replace(/\s+/g, ' ')}\n`;
+      }
+    },
+  };
+}
+
+/** What the delivery activity records. */
+export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'commitToAck'>;
+/** What the relay activity records. */
+export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration'>;
+
+export interface MetricsServer {
+  url: string;
+  close(): Promise<void>;
+}
+
+/**
+ * A bare HTTP server with GET /metrics, for a worker process that has no API. Unauthenticated:
+ * bind it to an address only the scraper reaches.
+ */
+export async function startMetricsServer(metrics: Pick<Metrics, 'render' | 'contentType'>, opts: { host: string; port: number }): Promise<MetricsServer> {
+  const server = http.createServer((req, res) => {
+    if (req.method !== 'GET' || (req.url ?? '').split('?')[0] !== '/metrics') {
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
+      return;
+    }
+    metrics.render().then(
+      (text) => res.writeHead(200, { 'content-type': metrics.contentType }).end(text),
+      () => res.writeHead(500, { 'content-type': 'text/plain' }).end('metrics unavailable\n'),
+    );
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port, opts.host, () => resolve());
+  });
+  const { address, port } = server.address() as AddressInfo;
+  const host = address.includes(':') ? `[${address}]` : address;
+  return {
+    url: `http://${host}:${port}/metrics`,
+    close: () =>
+      new Promise<void>((resolve, reject) => {
+        server.close((err) => (err ? reject(err) : resolve()));
+        server.closeIdleConnections();
+      }),
+  };
+}

@@ -1,0 +1,337 @@
+/**
+ * The HTTP ingestion API on a real database (and the shared Temporal dev server for /healthz),
+ * through `app.inject()`: status codes, error bodies, auth, and what reaches the logs.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import type { Connection } from '@temporalio/client';
+import type { LightMyRequestResponse } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { inject } from 'vitest';
+import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
+import type { ApiToken, Config } from '../src/config.js';
+import { createPool } from '../src/db.js';
+import { createLogger } from '../src/log.js';
+import { addCustomer, createTestDb, testConfig, waitFor, type TestDb } from './helpers.js';
+
+const secret = (label: string) => `${label}_${randomBytes(24).toString('hex')}`;
+const writer: ApiToken = { name: 'writer', token: secret('tok_writer'), tenants: ['*'], scopes: ['usage:write'] };
+const acmeOnly: ApiToken = { name: 'acme-only', token: secret('tok_acme'), tenants: ['acme'], scopes: ['usage:write'] };
+const reader: ApiToken = { name: 'metrics-reader', token: secret('tok_metrics'), tenants: ['*'], scopes: ['metrics:read'] };
+const TOKENS = [writer, acmeOnly, reader];
+
+let db: TestDb;
+let config: Config;
+let temporal: Connection;
+let app: Api;
+const logLines: string[] = [];
+const log = createLogger('debug', { write: (line: string) => void logLines.push(line) });
+const extraApps: Api[] = [];
+
+beforeAll(async () => {
+  db = await createTestDb();
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+  await addCustomer(db.pool, 'globex', 'cus_globex');
+  config = testConfig({ API_TOKENS: JSON.stringify(TOKENS), API_BODY_LIMIT_BYTES: '1024', STRIPE_METER_EVENT_NAME: 'api_requests' });
+  temporal = temporalHealthConnection(inject('temporalAddress'));
+  app = buildApi({ config, db: db.pool, log, temporal });
+  await app.ready();
+});
+
+afterAll(async () => {
+  for (const a of extraApps) await a.close();
+  await app?.close();
+  await temporal?.close();
+  await db?.drop();
+});
+
+const auth = (t: ApiToken | string) => ({ authorization: `Bearer ${typeof t === 'string' ? t : t.token}` });
+
+function post(body: unknown, token: ApiToken | string | null = writer, headers: Record<string, string> = {}, target: Api = app) {
+  return target.inject({
+    method: 'POST',
+    url: '/v1/usage',
+    headers: { ...(token === null ? {} : auth(token)), ...headers },
+    ...(typeof body === 'string' ? { payload: body } : { payload: body as object }),
+  });
+}
+
+async function rowCounts(): Promise<{ usage: number; outbox: number }> {
+  const { rows } = await db.pool.query<{ usage: number; outbox: number }>(
+    'SELECT (SELECT count(*)::int FROM usage_logs) AS usage, (SELECT count(*)::int FROM outbox) AS outbox',
+  );
+  return rows[0]!;
+}
+
+/** Runs `fn` and checks that it wrote nothing. */
+async function writesNothing(fn: () => Promise<void>): Promise<void> {
+  const before = await rowCounts();
+  await fn();
+  expect(await rowCounts()).toEqual(before);
+}
+
+const usage = (over: Record<string, unknown> = {}) => ({ tenant_id: 'acme', usage_id: `req-${randomUUID()}`, quantity: 3, ...over });
+const errorOf = (res: LightMyRequestResponse) => (res.json() as { error: { code: string; message: string; fields?: { field: string; message: string }[] } }).error;
+
+describe('POST /v1/usage', () => {
+  it('records a new usage (201), and the same request again is a 200 with the same entry', async () => {
+    const body = usage({ quantity: 7, occurred_at: '2025-06-01T10:00:00.250Z' });
+    const first = await post(body);
+    expect(first.statusCode).toBe(201);
+    const created = first.json();
+    expect(created).toEqual({
+      idempotency_key: `usage_log:${body.usage_id}`,
+      status: 'pending',
+      tenant_id: 'acme',
+      usage_id: body.usage_id,
+      quantity: 7,
+      event_name: 'api_requests',
+      occurred_at: '2025-06-01T10:00:00.250Z',
+      created: true,
+    });
+
+    const before = await rowCounts();
+    const again = await post(body);
+    expect(again.statusCode).toBe(200);
+    expect(again.json()).toEqual({ ...created, created: false });
+    expect(await rowCounts()).toEqual(before);
+
+    const { rows } = await db.pool.query('SELECT tenant_id, quantity, event_name FROM outbox WHERE idempotency_key = $1', [created.idempotency_key]);
+    expect(rows).toEqual([{ tenant_id: 'acme', quantity: 7, event_name: 'api_requests' }]);
+  });
+
+  it('takes event_name from the request, and occurred_at defaults to now', async () => {
+    const res = await post(usage({ event_name: 'tokens', tenant_id: 'globex' }));
+    expect(res.statusCode).toBe(201);
+    const body = res.json();
+    expect(body).toMatchObject({ event_name: 'tokens', tenant_id: 'globex', created: true });
+    expect(Math.abs(Date.parse(body.occurred_at) - Date.now())).toBeLessThan(60_000);
+  });
+
+  it('refuses the same usage_id with different values (409) and keeps the first', async () => {
+    const body = usage({ quantity: 2 });
+    expect((await post(body)).statusCode).toBe(201);
+    await writesNothing(async () => {
+      const res = await post({ ...body, quantity: 3 });
+      expect(res.statusCode).toBe(409);
+      expect(errorOf(res).code).toBe('usage_conflict');
+    });
+    const { rows } = await db.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [`usage_log:${body.usage_id}`]);
+    expect(rows).toEqual([{ quantity: 2 }]);
+  });
+
+  const badFields: [string, Record<string, unknown>, string, RegExp][] = [
+    ['missing tenant_id', { tenant_id: undefined }, 'tenant_id', /required/],
+    ['quantity 0', { quantity: 0 }, 'quantity', /at least 1/],
+    ['quantity 1.5', { quantity: 1.5 }, 'quantity', /integer/],
+    ['quantity "5"', { quantity: '5' }, 'quantity', /integer/],
+    ['quantity 10^16', { quantity: 1e16 }, 'quantity', /at most 999999999999999/],
+    ['negative quantity', { quantity: -4 }, 'quantity', /at least 1/],
+    ['usage_id too long', { usage_id: 'u'.repeat(91) }, 'usage_id', /at most 90 characters/],
+    ['empty usage_id', { usage_id: '' }, 'usage_id', /empty/],
+    ['occurred_at not a date', { occurred_at: 'yesterday' }, 'occurred_at', /RFC 3339/],
+    ['occurred_at without a time zone', { occurred_at: '2025-06-01T10:00:00' }, 'occurred_at', /RFC 3339/],
+    ['occurred_at on a day that does not exist', { occurred_at: '2025-02-30T10:00:00Z' }, 'occurred_at', /RFC 3339/],
+    ['occurred_at as a number', { occurred_at: 1748772000 }, 'occurred_at', /string/],
+    ['an extra property', { ocurred_at: '2025-06-01T10:00:00Z' }, 'ocurred_at', /not a known field/],
+    ['tenant_id with surrounding spaces', { tenant_id: ' acme ' }, 'tenant_id', /leading or trailing spaces/],
+    ['usage_id with a control character', { usage_id: 'a\u0007b' }, 'usage_id', /control characters/],
+  ];
+  for (const [what, change, field, message] of badFields) {
+    it(`400 for ${what}, naming the field, writing nothing`, async () => {
+      await writesNothing(async () => {
+        const res = await post(usage(change));
+        expect(res.statusCode, res.body).toBe(400);
+        const error = errorOf(res);
+        expect(error.code).toBe('invalid_request');
+        expect(error.fields).toHaveLength(1);
+        expect(error.fields![0]!.field).toBe(field);
+        expect(error.fields![0]!.message).toMatch(message);
+        expect(error.message).toContain(field);
+      });
+    });
+  }
+
+  it('reports every bad field at once', async () => {
+    await writesNothing(async () => {
+      const res = await post({ usage_id: 'x', quantity: 0, extra: true });
+      expect(res.statusCode).toBe(400);
+      expect(errorOf(res).fields!.map((f) => f.field).sort()).toEqual(['extra', 'quantity', 'tenant_id']);
+    });
+  });
+
+  it('400 for a body that is not a JSON object, or not JSON', async () => {
+    await writesNothing(async () => {
+      const arr = await post('[1,2]', writer, { 'content-type': 'application/json' });
+      expect(arr.statusCode).toBe(400);
+      expect(errorOf(arr).code).toBe('invalid_request');
+      const broken = await post('{"tenant_id": ', writer, { 'content-type': 'application/json' });
+      expect(broken.statusCode).toBe(400);
+      expect(errorOf(broken).code).toBe('invalid_json');
+    });
+  });
+
+  it('413 over the configured body limit', async () => {
+    await writesNothing(async () => {
+      const res = await post(usage({ event_name: 'e'.repeat(2_000) }));
+      expect(res.statusCode).toBe(413);
+      expect(errorOf(res).code).toBe('payload_too_large');
+    });
+  });
+
+  it('415 for anything but JSON', async () => {
+    await writesNothing(async () => {
+      for (const type of ['text/plain', 'application/x-www-form-urlencoded', 'application/xml']) {
+        const res = await post('tenant_id=acme&usage_id=x&quantity=1', writer, { 'content-type': type });
+        expect(res.statusCode, type).toBe(415);
+        expect(errorOf(res).code).toBe('unsupported_media_type');
+      }
+    });
+  });
+
+  it('422 for a tenant without a billing customer', async () => {
+    await writesNothing(async () => {
+      const res = await post(usage({ tenant_id: 'nobody' }));
+      expect(res.statusCode).toBe(422);
+      expect(errorOf(res).code).toBe('unknown_tenant');
+    });
+  });
+});
+
+describe('authentication and scopes', () => {
+  it('401 without a token, with an unknown one, or with another scheme', async () => {
+    await writesNothing(async () => {
+      const none = await post(usage(), null);
+      expect(none.statusCode).toBe(401);
+      expect(none.headers['www-authenticate']).toMatch(/^Bearer /);
+      expect(errorOf(none).code).toBe('unauthorized');
+
+      const unknown = await post(usage(), secret('tok_unknown'));
+      expect(unknown.statusCode).toBe(401);
+      expect(unknown.headers['www-authenticate']).toMatch(/^Bearer .*error="invalid_token"/);
+
+      // A prefix of a real token is not a real token.
+      expect((await post(usage(), writer.token.slice(0, -1))).statusCode).toBe(401);
+      const basic = await post(usage(), null, { authorization: `Basic ${Buffer.from(`x:${writer.token}`).toString('base64')}` });
+      expect(basic.statusCode).toBe(401);
+    });
+  });
+
+  it('checks the token before reading the body: no 413 or 400 for strangers', async () => {
+    const huge = await post(usage({ event_name: 'e'.repeat(5_000) }), null);
+    expect(huge.statusCode).toBe(401);
+    const bad = await post({ nonsense: true }, secret('tok_unknown'));
+    expect(bad.statusCode).toBe(401);
+  });
+
+  it('403 for a token without the route scope', async () => {
+    await writesNothing(async () => {
+      const res = await post(usage(), reader);
+      expect(res.statusCode).toBe(403);
+      expect(errorOf(res).code).toBe('insufficient_scope');
+    });
+    const metrics = await app.inject({ method: 'GET', url: '/metrics', headers: auth(writer) });
+    expect(metrics.statusCode).toBe(403);
+    const allowed = await app.inject({ method: 'GET', url: '/metrics', headers: auth(reader) });
+    expect(allowed.statusCode).toBe(200);
+    expect(allowed.headers['content-type']).toMatch(/^text\/plain/);
+    expect(allowed.body).toContain('billing_outbox_rows{status="pending"}');
+  });
+
+  it('403 for a tenant the token may not write, 201 for one it may', async () => {
+    await writesNothing(async () => {
+      const res = await post(usage({ tenant_id: 'globex' }), acmeOnly);
+      expect(res.statusCode).toBe(403);
+      expect(errorOf(res).code).toBe('tenant_forbidden');
+      // Unknown tenants are refused by the token before the database is asked.
+      expect((await post(usage({ tenant_id: 'nobody' }), acmeOnly)).statusCode).toBe(403);
+    });
+    expect((await post(usage({ tenant_id: 'acme' }), acmeOnly)).statusCode).toBe(201);
+  });
+
+  it('404 for unknown routes, after authentication', async () => {
+    expect((await app.inject({ method: 'GET', url: '/v1/nothing' })).statusCode).toBe(401);
+    const res = await app.inject({ method: 'GET', url: '/v1/nothing', headers: auth(writer) });
+    expect(res.statusCode).toBe(404);
+    expect(errorOf(res).code).toBe('not_found');
+  });
+});
+
+describe('GET /healthz', () => {
+  it('200 when PostgreSQL and Temporal answer, without a token', async () => {
+    const res = await app.inject({ method: 'GET', url: '/healthz' });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ status: 'ok', postgres: 'ok', temporal: 'ok' });
+  });
+
+  it('503 naming PostgreSQL when the database is away; usage is then refused with 503, not 500', async () => {
+    const deadPool = createPool('postgresql://nobody:secret@127.0.0.1:1/nothing', 1);
+    const dead = buildApi({ config, db: deadPool, log, temporal, healthTimeoutMs: 2_000 });
+    extraApps.push(dead);
+    dead.addHook('onClose', () => deadPool.end());
+    const res = await dead.inject({ method: 'GET', url: '/healthz' });
+    expect(res.statusCode).toBe(503);
+    expect(res.json()).toEqual({ status: 'unavailable', postgres: 'error', temporal: 'ok' });
+
+    const write = await post(usage(), writer, {}, dead);
+    expect(write.statusCode).toBe(503);
+    expect(errorOf(write).code).toBe('unavailable');
+  });
+
+  it('503 naming Temporal when it does not answer, and not_configured without a client', async () => {
+    const away = temporalHealthConnection('127.0.0.1:1');
+    const noTemporal = buildApi({ config, db: db.pool, log, temporal: away, healthTimeoutMs: 1_000 });
+    extraApps.push(noTemporal);
+    noTemporal.addHook('onClose', () => away.close());
+    const res = await noTemporal.inject({ method: 'GET', url: '/healthz' });
+    expect(res.statusCode).toBe(503);
+    expect(res.json()).toMatchObject({ status: 'unavailable', postgres: 'ok' });
+    expect(['error', 'timeout']).toContain(res.json().temporal);
+
+    const without = buildApi({ config, db: db.pool, log });
+    extraApps.push(without);
+    const ok = await without.inject({ method: 'GET', url: '/healthz' });
+    expect(ok.statusCode).toBe(200);
+    expect(ok.json()).toEqual({ status: 'ok', postgres: 'ok', temporal: 'not_configured' });
+  });
+});
+
+describe('request ids and logs', () => {
+  it('echoes a sane x-request-id and replaces anything else', async () => {
+    const mine = await app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': 'req-abc.123' } });
+    expect(mine.headers['x-request-id']).toBe('req-abc.123');
+    for (const insane of ['x'.repeat(65), 'has space', 'new\nline"}']) {
+      const res = await app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': insane } });
+      expect(res.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+    }
+    const failed = await post(usage(), null, { 'x-request-id': 'denied-1' });
+    expect(failed.headers['x-request-id']).toBe('denied-1');
+  });
+
+  it('logs the request id, the token name and the idempotency key of each usage request', async () => {
+    const body = usage();
+    const res = await post(body, writer, { 'x-request-id': 'log-check-1' });
+    expect(res.statusCode).toBe(201);
+    const linesOf = () => logLines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.requestId === 'log-check-1');
+    const recorded = linesOf().find((l) => l.msg === 'usage recorded');
+    expect(recorded).toMatchObject({ idempotencyKey: `usage_log:${body.usage_id}`, tokenName: 'writer', tenantId: 'acme', created: true });
+    // Fastify logs completion on the socket's 'finish', which may come after inject() resolves.
+    const completed = await waitFor('the request completed line', async () => linesOf().find((l) => l.msg === 'request completed'), 2_000, 10);
+    expect(completed).toMatchObject({ idempotencyKey: `usage_log:${body.usage_id}`, tokenName: 'writer', statusCode: 201, path: '/v1/usage' });
+  });
+
+  it('never writes a token or an Authorization header to the log', async () => {
+    // Everything above went through this logger at debug level, tokens good and bad included.
+    expect(logLines.length).toBeGreaterThan(50);
+    const all = logLines.join('\n');
+    for (const t of TOKENS) {
+      expect(all).not.toContain(t.token);
+      expect(all).not.toContain(t.token.slice(-20));
+    }
+    expect(all).not.toMatch(/tok_unknown_/);
+    expect(all).not.toMatch(/Bearer|Basic /i);
+    // If a header object is ever logged, its authorization field is censored.
+    log.info({ req: { headers: { authorization: `Bearer ${writer.token}` } } }, 'probe');
+    expect(logLines.at(-1)).not.toContain(writer.token);
+    expect(logLines.at(-1)).toContain('"authorization":"***"');
+  });
+});

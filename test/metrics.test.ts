@@ -1,0 +1,254 @@
+/**
+ * Prometheus metrics on real services: the outbox gauges read from PostgreSQL at scrape time, and
+ * the worker's counters after real deliveries through Temporal to the local Stripe server.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { randomBytes, randomUUID } from 'node:crypto';
+import type { Client } from '@temporalio/client';
+import type { NativeConnection } from '@temporalio/worker';
+import { Registry } from 'prom-client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApi, type Api } from '../src/api/index.js';
+import type { ApiToken, Config } from '../src/config.js';
+import { createPool, withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/enqueue.js';
+import { createLogger } from '../src/log.js';
+import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
+import { statusSummary } from '../src/outbox-sql.js';
+import { createStripeClient } from '../src/stripe-client.js';
+import { LocalStripe } from '../src/stripe-local/server.js';
+import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
+import { addCustomer, createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+
+const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };
+
+let db: TestDb;
+let config: Config;
+let metrics: Metrics;
+let api: Api;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
+  metrics = createMetrics(new Registry(), { db: db.pool });
+  api = buildApi({ config: testConfig({ API_TOKENS: JSON.stringify([reader]) }), db: db.pool, log: createLogger('silent'), metrics });
+});
+
+afterAll(async () => {
+  await api?.close();
+  await db?.drop();
+});
+
+/** The value of one sample in Prometheus text, or undefined when the series is absent. */
+function sample(text: string, name: string, labels = ''): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${name}${labels} `));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
+}
+
+async function scrape(): Promise<string> {
+  const res = await api.inject({ method: 'GET', url: '/metrics', headers: { authorization: `Bearer ${reader.token}` } });
+  expect(res.statusCode).toBe(200);
+  return res.body;
+}
+
+async function enqueue(tenantId: string, quantity: number, occurredAt = new Date(Date.now() - 60_000)): Promise<string> {
+  const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId, quantity, occurredAt }));
+  return r.entry.idempotencyKey;
+}
+
+describe('outbox gauges (no worker running)', () => {
+  it('count rows by status and move when usage is enqueued', async () => {
+    const before = await scrape();
+    const pending = sample(before, 'billing_outbox_rows', '{status="pending"}');
+    expect(pending).toBe(0);
+    for (const status of ['claimed', 'dispatched', 'sent', 'dead']) expect(sample(before, 'billing_outbox_rows', `{status="${status}"}`)).toBe(0);
+    expect(sample(before, 'billing_outbox_oldest_pending_age_seconds')).toBe(0);
+
+    await enqueue('acme', 1);
+    await enqueue('acme', 2);
+    await enqueue('acme', 3);
+    const after = await scrape();
+    expect(sample(after, 'billing_outbox_rows', '{status="pending"}')).toBe(3);
+    expect(sample(after, 'billing_outbox_rows', '{status="sent"}')).toBe(0);
+  });
+
+  it('report the age of the oldest row still waiting for a relay', async () => {
+    const key = await enqueue('acme', 4);
+    // As if the relays had been down for ten minutes.
+    await db.pool.query(`UPDATE outbox SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM outbox)`);
+    const age = sample(await scrape(), 'billing_outbox_oldest_pending_age_seconds');
+    expect(age).toBeGreaterThanOrEqual(600);
+    expect(age).toBeLessThan(660);
+    expect(key).toMatch(/^usage_log:/);
+  });
+
+  it('include the default process metrics and the zeroed delivery counters', async () => {
+    const text = await scrape();
+    expect(text).toContain('process_cpu_user_seconds_total');
+    expect(text).toContain('nodejs_eventloop_lag_seconds');
+    expect(sample(text, 'billing_outbox_events_sent_total')).toBe(0);
+    for (const c of ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe']) {
+      expect(sample(text, 'billing_outbox_stripe_errors_total', `{class="${c}"}`)).toBe(0);
+    }
+    expect(text).toContain('# TYPE billing_outbox_relay_claim_batch_size histogram');
+    expect(text).toContain('# TYPE billing_outbox_commit_to_ack_seconds histogram');
+  });
+
+  it('counts sent rows exactly on small tables and estimates them from table statistics on large ones', async () => {
+    const insertSent = (n: number) =>
+      db.pool.query(
+        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
+         SELECT 'acme', 'api_requests', 1, now(), 'sent-' || gen_random_uuid(), 'sent', now() FROM generate_series(1, $1::int)`,
+        [n],
+      );
+    await insertSent(500);
+    const exact = await statusSummary(db.pool);
+    expect(exact).toMatchObject({ sent: 500, pending: 4, sent_estimated: false });
+
+    await db.pool.query('ANALYZE outbox');
+    const estimated = await statusSummary(db.pool, { exactCountBelow: 1 });
+    expect(estimated.sent_estimated).toBe(true);
+    expect(estimated.pending).toBe(4);
+    expect(estimated.sent).toBeGreaterThan(450);
+    expect(estimated.sent).toBeLessThan(550);
+
+    // The estimate path does not count: rows added since ANALYZE on the same pages do not show
+    // until statistics catch up, while the exact path sees them at once.
+    await insertSent(5);
+    expect((await statusSummary(db.pool)).sent).toBe(505);
+    expect((await statusSummary(db.pool, { exactCountBelow: 1 })).sent).not.toBe(505);
+
+    expect(sample(await scrape(), 'billing_outbox_rows', '{status="sent"}')).toBe(505);
+    await db.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'sent-%'`);
+  });
+
+  it('drop the outbox series (and count the failure) when the database is away, without failing the scrape', async () => {
+    const deadPool = createPool('postgresql://nobody:secret@127.0.0.1:1/nothing', 1);
+    try {
+      const broken = createMetrics(new Registry(), { db: deadPool });
+      const text = await broken.render();
+      expect(sample(text, 'billing_outbox_rows', '{status="pending"}')).toBeUndefined();
+      expect(sample(text, 'billing_outbox_status_query_failures_total')).toBe(1);
+      expect(text).toContain('process_cpu_user_seconds_total');
+    } finally {
+      await deadPool.end();
+    }
+  });
+});
+
+describe('the worker-side metrics server', () => {
+  it('serves the registry on GET /metrics and appends the Temporal SDK exporter text', async () => {
+    const sdk = http.createServer((_req, res) => res.end('# TYPE temporal_worker_task_slots_available gauge\ntemporal_worker_task_slots_available{worker_type="ActivityWorker"} 100\n'));
+    await new Promise<void>((resolve) => sdk.listen(0, '127.0.0.1', resolve));
+    const own = createMetrics(new Registry(), { temporalSdkUrl: `http://127.0.0.1:${(sdk.address() as AddressInfo).port}/metrics` });
+    const server = await startMetricsServer(own, { host: '127.0.0.1', port: 0 });
+    try {
+      own.eventsSent.inc(2);
+      const res = await fetch(server.url);
+      expect(res.status).toBe(200);
+      const text = await res.text();
+      expect(sample(text, 'billing_outbox_events_sent_total')).toBe(2);
+      expect(sample(text, 'temporal_worker_task_slots_available', '{worker_type="ActivityWorker"}')).toBe(100);
+      // No database given: no outbox gauges pretending to be zero.
+      expect(text).not.toContain('billing_outbox_rows');
+      expect((await fetch(server.url.replace('/metrics', '/other'))).status).toBe(404);
+    } finally {
+      await server.close();
+      await new Promise((resolve) => sdk.close(resolve));
+    }
+    const unreachable = createMetrics(new Registry(), { temporalSdkUrl: 'http://127.0.0.1:1/metrics' });
+    const text = await unreachable.render();
+    expect(text).toContain('# Temporal SDK metrics unavailable');
+    expect(text).toContain('billing_outbox_events_sent_total');
+  });
+});
+
+describe('counters after real deliveries', () => {
+  let stripe: LocalStripe;
+  let client: Client;
+  let connection: NativeConnection;
+  let closeClient: () => Promise<void>;
+  let worker: RunningWorker;
+
+  beforeAll(async () => {
+    stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
+    config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_metrics' });
+    const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+    client = t.client;
+    connection = t.connection;
+    closeClient = () => t.clientConnection.close();
+    worker = await startWorker({
+      config,
+      databaseUrl: db.url,
+      pool: db.pool,
+      stripe: createStripeClient(config.stripe),
+      connection,
+      client,
+      metrics,
+      workflowBundle: workflowBundle(),
+      relayRunForMs: 5_000,
+      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+    });
+  });
+
+  afterAll(async () => {
+    if (client) {
+      for await (const wf of client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
+        await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+      }
+    }
+    await worker?.shutdown();
+    await closeClient?.();
+    await connection?.close();
+    await stripe?.close();
+  });
+
+  const status = async (key: string) => (await db.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key])).rows[0]?.status;
+  const waitStatus = (key: string, want: string) => waitFor(`${key} to be ${want}`, async () => (await status(key)) === want);
+
+  it('count sent events, commit-to-ack latency and relay claims, and the gauges follow', async () => {
+    // The rows enqueued above (no worker then) are delivered now too.
+    await waitFor('the backlog to drain', async () => sample(await scrape(), 'billing_outbox_rows', '{status="pending"}') === 0);
+    const key = await enqueue('acme', 5);
+    await waitStatus(key, 'sent');
+    const text = await scrape();
+    expect(sample(text, 'billing_outbox_events_sent_total')).toBeGreaterThanOrEqual(5);
+    expect(sample(text, 'billing_outbox_commit_to_ack_seconds_count')).toBeGreaterThanOrEqual(5);
+    // The row backdated by ten minutes lands in the top buckets only.
+    expect(sample(text, 'billing_outbox_commit_to_ack_seconds_bucket', '{le="300"}')).toBeLessThan(sample(text, 'billing_outbox_commit_to_ack_seconds_count')!);
+    expect(sample(text, 'billing_outbox_relay_claim_batch_size_count')).toBeGreaterThanOrEqual(1);
+    expect(sample(text, 'billing_outbox_relay_claim_batch_size_sum')).toBeGreaterThanOrEqual(5);
+    expect(sample(text, 'billing_outbox_relay_claim_duration_seconds_count')).toBeGreaterThanOrEqual(sample(text, 'billing_outbox_relay_claim_batch_size_count')!);
+    expect(sample(text, 'billing_outbox_rows', '{status="sent"}')).toBeGreaterThanOrEqual(5);
+    expect(sample(text, 'billing_outbox_oldest_pending_age_seconds')).toBe(0);
+  });
+
+  it('classify each way a delivery can fail', async () => {
+    const errors = async (c: string) => sample(await scrape(), 'billing_outbox_stripe_errors_total', `{class="${c}"}`)!;
+
+    stripe.failNext(1, 500);
+    const retried = await enqueue('acme', 1);
+    await waitStatus(retried, 'sent');
+    expect(await errors('retryable')).toBe(1);
+
+    stripe.failNext(1, 429);
+    const limited = await enqueue('acme', 1);
+    await waitStatus(limited, 'sent');
+    expect(await errors('rate_limited')).toBe(1);
+
+    stripe.dropAfterRecord(2);
+    const duplicate = await enqueue('acme', 1);
+    await waitStatus(duplicate, 'sent');
+    expect(await errors('delivered_duplicate')).toBe(1);
+
+    const rejected = await enqueue('ghost', 1);
+    await waitStatus(rejected, 'dead');
+    expect(await errors('rejected')).toBe(1);
+
+    const tooOld = await enqueue('acme', 1, new Date(Date.now() - 40 * 86_400_000));
+    await waitStatus(tooOld, 'dead');
+    expect(await errors('unsafe')).toBe(1);
+  });
+});
