@@ -40,6 +40,8 @@ export interface UsageWorkflowInput {
   key: string;
   tenantId: string;
   retry: RetryPolicyInput;
+  /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
+  force?: boolean;
 }
 
 export interface DeliverInput {

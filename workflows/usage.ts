@@ -45,7 +45,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: RetryRequest | undefined;
-  let force = false;
+  let force = input.force === true;
   setHandler(stateQuery, () => state);
   setHandler(retrySignal, (request: RetryRequest = {}) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.

@@ -1,0 +1,109 @@
+/** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
+import { MAX_TENANT_ID_LENGTH } from '../../enqueue.js';
+import { listBillingCustomers, recordOperatorAction, upsertBillingCustomer } from '../../outbox-sql.js';
+import { noPositionals, parse } from '../args.js';
+import { EXIT_OK, UsageError, writeJson, type CliContext } from '../context.js';
+import { formatTable } from '../format.js';
+
+export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <stripe_customer_id> [--by NAME] [--json]
+       billing-outbox customers list [--json]
+
+set    maps a tenant (1-${MAX_TENANT_ID_LENGTH} characters) to a Stripe customer id (cus_…), creating or
+       replacing the mapping; recorded in operator_actions. Usage already queued is sent to the
+       customer mapped when it is delivered.
+       --json prints {tenantId, stripeCustomerId, previousStripeCustomerId, created}
+list   every mapping; --json prints {customers: [{tenantId, stripeCustomerId, createdAt, updatedAt}]}
+`;
+
+const CUSTOMER_ID = /^cus_[A-Za-z0-9]{1,251}$/;
+// The same rule as recordUsage's tenant ids: these end up in Stripe, URLs and log lines.
+const PRINTABLE = /^[^\p{Cc}]+$/u;
+
+export function validateTenant(tenant: string): string | undefined {
+  if (tenant.length < 1 || tenant.length > MAX_TENANT_ID_LENGTH) return `tenant must be 1 to ${MAX_TENANT_ID_LENGTH} characters`;
+  if (tenant.trim() !== tenant) return 'tenant must not start or end with spaces';
+  if (!PRINTABLE.test(tenant)) return 'tenant must not contain control characters';
+  return undefined;
+}
+
+export async function customersCommand(args: string[], ctx: CliContext): Promise<number> {
+  const [sub, ...rest] = args;
+  if (sub === undefined || sub === '--help' || sub === '-h' || sub === 'help') {
+    if (sub === undefined) throw new UsageError('customers needs a subcommand: set or list', CUSTOMERS_HELP);
+    ctx.out.write(CUSTOMERS_HELP);
+    return EXIT_OK;
+  }
+  if (sub === 'set') return setCustomer(rest, ctx);
+  if (sub === 'list') return listCustomers(rest, ctx);
+  throw new UsageError(`unknown customers subcommand: ${sub}`, CUSTOMERS_HELP);
+}
+
+async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
+  const { values, positionals } = parse(args, { by: { type: 'string' }, json: { type: 'boolean' } }, CUSTOMERS_HELP);
+  if (values.help) {
+    ctx.out.write(CUSTOMERS_HELP);
+    return EXIT_OK;
+  }
+  if (positionals.length !== 2) throw new UsageError('customers set needs <tenant> <stripe_customer_id>', CUSTOMERS_HELP);
+  const [tenant, customer] = positionals as [string, string];
+  const problem = validateTenant(tenant);
+  if (problem) throw new UsageError(problem, CUSTOMERS_HELP);
+  if (!CUSTOMER_ID.test(customer)) throw new UsageError(`stripe_customer_id must look like cus_… (letters and digits), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
+  const actor = values.by ?? ctx.user ?? 'unknown';
+  if (actor.trim() === '' || actor.length > 200) throw new UsageError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
+
+  const db = await ctx.db();
+  const row = await upsertBillingCustomer(db, tenant, customer);
+  const created = row.previous_customer_id === null;
+  await recordOperatorAction(db, {
+    actor,
+    action: 'customers.set',
+    key: null,
+    tenantId: tenant,
+    forced: false,
+    outcome: created ? 'created' : 'updated',
+    detail: created ? `→ ${customer}` : `${row.previous_customer_id} → ${customer}`,
+  });
+  if (values.json) {
+    writeJson(ctx.out, { tenantId: tenant, stripeCustomerId: customer, previousStripeCustomerId: row.previous_customer_id, created });
+  } else if (created) {
+    ctx.out.write(`tenant ${tenant} is billed as ${customer}\n`);
+  } else if (row.previous_customer_id === customer) {
+    ctx.out.write(`tenant ${tenant} was already billed as ${customer}\n`);
+  } else {
+    ctx.out.write(`tenant ${tenant} is now billed as ${customer} (was ${row.previous_customer_id})\n`);
+  }
+  return EXIT_OK;
+}
+
+async function listCustomers(args: string[], ctx: CliContext): Promise<number> {
+  const { values, positionals } = parse(args, { json: { type: 'boolean' } }, CUSTOMERS_HELP);
+  if (values.help) {
+    ctx.out.write(CUSTOMERS_HELP);
+    return EXIT_OK;
+  }
+  noPositionals(positionals, CUSTOMERS_HELP);
+  const rows = await listBillingCustomers(await ctx.db());
+  const customers = rows.map((r) => ({
+    tenantId: r.tenant_id,
+    stripeCustomerId: r.stripe_customer_id,
+    createdAt: r.created_at.toISOString(),
+    updatedAt: r.updated_at.toISOString(),
+  }));
+  if (values.json) {
+    writeJson(ctx.out, { customers });
+    return EXIT_OK;
+  }
+  if (customers.length === 0) {
+    ctx.out.write('no customers mapped yet: billing-outbox customers set <tenant> <cus_…>\n');
+    return EXIT_OK;
+  }
+  ctx.out.write(
+    formatTable(
+      [{ header: 'TENANT', max: 60 }, { header: 'STRIPE CUSTOMER' }, { header: 'UPDATED' }],
+      customers.map((c) => [c.tenantId, c.stripeCustomerId, c.updatedAt]),
+    ),
+  );
+  ctx.out.write(`${customers.length} customer${customers.length === 1 ? '' : 's'}\n`);
+  return EXIT_OK;
+}

@@ -1,0 +1,59 @@
+/**
+ * What a CLI command gets to work with. The entry point (main.ts) builds it from the environment;
+ * tests build it from their own database pool, Temporal client and string buffers, and call
+ * `runCli` in-process.
+ */
+import type { Client } from '@temporalio/client';
+import type { Config } from '../config.js';
+import type { Queryable } from '../db.js';
+
+export interface Output {
+  write(chunk: string): unknown;
+  isTTY?: boolean;
+}
+
+export interface CliContext {
+  config: Config;
+  /** The database; only called by commands that need it (so `--help` works without one). */
+  db(): Promise<Queryable>;
+  /** A Temporal client on the configured namespace; only called by commands that need it. */
+  temporal(): Promise<Client>;
+  out: Output;
+  err: Output;
+  /** Milliseconds since the epoch; ages and the resend-window check are measured from it. */
+  now?: () => number;
+  /** Who is acting, for the audit log, unless `--by` says otherwise (default: the OS user). */
+  user?: string;
+  /** Asks a yes/no question on a terminal; absent when there is no one to ask (stdin not a TTY). */
+  confirm?: (question: string) => Promise<boolean>;
+  /** Rows per page in bulk operations (tests make it small to cover paging). */
+  pageSize?: number;
+}
+
+/** Exit codes: 0 success, 1 an operation failed or was refused, 2 the command line was wrong. */
+export const EXIT_OK = 0;
+export const EXIT_FAILED = 1;
+export const EXIT_USAGE = 2;
+
+/** A mistake on the command line: printed with the command's usage, exit code 2. */
+export class UsageError extends Error {
+  constructor(
+    message: string,
+    readonly help?: string,
+  ) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** There is no UI-address setting yet; the dev server's default is assumed (and said so). */
+export const TEMPORAL_UI_URL = 'http://localhost:8233';
+export const TEMPORAL_UI_NOTE = `Web UI address assumed to be ${TEMPORAL_UI_URL} (not configurable yet)`;
+
+export function workflowUiUrl(namespace: string, workflowId: string): string {
+  return `${TEMPORAL_UI_URL}/namespaces/${encodeURIComponent(namespace)}/workflows/${encodeURIComponent(workflowId)}`;
+}
+
+export function writeJson(out: Output, value: unknown): void {
+  out.write(`${JSON.stringify(value, null, 2)}\n`);
+}

@@ -1,0 +1,88 @@
+/**
+ * Plain-text output for people: aligned tables, short durations, and a progress bar. Scripts read
+ * the `--json` output instead, so nothing here is a stable format.
+ */
+import type { Output } from './context.js';
+
+export type Align = 'left' | 'right';
+
+export interface Column {
+  header: string;
+  align?: Align;
+  /** Longer cells are cut to this many characters, ending in "…". */
+  max?: number;
+}
+
+/** One line per value: control characters (a newline inside an error message) would break the columns. */
+function cell(value: string, max: number | undefined): string {
+  const flat = value.replace(/[\p{Cc}\s]+/gu, ' ').trim();
+  return max !== undefined && flat.length > max ? `${flat.slice(0, max - 1)}…` : flat;
+}
+
+/** Columns separated by two spaces, each as wide as its widest cell; no trailing spaces. */
+export function formatTable(columns: Column[], rows: string[][]): string {
+  const cells = rows.map((row) => columns.map((c, i) => cell(row[i] ?? '', c.max)));
+  const widths = columns.map((c, i) => Math.max(c.header.length, ...cells.map((r) => r[i]!.length)));
+  const line = (values: string[]) =>
+    values
+      .map((v, i) => (columns[i]!.align === 'right' ? v.padStart(widths[i]!) : v.padEnd(widths[i]!)))
+      .join('  ')
+      .trimEnd();
+  return [line(columns.map((c) => c.header)), ...cells.map(line)].join('\n') + '\n';
+}
+
+/** A duration the way an operator reads it: "45s", "12m30s", "3h05m", "2d04h". */
+export function formatDuration(ms: number): string {
+  const s = Math.max(0, Math.floor(ms / 1000));
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m${String(s % 60).padStart(2, '0')}s`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return `${h}h${String(m % 60).padStart(2, '0')}m`;
+  return `${Math.floor(h / 24)}d${String(h % 24).padStart(2, '0')}h`;
+}
+
+export function iso(date: Date | null | undefined): string | null {
+  return date ? date.toISOString() : null;
+}
+
+/** Whole seconds from `date` to `now`, or null. */
+export function ageSeconds(date: Date | null | undefined, now: number): number | null {
+  return date ? Math.max(0, Math.floor((now - date.getTime()) / 1000)) : null;
+}
+
+/**
+ * A one-line progress bar redrawn in place with "\r". Only meant for a terminal: callers create it
+ * when the stream is a TTY. Redraws at most every `everyMs` so a fast loop does not flood the tty.
+ */
+export class ProgressBar {
+  private lastDraw = 0;
+  private line = '';
+
+  constructor(
+    private readonly out: Output,
+    private readonly total: number,
+    private readonly width = 28,
+    private readonly everyMs = 100,
+  ) {}
+
+  update(done: number, label: string, force = false): void {
+    const now = Date.now();
+    if (!force && now - this.lastDraw < this.everyMs) return;
+    this.lastDraw = now;
+    const ratio = this.total > 0 ? Math.min(1, done / this.total) : 1;
+    const filled = Math.round(ratio * this.width);
+    this.line = `[${'#'.repeat(filled)}${'-'.repeat(this.width - filled)}] ${done}/${this.total} ${Math.floor(ratio * 100)}% ${label}`;
+    this.out.write(`\r${this.line}\x1b[K`);
+  }
+
+  /** Writes a whole line above the bar (a failure report), then redraws the bar under it. */
+  printAbove(text: string): void {
+    this.out.write(`\r\x1b[K${text}\n${this.line}`);
+  }
+
+  finish(done: number, label: string): void {
+    this.update(done, label, true);
+    this.out.write('\n');
+  }
+}

@@ -1,0 +1,71 @@
+/**
+ * `billing-outbox <command>` (bin/billing-outbox.mjs, or `npm run cli -- <command>`): builds the
+ * real database pool and Temporal client from the environment, lazily (so `--help` and usage
+ * errors need neither), runs the command, closes them, and sets the exit code.
+ */
+import { Client, Connection } from '@temporalio/client';
+import { userInfo } from 'node:os';
+import { createInterface } from 'node:readline/promises';
+import type pg from 'pg';
+import { ConfigError, loadConfig, type Config } from '../config.js';
+import { createPool } from '../db.js';
+import { runCli } from './run.js';
+
+const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
+
+function osUser(): string {
+  try {
+    return userInfo().username;
+  } catch {
+    // No passwd entry for this uid (common in containers).
+    return `uid:${process.getuid?.() ?? 'unknown'}`;
+  }
+}
+
+async function confirm(question: string): Promise<boolean> {
+  const rl = createInterface({ input: process.stdin, output: process.stderr });
+  try {
+    return /^y(es)?$/i.test((await rl.question(question)).trim());
+  } finally {
+    rl.close();
+  }
+}
+
+async function main(): Promise<number> {
+  let config: Config;
+  try {
+    config = loadConfig();
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    process.stderr.write(`${err.message}\n`);
+    return 2;
+  }
+  let pool: pg.Pool | undefined;
+  let connecting: Promise<Connection> | undefined;
+  try {
+    return await runCli(process.argv.slice(2), {
+      config,
+      async db() {
+        if (!config.databaseUrl) {
+          throw new ConfigError(['DATABASE_URL: is not set; it names the billing-outbox PostgreSQL database (postgres://user:password@host:5432/db)']);
+        }
+        pool ??= createPool(config.databaseUrl, 4);
+        return pool;
+      },
+      async temporal() {
+        connecting ??= Connection.connect({ address: config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS });
+        return new Client({ connection: await connecting, namespace: config.temporal.namespace });
+      },
+      out: process.stdout,
+      err: process.stderr,
+      user: osUser(),
+      ...(process.stdin.isTTY ? { confirm } : {}),
+    });
+  } finally {
+    await pool?.end();
+    await connecting?.then((c) => c.close()).catch(() => undefined);
+  }
+}
+
+// process.exitCode rather than exit(): stdout is flushed before the process ends.
+process.exitCode = await main();

@@ -1,0 +1,204 @@
+/**
+ * Retrying one dead letter, safely. The decision, in order:
+ *
+ * 1. A `sent` row is never retried (Stripe has it; a resend past its dedup window would bill twice).
+ *    A row that is not `dead` is still in flight: nothing to do.
+ * 2. If the first attempt is older than SAFE_RESEND_WINDOW_MS (23 h) and the operator did not force
+ *    it, refuse: Stripe only deduplicates identifiers for 24 h, so it could not tell a resend from
+ *    a new event. The operator reconciles first, then forces.
+ * 3. If the event's workflow is open (a dead letter's workflow waits for a `retry` signal), signal
+ *    it. The delivery activity re-checks the window itself, so a stale decision here cannot send.
+ * 4. If the workflow has closed (terminated, timed out, failed, or gone past retention), reopen:
+ *    move the row dead → dispatched with a guarded UPDATE (only one operator can win it), then
+ *    start a new run with the same workflow id (conflict policy FAIL, reuse policy ALLOW_DUPLICATE:
+ *    the relay keeps REJECT_DUPLICATE; only this path, behind the row guard, may start a second
+ *    run). If the start fails the row goes back to dead.
+ */
+import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
+import type { Config } from '../config.js';
+import type { Queryable } from '../db.js';
+import { scrub } from '../log.js';
+import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox-sql.js';
+import {
+  IDENTIFIER_WINDOW_MS,
+  OutboxStatusKey,
+  retrySignal,
+  SAFE_RESEND_WINDOW_MS,
+  stateQuery,
+  TenantIdKey,
+  type UsageState,
+  type UsageWorkflowInput,
+} from '../../workflows/shared.js';
+import { formatDuration } from './format.js';
+
+/**
+ * signalled / reopened: the event is on its way again. skipped: nothing to do (already in flight,
+ * or another operator got there first). refused: retrying would be wrong. failed: an error.
+ */
+export type RetryOutcome = 'signalled' | 'reopened' | 'skipped' | 'refused' | 'failed';
+
+export interface RetryResult {
+  key: string;
+  outcome: RetryOutcome;
+  forced: boolean;
+  message: string;
+}
+
+export const isProblem = (r: RetryResult) => r.outcome === 'refused' || r.outcome === 'failed';
+
+export interface RetrierDeps {
+  db: Queryable;
+  client: Client;
+  config: Pick<Config, 'retry' | 'temporal'>;
+  now: () => number;
+}
+
+const QUERY_TIMEOUT_MS = 5_000;
+/** Closed statuses after which a new run may be started; COMPLETED means the event was delivered. */
+const REOPENABLE: ReadonlySet<WorkflowExecutionStatusName> = new Set(['TERMINATED', 'TIMED_OUT', 'FAILED', 'CANCELLED', 'CONTINUED_AS_NEW']);
+
+/** True while a resend would still be caught by Stripe's identifier deduplication. */
+export function withinResendWindow(row: Pick<OperatorRow, 'first_attempted_at'>, now: number): boolean {
+  return row.first_attempted_at === null || now - row.first_attempted_at.getTime() <= SAFE_RESEND_WINDOW_MS;
+}
+
+const hours = (ms: number) => `${ms / 3_600_000} h`;
+
+/** Why an old event is not resent, and what to check instead. */
+export function windowRefusal(row: OperatorRow, now: number): string {
+  const since = formatDuration(now - row.first_attempted_at!.getTime());
+  const hour = new Date(row.occurred_at);
+  hour.setUTCMinutes(0, 0, 0);
+  const customer = row.stripe_customer_id ?? `(no customer mapped for tenant ${row.tenant_id})`;
+  return (
+    `first attempted ${since} ago (${row.first_attempted_at!.toISOString()}), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window. ` +
+    `Stripe deduplicates meter-event identifiers for only ${hours(IDENTIFIER_WINDOW_MS)}, so if an earlier attempt did reach Stripe, ` +
+    `a resend now could bill the customer twice. Check first: run \`billing-outbox reconcile\`, or look at Stripe's meter event ` +
+    `summaries for customer ${customer} in the hour starting ${hour.toISOString()}. If the event is not there, retry with --force.`
+  );
+}
+
+export class DeadLetterRetrier {
+  constructor(private readonly deps: RetrierDeps) {}
+
+  /** Retries the event with `key`; never throws (errors come back as `failed`). */
+  async retryKey(key: string, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+    try {
+      const row = await findOperatorRow(this.deps.db, key);
+      if (!row) return { key, outcome: 'failed', forced: opts.force, message: 'no outbox row with this key' };
+      return await this.retryRow(row, opts);
+    } catch (err) {
+      return { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
+    }
+  }
+
+  /** Retries one row and records what happened in the operator audit log; never throws. */
+  async retryRow(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+    const key = row.idempotency_key;
+    let result: RetryResult;
+    try {
+      result = await this.decide(row, opts);
+    } catch (err) {
+      result = { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
+    }
+    try {
+      await recordOperatorAction(this.deps.db, {
+        actor: opts.requestedBy,
+        action: 'retry',
+        key,
+        tenantId: row.tenant_id,
+        forced: opts.force,
+        outcome: result.outcome,
+        detail: result.message,
+      });
+    } catch (err) {
+      // The retry itself stands; an unrecorded action is still a failure the operator must see.
+      result = { ...result, outcome: 'failed', message: `${result.message} (and recording it in operator_actions failed: ${scrub((err as Error).message)})` };
+    }
+    return result;
+  }
+
+  private async decide(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+    const key = row.idempotency_key;
+    const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
+    if (row.status === 'sent') return done('refused', 'already sent to Stripe; a sent event is never retried');
+    if (row.status !== 'dead') return done('skipped', `not a dead letter (status ${row.status}): it is still in flight`);
+    const now = this.deps.now();
+    const fresh = withinResendWindow(row, now);
+    if (!fresh && !opts.force) return done('refused', windowRefusal(row, now));
+
+    const { client } = this.deps;
+    const handle = client.workflow.getHandle(key);
+    let status: WorkflowExecutionStatusName | 'NOT_FOUND';
+    try {
+      status = (await handle.describe()).status.name;
+    } catch (err) {
+      if (!(err instanceof WorkflowNotFoundError)) throw err;
+      status = 'NOT_FOUND';
+    }
+
+    if (status === 'RUNNING') {
+      const state = await this.queryState(key);
+      // A run whose state is not dead has already taken a retry (another operator's, or a run
+      // reopened since the row was read): signalling again would do nothing, so say so.
+      if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
+      await handle.signal(retrySignal, { force: opts.force, requestedBy: opts.requestedBy });
+      return done(
+        'signalled',
+        state ? 'signalled its open workflow to retry' : 'signalled its open workflow to retry (its state query went unanswered: is a worker running?)',
+      );
+    }
+    if (status === 'COMPLETED') {
+      // Another operator may have reopened and delivered it since the row was read.
+      const current = await findOperatorRow(this.deps.db, key);
+      if (current?.status !== 'dead') return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
+      return done('refused', 'its workflow completed (Temporal recorded it as delivered) yet the row is dead: investigate with `billing-outbox inspect` before anything else');
+    }
+    if (status !== 'NOT_FOUND' && !REOPENABLE.has(status)) {
+      return done('failed', `its workflow is ${status}; not reopening it`);
+    }
+    return this.reopen(row, status, fresh, opts);
+  }
+
+  private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+    const key = row.idempotency_key;
+    const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
+    const { db, client, config } = this.deps;
+
+    const reopened = await reopenDeadLetter(db, key);
+    if (!reopened) {
+      const current = await findOperatorRow(db, key);
+      return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
+    }
+    const input: UsageWorkflowInput = { key, tenantId: reopened.tenant_id, retry: config.retry, force: opts.force };
+    try {
+      await client.workflow.start('usageWorkflow', {
+        workflowId: key,
+        taskQueue: config.temporal.taskQueue,
+        args: [input],
+        workflowIdConflictPolicy: 'FAIL',
+        workflowIdReusePolicy: 'ALLOW_DUPLICATE',
+        typedSearchAttributes: [
+          { key: OutboxStatusKey, value: 'dispatched' },
+          { key: TenantIdKey, value: reopened.tenant_id },
+        ],
+      });
+    } catch (err) {
+      const restored = await restoreDeadLetter(db, key, reopened.previous_dead_at);
+      return done(
+        'failed',
+        `could not start a new workflow run: ${scrub((err as Error).message)}; ${restored ? 'the row is dead again' : 'the row has moved on meanwhile'}`,
+      );
+    }
+    const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
+    return done('reopened', fresh ? how : `${how}, forced past the 24 h identifier window`);
+  }
+
+  private async queryState(key: string): Promise<UsageState | undefined> {
+    try {
+      return await this.deps.client.withDeadline(Date.now() + QUERY_TIMEOUT_MS, () => this.deps.client.workflow.getHandle(key).query(stateQuery));
+    } catch {
+      return undefined;
+    }
+  }
+}

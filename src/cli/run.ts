@@ -1,0 +1,77 @@
+/**
+ * The operator CLI's command layer: `runCli(argv, ctx)` runs one command and returns its exit
+ * code. It never exits the process and never reads the environment, so tests call it in-process
+ * with their own database, Temporal client and output buffers; src/cli/main.ts is the thin entry.
+ */
+import { ConfigError } from '../config.js';
+import { scrub } from '../log.js';
+import { CUSTOMERS_HELP, customersCommand } from './commands/customers.js';
+import { DEAD_HELP, deadCommand } from './commands/dead.js';
+import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
+import { RETRY_HELP, retryCommand } from './commands/retry.js';
+import { STATUS_HELP, statusCommand } from './commands/status.js';
+import { EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, type CliContext } from './context.js';
+
+export type { CliContext, Output } from './context.js';
+export { EXIT_FAILED, EXIT_OK, EXIT_USAGE } from './context.js';
+
+interface Command {
+  summary: string;
+  help: string;
+  run(args: string[], ctx: CliContext): Promise<number>;
+}
+
+const COMMANDS: Record<string, Command> = {
+  status: { summary: 'counts by status, backlog age, send rate, dead letters by error', help: STATUS_HELP, run: statusCommand },
+  dead: { summary: 'list dead letters', help: DEAD_HELP, run: deadCommand },
+  inspect: { summary: "one event's row, workflow state and Web UI link", help: INSPECT_HELP, run: inspectCommand },
+  retry: { summary: 'retry one dead letter, or all of them (--all-dead)', help: RETRY_HELP, run: retryCommand },
+  customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },
+};
+
+export const MAIN_HELP = `Usage: billing-outbox <command> [options]
+
+Operator commands for the billing outbox.
+
+Commands:
+${Object.entries(COMMANDS)
+  .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
+  .join('\n')}
+
+Run \`billing-outbox <command> --help\` for a command's options. Most take --json for scripts.
+
+Environment: DATABASE_URL (required), TEMPORAL_ADDRESS (default localhost:7233),
+TEMPORAL_NAMESPACE (default "default"), TEMPORAL_TASK_QUEUE (where reopened workflows run).
+
+Exit codes: 0 success, 1 an operation failed or was refused, 2 a usage or configuration error.
+`;
+
+export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
+  const [name, ...args] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    const topic = name === 'help' ? args[0] : undefined;
+    const command = topic === undefined ? undefined : COMMANDS[topic];
+    if (topic !== undefined && !command) return usage(ctx, `unknown command: ${topic}`, MAIN_HELP);
+    (name === undefined ? ctx.err : ctx.out).write(command?.help ?? MAIN_HELP);
+    return name === undefined ? EXIT_USAGE : EXIT_OK;
+  }
+  const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
+  if (!command) return usage(ctx, `unknown command: ${name}`, MAIN_HELP);
+  try {
+    return await command.run(args, ctx);
+  } catch (err) {
+    if (err instanceof UsageError) return usage(ctx, err.message, err.help ?? command.help);
+    if (err instanceof ConfigError) {
+      ctx.err.write(`${err.message}\n`);
+      return EXIT_USAGE;
+    }
+    // Errors from pg or gRPC can quote a connection string: scrub before printing.
+    ctx.err.write(`billing-outbox ${name}: ${scrub(err instanceof Error ? err.message : String(err))}\n`);
+    return EXIT_FAILED;
+  }
+}
+
+function usage(ctx: CliContext, message: string, help: string): number {
+  ctx.err.write(`billing-outbox: ${message}\n\n${help}`);
+  return EXIT_USAGE;
+}

@@ -1,0 +1,476 @@
+/**
+ * The operator CLI against real services: PostgreSQL, a Temporal worker on the shared dev server,
+ * and the local Stripe-compatible server. Commands run in-process through `runCli`; one test runs
+ * the real bin script as a child process.
+ */
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Client } from '@temporalio/client';
+import type { NativeConnection } from '@temporalio/worker';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { inject } from 'vitest';
+import { runCli, type CliContext } from '../src/cli/run.js';
+import type { Config } from '../src/config.js';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/enqueue.js';
+import { createStripeClient } from '../src/stripe-client.js';
+import { LocalStripe } from '../src/stripe-local/server.js';
+import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
+import { stateQuery } from '../workflows/shared.js';
+import { addCustomer, createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const OPERATOR = 'test-operator';
+
+let db: TestDb;
+let stripe: LocalStripe;
+let config: Config;
+let client: Client;
+let connection: NativeConnection;
+let closeClient: () => Promise<void>;
+let worker: RunningWorker;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+  // Mapped to a customer the local Stripe does not know: every event is refused (400) at once.
+  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
+  await addCustomer(db.pool, 'bulk', 'cus_bulk');
+  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_cli' });
+  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+  client = t.client;
+  connection = t.connection;
+  closeClient = () => t.clientConnection.close();
+  worker = await startWorker({
+    config,
+    databaseUrl: db.url,
+    pool: db.pool,
+    stripe: createStripeClient(config.stripe),
+    connection,
+    client,
+    workflowBundle: workflowBundle(),
+    relayRunForMs: 5_000,
+    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+  });
+});
+
+afterAll(async () => {
+  // Dead letters wait for a signal forever: end this file's workflows so the shared server is quiet.
+  if (client) {
+    for await (const wf of client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
+      await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+    }
+  }
+  await worker?.shutdown();
+  await closeClient?.();
+  await connection?.close();
+  await stripe?.close();
+  await db?.drop();
+});
+
+interface CliRun {
+  code: number;
+  out: string;
+  err: string;
+}
+
+/** Runs one CLI command in-process, capturing its output. */
+async function cli(argv: string[], extra: Partial<CliContext> & { errIsTTY?: boolean } = {}): Promise<CliRun> {
+  let out = '';
+  let err = '';
+  const { errIsTTY, ...rest } = extra;
+  const code = await runCli(argv, {
+    config,
+    db: async () => db.pool,
+    temporal: async () => client,
+    out: { write: (s: string) => (out += s) },
+    err: { write: (s: string) => (err += s), isTTY: errIsTTY === true },
+    user: OPERATOR,
+    ...rest,
+  });
+  return { code, out, err };
+}
+
+async function cliJson<T = Record<string, unknown>>(argv: string[]): Promise<{ code: number; json: T; err: string }> {
+  const r = await cli([...argv, '--json']);
+  return { code: r.code, json: JSON.parse(r.out) as T, err: r.err };
+}
+
+async function enqueue(tenantId: string, quantity = 1): Promise<string> {
+  const r = await withTransaction(db.pool, (c) =>
+    recordUsage(c, { usageId: randomUUID(), tenantId, quantity, occurredAt: new Date(Date.now() - 60_000) }),
+  );
+  return r.entry.idempotencyKey;
+}
+
+async function row(key: string) {
+  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
+  return rows[0];
+}
+
+const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
+  waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
+
+const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
+const requestsFor = (key: string) => stripe.requests().filter((r) => r.identifier === key);
+
+async function runsOf(key: string): Promise<{ runId: string; status: string }[]> {
+  const runs: { runId: string; status: string }[] = [];
+  for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push({ runId: wf.runId, status: wf.status.name });
+  return runs;
+}
+
+/** A dead letter whose attempts all got 503s: the workflow is open, waiting for a retry signal. */
+async function deadAfterRetries(): Promise<string> {
+  stripe.failNext(config.retry.maximumAttempts, 503);
+  const key = await enqueue('acme', 6);
+  const dead = await waitStatus(key, 'dead');
+  expect(dead.attempt_count).toBe(config.retry.maximumAttempts);
+  expect(eventsFor(key)).toHaveLength(0);
+  return key;
+}
+
+/** Waits until the workflow itself says dead (it records the row first, then its own state). */
+async function waitWorkflowDead(key: string): Promise<void> {
+  await waitFor(`${key} workflow to wait as a dead letter`, async () => (await client.workflow.getHandle(key).query(stateQuery)).status === 'dead');
+}
+
+async function terminate(key: string): Promise<void> {
+  await waitWorkflowDead(key);
+  const handle = client.workflow.getHandle(key);
+  await handle.terminate('operator test: closed dead letter');
+  await waitFor(`${key} to be terminated`, async () => (await handle.describe()).status.name === 'TERMINATED');
+}
+
+async function actionsFor(key: string) {
+  const { rows } = await db.pool.query('SELECT actor, action, forced, outcome, detail FROM operator_actions WHERE idempotency_key = $1 ORDER BY id', [key]);
+  return rows as { actor: string; action: string; forced: boolean; outcome: string; detail: string }[];
+}
+
+const pastWindow = (key: string) =>
+  db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
+
+describe('status and dead', () => {
+  it('report a dead letter: --json shapes and aligned tables', async () => {
+    const key = await enqueue('ghost', 2);
+    await waitStatus(key, 'dead');
+
+    const status = await cliJson<Record<string, unknown>>(['status']);
+    expect(status.code).toBe(0);
+    expect(Object.keys(status.json).sort()).toEqual(
+      ['counts', 'deadByErrorCode', 'oldestPendingAgeSeconds', 'sentEstimated', 'sentLastHour', 'sentLastMinute'].sort(),
+    );
+    expect(Object.keys(status.json.counts as object).sort()).toEqual(['claimed', 'dead', 'dispatched', 'pending', 'sent']);
+    expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
+    expect(status.json.sentEstimated).toBe(false);
+    expect(typeof status.json.sentLastHour).toBe('number');
+    expect(status.json.deadByErrorCode).toContainEqual({ code: 'resource_missing', count: expect.any(Number) });
+
+    const table = await cli(['status']);
+    expect(table.code).toBe(0);
+    expect(table.out).toMatch(/^STATUS\s+COUNT$/m);
+    expect(table.out).toMatch(/^dead\s+[1-9]\d*$/m);
+    expect(table.out).toMatch(/^resource_missing\s+[1-9]\d*$/m);
+    expect(table.out).toMatch(/sent: \d+ in the last minute, \d+ in the last hour/);
+
+    const dead = await cliJson<{ total: number; items: Record<string, unknown>[] }>(['dead', '--tenant', 'ghost']);
+    expect(dead.code).toBe(0);
+    expect(Object.keys(dead.json).sort()).toEqual(['items', 'total']);
+    const item = dead.json.items.find((i) => i.key === key)!;
+    expect(Object.keys(item).sort()).toEqual(
+      [
+        'key', 'tenantId', 'attempts', 'lastErrorCode', 'lastErrorMessage', 'createdAt', 'firstAttemptedAt', 'deadAt',
+        'ageSeconds', 'sinceFirstAttemptSeconds', 'safeToResend',
+      ].sort(),
+    );
+    expect(item).toMatchObject({ tenantId: 'ghost', attempts: 1, lastErrorCode: 'resource_missing', safeToResend: true });
+    expect(item.lastErrorMessage).toContain('cus_does_not_exist');
+    expect(item.ageSeconds).toEqual(expect.any(Number));
+    expect(dead.json.total).toBeGreaterThanOrEqual(1);
+
+    const acme = await cliJson<{ items: { key: string }[] }>(['dead', '--tenant', 'acme']);
+    expect(acme.json.items.map((i) => i.key)).not.toContain(key);
+
+    const listing = await cli(['dead', '--tenant', 'ghost']);
+    const lines = listing.out.split('\n');
+    const header = lines[0]!;
+    expect(header).toMatch(/^KEY\s+TENANT\s+ATTEMPTS\s+ERROR\s+AGE\s+SINCE 1ST TRY\s+MESSAGE$/);
+    const line = lines.find((l) => l.startsWith(key))!;
+    expect(line.indexOf(' ghost ') + 1).toBe(header.indexOf('TENANT'));
+    expect(line.indexOf('resource_missing')).toBe(header.indexOf('ERROR'));
+    // Right-aligned numbers end under the end of their header.
+    expect(line.slice(0, header.indexOf('ATTEMPTS') + 'ATTEMPTS'.length)).toMatch(/ 1$/);
+    expect(listing.out).toMatch(/\d+ of \d+ dead letters?/);
+
+    expect((await cli(['dead', '--limit', '0'])).code).toBe(2);
+    expect((await cli(['dead', '--bogus'])).code).toBe(2);
+  });
+});
+
+describe('retry', () => {
+  it('retry <key> signals the open workflow: sent, one Stripe event, and the operator is recorded', async () => {
+    const key = await deadAfterRetries();
+    await waitWorkflowDead(key);
+    const r = await cli(['retry', key]);
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    expect(r.out).toContain(`signalled ${key}`);
+    const sent = await waitStatus(key, 'sent');
+    expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);
+    expect(eventsFor(key)).toHaveLength(1);
+    expect(eventsFor(key)[0]!.identifier).toBe(key);
+    expect(await actionsFor(key)).toEqual([expect.objectContaining({ actor: OPERATOR, action: 'retry', forced: false, outcome: 'signalled' })]);
+  });
+
+  it('refuses an event first attempted over 24 h ago without --force, sending nothing; --force sends it once', async () => {
+    const key = await deadAfterRetries();
+    await waitWorkflowDead(key);
+    await pastWindow(key);
+    const before = requestsFor(key).length;
+
+    const refused = await cli(['retry', key, '--by', 'alice']);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toContain('24 h');
+    expect(refused.err).toContain('billing-outbox reconcile');
+    expect(refused.err).toContain('cus_acme');
+    expect(refused.out).toBe('');
+    await new Promise((r) => setTimeout(r, 1_500));
+    expect(requestsFor(key)).toHaveLength(before);
+    expect((await row(key)).status).toBe('dead');
+    expect((await client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
+
+    const forced = await cli(['retry', key, '--force', '--by', 'alice']);
+    expect(forced.code).toBe(0);
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    expect((await actionsFor(key)).map((a) => [a.actor, a.outcome, a.forced])).toEqual([
+      ['alice', 'refused', false],
+      ['alice', 'signalled', true],
+    ]);
+  });
+
+  it('reopens a dead letter whose workflow was terminated; a concurrent second retry starts no second run', async () => {
+    const key = await deadAfterRetries();
+    await terminate(key);
+
+    const [a, b] = await Promise.all([cliJson<{ outcome: string }>(['retry', key]), cliJson<{ outcome: string }>(['retry', key])]);
+    expect([a.json.outcome, b.json.outcome].sort()).toEqual(['reopened', 'skipped']);
+    expect([a.code, b.code]).toEqual([0, 0]);
+
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    const runs = await waitFor('both runs in visibility', async () => {
+      const found = await runsOf(key);
+      return found.length >= 2 && found.every((r) => r.status !== 'RUNNING') ? found : undefined;
+    });
+    expect(runs.map((r) => r.status).sort()).toEqual(['COMPLETED', 'TERMINATED']);
+
+    // Once sent, it is never retried.
+    const again = await cli(['retry', key]);
+    expect(again.code).toBe(1);
+    expect(again.err).toMatch(/already sent/);
+    expect(eventsFor(key)).toHaveLength(1);
+    expect((await actionsFor(key)).map((x) => x.outcome).sort()).toEqual(['refused', 'reopened', 'skipped']);
+  });
+
+  it('a forced reopen past the window: refused without --force (no new run), sent once with it', async () => {
+    const key = await deadAfterRetries();
+    await terminate(key);
+    await pastWindow(key);
+    const refused = await cli(['retry', key]);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toContain('24 h');
+    expect(await runsOf(key)).toHaveLength(1);
+
+    const forced = await cliJson<{ outcome: string; forced: boolean; message: string }>(['retry', key, '--force']);
+    expect(forced.json).toMatchObject({ outcome: 'reopened', forced: true });
+    expect(forced.code).toBe(0);
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('puts the row back to dead when the new run cannot be started', async () => {
+    const key = await enqueue('ghost');
+    await waitStatus(key, 'dead');
+    await terminate(key);
+    const deadAt = (await row(key)).dead_at as Date;
+    const workflow = Object.create(client.workflow, {
+      start: { value: () => Promise.reject(new Error('injected start failure')) },
+    }) as Client['workflow'];
+    const failing = Object.create(client, { workflow: { value: workflow } }) as Client;
+
+    const r = await cli(['retry', key], { temporal: async () => failing });
+    expect(r.code).toBe(1);
+    expect(r.err).toContain('injected start failure');
+    expect(r.err).toContain('dead again');
+    const after = await row(key);
+    expect(after.status).toBe('dead');
+    expect(after.dead_at).toEqual(deadAt);
+    expect(await runsOf(key)).toHaveLength(1);
+  });
+
+  it('refuses to retry a sent event, and fails for an unknown key', async () => {
+    const key = await enqueue('acme', 2);
+    await waitStatus(key, 'sent');
+    const r = await cli(['retry', key]);
+    expect(r.code).toBe(1);
+    expect(r.err).toContain('already sent');
+    expect(eventsFor(key)).toHaveLength(1);
+
+    const unknown = await cli(['retry', `usage_log:${randomUUID()}`]);
+    expect(unknown.code).toBe(1);
+    expect(unknown.err).toContain('no outbox row');
+
+    expect((await cli(['retry'])).code).toBe(2);
+    expect((await cli(['retry', key, '--all-dead'])).code).toBe(2);
+    expect((await cli(['retry', key, '--tenant', 'acme'])).code).toBe(2);
+  });
+
+  it('retry --all-dead pages through the filtered dead letters, shows progress, goes past a refusal, and says so', async () => {
+    const keys = [];
+    for (let i = 0; i < 5; i++) keys.push(await enqueue('bulk'));
+    for (const key of keys) await waitStatus(key, 'dead');
+    const [old, closed] = [keys[1]!, keys[3]!];
+    await pastWindow(old);
+    await terminate(closed);
+    for (const key of keys) if (key !== closed) await waitWorkflowDead(key);
+    // The customer exists now: the retries can succeed.
+    stripe.addCustomer('cus_bulk');
+
+    // Not interactive and no --yes: refuse to act on everything.
+    const unconfirmed = await cli(['retry', '--all-dead', '--tenant', 'bulk']);
+    expect(unconfirmed.code).toBe(2);
+    expect(unconfirmed.err).toContain('--yes');
+
+    const r = await cli(['retry', '--all-dead', '--tenant', 'bulk', '--code', 'resource_missing', '--yes'], { pageSize: 2, errIsTTY: true });
+    expect(r.code).toBe(1);
+    expect(r.out).toContain('5 matched; 3 signalled, 1 reopened, 0 skipped, 1 refused, 0 failed');
+    expect(r.err).toMatch(/\r\[[#-]+\] \d+\/5 /);
+    expect(r.err).toContain(`refused ${old}`);
+
+    for (const key of keys.filter((k) => k !== old)) {
+      await waitStatus(key, 'sent');
+      expect(eventsFor(key)).toHaveLength(1);
+    }
+    expect((await row(old)).status).toBe('dead');
+    expect(requestsFor(old).every((req) => req.status === 400)).toBe(true);
+
+    const json = await cliJson<{ summary: Record<string, number>; problems: { key: string; outcome: string }[]; problemsOmitted: number }>([
+      'retry', '--all-dead', '--tenant', 'bulk', '--yes',
+    ]);
+    expect(json.code).toBe(1);
+    expect(json.json).toEqual({
+      summary: { matched: 1, signalled: 0, reopened: 0, skipped: 0, refused: 1, failed: 0 },
+      problems: [{ key: old, outcome: 'refused', message: expect.stringContaining('24 h') }],
+      problemsOmitted: 0,
+    });
+
+    const none = await cli(['retry', '--all-dead', '--tenant', 'nobody', '--yes']);
+    expect(none.code).toBe(0);
+    expect(none.out).toContain('0 matched');
+  });
+});
+
+describe('customers', () => {
+  it('set creates and replaces a mapping (validated, recorded); list shows it', async () => {
+    const tenant = `newco-${randomUUID().slice(0, 8)}`;
+    const created = await cli(['customers', 'set', tenant, 'cus_New1']);
+    expect(created.code).toBe(0);
+    expect(created.out).toContain(`tenant ${tenant} is billed as cus_New1`);
+    const replaced = await cliJson(['customers', 'set', tenant, 'cus_New2']);
+    expect(replaced.json).toEqual({ tenantId: tenant, stripeCustomerId: 'cus_New2', previousStripeCustomerId: 'cus_New1', created: false });
+
+    const list = await cliJson<{ customers: Record<string, unknown>[] }>(['customers', 'list']);
+    expect(list.code).toBe(0);
+    expect(list.json.customers).toContainEqual({ tenantId: tenant, stripeCustomerId: 'cus_New2', createdAt: expect.any(String), updatedAt: expect.any(String) });
+    expect(list.json.customers).toContainEqual(expect.objectContaining({ tenantId: 'acme', stripeCustomerId: 'cus_acme' }));
+
+    const table = (await cli(['customers', 'list'])).out.split('\n');
+    expect(table[0]).toMatch(/^TENANT\s+STRIPE CUSTOMER\s+UPDATED$/);
+    const line = table.find((l) => l.startsWith(`${tenant} `))!;
+    expect(line.indexOf('cus_New2')).toBe(table[0]!.indexOf('STRIPE CUSTOMER'));
+
+    expect((await cli(['customers', 'set', tenant, 'acct_123'])).code).toBe(2);
+    expect((await cli(['customers', 'set', 'x'.repeat(201), 'cus_1'])).code).toBe(2);
+    expect((await cli(['customers', 'set', '', 'cus_1'])).code).toBe(2);
+    expect((await cli(['customers', 'set', tenant])).code).toBe(2);
+    expect((await cli(['customers'])).code).toBe(2);
+    const { rows } = await db.pool.query(`SELECT actor, outcome, detail FROM operator_actions WHERE action = 'customers.set' AND tenant_id = $1 ORDER BY id`, [tenant]);
+    expect(rows).toEqual([
+      { actor: OPERATOR, outcome: 'created', detail: '→ cus_New1' },
+      { actor: OPERATOR, outcome: 'updated', detail: 'cus_New1 → cus_New2' },
+    ]);
+  });
+});
+
+describe('inspect', () => {
+  it("shows the row beside the workflow's own state and a Web UI link; a closed workflow by its status", async () => {
+    const key = await enqueue('ghost', 3);
+    await waitStatus(key, 'dead');
+    await waitWorkflowDead(key);
+    const r = await cliJson<{
+      row: Record<string, unknown>;
+      workflow: Record<string, unknown>;
+      webUi: { url: string; note: string };
+      operatorActions: unknown[];
+    }>(['inspect', key]);
+    expect(r.code).toBe(0);
+    expect(r.json.row).toMatchObject({ key, tenantId: 'ghost', status: 'dead', attempts: 1, quantity: 3, lastErrorCode: 'resource_missing' });
+    expect(r.json.workflow).toMatchObject({ found: true, status: 'RUNNING', state: { status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } } });
+    expect(r.json.webUi.url).toBe(`http://localhost:8233/namespaces/${config.temporal.namespace}/workflows/${encodeURIComponent(key)}`);
+    expect(r.json.webUi.note).toContain('8233');
+    expect(r.json.operatorActions).toEqual([]);
+
+    const text = await cli(['inspect', key]);
+    expect(text.out).toMatch(/^status\s+dead$/m);
+    expect(text.out).toContain('status:   RUNNING');
+    expect(text.out).toContain('state:    dead, 1 attempt(s), last error resource_missing');
+    expect(text.out).toContain(`web ui: http://localhost:8233/namespaces/`);
+
+    await terminate(key);
+    const closed = await cliJson<{ workflow: Record<string, unknown> }>(['inspect', key]);
+    expect(closed.json.workflow).toMatchObject({ found: true, status: 'TERMINATED', state: null });
+
+    const missing = await cli(['inspect', `usage_log:${randomUUID()}`]);
+    expect(missing.code).toBe(1);
+    expect(missing.err).toContain('no outbox row and no workflow');
+    expect((await cli(['inspect'])).code).toBe(2);
+  });
+});
+
+describe('bin/billing-outbox.mjs', () => {
+  function bin(args: string[], env: Record<string, string>): Promise<CliRun> {
+    return new Promise((resolve, reject) => {
+      const child = spawn(process.execPath, [path.join(ROOT, 'bin', 'billing-outbox.mjs'), ...args], { cwd: '/', env });
+      let out = '';
+      let err = '';
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      child.on('error', reject);
+      child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+    });
+  }
+
+  it('runs `status --json` against the configured services, never printing the database password', async () => {
+    const env = { DATABASE_URL: db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: config.temporal.namespace };
+    const r = await bin(['status', '--json'], env);
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    const json = JSON.parse(r.out) as { counts: Record<string, number> };
+    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'dead'`);
+    expect(json.counts).toMatchObject({ dead: rows[0]!.n, pending: expect.any(Number), sent: expect.any(Number) });
+    const password = new URL(db.url).password;
+    if (password) expect(r.out + r.err).not.toContain(password);
+
+    const noDb = await bin(['status'], {});
+    expect(noDb.code).toBe(2);
+    expect(noDb.err).toContain('DATABASE_URL');
+    const badDb = await bin(['status'], { DATABASE_URL: db.url.replace(/\/[^/]+$/, '/no_such_db') });
+    expect(badDb.code).toBe(1);
+    if (password) expect(badDb.err).not.toContain(password);
+    expect((await bin(['bogus'], {})).code).toBe(2);
+  });
+});
