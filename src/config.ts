@@ -80,6 +80,17 @@ const schema = z.object({
     .max(100, 'must be at most 100 characters (Stripe limit)')
     .default('api_requests'),
   STRIPE_TIMEOUT_MS: int(100, 120_000).default(20_000),
+  STRIPE_WEBHOOK_SECRET: z
+    .string()
+    .trim()
+    .regex(/^whsec_[A-Za-z0-9_]+$/, 'must be a Stripe webhook signing secret (whsec_…)')
+    .optional(),
+  STRIPE_RATE_LIMIT_PER_SECOND: decimal(0.1, 10_000).optional(),
+  TEMPORAL_UI_URL: z
+    .string()
+    .trim()
+    .regex(/^https?:\/\/[^\s]+$/, 'must be an http(s) URL')
+    .optional(),
   RETRY_INITIAL_INTERVAL_MS: int(1, 3_600_000).default(1_000),
   RETRY_BACKOFF_COEFFICIENT: decimal(1, 10).default(2),
   RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
@@ -133,7 +144,17 @@ export interface Config {
     isRealStripe: boolean;
     meterEventName: string;
     timeoutMs: number;
+    /** Secret that verifies Stripe's webhook signatures; unset: the webhook route refuses all. */
+    webhookSecret: string | undefined;
+    /**
+     * Meter-event calls per second across every worker (a Temporal task-queue limit). Default:
+     * 900 with a live key (Stripe's live limit is 1,000/s), 20 otherwise (test mode allows 25
+     * operations/s).
+     */
+    rateLimitPerSecond: number;
   };
+  /** Base URL of the Temporal Web UI, for links (default http://localhost:8233). */
+  temporalUiUrl: string;
   retry: RetryConfig;
   relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
   api: { host: string; port: number; bodyLimitBytes: number; tokens: ApiToken[] };
@@ -199,7 +220,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
+      webhookSecret: c.STRIPE_WEBHOOK_SECRET,
+      rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? 900 : 20),
     },
+    temporalUiUrl: (c.TEMPORAL_UI_URL ?? 'http://localhost:8233').replace(/\/$/, ''),
     retry: {
       initialIntervalMs: c.RETRY_INITIAL_INTERVAL_MS,
       backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT,
