@@ -7,20 +7,27 @@ import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
 import { classifyStripeError, sendMeterEvent } from '../src/stripe-client.js';
-import { ErrorTypes, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
+import { acquireMeterLease, releaseMeterLease } from '../src/meter-leases.js';
+import { ErrorTypes, RATE_LIMIT_JITTER_MS, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
 
 export interface DeliveryDeps {
   db: Queryable;
+  /** The Stripe client's timeout: a call holds its (customer, meter) lease at most this long. */
+  stripeTimeoutMs: number;
   stripe: Pick<Stripe, 'billing'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
 }
 
-export interface DeliveryResult {
+export type DeliveryResult =
   /** `sent`: Stripe accepted it now; `duplicate`: Stripe already had it (an earlier lost answer). */
-  outcome: 'sent' | 'duplicate' | 'already_sent';
-  attempts: number;
-}
+  | { outcome: 'sent' | 'duplicate' | 'already_sent'; attempts: number }
+  /**
+   * Not this time, and not a failure: Stripe said 429, or another call for the same customer and
+   * meter holds the lease. The workflow waits `retryAfterMs` and asks again; no retry attempt of
+   * the delivery policy is spent, so waiting never leads to a dead letter by itself.
+   */
+  | { outcome: 'deferred'; reason: 'rate_limited' | 'customer_busy'; retryAfterMs: number; attempts: number };
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
@@ -44,81 +51,44 @@ export function timestampProblem(occurredAt: Date, now: number): { code: string;
   return undefined;
 }
 
-export function createDeliveryActivities({ db, stripe, metrics }: DeliveryDeps) {
+/** Room for our own queries around the Stripe call while holding the lease. */
+const LEASE_MARGIN_MS = 5_000;
+/** When Stripe says 429 without Retry-After. */
+const DEFAULT_RETRY_AFTER_MS = 1_000;
+
+export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs }: DeliveryDeps) {
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (createdAt: Date) => {
     metrics?.eventsSent.inc();
     metrics?.commitToAck.observe(Math.max(0, Date.now() - createdAt.getTime()) / 1000);
   };
-  return {
+  const activities = {
     /**
      * One attempt to report the event: count the attempt, call Stripe once, mark the row sent.
      * Each failure is classified here, where the call is made, into an ApplicationFailure whose
      * type tells Temporal (and the workflow) whether another attempt can help.
      */
-    async deliverUsage({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
-      const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
-      const row = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
-      if (!row) {
-        const existing = await findRowByKey(db, key);
-        if (!existing) {
-          throw fail(ErrorTypes.missing, 'outbox_row_missing', `no outbox row with key ${key}`);
-        }
-        const message =
-          `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: ` +
-          `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
-        await recordAttemptError(db, key, 'identifier_window_expired', message);
-        metrics?.stripeErrors.inc({ class: 'unsafe' });
-        throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
+    async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
+      const info = activityInfo();
+      const holder = input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}`;
+      // Renew for the whole call: the Stripe timeout bounds it, plus room for our own queries.
+      const lease = await acquireMeterLease(db, input.key, holder, stripeTimeoutMs + LEASE_MARGIN_MS);
+      if (lease === 'busy') {
+        return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: 100 + Math.floor(Math.random() * 200), attempts: 0 };
       }
-      if (row.status === 'sent') return { outcome: 'already_sent', attempts: row.attempt_count };
-      if (!row.stripe_customer_id) {
-        const message = 'the tenant has no Stripe customer mapping';
-        await recordAttemptError(db, key, 'customer_mapping_missing', message);
-        throw fail(ErrorTypes.missing, 'customer_mapping_missing', message);
-      }
-      const outside = timestampProblem(row.occurred_at, Date.now());
-      if (outside) {
-        await recordAttemptError(db, key, outside.code, outside.message);
-        metrics?.stripeErrors.inc({ class: 'unsafe' });
-        throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
-      }
-
       try {
-        await sendMeterEvent(stripe, {
-          eventName: row.event_name,
-          stripeCustomerId: row.stripe_customer_id,
-          quantity: row.quantity,
-          identifier: key,
-          occurredAt: row.occurred_at,
-        });
-      } catch (err) {
-        const failure = classifyStripeError(err);
-        if (failure.kind === 'delivered') {
-          const attempts = await markSent(db, key);
-          metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
-          acknowledged(row.created_at);
-          return { outcome: 'duplicate', attempts };
-        }
-        await recordAttemptError(db, key, failure.code, failure.message);
-        metrics?.stripeErrors.inc({ class: failure.kind });
-        switch (failure.kind) {
-          case 'rejected':
-            throw fail(ErrorTypes.rejected, failure.code, failure.message);
-          case 'rate_limited':
-            throw ApplicationFailure.create({
-              type: ErrorTypes.rateLimited,
-              message: failure.message,
-              details: [failure.code],
-              nextRetryDelay: failure.retryAfterMs,
-            });
-          case 'retryable':
-            throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
-        }
+        return await attempt(input);
+      } finally {
+        if (lease === 'acquired') await releaseMeterLease(db, holder);
       }
-      const attempts = await markSent(db, key);
-      acknowledged(row.created_at);
-      return { outcome: 'sent', attempts };
+    },
+
+    /**
+     * Local activity of the workflow: waits for the event's (customer, meter) turn without spending
+     * a rate-limit token. True when the lease is now the workflow's (or there is nothing to lease).
+     */
+    async takeTurn(input: { key: string; holder: string; leaseMs: number }): Promise<boolean> {
+      return (await acquireMeterLease(db, input.key, input.holder, input.leaseMs)) !== 'busy';
     },
 
     /** After the last attempt: the row becomes a dead letter carrying the final error. */
@@ -131,6 +101,76 @@ export function createDeliveryActivities({ db, stripe, metrics }: DeliveryDeps) 
       await markRetrying(db, key);
     },
   };
+  return activities;
+
+  /**
+   * One call to Stripe: count it, send it, mark the row sent. Each failure is classified here,
+   * where the call is made.
+   */
+  async function attempt({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
+    const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
+    const row = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
+    if (!row) {
+      const existing = await findRowByKey(db, key);
+      if (!existing) {
+        throw fail(ErrorTypes.missing, 'outbox_row_missing', `no outbox row with key ${key}`);
+      }
+      const message =
+        `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: ` +
+        `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
+      await recordAttemptError(db, key, 'identifier_window_expired', message);
+      metrics?.stripeErrors.inc({ class: 'unsafe' });
+      throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
+    }
+    if (row.status === 'sent') return { outcome: 'already_sent', attempts: row.attempt_count };
+    if (!row.stripe_customer_id) {
+      const message = 'the tenant has no Stripe customer mapping';
+      await recordAttemptError(db, key, 'customer_mapping_missing', message);
+      throw fail(ErrorTypes.missing, 'customer_mapping_missing', message);
+    }
+    const outside = timestampProblem(row.occurred_at, Date.now());
+    if (outside) {
+      await recordAttemptError(db, key, outside.code, outside.message);
+      metrics?.stripeErrors.inc({ class: 'unsafe' });
+      throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
+    }
+
+    try {
+      await sendMeterEvent(stripe, {
+        eventName: row.event_name,
+        stripeCustomerId: row.stripe_customer_id,
+        quantity: row.quantity,
+        identifier: key,
+        occurredAt: row.occurred_at,
+      });
+    } catch (err) {
+      const failure = classifyStripeError(err);
+      if (failure.kind === 'delivered') {
+        const attempts = await markSent(db, key);
+        metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
+        acknowledged(row.created_at);
+        return { outcome: 'duplicate', attempts };
+      }
+      await recordAttemptError(db, key, failure.code, failure.message);
+      metrics?.stripeErrors.inc({ class: failure.kind });
+      switch (failure.kind) {
+        case 'rejected':
+          throw fail(ErrorTypes.rejected, failure.code, failure.message);
+        case 'rate_limited':
+          return {
+            outcome: 'deferred',
+            reason: 'rate_limited',
+            retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),
+            attempts: row.attempt_count,
+          };
+        case 'retryable':
+          throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
+      }
+    }
+    const attempts = await markSent(db, key);
+    acknowledged(row.created_at);
+    return { outcome: 'sent', attempts };
+  }
 }
 
 export type DeliveryActivities = ReturnType<typeof createDeliveryActivities>;

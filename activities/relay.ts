@@ -14,7 +14,7 @@ import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/notifier.js';
 import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox-sql.js';
-import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
+import { deliveryTaskQueue, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
 
 export interface RelayDeps {
   db: Queryable;
@@ -39,12 +39,27 @@ const MAX_IDLE_WAIT_MS = 5_000;
  * namespace's retention). Either refusal means the event is already in Temporal's hands.
  * Returns false when it was already started.
  */
+/** The usage workflow's input for an outbox row; `force` only for an operator's forced reopen. */
+export function usageWorkflowInput(
+  row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
+  config: Pick<Config, 'retry' | 'temporal'>,
+  force?: boolean,
+): UsageWorkflowInput {
+  return {
+    key: row.idempotency_key,
+    tenantId: row.tenant_id,
+    retry: config.retry,
+    deliveryTaskQueue: deliveryTaskQueue(config.temporal.taskQueue),
+    ...(force ? { force } : {}),
+  };
+}
+
 export async function startUsageWorkflow(
   client: Client,
   row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
   config: Pick<Config, 'retry' | 'temporal'>,
 ): Promise<boolean> {
-  const input: UsageWorkflowInput = { key: row.idempotency_key, tenantId: row.tenant_id, retry: config.retry };
+  const input = usageWorkflowInput(row, config);
   try {
     await client.workflow.start('usageWorkflow', {
       workflowId: row.idempotency_key,

@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import { createActivities } from '../activities/index.js';
-import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
+import { deliveryTaskQueue, relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
 import type { Config } from './config.js';
 import type { Logger } from './log.js';
 import type { Metrics } from './metrics.js';
@@ -56,6 +56,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     log: relayLog,
     runForMs: deps.relayRunForMs,
     metrics: deps.metrics,
+    stripeTimeoutMs: config.stripe.timeoutMs,
   });
   const worker = await Worker.create({
     connection: deps.connection,
@@ -66,15 +67,30 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });
-  const done = worker.run().finally(() => notifier.close());
+  // The Stripe calls, on a queue of their own that Temporal rate-limits across every worker.
+  const deliveryWorker = await Worker.create({
+    connection: deps.connection,
+    namespace: config.temporal.namespace,
+    taskQueue: deliveryTaskQueue(config.temporal.taskQueue),
+    activities: { deliverUsage: activities.deliverUsage },
+    maxTaskQueueActivitiesPerSecond: config.stripe.rateLimitPerSecond,
+    shutdownGraceTime: '20 seconds',
+    ...deps.workerOptions,
+  });
+  const done = Promise.all([worker.run(), deliveryWorker.run()])
+    .then(() => undefined)
+    .finally(() => notifier.close());
   await ensureRelays(client, config);
-  deps.log?.info({ taskQueue: config.temporal.taskQueue, relays: config.relay.count }, 'worker started');
+  deps.log?.info(
+    { taskQueue: config.temporal.taskQueue, relays: config.relay.count, stripeCallsPerSecond: config.stripe.rateLimitPerSecond },
+    'worker started',
+  );
   return {
     worker,
     done,
     async shutdown() {
       stopping.abort();
-      if (worker.getState() === 'RUNNING') worker.shutdown();
+      for (const w of [worker, deliveryWorker]) if (w.getState() === 'RUNNING') w.shutdown();
       await done;
     },
   };

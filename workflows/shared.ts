@@ -42,12 +42,29 @@ export interface UsageWorkflowInput {
   retry: RetryPolicyInput;
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
+  /** Where the Stripe call runs (rate-limited); default: this workflow's own task queue. */
+  deliveryTaskQueue?: string;
 }
 
 export interface DeliverInput {
   key: string;
   /** Operator override of the identifier-window guard (see RetryRequest.force). */
   force?: boolean;
+  /** The workflow run holding this event's (customer, meter) lease (see src/meter-leases.ts). */
+  leaseHolder?: string;
+}
+
+/** Stripe's Retry-After is honoured, plus up to this much jitter so waiters do not stampede. */
+export const RATE_LIMIT_JITTER_MS = 500;
+/** An event deferred by 429s for longer than this becomes a dead letter (`rate_limited`). */
+export const MAX_DEFERRAL_MS = 3_600_000;
+
+/**
+ * Stripe calls run on their own task queue, so that Temporal can cap them account-wide with
+ * `maxTaskQueueActivitiesPerSecond`, however many workers run.
+ */
+export function deliveryTaskQueue(taskQueue: string): string {
+  return `${taskQueue}-stripe`;
 }
 
 export interface UsageState {
@@ -81,6 +98,8 @@ export const ErrorTypes = {
   rejected: 'StripeRejected',
   retryable: 'StripeRetryable',
   rateLimited: 'StripeRateLimited',
+  /** 429s for longer than MAX_DEFERRAL_MS. */
+  deferredTooLong: 'DeferredTooLong',
   /** The outbox row or its billing customer is missing: nothing to send. */
   missing: 'OutboxRowMissing',
   /** Sending now could bill twice (identifier window passed) or Stripe cannot take it (timestamp). */

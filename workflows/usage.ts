@@ -1,22 +1,31 @@
 /**
  * One usage event's journey to Stripe. Workflow id = the event's idempotency key.
  *
- * Temporal's retry policy does the backoff between attempts. When the attempts run out (or Stripe
- * refuses the event for good) the row becomes a dead letter, and this workflow stays open waiting
- * for an operator's `retry` signal, so the dead letter is visible in the Web UI and can be resent
- * with the same identifier.
+ * Temporal's retry policy does the backoff between failed attempts. When the attempts run out (or
+ * Stripe refuses the event for good) the row becomes a dead letter, and this workflow stays open
+ * waiting for an operator's `retry` signal, so the dead letter is visible in the Web UI and can be
+ * resent with the same identifier.
+ *
+ * Waiting is not failing: before each call the workflow takes its turn on the (customer, meter)
+ * lease (Stripe allows one call at a time per pair), and a 429 makes it wait Retry-After. Neither
+ * spends a retry attempt.
  */
 import {
   ActivityFailure,
   ApplicationFailure,
   condition,
+  continueAsNew,
   proxyActivities,
+  proxyLocalActivities,
   setHandler,
+  sleep,
   upsertSearchAttributes,
+  workflowInfo,
 } from '@temporalio/workflow';
-import type { DeliveryActivities } from '../activities/delivery.js';
+import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import {
   ErrorTypes,
+  MAX_DEFERRAL_MS,
   OutboxStatusKey,
   retrySignal,
   stateQuery,
@@ -26,9 +35,14 @@ import {
   type UsageWorkflowInput,
 } from './shared.js';
 
+/** Waiting for a busy (customer, meter): 100 ms doubling to 5 s, with jitter. */
+const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
+
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
+  const attemptTimeoutMs = input.retry.attemptTimeoutMs ?? 120_000;
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
-    startToCloseTimeout: input.retry.attemptTimeoutMs ?? '2 minutes',
+    taskQueue: input.deliveryTaskQueue ?? workflowInfo().taskQueue,
+    startToCloseTimeout: attemptTimeoutMs,
     retry: {
       initialInterval: input.retry.initialIntervalMs,
       backoffCoefficient: input.retry.backoffCoefficient,
@@ -42,7 +56,13 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     startToCloseTimeout: '30 seconds',
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   });
+  const { takeTurn } = proxyLocalActivities<DeliveryActivities>({
+    startToCloseTimeout: '10 seconds',
+    retry: { initialInterval: '1 second', maximumInterval: '10 seconds' },
+  });
 
+  const info = workflowInfo();
+  const holder = `${info.workflowId}/${info.runId}`;
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: RetryRequest | undefined;
   let force = input.force === true;
@@ -64,15 +84,47 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     upsertSearchAttributes([{ key: OutboxStatusKey, value: status }]);
   };
 
+  /** Takes the (customer, meter) lease, waiting with backoff while another call holds it. */
+  const waitForTurn = async () => {
+    // The lease must outlast the wait in the rate-limited queue and the call itself.
+    const leaseMs = attemptTimeoutMs + 30_000;
+    for (let busy = 0; !(await takeTurn({ key: input.key, holder, leaseMs })); busy++) {
+      const ceiling = Math.min(TURN_BACKOFF_MS.max, TURN_BACKOFF_MS.first * 2 ** busy);
+      await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
+    }
+  };
+
+  /** Calls Stripe until it answers for good, waiting out deferrals. Throws on failure. */
+  const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
+    let deferredSince: number | undefined;
+    for (;;) {
+      await waitForTurn();
+      const result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
+      if (result.outcome !== 'deferred') return result;
+      deferredSince ??= Date.now();
+      if (Date.now() - deferredSince > MAX_DEFERRAL_MS) {
+        throw ApplicationFailure.create({
+          type: ErrorTypes.deferredTooLong,
+          message: `Stripe kept answering 429 for over ${MAX_DEFERRAL_MS / 60_000} minutes`,
+          details: ['rate_limited'],
+          nonRetryable: true,
+        });
+      }
+      await sleep(result.retryAfterMs);
+      // Deferrals add history; a very hot customer must not grow it without bound.
+      if (workflowInfo().continueAsNewSuggested) await continueAsNew<typeof usageWorkflow>({ ...input, force });
+    }
+  };
+
   for (;;) {
     try {
-      const result = await deliverUsage({ key: input.key, force });
+      const result = await deliver();
       state.attempts = result.attempts;
       state.lastError = null;
       setStatus('sent');
       return state;
     } catch (err) {
-      if (!(err instanceof ActivityFailure)) throw err;
+      if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
       state.lastError = describeFailure(err);
       state.attempts = await markDead({ key: input.key, ...state.lastError });
       setStatus('dead');
@@ -84,8 +136,8 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 }
 
 /** The code and message the delivery activity attached to its last failure. */
-function describeFailure(err: ActivityFailure): { code: string; message: string } {
-  const cause = err.cause;
+function describeFailure(err: ActivityFailure | ApplicationFailure): { code: string; message: string } {
+  const cause = err instanceof ApplicationFailure ? err : err.cause;
   if (cause instanceof ApplicationFailure) {
     const code = typeof cause.details?.[0] === 'string' ? cause.details[0] : (cause.type ?? 'error');
     return { code, message: cause.message };

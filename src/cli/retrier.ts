@@ -19,6 +19,7 @@ import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
 import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox-sql.js';
+import { usageWorkflowInput } from '../../activities/relay.js';
 import {
   IDENTIFIER_WINDOW_MS,
   OutboxStatusKey,
@@ -27,7 +28,6 @@ import {
   stateQuery,
   TenantIdKey,
   type UsageState,
-  type UsageWorkflowInput,
 } from '../../workflows/shared.js';
 import { formatDuration } from './format.js';
 
@@ -170,7 +170,7 @@ export class DeadLetterRetrier {
       const current = await findOperatorRow(db, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
     }
-    const input: UsageWorkflowInput = { key, tenantId: reopened.tenant_id, retry: config.retry, force: opts.force };
+    const input = usageWorkflowInput({ idempotency_key: key, tenant_id: reopened.tenant_id }, config, opts.force);
     try {
       await client.workflow.start('usageWorkflow', {
         workflowId: key,
