@@ -1,19 +1,22 @@
 /**
  * Activities of the usage workflow: report one event to Stripe, and keep its outbox row current.
  */
-import { activityInfo, ApplicationFailure } from '@temporalio/activity';
+import { activityInfo, ApplicationFailure, Context } from '@temporalio/activity';
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
 import { classifyStripeError, sendMeterEvent } from '../src/stripe-client.js';
 import { acquireMeterLease, releaseMeterLease } from '../src/meter-leases.js';
+import { reserveSlots } from '../src/rate-limit.js';
 import { ErrorTypes, RATE_LIMIT_JITTER_MS, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
 
 export interface DeliveryDeps {
   db: Queryable;
   /** The Stripe client's timeout: a call holds its (customer, meter) lease at most this long. */
   stripeTimeoutMs: number;
+  /** Account-wide Stripe calls per second (src/rate-limit.ts). */
+  stripeCallsPerSecond: number;
   stripe: Pick<Stripe, 'billing'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
@@ -56,7 +59,10 @@ const LEASE_MARGIN_MS = 5_000;
 /** When Stripe says 429 without Retry-After. */
 const DEFAULT_RETRY_AFTER_MS = 1_000;
 
-export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs }: DeliveryDeps) {
+/** Longest an activity waits in place for its call slot; a longer queue is waited out in the workflow. */
+const MAX_PACING_WAIT_MS = 1_000;
+
+export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs, stripeCallsPerSecond }: DeliveryDeps) {
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (createdAt: Date) => {
     metrics?.eventsSent.inc();
@@ -77,6 +83,13 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs 
         return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: 100 + Math.floor(Math.random() * 200), attempts: 0 };
       }
       try {
+        // Our place in the account-wide pace of Stripe calls.
+        const slot = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
+        if (slot.granted === 0) {
+          const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
+          return { outcome: 'deferred', reason: 'rate_limited', retryAfterMs, attempts: 0 };
+        }
+        if (slot.waitMs > 0) await Context.current().sleep(slot.waitMs);
         return await attempt(input);
       } finally {
         if (lease === 'acquired') await releaseMeterLease(db, holder);

@@ -14,13 +14,14 @@ import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/notifier.js';
 import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox-sql.js';
-import { deliveryTaskQueue, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
+import { reserveSlots } from '../src/rate-limit.js';
+import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
 
 export interface RelayDeps {
   db: Queryable;
   client: Client;
   notifier: OutboxNotifier;
-  config: Pick<Config, 'relay' | 'retry' | 'temporal'>;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe'>;
   /** How long one relay activity runs before handing back to its workflow. */
   runForMs?: number;
   /** Aborted when this process is shutting down: relays stop claiming at once. */
@@ -49,7 +50,6 @@ export function usageWorkflowInput(
     key: row.idempotency_key,
     tenantId: row.tenant_id,
     retry: config.retry,
-    deliveryTaskQueue: deliveryTaskQueue(config.temporal.taskQueue),
     ...(force ? { force } : {}),
   };
 }
@@ -92,13 +92,22 @@ export function createRelayActivities(deps: RelayDeps) {
   const log = deps.log ?? (() => undefined);
 
   /** Claims one batch, starts its workflows, marks the started ones dispatched. */
-  async function relayBatch(claimedBy: string, totals: RelayResult): Promise<number> {
+  // At most one second's worth of Stripe calls per batch: what is dispatched is what can be sent.
+  const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(config.stripe.rateLimitPerSecond)));
+
+  /**
+   * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it
+   * claimed and how long to wait before the next batch so that all relays together dispatch at the
+   * Stripe rate limit (the backlog waits in the outbox, not as waiting workflows).
+   */
+  async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, { limit: config.relay.batchSize, claimedBy, claimId, leaseMs: config.relay.leaseMs });
+    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
-    if (rows.length === 0) return 0;
+    if (rows.length === 0) return { claimed: 0, paceMs: 0 };
+    const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: config.stripe.rateLimitPerSecond });
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config)));
     const inTemporal: number[] = [];
     outcomes.forEach((outcome, i) => {
@@ -115,7 +124,7 @@ export function createRelayActivities(deps: RelayDeps) {
     });
     await markDispatched(db, inTemporal, claimId);
     totals.claimed += rows.length;
-    return rows.length;
+    return { claimed: rows.length, paceMs: pace.spanEndMs };
   }
 
   return {
@@ -129,9 +138,13 @@ export function createRelayActivities(deps: RelayDeps) {
       await notifier.start();
       while (!stop.aborted && Date.now() < until) {
         const mark = notifier.mark();
-        const n = await relayBatch(claimedBy, totals);
+        const { claimed: n, paceMs } = await relayBatch(claimedBy, totals);
         ctx.heartbeat(totals);
-        if (n < config.relay.batchSize) {
+        for (let left = paceMs; left > 0 && !stop.aborted; left -= MAX_IDLE_WAIT_MS) {
+          await delay(Math.min(left, MAX_IDLE_WAIT_MS), stop);
+          ctx.heartbeat(totals);
+        }
+        if (n < batchLimit) {
           const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - Date.now()));
           await notifier.wait(idleMs, stop, mark);
           ctx.heartbeat(totals);
@@ -143,3 +156,17 @@ export function createRelayActivities(deps: RelayDeps) {
 }
 
 export type RelayActivities = ReturnType<typeof createRelayActivities>;
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function delay(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}

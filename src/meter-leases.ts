@@ -5,7 +5,7 @@
  * and a crashed holder's lease simply expires.
  *
  * The holder is one usage workflow run (`<workflowId>/<runId>`): it takes the lease in a local
- * activity before queueing its Stripe call (so waiting costs no rate-limit token), the delivery
+ * activity before scheduling its Stripe call (so waiting costs no call slot), the delivery
  * activity renews it for the length of the call, and gives it back when the call is over.
  */
 import type { Queryable } from './db.js';

@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import { createActivities } from '../activities/index.js';
-import { deliveryTaskQueue, relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
+import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
 import type { Config } from './config.js';
 import type { Logger } from './log.js';
 import type { Metrics } from './metrics.js';
@@ -57,6 +57,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     runForMs: deps.relayRunForMs,
     metrics: deps.metrics,
     stripeTimeoutMs: config.stripe.timeoutMs,
+    stripeCallsPerSecond: config.stripe.rateLimitPerSecond,
   });
   const worker = await Worker.create({
     connection: deps.connection,
@@ -67,19 +68,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });
-  // The Stripe calls, on a queue of their own that Temporal rate-limits across every worker.
-  const deliveryWorker = await Worker.create({
-    connection: deps.connection,
-    namespace: config.temporal.namespace,
-    taskQueue: deliveryTaskQueue(config.temporal.taskQueue),
-    activities: { deliverUsage: activities.deliverUsage },
-    maxTaskQueueActivitiesPerSecond: config.stripe.rateLimitPerSecond,
-    shutdownGraceTime: '20 seconds',
-    ...deps.workerOptions,
-  });
-  const done = Promise.all([worker.run(), deliveryWorker.run()])
-    .then(() => undefined)
-    .finally(() => notifier.close());
+  const done = worker.run().finally(() => notifier.close());
   await ensureRelays(client, config);
   deps.log?.info(
     { taskQueue: config.temporal.taskQueue, relays: config.relay.count, stripeCallsPerSecond: config.stripe.rateLimitPerSecond },
@@ -90,7 +79,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     done,
     async shutdown() {
       stopping.abort();
-      for (const w of [worker, deliveryWorker]) if (w.getState() === 'RUNNING') w.shutdown();
+      if (worker.getState() === 'RUNNING') worker.shutdown();
       await done;
     },
   };

@@ -42,8 +42,6 @@ export interface UsageWorkflowInput {
   retry: RetryPolicyInput;
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
-  /** Where the Stripe call runs (rate-limited); default: this workflow's own task queue. */
-  deliveryTaskQueue?: string;
 }
 
 export interface DeliverInput {
@@ -59,13 +57,6 @@ export const RATE_LIMIT_JITTER_MS = 500;
 /** An event deferred by 429s for longer than this becomes a dead letter (`rate_limited`). */
 export const MAX_DEFERRAL_MS = 3_600_000;
 
-/**
- * Stripe calls run on their own task queue, so that Temporal can cap them account-wide with
- * `maxTaskQueueActivitiesPerSecond`, however many workers run.
- */
-export function deliveryTaskQueue(taskQueue: string): string {
-  return `${taskQueue}-stripe`;
-}
 
 export interface UsageState {
   status: OutboxStatus;

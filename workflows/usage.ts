@@ -7,8 +7,8 @@
  * resent with the same identifier.
  *
  * Waiting is not failing: before each call the workflow takes its turn on the (customer, meter)
- * lease (Stripe allows one call at a time per pair), and a 429 makes it wait Retry-After. Neither
- * spends a retry attempt.
+ * lease (Stripe allows one call at a time per pair), the call waits for its slot in the
+ * account-wide pace, and a 429 makes it wait Retry-After. None of these spends a retry attempt.
  */
 import {
   ActivityFailure,
@@ -41,7 +41,6 @@ const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
   const attemptTimeoutMs = input.retry.attemptTimeoutMs ?? 120_000;
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
-    taskQueue: input.deliveryTaskQueue ?? workflowInfo().taskQueue,
     startToCloseTimeout: attemptTimeoutMs,
     retry: {
       initialInterval: input.retry.initialIntervalMs,
