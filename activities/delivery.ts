@@ -135,7 +135,10 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
       metrics?.stripeErrors.inc({ class: 'unsafe' });
       throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
     }
-    if (row.status === 'sent') return { outcome: 'already_sent', attempts: row.attempt_count };
+    // Stripe already has it (and may since have rejected it, or we cancelled it): never again.
+    if (row.status === 'sent' || row.status === 'rejected_async' || row.status === 'cancelled') {
+      return { outcome: 'already_sent', attempts: row.attempt_count };
+    }
     if (!row.stripe_customer_id) {
       const message = 'the tenant has no Stripe customer mapping';
       await recordAttemptError(db, key, 'customer_mapping_missing', message);

@@ -25,9 +25,15 @@ import { installTemporalRuntime } from '../src/temporal-runtime.js';
 import { connectTemporal, startWorker, WORKFLOWS_PATH } from '../src/worker.js';
 
 const { values } = parseArgs({
-  options: { events: { type: 'string', default: '2000' }, only: { type: 'string', default: 'enqueue,claim,drain' } },
+  options: {
+    events: { type: 'string', default: '2000' },
+    only: { type: 'string', default: 'enqueue,claim,drain' },
+    rate: { type: 'string', default: '1000' },
+    customers: { type: 'string', default: '4' },
+  },
 });
 const N = Number(values.events);
+const C = Number(values.customers);
 const only = new Set(values.only!.split(','));
 installTemporalRuntime(undefined, 'ERROR');
 
@@ -45,7 +51,7 @@ try {
     const url = await pg.createDatabase(name);
     await migrate(url);
     const pool = createPool(url, 20);
-    await pool.query(`INSERT INTO billing_customers VALUES ('t1', 'cus_1'), ('t2', 'cus_2'), ('t3', 'cus_3'), ('t4', 'cus_4')`);
+    await pool.query(`INSERT INTO billing_customers SELECT 't' || g, 'cus_' || g FROM generate_series(1, $1::int) g`, [C]);
     return { url, pool };
   }
 
@@ -57,7 +63,7 @@ try {
       await Promise.all(
         Array.from({ length: concurrency }, async (_, w) => {
           for (let i = 0; i < per; i++) {
-            await withTransaction(pool, (c) => recordUsage(c, { usageId: `e${concurrency}-${w}-${i}`, tenantId: `t${(i % 4) + 1}`, quantity: 1 }));
+            await withTransaction(pool, (c) => recordUsage(c, { usageId: `e${concurrency}-${w}-${i}`, tenantId: `t${(i % C) + 1}`, quantity: 1 }));
           }
         }),
       );
@@ -100,12 +106,13 @@ try {
 
   if (only.has('drain')) {
     const { url, pool } = await freshDb();
-    const stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_1', 'cus_2', 'cus_3', 'cus_4'], enforcePerCustomerConcurrency: false });
+    const stripe = await LocalStripe.start({ meters: ['api_requests'], customers: Array.from({ length: C }, (_, i) => `cus_${i + 1}`) });
     const config = loadConfig({
       TEMPORAL_ADDRESS: temporal.address,
       TEMPORAL_TASK_QUEUE: `bench-${randomUUID()}`,
       STRIPE_API_BASE: stripe.url,
       STRIPE_API_KEY: 'sk_test_bench',
+      STRIPE_RATE_LIMIT_PER_SECOND: values.rate!,
       RELAY_COUNT: '2',
       LOG_LEVEL: 'silent',
     });
@@ -117,7 +124,7 @@ try {
     });
     // Backlog first (as after an outage), then measure the drain.
     await withTransaction(pool, async (c) => {
-      for (let i = 0; i < N; i++) await recordUsage(c, { usageId: `d-${i}`, tenantId: `t${(i % 4) + 1}`, quantity: 1 });
+      for (let i = 0; i < N; i++) await recordUsage(c, { usageId: `d-${i}`, tenantId: `t${(i % C) + 1}`, quantity: 1 });
     });
     const started = performance.now();
     for (;;) {
@@ -128,7 +135,7 @@ try {
     const ms = performance.now() - started;
     const lat = (await pool.query(`SELECT extract(epoch FROM sent_at - created_at) * 1000 AS ms FROM outbox ORDER BY 1`)).rows.map((r: { ms: number }) => Number(r.ms));
     report('drain', {
-      events: N, relays: 2, ms: Math.round(ms), eventsPerSecond: rate(N, ms),
+      events: N, customers: C, relays: 2, rateLimit: Number(values.rate), ms: Math.round(ms), eventsPerSecond: rate(N, ms),
       stripeEvents: stripe.events().length, commitToAckMsP50: Math.round(pct(lat, 50)), commitToAckMsP99: Math.round(pct(lat, 99)),
     });
     await worker.shutdown();

@@ -7,13 +7,15 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Queryable } from './db.js';
-import { statusSummary, type StatusSummary } from './outbox-sql.js';
+import { countRejectedAndCancelled, statusSummary, type StatusSummary } from './outbox-sql.js';
 
 /** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
 export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe'] as const;
 export type StripeErrorClass = (typeof STRIPE_ERROR_CLASSES)[number];
 
 const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'dead'] as const;
+/** Settled without being billed: rejected by Stripe's later validation, or cancelled by an operator. */
+const UNBILLED_STATUSES = ['rejected_async', 'cancelled'] as const;
 
 export interface MetricsOptions {
   /** Read at scrape time for the outbox gauges; without it they are not registered. */
@@ -67,6 +69,13 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers,
   });
   for (const c of STRIPE_ERROR_CLASSES) stripeErrors.inc({ class: c }, 0);
+  const asyncRejections = new Counter({
+    name: 'billing_outbox_async_rejections_total',
+    help:
+      'Meter events Stripe accepted and then rejected, as counted in the error reports this process received (v1.billing.meter.error_report_triggered), by error code. Includes events Stripe did not name individually.',
+    labelNames: ['code'] as const,
+    registers,
+  });
 
   const outboxRegisters = options.db ? registers : [];
   const outboxRows = new Gauge({
@@ -100,8 +109,12 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
   async function query(): Promise<void> {
     if (!options.db) return;
     let summary: StatusSummary;
+    let unbilled: Record<(typeof UNBILLED_STATUSES)[number], number>;
     try {
-      summary = await statusSummary(options.db, { exactCountBelow: options.exactCountBelow });
+      [summary, unbilled] = await Promise.all([
+        statusSummary(options.db, { exactCountBelow: options.exactCountBelow }),
+        countRejectedAndCancelled(options.db),
+      ]);
     } catch {
       // No stale numbers: absent series are what an alert on a dead database should see.
       outboxRows.reset();
@@ -110,6 +123,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
       return;
     }
     for (const status of OUTBOX_STATUSES) outboxRows.set({ status }, summary[status]);
+    for (const status of UNBILLED_STATUSES) outboxRows.set({ status }, unbilled[status]);
     oldestPendingAge.set(summary.oldest_pending_age_seconds);
   }
 
@@ -117,6 +131,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registry,
     eventsSent,
     stripeErrors,
+    asyncRejections,
     claimBatchSize,
     claimDuration,
     commitToAck,

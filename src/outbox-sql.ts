@@ -86,12 +86,12 @@ export async function beginAttempt(
 ): Promise<AttemptRow | undefined> {
   const { rows } = await db.query<AttemptRow>(
     `UPDATE outbox o
-        SET attempt_count = o.attempt_count + CASE WHEN o.status = 'sent' THEN 0 ELSE 1 END,
+        SET attempt_count = o.attempt_count + CASE WHEN o.status IN ('sent', 'rejected_async', 'cancelled') THEN 0 ELSE 1 END,
             first_attempted_at = COALESCE(o.first_attempted_at, now()),
             workflow_id = COALESCE(o.workflow_id, $2::text),
             updated_at = now()
       WHERE o.idempotency_key = $1::text
-        AND (o.status = 'sent' OR $4::boolean OR o.first_attempted_at IS NULL
+        AND (o.status IN ('sent', 'rejected_async', 'cancelled') OR $4::boolean OR o.first_attempted_at IS NULL
              OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
       RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
                 (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
@@ -123,7 +123,7 @@ export async function findRowByKey(db: Queryable, key: string): Promise<OutboxRo
 export async function recordAttemptError(db: Queryable, key: string, code: string, message: string): Promise<void> {
   await db.query(
     `UPDATE outbox SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
-      WHERE idempotency_key = $1::text AND status <> 'sent'`,
+      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')`,
     [key, code, message.slice(0, 1000)],
   );
 }
@@ -133,7 +133,7 @@ export async function markSent(db: Queryable, key: string): Promise<number> {
     `UPDATE outbox
         SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
             claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text
+      WHERE idempotency_key = $1::text AND status NOT IN ('rejected_async', 'cancelled')
       RETURNING attempt_count`,
     [key],
   );
@@ -146,7 +146,7 @@ export async function markDead(db: Queryable, key: string, code: string, message
     `UPDATE outbox
         SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
             claim_id = NULL, processing_deadline = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text AND status <> 'sent'
+      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')
       RETURNING attempt_count`,
     [key, code, message.slice(0, 1000)],
   );
@@ -424,7 +424,7 @@ export async function listBillingCustomers(db: Queryable): Promise<BillingCustom
 
 export interface OperatorAction {
   actor: string;
-  action: 'retry' | 'customers.set';
+  action: 'retry' | 'customers.set' | 'cancel';
   key: string | null;
   tenantId: string | null;
   forced: boolean;
@@ -457,4 +457,293 @@ export async function listOperatorActions(db: Queryable, key: string, limit: num
     [key, limit],
   );
   return rows;
+}
+
+// ---- Stripe's asynchronous error reports (src/api/webhooks.ts) -------------------------------------
+
+/**
+ * Claims one error-report event for processing. The event id is the primary key, so of two
+ * deliveries of the same event (Stripe redelivers, possibly concurrently) only the first inserts;
+ * the second waits on the first's uncommitted row and then finds it. Returns false for a redelivery.
+ */
+export async function insertErrorReport(
+  db: Queryable,
+  report: { eventId: string; meterId: string | null; errorCount: number; report: unknown },
+): Promise<boolean> {
+  const result = await db.query(
+    `INSERT INTO stripe_error_reports (event_id, meter_id, error_count, report)
+     VALUES ($1::text, $2::text, $3::int, $4::jsonb)
+     ON CONFLICT (event_id) DO NOTHING`,
+    [report.eventId, report.meterId, report.errorCount, JSON.stringify(report.report)],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export async function finishErrorReport(db: Queryable, eventId: string, counts: { matched: number; unmatched: number }): Promise<void> {
+  await db.query('UPDATE stripe_error_reports SET matched = $2::int, unmatched = $3::int WHERE event_id = $1::text', [
+    eventId,
+    counts.matched,
+    counts.unmatched,
+  ]);
+}
+
+export interface RejectedSample {
+  key: string;
+  code: string;
+  message: string;
+}
+
+export interface RejectedSampleResult {
+  key: string;
+  /** Null when no outbox row has this key. */
+  status_before: string | null;
+  tenant_id: string | null;
+  /** True when the row was `sent` and is now `rejected_async`. */
+  marked: boolean;
+}
+
+/**
+ * Marks the rows Stripe named in an error report `rejected_async`, while they are `sent`, or
+ * `dispatched` (Stripe accepted the call but our `markSent` has not run yet; it will leave the
+ * rejection alone). Cancelled or already rejected rows are left alone. Says for every
+ * sample what its row was. One statement: the outer SELECT reads the rows as they were before the
+ * UPDATE (a data-modifying CTE's effects are invisible to the rest of its statement).
+ */
+export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]): Promise<RejectedSampleResult[]> {
+  if (samples.length === 0) return [];
+  const { rows } = await db.query<RejectedSampleResult>(
+    `WITH s AS (
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS s(key, code, message)
+     ), marked AS (
+       UPDATE outbox o
+          SET status = 'rejected_async', rejected_at = now(), last_error_code = s.code,
+              last_error_message = s.message, updated_at = now()
+         FROM s
+        WHERE o.idempotency_key = s.key AND o.status IN ('sent', 'dispatched')
+       RETURNING o.idempotency_key
+     )
+     SELECT s.key, o.status AS status_before, o.tenant_id, (m.idempotency_key IS NOT NULL) AS marked
+       FROM s
+       LEFT JOIN outbox o ON o.idempotency_key = s.key
+       LEFT JOIN marked m ON m.idempotency_key = s.key`,
+    [samples.map((s) => s.key), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000))],
+  );
+  return rows;
+}
+
+export async function countRejectedByErrorCode(db: Queryable): Promise<{ code: string | null; count: number }[]> {
+  const { rows } = await db.query<{ code: string | null; count: number }>(
+    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = 'rejected_async'
+      GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
+  );
+  return rows;
+}
+
+export interface ErrorReportTotals {
+  reports: number;
+  error_count: number;
+  matched: number;
+  unmatched: number;
+  last_received_at: Date | null;
+}
+
+export async function errorReportTotals(db: Queryable): Promise<ErrorReportTotals> {
+  const { rows } = await db.query<ErrorReportTotals>(
+    `SELECT count(*) AS reports, COALESCE(sum(error_count), 0)::bigint AS error_count,
+            COALESCE(sum(matched), 0)::bigint AS matched, COALESCE(sum(unmatched), 0)::bigint AS unmatched,
+            max(received_at) AS last_received_at
+       FROM stripe_error_reports`,
+  );
+  return rows[0]!;
+}
+
+/**
+ * The two statuses `statusSummary` leaves out, counted exactly on the partial index
+ * `outbox_status_idx` (status <> 'sent'), like the other unsent statuses.
+ */
+export async function countRejectedAndCancelled(db: Queryable): Promise<{ rejected_async: number; cancelled: number }> {
+  const { rows } = await db.query<{ rejected_async: number; cancelled: number }>(
+    `SELECT count(*) FILTER (WHERE status = 'rejected_async') AS rejected_async,
+            count(*) FILTER (WHERE status = 'cancelled')      AS cancelled
+       FROM outbox WHERE status <> 'sent' AND status IN ('rejected_async', 'cancelled')`,
+  );
+  return rows[0]!;
+}
+
+export interface RejectedRow {
+  id: number;
+  idempotency_key: string;
+  tenant_id: string;
+  event_name: string;
+  quantity: number;
+  occurred_at: Date;
+  sent_at: Date | null;
+  rejected_at: Date | null;
+  last_error_code: string | null;
+  last_error_message: string | null;
+}
+
+/** Rows Stripe accepted and then rejected, oldest rejection first. */
+export async function listRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined; limit: number }): Promise<RejectedRow[]> {
+  const { rows } = await db.query<RejectedRow>(
+    `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, sent_at, rejected_at, last_error_code, last_error_message
+       FROM outbox
+      WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)
+      ORDER BY rejected_at, id
+      LIMIT $2::int`,
+    [opts.tenantId ?? null, opts.limit],
+  );
+  return rows;
+}
+
+export async function countRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined }): Promise<number> {
+  const { rows } = await db.query<{ count: number }>(
+    `SELECT count(*) AS count FROM outbox WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)`,
+    [opts.tenantId ?? null],
+  );
+  return rows[0]!.count;
+}
+
+// ---- Reconciliation (src/reconcile.ts) ---------------------------------------------------------------
+
+export interface ReconcileWindowRow {
+  stripe_customer_id: string;
+  event_name: string;
+  /** Tenants billed as this customer that have rows in the window. */
+  tenant_ids: string[];
+  /** Unix seconds of the hour the rows' occurred_at falls in (Stripe's meter-event timestamp). */
+  window_start: number;
+  /** What Stripe should count: the quantities of `sent` rows. */
+  sent_quantity: number;
+  sent_count: number;
+  /** Rows Stripe may or may not hold (pending, claimed, dispatched, dead). */
+  unsettled_count: number;
+  /** Rows Stripe must not count (rejected_async, cancelled). */
+  excluded_count: number;
+}
+
+/**
+ * Our side of a reconciliation: per (Stripe customer, event name, hour of occurred_at), the sum of
+ * the `sent` quantities, and how many rows of each other kind fall in the hour. Grouped by Stripe
+ * customer, not tenant, because Stripe's summaries are per customer: two tenants billed as one
+ * customer are compared together. With a tenant, every customer that tenant is billed as.
+ *
+ * There is no index on occurred_at (the hot path pays for every index). A sent row's sent_at is at
+ * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
+ * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
+ * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
+ * from `outbox_status_idx`.
+ */
+export async function reconcileWindows(
+  db: Queryable,
+  opts: { from: Date; to: Date; tenantId?: string | undefined },
+): Promise<ReconcileWindowRow[]> {
+  const { rows } = await db.query<ReconcileWindowRow>(
+    `SELECT c.stripe_customer_id, o.event_name, array_agg(DISTINCT o.tenant_id ORDER BY o.tenant_id) AS tenant_ids,
+            (floor(extract(epoch FROM o.occurred_at) / 3600) * 3600)::bigint AS window_start,
+            COALESCE(sum(o.quantity) FILTER (WHERE o.status = 'sent'), 0)::bigint AS sent_quantity,
+            count(*) FILTER (WHERE o.status = 'sent') AS sent_count,
+            count(*) FILTER (WHERE o.status IN ('pending', 'claimed', 'dispatched', 'dead')) AS unsettled_count,
+            count(*) FILTER (WHERE o.status IN ('rejected_async', 'cancelled')) AS excluded_count
+       FROM outbox o
+       JOIN billing_customers c ON c.tenant_id = o.tenant_id
+      WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
+        AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> 'sent')
+        AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM billing_customers b WHERE b.tenant_id = $3::text))
+      GROUP BY c.stripe_customer_id, o.event_name, window_start
+      ORDER BY c.stripe_customer_id, o.event_name, window_start`,
+    [opts.from, opts.to, opts.tenantId ?? null],
+  );
+  return rows;
+}
+
+export interface ReconcileEventRow {
+  stripe_customer_id: string;
+  event_name: string;
+  window_start: number;
+  idempotency_key: string;
+  tenant_id: string;
+  quantity: number;
+  status: string;
+  occurred_at: Date;
+  sent_at: Date | null;
+  last_error_code: string | null;
+  /** Rows of this window in all (the listing stops at `perWindow`). */
+  window_rows: number;
+}
+
+/**
+ * The rows of the given (customer, event name, hour) windows, every status, at most `perWindow`
+ * per window (oldest first), so an operator can see which events make up a difference.
+ */
+export async function listWindowEvents(
+  db: Queryable,
+  windows: { stripeCustomerId: string; eventName: string; windowStart: number }[],
+  perWindow: number,
+): Promise<ReconcileEventRow[]> {
+  if (windows.length === 0) return [];
+  const { rows } = await db.query<ReconcileEventRow>(
+    `WITH w AS (
+       SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(stripe_customer_id, event_name, window_start)
+     ), r AS (
+       SELECT w.stripe_customer_id, w.event_name, w.window_start, o.idempotency_key, o.tenant_id, o.quantity, o.status,
+              o.occurred_at, o.sent_at, o.last_error_code,
+              row_number() OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start ORDER BY o.occurred_at, o.id) AS n,
+              count(*) OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start) AS window_rows
+         FROM w
+         JOIN billing_customers c ON c.stripe_customer_id = w.stripe_customer_id
+         JOIN outbox o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
+          AND o.occurred_at >= to_timestamp(w.window_start) AND o.occurred_at < to_timestamp(w.window_start + 3600)
+     )
+     SELECT stripe_customer_id, event_name, window_start, idempotency_key, tenant_id, quantity, status, occurred_at,
+            sent_at, last_error_code, window_rows
+       FROM r WHERE n <= $4::int
+      ORDER BY stripe_customer_id, event_name, window_start, occurred_at, idempotency_key`,
+    [windows.map((w) => w.stripeCustomerId), windows.map((w) => w.eventName), windows.map((w) => w.windowStart), perWindow],
+  );
+  return rows;
+}
+
+// ---- Cancellation (src/cli/commands/cancel.ts) -------------------------------------------------------
+
+/**
+ * After Stripe accepted the cancellation: the row stops counting as billed. Guarded by
+ * `status = 'sent'` so a row that moved meanwhile (rejected by Stripe's later validation, or
+ * cancelled by another operator) is not overwritten. Returns whether it was this call that did it.
+ */
+export async function markCancelled(db: Queryable, key: string): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE outbox SET status = 'cancelled', cancelled_at = now(), updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'sent'`,
+    [key],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export interface CancelCandidateRow {
+  idempotency_key: string;
+  tenant_id: string;
+  event_name: string;
+  quantity: number;
+  status: string;
+  occurred_at: Date;
+  sent_at: Date | null;
+  rejected_at: Date | null;
+  cancelled_at: Date | null;
+  last_error_code: string | null;
+}
+
+export async function findCancelCandidate(db: Queryable, key: string): Promise<CancelCandidateRow | undefined> {
+  const { rows } = await db.query<CancelCandidateRow>(
+    `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code
+       FROM outbox WHERE idempotency_key = $1::text`,
+    [key],
+  );
+  return rows[0];
+}
+
+/** Whether an error-report event was already processed (a redelivery needs no call to Stripe). */
+export async function errorReportExists(db: Queryable, eventId: string): Promise<boolean> {
+  const { rows } = await db.query('SELECT 1 FROM stripe_error_reports WHERE event_id = $1::text', [eventId]);
+  return rows.length > 0;
 }

@@ -88,3 +88,53 @@ export function parseRetryAfter(value: string | undefined, now = Date.now()): nu
   const at = Date.parse(value);
   return Number.isNaN(at) ? undefined : Math.max(0, at - now);
 }
+
+// ---- Reconciliation and corrections -----------------------------------------------------------------
+
+/**
+ * The meter each event name is recorded on. Stripe routes a meter event to the one active meter
+ * with that `event_name`; an inactive meter is kept only when no active one has the name.
+ */
+export async function metersByEventName(client: Pick<Stripe, 'billing'>): Promise<Map<string, Stripe.Billing.Meter>> {
+  const byName = new Map<string, Stripe.Billing.Meter>();
+  for await (const meter of client.billing.meters.list({ limit: 100 })) {
+    const current = byName.get(meter.event_name);
+    if (!current || (current.status !== 'active' && meter.status === 'active')) byName.set(meter.event_name, meter);
+  }
+  return byName;
+}
+
+/**
+ * What Stripe counted for one customer on one meter, per hour: window start (unix seconds) →
+ * aggregated value. `start`/`end` must be on hour boundaries. Every page is read. Stripe's
+ * summaries are eventually consistent: the most recent minutes may not be in them yet.
+ */
+export async function hourlyEventSummaries(
+  client: Pick<Stripe, 'billing'>,
+  q: { meterId: string; customer: string; start: number; end: number },
+): Promise<Map<number, number>> {
+  const totals = new Map<number, number>();
+  const pages = client.billing.meters.listEventSummaries(q.meterId, {
+    customer: q.customer,
+    start_time: q.start,
+    end_time: q.end,
+    value_grouping_window: 'hour',
+    limit: 100,
+  });
+  for await (const summary of pages) {
+    totals.set(summary.start_time, (totals.get(summary.start_time) ?? 0) + summary.aggregated_value);
+  }
+  return totals;
+}
+
+/**
+ * Cancels a meter event by its identifier (a meter event adjustment of type `cancel`). Stripe only
+ * allows it within 24 hours of receiving the event; it answers 400 after that.
+ */
+export async function cancelMeterEvent(client: Pick<Stripe, 'billing'>, event: { eventName: string; identifier: string }): Promise<void> {
+  await client.billing.meterEventAdjustments.create({
+    event_name: event.eventName,
+    type: 'cancel',
+    cancel: { identifier: event.identifier },
+  });
+}

@@ -210,7 +210,10 @@ describe('counters after real deliveries', () => {
 
   it('count sent events, commit-to-ack latency and relay claims, and the gauges follow', async () => {
     // The rows enqueued above (no worker then) are delivered now too.
-    await waitFor('the backlog to drain', async () => sample(await scrape(), 'billing_outbox_rows', '{status="pending"}') === 0);
+    await waitFor('the backlog to drain', async () => {
+      const text = await scrape();
+      return ['pending', 'claimed', 'dispatched'].every((s) => sample(text, 'billing_outbox_rows', `{status="${s}"}`) === 0);
+    });
     const key = await enqueue('acme', 5);
     await waitStatus(key, 'sent');
     const text = await scrape();

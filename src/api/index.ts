@@ -1,5 +1,6 @@
 /**
- * The HTTP ingestion API: POST /v1/usage, GET /healthz, GET /metrics.
+ * The HTTP ingestion API: POST /v1/usage, GET /healthz, GET /metrics, and POST /v1/stripe/webhooks
+ * (Stripe's asynchronous error reports; signed by Stripe instead of a bearer token, see webhooks.ts).
  *
  * `buildApi` returns a Fastify instance that is not listening (tests use `app.inject()`;
  * src/api-main.ts and src/main.ts call `listen`). Request order: request id → bearer token and
@@ -20,6 +21,7 @@ import { checkHealth, type TemporalHealth } from './health.js';
 export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
 import { registerUsageRoutes } from './usage.js';
+import { registerWebhookRoutes, type WebhookStripe } from './webhooks.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -35,13 +37,16 @@ declare module 'fastify' {
 }
 
 export interface ApiDeps {
-  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens'>; stripe: Pick<Config['stripe'], 'meterEventName'> };
+  /** `stripe` whole: the webhook route verifies with its secret and fetches events with its client. */
+  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens'>; stripe: Config['stripe'] };
   db: pg.Pool;
   log: Logger;
   /** For /healthz (see temporalHealthConnection); without it Temporal is `not_configured`. */
   temporal?: TemporalHealth;
   /** The process's registry for /metrics; by default one of the API's own, reading `db`. */
-  metrics?: Pick<Metrics, 'render' | 'contentType'>;
+  metrics?: Pick<Metrics, 'render' | 'contentType'> & Partial<Pick<Metrics, 'asyncRejections'>>;
+  /** For the webhook route (tests); by default a client built from `config.stripe`. */
+  stripe?: WebhookStripe;
   /** How long /healthz waits for each dependency (default 2 s). */
   healthTimeoutMs?: number;
 }
@@ -90,6 +95,7 @@ export function buildApi(deps: ApiDeps) {
   });
 
   registerUsageRoutes(app, { db: deps.db, defaultEventName: deps.config.stripe.meterEventName });
+  registerWebhookRoutes(app, { db: deps.db, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
   app.get('/healthz', { config: { public: true } }, async (request, reply) => {
     const body = await checkHealth({ db: deps.db, temporal: deps.temporal, log: request.log }, healthTimeoutMs);

@@ -70,12 +70,20 @@ export function windowRefusal(row: OperatorRow, now: number): string {
   const hour = new Date(row.occurred_at);
   hour.setUTCMinutes(0, 0, 0);
   const customer = row.stripe_customer_id ?? `(no customer mapped for tenant ${row.tenant_id})`;
+  const next = new Date(hour.getTime() + 3_600_000);
+  const command = `billing-outbox reconcile --from ${hour.toISOString()} --to ${next.toISOString()} --tenant ${shellWord(row.tenant_id)}`;
   return (
     `first attempted ${since} ago (${row.first_attempted_at!.toISOString()}), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window. ` +
     `Stripe deduplicates meter-event identifiers for only ${hours(IDENTIFIER_WINDOW_MS)}, so if an earlier attempt did reach Stripe, ` +
-    `a resend now could bill the customer twice. Check first: run \`billing-outbox reconcile\`, or look at Stripe's meter event ` +
-    `summaries for customer ${customer} in the hour starting ${hour.toISOString()}. If the event is not there, retry with --force.`
+    `a resend now could bill the customer twice. Check first: run \`${command}\` (Stripe customer ${customer}, the hour of the ` +
+    `event's occurred_at). If that window matches without this event, Stripe does not have it: retry with --force. If Stripe counts ` +
+    `it (the window differs by its quantity), do not resend it.`
   );
+}
+
+/** A value as one shell word: as is when it is plainly safe, single-quoted otherwise. */
+function shellWord(value: string): string {
+  return /^[A-Za-z0-9._:@/+=-]+$/.test(value) ? value : `'${value.replace(/'/g, `'\\''`)}'`;
 }
 
 export class DeadLetterRetrier {
@@ -122,6 +130,16 @@ export class DeadLetterRetrier {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     if (row.status === 'sent') return done('refused', 'already sent to Stripe; a sent event is never retried');
+    // Stripe keeps the identifier of a rejected or cancelled event: a resend would only be told "already exists".
+    if (row.status === 'rejected_async') {
+      return done(
+        'refused',
+        `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}); its identifier stays taken at Stripe, so a retry cannot deliver it: fix the cause and record the usage again as a new usage`,
+      );
+    }
+    if (row.status === 'cancelled') {
+      return done('refused', 'it was cancelled at Stripe by an operator; a cancelled event is never retried (record the usage again as a new usage if it should be billed)');
+    }
     if (row.status !== 'dead') return done('skipped', `not a dead letter (status ${row.status}): it is still in flight`);
     const now = this.deps.now();
     const fresh = withinResendWindow(row, now);

@@ -5,9 +5,11 @@
  */
 import { ConfigError } from '../config.js';
 import { scrub } from '../log.js';
+import { CANCEL_HELP, cancelCommand } from './commands/cancel.js';
 import { CUSTOMERS_HELP, customersCommand } from './commands/customers.js';
 import { DEAD_HELP, deadCommand } from './commands/dead.js';
 import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
+import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
 import { EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, type CliContext } from './context.js';
@@ -23,9 +25,11 @@ interface Command {
 
 const COMMANDS: Record<string, Command> = {
   status: { summary: 'counts by status, backlog age, send rate, dead letters by error', help: STATUS_HELP, run: statusCommand },
-  dead: { summary: 'list dead letters', help: DEAD_HELP, run: deadCommand },
+  dead: { summary: 'list dead letters (--rejected: events Stripe rejected after accepting)', help: DEAD_HELP, run: deadCommand },
   inspect: { summary: "one event's row, workflow state and Web UI link", help: INSPECT_HELP, run: inspectCommand },
   retry: { summary: 'retry one dead letter, or all of them (--all-dead)', help: RETRY_HELP, run: retryCommand },
+  reconcile: { summary: "compare sent usage with Stripe's meter event summaries, hour by hour", help: RECONCILE_HELP, run: reconcileCommand },
+  cancel: { summary: 'cancel a sent event at Stripe (within 24 h of receipt)', help: CANCEL_HELP, run: cancelCommand },
   customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },
 };
 
@@ -41,7 +45,8 @@ ${Object.entries(COMMANDS)
 Run \`billing-outbox <command> --help\` for a command's options. Most take --json for scripts.
 
 Environment: DATABASE_URL (required), TEMPORAL_ADDRESS (default localhost:7233),
-TEMPORAL_NAMESPACE (default "default"), TEMPORAL_TASK_QUEUE (where reopened workflows run).
+TEMPORAL_NAMESPACE (default "default"), TEMPORAL_TASK_QUEUE (where reopened workflows run),
+STRIPE_API_KEY and STRIPE_API_BASE (reconcile and cancel call Stripe).
 
 Exit codes: 0 success, 1 an operation failed or was refused, 2 a usage or configuration error.
 `;

@@ -1,19 +1,30 @@
 /** `billing-outbox dead`: the dead letters, oldest first. */
-import { countDeadLetters, listDeadLetters, type OperatorRow } from '../../outbox-sql.js';
+import type { Queryable } from '../../db.js';
+import { countDeadLetters, countRejectedAsync, listDeadLetters, listRejectedAsync, type OperatorRow } from '../../outbox-sql.js';
 import { SAFE_RESEND_WINDOW_MS } from '../../../workflows/shared.js';
 import { intOption, noPositionals, parse } from '../args.js';
-import { EXIT_OK, writeJson, type CliContext } from '../context.js';
+import { EXIT_OK, writeJson, type CliContext, type Output } from '../context.js';
 import { ageSeconds, formatDuration, formatTable, iso } from '../format.js';
 import { withinResendWindow } from '../retrier.js';
 
-export const DEAD_HELP = `Usage: billing-outbox dead [--tenant T] [--limit N] [--json]
+export const DEAD_HELP = `Usage: billing-outbox dead [--rejected] [--tenant T] [--limit N] [--json]
 
 Lists dead letters (events whose attempts ran out or that Stripe refused), oldest first: key,
 tenant, attempts, last error, age since the event was queued and since its first attempt.
 Events marked "!" were first attempted more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: Stripe may no longer
-recognise a resend as a duplicate, so they need reconciling before a forced retry.
+recognise a resend as a duplicate, so they need reconciling before a forced retry. Dead letters
+with a timestamp_* error are outside the window Stripe accepts (35 days back, 5 minutes ahead):
+no retry can deliver them.
+
+With --rejected, lists instead the events Stripe answered 200 for and rejected later
+(rejected_async, from Stripe's error reports), oldest rejection first, with Stripe's error code.
+Stripe does not bill them, and their identifier stays taken at Stripe: fix the cause, then record
+the usage again as a new usage; retry does not apply to them.
 
 Options:
+  --rejected   list rejected_async events instead of dead letters; --json prints {total, items:
+               [{key, tenantId, eventName, quantity, occurredAt, sentAt, rejectedAt, errorCode,
+               errorMessage}]}
   --tenant T   only this tenant's dead letters
   --limit N    show at most N (default 50, at most 10000)
   --json       print {total, items: [{key, tenantId, attempts, lastErrorCode, lastErrorMessage,
@@ -55,7 +66,7 @@ function toItem(row: OperatorRow, now: number): DeadLetterItem {
 export async function deadCommand(args: string[], ctx: CliContext): Promise<number> {
   const { values, positionals } = parse(
     args,
-    { tenant: { type: 'string' }, limit: { type: 'string' }, json: { type: 'boolean' } },
+    { rejected: { type: 'boolean' }, tenant: { type: 'string' }, limit: { type: 'string' }, json: { type: 'boolean' } },
     DEAD_HELP,
   );
   if (values.help) {
@@ -65,6 +76,7 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   noPositionals(positionals, DEAD_HELP);
   const limit = intOption(values.limit, 'limit', 1, 10_000, 50, DEAD_HELP);
   const db = await ctx.db();
+  if (values.rejected) return listRejected(ctx.out, db, { tenantId: values.tenant, limit, json: values.json === true });
   const now = ctx.now?.() ?? Date.now();
   const filter = { tenantId: values.tenant };
   const [total, rows] = await Promise.all([countDeadLetters(db, filter), listDeadLetters(db, { ...filter, afterId: 0, limit })]);
@@ -103,5 +115,67 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   if (items.some((i) => !i.safeToResend)) {
     ctx.out.write(`! first attempted over ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: reconcile before retrying with --force\n`);
   }
+  if (items.some((i) => i.lastErrorCode?.startsWith('timestamp_'))) {
+    ctx.out.write("timestamp_*: outside the window Stripe accepts (35 days back, 5 minutes ahead); a retry cannot deliver it\n");
+  }
+  return EXIT_OK;
+}
+
+export interface RejectedItem {
+  key: string;
+  tenantId: string;
+  eventName: string;
+  quantity: number;
+  occurredAt: string;
+  sentAt: string | null;
+  rejectedAt: string | null;
+  errorCode: string | null;
+  errorMessage: string | null;
+}
+
+async function listRejected(
+  out: Output,
+  db: Queryable,
+  opts: { tenantId: string | undefined; limit: number; json: boolean },
+): Promise<number> {
+  const [total, rows] = await Promise.all([countRejectedAsync(db, opts), listRejectedAsync(db, opts)]);
+  const items: RejectedItem[] = rows.map((r) => ({
+    key: r.idempotency_key,
+    tenantId: r.tenant_id,
+    eventName: r.event_name,
+    quantity: r.quantity,
+    occurredAt: r.occurred_at.toISOString(),
+    sentAt: iso(r.sent_at),
+    rejectedAt: iso(r.rejected_at),
+    errorCode: r.last_error_code,
+    errorMessage: r.last_error_message,
+  }));
+  if (opts.json) {
+    writeJson(out, { total, items });
+    return EXIT_OK;
+  }
+  if (items.length === 0) {
+    out.write(opts.tenantId ? `no rejected events for tenant ${opts.tenantId}\n` : 'no rejected events\n');
+    return EXIT_OK;
+  }
+  out.write(
+    formatTable(
+      [
+        { header: 'KEY' },
+        { header: 'TENANT', max: 40 },
+        { header: 'EVENT', max: 40 },
+        { header: 'QUANTITY', align: 'right' },
+        { header: 'STRIPE ERROR', max: 40 },
+        { header: 'REJECTED AT' },
+        { header: 'MESSAGE', max: 80 },
+      ],
+      items.map((i) => [i.key, i.tenantId, i.eventName, String(i.quantity), i.errorCode ?? '', i.rejectedAt ?? '-', i.errorMessage ?? '']),
+    ),
+  );
+  out.write(`${items.length} of ${total} event${total === 1 ? '' : 's'} rejected by Stripe after a 200${items.length < total ? ' (raise --limit for more)' : ''}\n`);
+  out.write(
+    'Stripe does not bill these. Fix the cause, then record the usage again as a new usage (the identifier stays taken at Stripe). ' +
+      "Stripe's reports name only a sample of failed events: billing-outbox status shows how many were not matched to a row.\n",
+  );
   return EXIT_OK;
 }

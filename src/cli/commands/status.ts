@@ -1,5 +1,12 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import { countDeadByErrorCode, countRecentlySent, statusSummary } from '../../outbox-sql.js';
+import {
+  countDeadByErrorCode,
+  countRecentlySent,
+  countRejectedAndCancelled,
+  countRejectedByErrorCode,
+  errorReportTotals,
+  statusSummary,
+} from '../../outbox-sql.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';
@@ -7,15 +14,20 @@ import { formatDuration, formatTable } from '../format.js';
 export const STATUS_HELP = `Usage: billing-outbox status [--json]
 
 Counts of outbox rows by status, the age of the oldest event not yet handed to Temporal, events
-sent in the last minute and hour, and dead letters grouped by their last error code.
+sent in the last minute and hour, dead letters grouped by their last error code, events Stripe
+rejected after accepting them (rejected_async) grouped by Stripe's error code, and the error reports
+Stripe sent. Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
+that could not be tied to a row, so more events may be affected than are marked rejected_async.
 
 Options:
-  --json   print {counts, sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
-           deadByErrorCode: [{code, count}]}
+  --json   print {counts: {pending, claimed, dispatched, sent, dead, rejected_async, cancelled},
+           sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
+           deadByErrorCode: [{code, count}], rejectedAsyncByErrorCode: [{code, count}],
+           errorReports: {received, lastReceivedAt, errorCount, matched, unmatched}}
 `;
 
 export interface StatusReport {
-  counts: { pending: number; claimed: number; dispatched: number; sent: number; dead: number };
+  counts: { pending: number; claimed: number; dispatched: number; sent: number; dead: number; rejected_async: number; cancelled: number };
   /** True when `counts.sent` is PostgreSQL's estimate (large tables) rather than a count. */
   sentEstimated: boolean;
   /** Null when nothing is waiting for a relay. */
@@ -23,7 +35,18 @@ export interface StatusReport {
   sentLastMinute: number;
   sentLastHour: number;
   deadByErrorCode: { code: string | null; count: number }[];
+  /** Rows Stripe rejected after answering 200, by Stripe's error code. */
+  rejectedAsyncByErrorCode: { code: string | null; count: number }[];
+  /**
+   * Stripe's error reports (v1.billing.meter.error_report_triggered) received so far: failures
+   * Stripe counted, how many named one of our rows, and how many did not (not named in Stripe's
+   * sample, or not ours).
+   */
+  errorReports: { received: number; lastReceivedAt: string | null; errorCount: number; matched: number; unmatched: number };
 }
+
+/** Stripe only takes usage stamped within its window: these dead letters can never be delivered as they are. */
+const TIMESTAMP_CODE = /^timestamp_/;
 
 export async function statusCommand(args: string[], ctx: CliContext): Promise<number> {
   const { values, positionals } = parse(args, { json: { type: 'boolean' } }, STATUS_HELP);
@@ -34,15 +57,38 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   noPositionals(positionals, STATUS_HELP);
   const db = await ctx.db();
   const now = new Date(ctx.now?.() ?? Date.now());
-  const [summary, recent, dead] = await Promise.all([statusSummary(db), countRecentlySent(db, now), countDeadByErrorCode(db)]);
+  const [summary, recent, dead, unbilled, rejected, reports] = await Promise.all([
+    statusSummary(db),
+    countRecentlySent(db, now),
+    countDeadByErrorCode(db),
+    countRejectedAndCancelled(db),
+    countRejectedByErrorCode(db),
+    errorReportTotals(db),
+  ]);
   const waiting = summary.pending + summary.claimed;
   const report: StatusReport = {
-    counts: { pending: summary.pending, claimed: summary.claimed, dispatched: summary.dispatched, sent: summary.sent, dead: summary.dead },
+    counts: {
+      pending: summary.pending,
+      claimed: summary.claimed,
+      dispatched: summary.dispatched,
+      sent: summary.sent,
+      dead: summary.dead,
+      rejected_async: unbilled.rejected_async,
+      cancelled: unbilled.cancelled,
+    },
     sentEstimated: summary.sent_estimated,
     oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldest_pending_age_seconds) : null,
     sentLastMinute: recent.last_minute,
     sentLastHour: recent.last_hour,
     deadByErrorCode: dead,
+    rejectedAsyncByErrorCode: rejected,
+    errorReports: {
+      received: reports.reports,
+      lastReceivedAt: reports.last_received_at?.toISOString() ?? null,
+      errorCount: reports.error_count,
+      matched: reports.matched,
+      unmatched: reports.unmatched,
+    },
   };
   if (values.json) {
     writeJson(ctx.out, report);
@@ -52,7 +98,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   ctx.out.write(
     formatTable(
       [{ header: 'STATUS' }, { header: 'COUNT', align: 'right' }],
-      (['pending', 'claimed', 'dispatched', 'sent', 'dead'] as const).map((s) => [
+      (['pending', 'claimed', 'dispatched', 'sent', 'dead', 'rejected_async', 'cancelled'] as const).map((s) => [
         s,
         s === 'sent' && report.sentEstimated ? `~${counts[s]}` : String(counts[s]),
       ]),
@@ -70,6 +116,32 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
       ),
     );
     ctx.out.write('list them: billing-outbox dead\n');
+    if (report.deadByErrorCode.some((d) => d.code !== null && TIMESTAMP_CODE.test(d.code))) {
+      ctx.out.write("timestamp_* dead letters are outside Stripe's 35-day / 5-minute window: retrying cannot deliver them\n");
+    }
+  }
+  if (report.rejectedAsyncByErrorCode.length > 0) {
+    ctx.out.write('\n');
+    ctx.out.write(
+      formatTable(
+        [{ header: 'REJECTED BY STRIPE AFTER 200, BY CODE' }, { header: 'COUNT', align: 'right' }],
+        report.rejectedAsyncByErrorCode.map((d) => [d.code ?? '(none)', String(d.count)]),
+      ),
+    );
+    ctx.out.write('list them: billing-outbox dead --rejected\n');
+  }
+  const r = report.errorReports;
+  if (r.received > 0) {
+    ctx.out.write(
+      `\nStripe error reports: ${r.received} received (last ${r.lastReceivedAt}), ${r.errorCount} failed event(s): ` +
+        `${r.matched} named one of our rows, ${r.unmatched} unmatched\n`,
+    );
+    if (r.unmatched > 0) {
+      ctx.out.write(
+        '  Stripe names only a sample of the failed events: more events than those marked rejected_async may be affected; ' +
+          "reconcile the reports' periods (billing-outbox reconcile)\n",
+      );
+    }
   }
   return EXIT_OK;
 }

@@ -1,0 +1,252 @@
+/**
+ * POST /v1/stripe/webhooks: Stripe's asynchronous rejections of meter events it had answered 200.
+ *
+ * Stripe validates some meter events after acknowledging them, groups the failures per meter and
+ * publishes `v1.billing.meter.error_report_triggered` (and `v1.billing.meter.no_meter_found`, same
+ * shape) as v2 *thin* events: the webhook body carries only the event's id and type, signed with
+ * the endpoint's secret; the failed identifiers are in the full event, fetched from Stripe.
+ *
+ * Order: secret configured (else 503, so Stripe keeps redelivering until it is) → signature over
+ * the raw body (else 400) → already processed? (200, nothing else) → fetch the full event from
+ * Stripe (else 503: Stripe redelivers) → in one transaction, record the event id (the primary key
+ * makes a concurrent redelivery wait and then do nothing) and move the named rows that are `sent`
+ * to `rejected_async` → 200.
+ *
+ * Stripe's report names only a *sample* of the failed requests. `error_count` minus the samples
+ * that name one of our rows is stored as `unmatched`: those events are affected too but cannot be
+ * told apart here; reconciling the report's period (`billing-outbox reconcile`) finds them.
+ *
+ * No bearer token (Stripe cannot send one): the signature is the authentication. The route has its
+ * own raw-body parser, registered in an encapsulated scope so every other route keeps JSON only.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type pg from 'pg';
+import Stripe from 'stripe';
+import type { Config } from '../config.js';
+import { withTransaction } from '../db.js';
+import { scrub } from '../log.js';
+import type { Metrics } from '../metrics.js';
+import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox-sql.js';
+import { createStripeClient } from '../stripe-client.js';
+import { ApiError } from './errors.js';
+
+export const WEBHOOK_PATH = '/v1/stripe/webhooks';
+
+/** Event types whose full data lists failed meter-event requests by identifier. */
+export const ERROR_REPORT_EVENT_TYPES: ReadonlySet<string> = new Set(['v1.billing.meter.error_report_triggered', 'v1.billing.meter.no_meter_found']);
+
+/** A thin notification is a few hundred bytes; this only bounds what a misconfigured sender can make us read. */
+const WEBHOOK_BODY_LIMIT_BYTES = 256 * 1024;
+/** Stripe waits a limited time for the answer; fetching the full event must fit well inside it. */
+const FETCH_TIMEOUT_MS = 10_000;
+
+export type WebhookStripe = Pick<Stripe, 'parseEventNotification'>;
+
+export interface WebhookDeps {
+  db: pg.Pool;
+  config: Config['stripe'];
+  /** Defaults to a client built from `config` (the local server's or Stripe's). */
+  stripe?: WebhookStripe;
+  metrics?: Partial<Pick<Metrics, 'asyncRejections'>>;
+}
+
+/** The full event, as much of it as we rely on: every field is checked, it comes from outside. */
+export interface ErrorReport {
+  eventId: string;
+  type: string;
+  meterId: string | null;
+  errorCount: number;
+  errorTypes: { code: string; errorCount: number; samples: { identifier: string; message: string }[] }[];
+  validationStart: string | null;
+  validationEnd: string | null;
+}
+
+export interface ErrorReportOutcome {
+  eventId: string;
+  /** True for a redelivery of an event already processed: nothing was changed. */
+  duplicate: boolean;
+  errorCount: number;
+  /** Samples naming one of our rows (any status). */
+  matched: number;
+  /** Rows moved from `sent` to `rejected_async`. */
+  marked: string[];
+  /** Named rows that were not `sent` (still in flight, already rejected or cancelled): left as they were. */
+  notSent: { key: string; status: string }[];
+  /** Sample identifiers that are not in our outbox. */
+  unknown: string[];
+  /** error_count minus matched: failed events Stripe did not name, or that are not ours. */
+  unmatched: number;
+}
+
+const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? Math.floor(v) : undefined);
+const obj = (v: unknown): Record<string, unknown> => (typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : {});
+const arr = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
+
+/** Reads a fetched error-report event; samples without an identifier are skipped (but still counted). */
+export function parseErrorReport(event: unknown): ErrorReport {
+  const e = obj(event);
+  const data = obj(e.data);
+  const reason = obj(data.reason);
+  const errorTypes = arr(reason.error_types).map((t) => {
+    const type = obj(t);
+    const samples = arr(type.sample_errors).flatMap((s) => {
+      const sample = obj(s);
+      const identifier = str(obj(sample.request).identifier);
+      return identifier ? [{ identifier, message: str(sample.error_message) ?? '' }] : [];
+    });
+    return { code: str(type.code) ?? 'unknown', errorCount: num(type.error_count) ?? samples.length, samples };
+  });
+  const summed = errorTypes.reduce((n, t) => n + t.errorCount, 0);
+  const related = obj(e.related_object);
+  return {
+    eventId: str(e.id) ?? '',
+    type: str(e.type) ?? '',
+    meterId: str(related.type) === 'billing.meter' ? (str(related.id) ?? null) : null,
+    errorCount: Math.max(num(reason.error_count) ?? summed, errorTypes.reduce((n, t) => n + t.samples.length, 0)),
+    errorTypes,
+    validationStart: str(data.validation_start) ?? null,
+    validationEnd: str(data.validation_end) ?? null,
+  };
+}
+
+/**
+ * Records one error report, once: marks the named `sent` rows `rejected_async` with Stripe's code
+ * and message. A redelivered event changes nothing and says `duplicate`.
+ */
+export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
+  const samples = new Map<string, RejectedSample>();
+  for (const type of report.errorTypes) {
+    for (const s of type.samples) {
+      if (samples.has(s.identifier)) continue;
+      const message = `${s.message || type.code} (rejected by Stripe after it accepted the event; error report ${report.eventId})`;
+      samples.set(s.identifier, { key: s.identifier, code: type.code, message });
+    }
+  }
+  return withTransaction(db, async (client) => {
+    const none: ErrorReportOutcome = {
+      eventId: report.eventId,
+      duplicate: true,
+      errorCount: report.errorCount,
+      matched: 0,
+      marked: [],
+      notSent: [],
+      unknown: [],
+      unmatched: 0,
+    };
+    if (!(await insertErrorReport(client, { eventId: report.eventId, meterId: report.meterId, errorCount: report.errorCount, report: raw }))) {
+      return none;
+    }
+    const results = await markRejectedAsync(client, [...samples.values()]);
+    const outcome: ErrorReportOutcome = { ...none, duplicate: false };
+    for (const r of results) {
+      if (r.status_before === null) outcome.unknown.push(r.key);
+      else if (r.marked) outcome.marked.push(r.key);
+      else outcome.notSent.push({ key: r.key, status: r.status_before });
+    }
+    outcome.matched = outcome.marked.length + outcome.notSent.length;
+    outcome.unmatched = Math.max(0, report.errorCount - outcome.matched);
+    await finishErrorReport(client, report.eventId, { matched: outcome.matched, unmatched: outcome.unmatched });
+    return outcome;
+  });
+}
+
+/** What is kept in stripe_error_reports.report: the event as Stripe sent it, without client helpers. */
+function storable(event: Record<string, unknown>): Record<string, unknown> {
+  const { id, object, type, created, livemode, related_object, data } = event;
+  return { id, object, type, created, livemode, related_object, data };
+}
+
+export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): void {
+  const secret = deps.config.webhookSecret;
+  const stripe = deps.stripe ?? createStripeClient({ ...deps.config, timeoutMs: Math.min(deps.config.timeoutMs, FETCH_TIMEOUT_MS) });
+
+  void app.register(async (scope) => {
+    // The signature covers the exact bytes Stripe sent: parse nothing, keep the Buffer.
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: WEBHOOK_BODY_LIMIT_BYTES }, (_request, body, done) => done(null, body));
+
+    scope.post(WEBHOOK_PATH, { config: { public: true } }, async (request: FastifyRequest, reply: FastifyReply) => {
+      if (!secret) {
+        throw new ApiError(
+          503,
+          'webhook_not_configured',
+          'STRIPE_WEBHOOK_SECRET is not set, so no Stripe webhook can be verified; set it to the endpoint\'s signing secret (whsec_…). Stripe redelivers meanwhile.',
+        );
+      }
+      const signature = request.headers['stripe-signature'];
+      if (typeof signature !== 'string' || signature.trim() === '') {
+        throw new ApiError(400, 'invalid_signature', 'the Stripe-Signature header is missing');
+      }
+      const body = request.body;
+      if (!Buffer.isBuffer(body) || body.length === 0) throw new ApiError(400, 'invalid_signature', 'the body is empty');
+
+      let notification: Stripe.V2.Core.EventNotification;
+      try {
+        notification = stripe.parseEventNotification(body, signature, secret);
+      } catch (err) {
+        if (err instanceof Stripe.errors.StripeSignatureVerificationError) {
+          throw new ApiError(
+            400,
+            'invalid_signature',
+            'the Stripe-Signature header does not match the body (a different STRIPE_WEBHOOK_SECRET, a modified body, or a signature over 5 minutes old)',
+          );
+        }
+        throw new ApiError(400, 'invalid_event', `not a Stripe v2 event notification: ${scrub((err as Error).message)}`);
+      }
+
+      const eventId = notification.id;
+      const log = request.log.child({ stripeEventId: eventId, stripeEventType: notification.type });
+      if (!ERROR_REPORT_EVENT_TYPES.has(notification.type)) {
+        log.info('Stripe event ignored: not an error report');
+        return reply.code(200).send({ received: true, eventId, handled: false });
+      }
+      if (await errorReportExists(deps.db, eventId)) {
+        log.info('Stripe error report redelivered: already processed');
+        return reply.code(200).send({ received: true, eventId, handled: true, duplicate: true });
+      }
+
+      let event: unknown;
+      try {
+        event = await notification.fetchEvent();
+      } catch (err) {
+        throw new ApiError(503, 'stripe_unavailable', `could not fetch event ${eventId} from Stripe (${scrub((err as Error).message)}); Stripe will redeliver it`);
+      }
+      const report = parseErrorReport(event);
+      if (report.eventId !== eventId) throw new ApiError(502, 'stripe_mismatch', `Stripe returned event ${report.eventId || '(no id)'} for ${eventId}`);
+
+      const outcome = await recordErrorReport(deps.db, report, storable(obj(event)));
+      if (!outcome.duplicate) {
+        for (const type of report.errorTypes) deps.metrics?.asyncRejections?.inc({ code: type.code }, type.errorCount);
+        log.warn(
+          {
+            meterId: report.meterId,
+            errorCount: report.errorCount,
+            codes: report.errorTypes.map((t) => ({ code: t.code, errorCount: t.errorCount })),
+            markedRejected: outcome.marked,
+            namedNotSent: outcome.notSent,
+            unknownIdentifiers: outcome.unknown,
+            unmatched: outcome.unmatched,
+            validationStart: report.validationStart,
+            validationEnd: report.validationEnd,
+          },
+          `Stripe rejected ${report.errorCount} meter event(s) after accepting them: ${outcome.marked.length} row(s) marked rejected_async, ` +
+            `${outcome.unmatched} not matched to a row. Stripe names only a sample of the failed events, so more events than those ` +
+            'named may be affected: reconcile the period (billing-outbox reconcile).',
+        );
+      } else {
+        log.info('Stripe error report redelivered: already processed');
+      }
+      return reply.code(200).send({
+        received: true,
+        eventId,
+        handled: true,
+        duplicate: outcome.duplicate,
+        errorCount: outcome.errorCount,
+        matched: outcome.matched,
+        marked: outcome.marked.length,
+        unmatched: outcome.unmatched,
+      });
+    });
+  });
+}

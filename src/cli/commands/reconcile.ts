@@ -1,0 +1,168 @@
+/** `billing-outbox reconcile`: our sent usage against Stripe's meter event summaries, hour by hour. */
+import { ConfigError } from '../../config.js';
+import { listBillingCustomers } from '../../outbox-sql.js';
+import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../reconcile.js';
+import { createStripeClient } from '../../stripe-client.js';
+import { noPositionals, parse } from '../args.js';
+import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
+import { formatTable } from '../format.js';
+
+export const RECONCILE_HELP = `Usage: billing-outbox reconcile --from T1 --to T2 [--tenant T] [--json]
+
+Compares, hour by hour, the usage the outbox sent to Stripe with what Stripe counted (the meter's
+event summaries), for every Stripe customer and meter event name that has outbox rows whose
+occurred_at (the meter event's timestamp) is in the range. Prints every window with ours, Stripe's
+and the delta (Stripe - ours), and for each differing window the events in it (key, quantity,
+status), so you can tell which to resend or cancel.
+
+Ours = the quantities of rows that are sent. Rows rejected_async (Stripe rejected them after a 200)
+or cancelled are expected not to be counted by Stripe. Rows pending, claimed, dispatched or dead
+may or may not have reached Stripe: they are not counted, but listed with their window, which is
+how to decide whether a dead letter past the 24 h window may be retried with --force.
+
+Stripe's summaries are eventually consistent: usage from the last few minutes may not be counted
+yet, so a difference in the newest window can go away on a later run.
+
+Options:
+  --from T     start, ISO 8601 with a time zone (2026-03-10T09:00:00Z) or a date (2026-03-10,
+               midnight UTC); rounded down to the hour
+  --to T       end (exclusive), same format; rounded up to the hour; at most 31 days after --from
+  --tenant T   only the Stripe customer this tenant is billed as (with every tenant billed as it)
+  --json       print {from, to, tenantId, match, summary: {pairs, windows, matching, differing,
+               ours, stripe}, groups: [{stripeCustomerId, eventName, tenantIds, meterId, problem,
+               ours, stripe, match, windows: [{start, end, ours, stripe, delta, match,
+               rows: {sent, unsettled, excluded}, events: [{key, tenantId, quantity, status,
+               occurredAt, sentAt, lastErrorCode}], eventsOmitted, hint}]}], notes: [...]}
+
+Exit code 0 when every window matches, 1 when any differs or could not be compared, 2 on bad
+arguments.
+`;
+
+// A date, or a date and time with seconds optional and a time zone required: a time without a
+// zone would be read in the local zone of whoever runs the command.
+const ISO_INSTANT = /^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2}))?$/;
+
+function instant(value: string | undefined, name: string): Date {
+  if (value === undefined) throw new UsageError(`--${name} is required`, RECONCILE_HELP);
+  const ms = ISO_INSTANT.test(value) ? Date.parse(value) : NaN;
+  if (Number.isNaN(ms)) {
+    throw new UsageError(`--${name} must be an ISO 8601 time with a time zone (e.g. 2026-03-10T09:00:00Z) or a date (2026-03-10)`, RECONCILE_HELP);
+  }
+  return new Date(ms);
+}
+
+export async function reconcileCommand(args: string[], ctx: CliContext): Promise<number> {
+  const { values, positionals } = parse(
+    args,
+    { from: { type: 'string' }, to: { type: 'string' }, tenant: { type: 'string' }, json: { type: 'boolean' } },
+    RECONCILE_HELP,
+  );
+  if (values.help) {
+    ctx.out.write(RECONCILE_HELP);
+    return EXIT_OK;
+  }
+  noPositionals(positionals, RECONCILE_HELP);
+  const asked = { from: instant(values.from, 'from'), to: instant(values.to, 'to') };
+  if (asked.from.getTime() > asked.to.getTime()) throw new UsageError('--from is after --to', RECONCILE_HELP);
+  const range = alignRange(asked.from, asked.to);
+  if (range.to.getTime() === range.from.getTime()) throw new UsageError('the range is empty: --to must be after --from', RECONCILE_HELP);
+  if (range.to.getTime() - range.from.getTime() > MAX_RANGE_MS) {
+    throw new UsageError(
+      `the range ${range.from.toISOString()} to ${range.to.toISOString()} (whole hours) is longer than 31 days; reconcile it in parts`,
+      RECONCILE_HELP,
+    );
+  }
+  const tenantId = values.tenant;
+  if (tenantId !== undefined && tenantId.trim() === '') throw new UsageError('--tenant must not be empty', RECONCILE_HELP);
+
+  const { stripe: stripeConfig } = ctx.config;
+  if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
+    throw new ConfigError(['STRIPE_API_KEY: is not set; reconcile reads the meter event summaries from Stripe']);
+  }
+  const db = await ctx.db();
+  if (tenantId !== undefined && !(await listBillingCustomers(db)).some((c) => c.tenant_id === tenantId)) {
+    throw new UsageError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);
+  }
+  const report = await reconcile({ db, stripe: createStripeClient(stripeConfig) }, { ...range, tenantId });
+  if (values.json) writeJson(ctx.out, report);
+  else printReport(ctx.out, report);
+  return report.match ? EXIT_OK : EXIT_FAILED;
+}
+
+const hourLabel = (isoTime: string) => isoTime.replace(/:00\.000Z$/, 'Z');
+const signed = (n: number) => (n > 0 ? `+${n}` : String(n));
+
+function printReport(out: Output, report: ReconcileReport): void {
+  const hours = (Date.parse(report.to) - Date.parse(report.from)) / 3_600_000;
+  out.write(
+    `reconcile ${hourLabel(report.from)} to ${hourLabel(report.to)} (${hours} h, whole hours, UTC)` +
+      `${report.tenantId === null ? '' : `, tenant ${report.tenantId}`}\n`,
+  );
+  out.write(`note: ${report.notes[0]}\n`);
+  if (report.groups.length === 0) {
+    out.write('\nno outbox rows in this range: nothing to compare\n');
+    return;
+  }
+  for (const group of report.groups) printGroup(out, group);
+  const s = report.summary;
+  out.write(
+    `\n${s.windows} window(s) in ${s.pairs} customer/meter pair(s): ${s.matching} match, ${s.differing} differ; ` +
+      `ours ${s.ours}, Stripe ${s.stripe}\n`,
+  );
+  out.write(report.match ? 'result: everything matches\n' : 'result: DIFFERENCES (see the events listed under each differing window)\n');
+  for (const note of report.notes.slice(1)) out.write(`note: ${note}\n`);
+}
+
+function printGroup(out: Output, g: ReconcileGroup): void {
+  out.write(
+    `\ncustomer ${g.stripeCustomerId} (tenant${g.tenantIds.length === 1 ? '' : 's'} ${g.tenantIds.join(', ')}), ` +
+      `event ${g.eventName}, meter ${g.meterId ?? '(none)'}: ours ${g.ours}, Stripe ${g.stripe}${g.match ? ', match' : ', DIFFERS'}\n`,
+  );
+  if (g.problem) out.write(`  problem: ${g.problem}\n`);
+  out.write(
+    formatTable(
+      [
+        { header: 'WINDOW (UTC)' },
+        { header: 'OURS', align: 'right' },
+        { header: 'STRIPE', align: 'right' },
+        { header: 'DELTA', align: 'right' },
+        { header: 'RESULT' },
+        { header: 'NOT COUNTED' },
+      ],
+      g.windows.map((w) => [
+        hourLabel(w.start),
+        String(w.ours),
+        String(w.stripe),
+        signed(w.delta),
+        w.match ? 'ok' : 'DIFFERS',
+        [w.rows.unsettled && `${w.rows.unsettled} unsettled`, w.rows.excluded && `${w.rows.excluded} rejected/cancelled`].filter(Boolean).join(', '),
+      ]),
+    )
+      .split('\n')
+      .map((line) => (line ? `  ${line}` : line))
+      .join('\n'),
+  );
+  for (const w of g.windows) {
+    if (w.events.length === 0) continue;
+    out.write(`\n  events in ${hourLabel(w.start)} (${w.match ? 'matches' : `ours ${w.ours}, Stripe ${w.stripe}, delta ${signed(w.delta)}`}):\n`);
+    out.write(
+      formatTable(
+        [
+          { header: 'KEY' },
+          { header: 'TENANT', max: 30 },
+          { header: 'QUANTITY', align: 'right' },
+          { header: 'STATUS' },
+          { header: 'OCCURRED AT' },
+          { header: 'SENT AT' },
+          { header: 'LAST ERROR', max: 40 },
+        ],
+        w.events.map((e) => [e.key, e.tenantId, String(e.quantity), e.status, e.occurredAt, e.sentAt ?? '-', e.lastErrorCode ?? '']),
+      )
+        .split('\n')
+        .map((line) => (line ? `    ${line}` : line))
+        .join('\n'),
+    );
+    if (w.eventsOmitted > 0) out.write(`    … and ${w.eventsOmitted} more (at most ${MAX_EVENTS_PER_WINDOW} listed per window; --json has the same limit)\n`);
+    if (w.hint) out.write(`    → ${w.hint}\n`);
+  }
+}

@@ -1,0 +1,247 @@
+/**
+ * Reconciliation: what we believe Stripe holds, against what Stripe counted.
+ *
+ * Ours, per (Stripe customer, meter event name, hour): the quantities of the outbox rows that are
+ * `sent`, bucketed by `occurred_at` (the meter event's `timestamp`). Rows `rejected_async` or
+ * `cancelled` are expected not to be counted by Stripe and are left out; rows not yet settled
+ * (pending, claimed, dispatched, dead) may or may not have reached Stripe and are left out too, but
+ * listed, because deciding that is usually why someone reconciles.
+ * Stripe's, per the same hour: `aggregated_value` of the meter's event summaries for the customer
+ * (GET /v1/billing/meters/{id}/event_summaries, value_grouping_window=hour).
+ *
+ * Limits, said in the output too: Stripe's summaries are eventually consistent (the last minutes may
+ * be missing); only customers with outbox rows in the range are compared; a tenant is compared under
+ * the Stripe customer it maps to now (a remapped tenant's older events went to the old customer).
+ */
+import type Stripe from 'stripe';
+import type { Queryable } from './db.js';
+import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from './outbox-sql.js';
+import { hourlyEventSummaries, metersByEventName } from './stripe-client.js';
+
+export const HOUR_MS = 3_600_000;
+/** The longest range one run may cover (744 hourly windows per customer and meter). */
+export const MAX_RANGE_MS = 31 * 24 * HOUR_MS;
+/** Rows listed per window; the rest are counted (`eventsOmitted`). */
+export const MAX_EVENTS_PER_WINDOW = 200;
+
+export const EVENTUAL_CONSISTENCY_NOTE =
+  "Stripe's meter event summaries are eventually consistent: usage received in the last few minutes may not be counted yet, " +
+  'so a difference in the most recent window can disappear on a later run.';
+
+const UNSETTLED = new Set(['pending', 'claimed', 'dispatched', 'dead']);
+
+export interface ReconcileEvent {
+  key: string;
+  tenantId: string;
+  quantity: number;
+  status: string;
+  occurredAt: string;
+  sentAt: string | null;
+  lastErrorCode: string | null;
+}
+
+export interface ReconcileWindow {
+  /** ISO start of the hour (UTC). */
+  start: string;
+  end: string;
+  /** Sum of our `sent` rows. */
+  ours: number;
+  /** Stripe's aggregated value. */
+  stripe: number;
+  /** stripe − ours: positive when Stripe counts more than we sent, negative when less. */
+  delta: number;
+  match: boolean;
+  /** Rows in the window by kind: counted (sent), unsettled (pending/claimed/dispatched/dead), excluded (rejected_async/cancelled). */
+  rows: { sent: number; unsettled: number; excluded: number };
+  /**
+   * The window's rows (every status, oldest first), listed when the window differs or holds
+   * unsettled rows; otherwise empty.
+   */
+  events: ReconcileEvent[];
+  /** Rows of the window not listed (more than MAX_EVENTS_PER_WINDOW). */
+  eventsOmitted: number;
+  /** A reading of the difference, for people; null when there is nothing to say. */
+  hint: string | null;
+}
+
+export interface ReconcileGroup {
+  stripeCustomerId: string;
+  eventName: string;
+  tenantIds: string[];
+  meterId: string | null;
+  /** Why this pair could not be compared (e.g. no meter for the event name); null when it was. */
+  problem: string | null;
+  ours: number;
+  stripe: number;
+  match: boolean;
+  windows: ReconcileWindow[];
+}
+
+export interface ReconcileReport {
+  from: string;
+  to: string;
+  tenantId: string | null;
+  /** True when every window of every pair matches. */
+  match: boolean;
+  summary: { pairs: number; windows: number; matching: number; differing: number; ours: number; stripe: number };
+  groups: ReconcileGroup[];
+  notes: string[];
+}
+
+export interface ReconcileDeps {
+  db: Queryable;
+  stripe: Pick<Stripe, 'billing'>;
+}
+
+/** Hour-aligned [from, to): from rounded down, to rounded up. */
+export function alignRange(from: Date, to: Date): { from: Date; to: Date } {
+  return {
+    from: new Date(Math.floor(from.getTime() / HOUR_MS) * HOUR_MS),
+    to: new Date(Math.ceil(to.getTime() / HOUR_MS) * HOUR_MS),
+  };
+}
+
+const iso = (d: Date | null) => (d ? d.toISOString() : null);
+const groupKey = (customer: string, eventName: string) => `${customer}\u0000${eventName}`;
+const windowKey = (customer: string, eventName: string, start: number) => `${customer}\u0000${eventName}\u0000${start}`;
+
+/** Compares every (customer, event name) pair with rows in [from, to); `from`/`to` must be hour-aligned. */
+export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Date; tenantId?: string | undefined }): Promise<ReconcileReport> {
+  const start = Math.floor(opts.from.getTime() / 1000);
+  const end = Math.floor(opts.to.getTime() / 1000);
+  const rows = await reconcileWindows(deps.db, opts);
+
+  const pairs = new Map<string, { customer: string; eventName: string; tenants: Set<string>; windows: Map<number, ReconcileWindowRow> }>();
+  for (const r of rows) {
+    const k = groupKey(r.stripe_customer_id, r.event_name);
+    let pair = pairs.get(k);
+    if (!pair) pairs.set(k, (pair = { customer: r.stripe_customer_id, eventName: r.event_name, tenants: new Set(), windows: new Map() }));
+    for (const t of r.tenant_ids) pair.tenants.add(t);
+    pair.windows.set(Number(r.window_start), r);
+  }
+
+  const meters = pairs.size > 0 ? await metersByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter>();
+  const groups: ReconcileGroup[] = [];
+  for (const pair of pairs.values()) {
+    const meter = meters.get(pair.eventName);
+    let stripeTotals = new Map<number, number>();
+    let problem: string | null = null;
+    if (!meter) {
+      problem = `Stripe has no meter for event name ${JSON.stringify(pair.eventName)}: it cannot have counted these events`;
+    } else {
+      try {
+        stripeTotals = await hourlyEventSummaries(deps.stripe, { meterId: meter.id, customer: pair.customer, start, end });
+      } catch (err) {
+        // A refusal for this pair (e.g. a customer Stripe does not know) is a finding, not a crash;
+        // no answer at all (connection, 5xx, auth) stops the run.
+        const e = err as { type?: string; message?: string };
+        if (e.type !== 'StripeInvalidRequestError') throw err;
+        problem = `Stripe refused the summaries for customer ${pair.customer}: ${e.message ?? String(err)}`;
+      }
+    }
+    const starts = [...new Set([...pair.windows.keys(), ...[...stripeTotals.entries()].filter(([, v]) => v !== 0).map(([s]) => s)])].sort((a, b) => a - b);
+    const windows = starts.map((s): ReconcileWindow => {
+      const ours = pair.windows.get(s);
+      const oursValue = ours?.sent_quantity ?? 0;
+      const stripeValue = stripeTotals.get(s) ?? 0;
+      return {
+        start: new Date(s * 1000).toISOString(),
+        end: new Date((s + 3600) * 1000).toISOString(),
+        ours: oursValue,
+        stripe: stripeValue,
+        delta: stripeValue - oursValue,
+        match: problem === null && stripeValue === oursValue,
+        rows: { sent: ours?.sent_count ?? 0, unsettled: ours?.unsettled_count ?? 0, excluded: ours?.excluded_count ?? 0 },
+        events: [],
+        eventsOmitted: 0,
+        hint: null,
+      };
+    });
+    const ours = windows.reduce((n, w) => n + w.ours, 0);
+    const stripe = windows.reduce((n, w) => n + w.stripe, 0);
+    groups.push({
+      stripeCustomerId: pair.customer,
+      eventName: pair.eventName,
+      tenantIds: [...pair.tenants].sort(),
+      meterId: meter?.id ?? null,
+      problem,
+      ours,
+      stripe,
+      match: problem === null && windows.every((w) => w.match),
+      windows,
+    });
+  }
+
+  await attachEvents(deps.db, groups);
+
+  const all = groups.flatMap((g) => g.windows);
+  const matching = all.filter((w) => w.match).length;
+  const notes = [
+    EVENTUAL_CONSISTENCY_NOTE,
+    'Ours counts `sent` rows only: rows rejected_async (rejected by Stripe after a 200) or cancelled are expected not to be counted by Stripe; ' +
+      'rows pending, claimed, dispatched or dead may or may not have reached Stripe and are listed, not counted.',
+    'Only Stripe customers with outbox rows in the range are compared, each under the tenant mapping in billing_customers now.',
+  ];
+  return {
+    from: opts.from.toISOString(),
+    to: opts.to.toISOString(),
+    tenantId: opts.tenantId ?? null,
+    match: groups.every((g) => g.match),
+    summary: {
+      pairs: groups.length,
+      windows: all.length,
+      matching,
+      differing: all.length - matching,
+      ours: groups.reduce((n, g) => n + g.ours, 0),
+      stripe: groups.reduce((n, g) => n + g.stripe, 0),
+    },
+    groups,
+    notes,
+  };
+}
+
+/** Lists the rows of every window that differs or holds unsettled rows, and reads the difference. */
+async function attachEvents(db: Queryable, groups: ReconcileGroup[]): Promise<void> {
+  const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; window: ReconcileWindow }[] = [];
+  for (const g of groups) {
+    for (const w of g.windows) {
+      if (!w.match || w.rows.unsettled > 0) {
+        wanted.push({ stripeCustomerId: g.stripeCustomerId, eventName: g.eventName, windowStart: Date.parse(w.start) / 1000, window: w });
+      }
+    }
+  }
+  const rows = await listWindowEvents(db, wanted, MAX_EVENTS_PER_WINDOW);
+  const byWindow = new Map(wanted.map((w) => [windowKey(w.stripeCustomerId, w.eventName, w.windowStart), w.window]));
+  for (const r of rows) {
+    const w = byWindow.get(windowKey(r.stripe_customer_id, r.event_name, Number(r.window_start)));
+    if (!w) continue;
+    w.events.push({
+      key: r.idempotency_key,
+      tenantId: r.tenant_id,
+      quantity: r.quantity,
+      status: r.status,
+      occurredAt: r.occurred_at.toISOString(),
+      sentAt: iso(r.sent_at),
+      lastErrorCode: r.last_error_code,
+    });
+    w.eventsOmitted = Number(r.window_rows) - w.events.length;
+  }
+  for (const { window } of wanted) window.hint = hintFor(window);
+}
+
+function hintFor(w: ReconcileWindow): string | null {
+  const unsettled = w.events.filter((e) => UNSETTLED.has(e.status));
+  const unsettledSum = unsettled.reduce((n, e) => n + e.quantity, 0);
+  if (w.match) {
+    return unsettled.length > 0
+      ? `the window matches without its ${unsettled.length} unsettled row(s) (${unsettled.map((e) => e.status).join(', ')}): Stripe most likely does not hold them`
+      : null;
+  }
+  if (w.delta > 0) {
+    if (unsettled.length > 0 && unsettledSum === w.delta) {
+      return `Stripe counts ${w.delta} more than our sent rows, exactly the unsettled row(s) listed: they most likely reached Stripe (do not force a resend)`;
+    }
+    return `Stripe counts ${w.delta} more than our sent rows: an event we did not record as sent reached Stripe, or something other than billing-outbox reports usage for this customer and meter`;
+  }
+  return `Stripe counts ${-w.delta} less than our sent rows: a row marked sent did not reach Stripe or was rejected later (billing-outbox dead --rejected), or the newest usage is not summarised yet`;
+}
