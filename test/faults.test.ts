@@ -111,6 +111,9 @@ it('a worker process killed with SIGKILL mid-delivery loses nothing and bills no
   await waitFor('some deliveries', async () => stripe.events().length >= 3, 30_000, 20);
   child.kill('SIGKILL');
   await new Promise((r) => child.once('exit', r));
+  // What the worker logged never holds the Stripe key or the database password.
+  expect(output).not.toContain('sk_test_faults');
+  expect(output).not.toContain(new URL(db.url).password);
   const atKill = await statusCounts(db.pool);
   expect(atKill.sent ?? 0).toBeLessThan(40);
 
