@@ -46,12 +46,9 @@ export class UsageError extends Error {
   }
 }
 
-/** There is no UI-address setting yet; the dev server's default is assumed (and said so). */
-export const TEMPORAL_UI_URL = 'http://localhost:8233';
-export const TEMPORAL_UI_NOTE = `Web UI address assumed to be ${TEMPORAL_UI_URL} (not configurable yet)`;
-
-export function workflowUiUrl(namespace: string, workflowId: string): string {
-  return `${TEMPORAL_UI_URL}/namespaces/${encodeURIComponent(namespace)}/workflows/${encodeURIComponent(workflowId)}`;
+/** The event's page in the Temporal Web UI (TEMPORAL_UI_URL, default http://localhost:8233). */
+export function workflowUiUrl(uiBase: string, namespace: string, workflowId: string): string {
+  return `${uiBase}/namespaces/${encodeURIComponent(namespace)}/workflows/${encodeURIComponent(workflowId)}`;
 }
 
 export function writeJson(out: Output, value: unknown): void {

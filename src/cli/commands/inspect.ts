@@ -4,7 +4,7 @@ import { findRowByKey, listOperatorActions, type OutboxRow } from '../../outbox-
 import { scrub } from '../../log.js';
 import { stateQuery, type UsageState } from '../../../workflows/shared.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, TEMPORAL_UI_NOTE, UsageError, workflowUiUrl, writeJson, type CliContext } from '../context.js';
+import { EXIT_FAILED, EXIT_OK, UsageError, workflowUiUrl, writeJson, type CliContext } from '../context.js';
 import { formatTable, iso } from '../format.js';
 
 export const INSPECT_HELP = `Usage: billing-outbox inspect <key> [--json]
@@ -15,7 +15,7 @@ actions recorded for it. Exit code 1 when neither the row nor the workflow exist
 
 Options:
   --json   print {key, row, workflow: {found, status, runId, startTime, closeTime, state,
-           stateError}, webUi: {url, note}, operatorActions}
+           stateError}, webUi: {url}, operatorActions}
 `;
 
 /** How long to wait for a query answer: a query needs a worker, and none may be running. */
@@ -101,7 +101,7 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
     key,
     row: row ? rowJson(row) : null,
     workflow,
-    webUi: { url: workflowUiUrl(ctx.config.temporal.namespace, key), note: TEMPORAL_UI_NOTE },
+    webUi: { url: workflowUiUrl(ctx.config.temporalUiUrl, ctx.config.temporal.namespace, key) },
     operatorActions: actions.map((a) => ({ at: iso(a.at), actor: a.actor, action: a.action, forced: a.forced, outcome: a.outcome, detail: a.detail })),
   };
   const found = row !== undefined || workflow.found;
@@ -142,7 +142,7 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
         out.write('  state:    (closed: no live state; the status above is final for this run)\n');
       }
     }
-    out.write(`\nweb ui: ${report.webUi.url}\n  note: ${TEMPORAL_UI_NOTE}\n`);
+    out.write(`\nweb ui: ${report.webUi.url}\n`);
     if (actions.length > 0) {
       out.write('\noperator actions (newest first)\n');
       out.write(
