@@ -1,0 +1,308 @@
+/**
+ * The whole main job in one process, for `npm start` (src/main.ts) and `npm run demo` (src/demo.ts).
+ *
+ * Whatever the configuration names is used; whatever it leaves out runs embedded:
+ * - no DATABASE_URL      → embedded PostgreSQL with its data under `<dataDir>/pg`
+ * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (`<dataDir>/temporal.db`) with its Web UI
+ * - no STRIPE_API_KEY    → the local Stripe-compatible server (nothing is billed), with the demo
+ *                          customers seeded on both sides
+ * then it migrates and runs a worker (relays + usage workflows) and the HTTP API, sharing one
+ * metrics registry. `stop()` undoes all of it, newest first.
+ */
+import { mkdir } from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+import type { Client } from '@temporalio/client';
+import type pg from 'pg';
+import type Stripe from 'stripe';
+import { buildApi, temporalHealthConnection } from './api/index.js';
+import type { ApiToken, Config } from './config.js';
+import { createPool, migrate, redactUrl } from './db.js';
+import { freePort, startEmbeddedPostgres } from './embedded/postgres.js';
+import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './embedded/temporal.js';
+import { createLogger, type Logger } from './log.js';
+import { createMetrics } from './metrics.js';
+import { createStripeClient, LOCAL_TEST_KEY } from './stripe-client.js';
+import { LocalStripe } from './stripe-local/server.js';
+import { installTemporalRuntime } from './temporal-runtime.js';
+import { connectTemporal, startWorker } from './worker.js';
+
+/** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
+export const DEMO_CUSTOMERS: Readonly<Record<string, string>> = {
+  acme: 'cus_local_acme',
+  globex: 'cus_local_globex',
+  initech: 'cus_local_initech',
+};
+
+/** Meter event names the local Stripe server has meters for, besides STRIPE_METER_EVENT_NAME. */
+export const LOCAL_METERS = ['api_requests', 'tokens'] as const;
+
+export interface StackPorts {
+  postgres: number;
+  temporal: number;
+  temporalUi: number;
+  localStripe: number;
+}
+
+/** Where `npm start` puts the embedded services when these ports are free. */
+export const PREFERRED_PORTS: StackPorts = { postgres: 54329, temporal: 7233, temporalUi: 8233, localStripe: 12111 };
+
+export interface StackOptions {
+  /** Embedded data (PostgreSQL, Temporal's SQLite file); default DATA_DIR, else `.data` in the project. */
+  dataDir?: string;
+  /**
+   * Bearer tokens accepted besides API_TOKENS, for the caller's own client (the demo's). Like every
+   * token, only their names are ever logged.
+   */
+  apiTokens?: ApiToken[];
+  /**
+   * Ports tried first for the embedded services; 0 means any free port. A preferred port that is
+   * taken falls back to a free one. Default: PREFERRED_PORTS.
+   */
+  ports?: Partial<StackPorts>;
+  /** Logs errors only, the Temporal SDK's included: for a program that prints its own progress. */
+  quiet?: boolean;
+  /** Default: a logger at LOG_LEVEL (at `error` when quiet). */
+  log?: Logger;
+}
+
+export interface Stack {
+  /** The configuration in effect: with the local Stripe server's base URL and key when it runs. */
+  config: Config;
+  dataDir: string;
+  log: Logger;
+  databaseUrl: string;
+  pool: pg.Pool;
+  temporalAddress: string;
+  /** The embedded dev server's Web UI; undefined when TEMPORAL_ADDRESS was configured. */
+  temporalUi: string | undefined;
+  client: Client;
+  /** The client the worker reports usage with. */
+  stripe: Stripe;
+  /** The local Stripe-compatible server, when no STRIPE_API_KEY was configured. */
+  localStripe: LocalStripe | undefined;
+  /** Tenant → Stripe customer seeded into billing_customers (local Stripe only; otherwise empty). */
+  seededCustomers: Readonly<Record<string, string>>;
+  apiUrl: string;
+  /** Settles when the worker stops on its own (rejects if it crashed); stop() also ends it. */
+  workerDone: Promise<void>;
+  /**
+   * Stops the API, the worker, the connections and every embedded service, newest first. Safe to
+   * call twice (the first call's options apply).
+   */
+  stop(opts?: StopOptions): Promise<void>;
+}
+
+export interface StopOptions {
+  /**
+   * How long each step may take before the next one goes ahead anyway (default 30 s; the worker's
+   * activities get 20 s to drain). A Ctrl-C in a terminal also reaches the embedded PostgreSQL,
+   * which then shuts down at once: in-flight workflow tasks can no longer finish, and stopping a
+   * server that is already gone waits for an exit that has happened. Neither must hang the stop.
+   */
+  stepTimeoutMs?: number;
+}
+
+/** `preferred` if nothing listens there now, else any free port (0: any free port). */
+async function portOr(preferred: number): Promise<number> {
+  if (!preferred) return freePort();
+  const free = await new Promise<boolean>((resolve) => {
+    const srv = net.createServer();
+    srv.once('error', () => resolve(false));
+    srv.listen(preferred, '127.0.0.1', () => srv.close(() => resolve(true)));
+  });
+  return free ? preferred : freePort();
+}
+
+/**
+ * How `promise` settles within `ms`: 'done', its error, or 'late' (it is then left running, its
+ * eventual failure ignored). The pending timer keeps the process alive while waiting.
+ */
+async function within(promise: Promise<unknown>, ms: number): Promise<'done' | 'late' | { error: unknown }> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), ms)));
+  try {
+    return await Promise.race([promise.then(() => 'done' as const, (error: unknown) => ({ error })), late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const isAlive = (server: DevServer) => server.process.exitCode === null && server.process.signalCode === null;
+
+/**
+ * Waits for the dev server's Web UI to answer and checks that the server is still running. The CLI
+ * refuses to start when one of its ports is taken, but the frontend port check in
+ * startTemporalDevServer cannot tell our server from another one that grabbed the same port a
+ * moment earlier; a server that has exited by the time its UI answers was not ours.
+ */
+async function confirmDevServer(server: DevServer, log: Logger): Promise<void> {
+  const until = Date.now() + 15_000;
+  while (server.uiUrl && isAlive(server) && Date.now() < until) {
+    const ok = await fetch(server.uiUrl, { signal: AbortSignal.timeout(1_000) }).then(
+      (res) => res.ok,
+      () => false,
+    );
+    if (ok) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  if (!isAlive(server)) throw new Error(`temporal dev server exited (code ${String(server.process.exitCode)}) right after starting`);
+  if (server.uiUrl && Date.now() >= until) log.warn({ ui: server.uiUrl }, 'Temporal Web UI is not answering yet');
+}
+
+/**
+ * Starts every service the configuration does not name, then the worker and the API. On a failure
+ * part-way, what was started is stopped again before the error is thrown.
+ */
+export async function startStack(configured: Config, opts: StackOptions = {}): Promise<Stack> {
+  let config = configured;
+  if (opts.apiTokens?.length) config = { ...config, api: { ...config.api, tokens: [...config.api.tokens, ...opts.apiTokens] } };
+  const quietLevel = ['fatal', 'silent'].includes(config.logLevel) ? config.logLevel : 'error';
+  const log = opts.log ?? createLogger(opts.quiet ? quietLevel : config.logLevel);
+  const ports: StackPorts = { ...PREFERRED_PORTS, ...opts.ports };
+  // The SDK's own worker metrics, on loopback only: the API's GET /metrics appends them.
+  const sdkMetricsAddress = `127.0.0.1:${await freePort()}`;
+  installTemporalRuntime(log, opts.quiet ? 'ERROR' : 'WARN', sdkMetricsAddress);
+  const dataDir = path.resolve(opts.dataDir ?? config.dataDir ?? path.join(PROJECT_ROOT, '.data'));
+  await mkdir(dataDir, { recursive: true, mode: 0o755 });
+
+  const steps: { what: string; run: () => Promise<void> }[] = [];
+  const onStop = (what: string, run: () => Promise<void>) => steps.push({ what, run });
+  let stopping: Promise<void> | undefined;
+  const stop = (stopOpts: StopOptions = {}) =>
+    (stopping ??= (async () => {
+      const timeoutMs = stopOpts.stepTimeoutMs ?? 30_000;
+      for (const { what, run } of steps.reverse()) {
+        const outcome = await within(run(), timeoutMs);
+        if (outcome === 'late') log.warn({ step: what, timeoutMs }, 'did not stop in time; going on without it');
+        else if (outcome !== 'done') log.warn({ step: what, err: String(outcome.error) }, 'stop failed');
+      }
+    })());
+
+  try {
+    let databaseUrl = config.databaseUrl;
+    if (!databaseUrl) {
+      const pg = await startEmbeddedPostgres({ dataDir: path.join(dataDir, 'pg'), port: await portOr(ports.postgres) });
+      onStop('embedded PostgreSQL', () => pg.stop());
+      databaseUrl = pg.url;
+      log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
+    }
+    await migrate(databaseUrl);
+    const pool = createPool(databaseUrl);
+    onStop('database pool', () => pool.end());
+    const metrics = createMetrics(undefined, { db: pool, temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
+
+    let temporalAddress = config.temporal.address;
+    let temporalUi: string | undefined;
+    if (!temporalAddress) {
+      const start = async (port: number, uiPort: number) => {
+        const server = await startTemporalDevServer({
+          dbFile: path.join(dataDir, 'temporal.db'),
+          port,
+          uiPort,
+          headless: false,
+          namespace: config.temporal.namespace,
+          cliPath: config.temporalCliPath,
+        });
+        try {
+          await confirmDevServer(server, log);
+        } catch (err) {
+          await server.stop();
+          throw err;
+        }
+        return server;
+      };
+      const preferred = [await portOr(ports.temporal), await portOr(ports.temporalUi)] as const;
+      let server: DevServer;
+      try {
+        server = await start(...preferred);
+      } catch (err) {
+        // Another process can take a port between our check and the server's bind (two `npm start`s,
+        // or the demo next to the main job): once more, on ports no one asked for.
+        if (preferred[0] !== ports.temporal && preferred[1] !== ports.temporalUi) throw err;
+        log.warn({ err: String(err) }, 'temporal dev server did not start on its preferred ports; trying free ones');
+        server = await start(await freePort(), await freePort());
+      }
+      onStop('Temporal dev server', server.stop);
+      temporalAddress = server.address;
+      temporalUi = server.uiUrl;
+      log.info({ temporal: temporalAddress, ui: temporalUi }, 'embedded Temporal dev server started');
+    }
+
+    let localStripe: LocalStripe | undefined;
+    const seededCustomers: Record<string, string> = {};
+    if (!config.stripe.apiKey && config.stripe.isRealStripe) {
+      const stripeServer = await LocalStripe.start({
+        port: await portOr(ports.localStripe),
+        meters: [...new Set([config.stripe.meterEventName, ...LOCAL_METERS])],
+        customers: Object.values(DEMO_CUSTOMERS),
+      });
+      localStripe = stripeServer;
+      onStop('local Stripe', () => stripeServer.close());
+      config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false } };
+      for (const [tenant, customer] of Object.entries(DEMO_CUSTOMERS)) {
+        // DO NOTHING: an operator's own mapping for one of these tenants is kept.
+        await pool.query(
+          `INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text) ON CONFLICT (tenant_id) DO NOTHING`,
+          [tenant, customer],
+        );
+        seededCustomers[tenant] = customer;
+      }
+      log.warn({ stripe: stripeServer.url }, 'local Stripe-compatible server: nothing is billed');
+    }
+
+    const { connection, client, clientConnection } = await connectTemporal(temporalAddress, config.temporal.namespace);
+    onStop('Temporal connections', async () => {
+      await clientConnection.close();
+      await connection.close();
+    });
+    const stripe = createStripeClient(config.stripe);
+    const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics });
+    onStop('worker', () => running.shutdown());
+    // Handled here so a crash before anyone awaits it is not an unhandled rejection; callers that
+    // await workerDone still see it.
+    running.done.catch(() => undefined);
+
+    // Stopped first (steps run in reverse): no new usage is taken while the worker drains.
+    const temporalHealth = temporalHealthConnection(temporalAddress);
+    onStop('health connection', () => temporalHealth.close());
+    const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics });
+    await api.listen({ host: config.api.host, port: await portOr(config.api.port) });
+    onStop('API', () => api.close());
+    const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
+    if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /healthz only, every other route 401');
+
+    return {
+      config,
+      dataDir,
+      log,
+      databaseUrl,
+      pool,
+      temporalAddress,
+      temporalUi,
+      client,
+      stripe,
+      localStripe,
+      seededCustomers,
+      apiUrl,
+      workerDone: running.done,
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** The warning `npm start` prints when usage goes to the local Stripe server. */
+export function localStripeBanner(url: string): string {
+  return [
+    '',
+    '  ╔══════════════════════════════════════════════════════════════════════╗',
+    '  ║  STRIPE IS THE LOCAL STRIPE-COMPATIBLE SERVER: NOTHING IS BILLED.   ║',
+    '  ║  Set STRIPE_API_KEY (a test-mode key first) to report to Stripe.    ║',
+    '  ╚══════════════════════════════════════════════════════════════════════╝',
+    `    local Stripe: ${url}  (recorded events: ${url}/_local/events)`,
+    '',
+  ].join('\n');
+}
