@@ -55,9 +55,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     startToCloseTimeout: '30 seconds',
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   });
+  // A few quick tries only: while the database is unreachable the workflow waits on a durable
+  // timer (below) instead of in a local activity's retry loop, which would hold its worker's
+  // workflow task and keep a shutting-down worker from draining.
   const { takeTurn } = proxyLocalActivities<DeliveryActivities>({
     startToCloseTimeout: '10 seconds',
-    retry: { initialInterval: '1 second', maximumInterval: '10 seconds' },
+    retry: { initialInterval: '500 milliseconds', maximumAttempts: 3 },
   });
 
   const info = workflowInfo();
@@ -87,7 +90,14 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const waitForTurn = async () => {
     // The lease must outlast the wait in the rate-limited queue and the call itself.
     const leaseMs = attemptTimeoutMs + 30_000;
-    for (let busy = 0; !(await takeTurn({ key: input.key, holder, leaseMs })); busy++) {
+    for (let busy = 0; ; busy++) {
+      try {
+        if (await takeTurn({ key: input.key, holder, leaseMs })) return;
+      } catch (err) {
+        if (!(err instanceof ActivityFailure)) throw err;
+        // PostgreSQL unreachable: not this event's failure; wait and try again.
+        busy = Math.max(busy, 5);
+      }
       const ceiling = Math.min(TURN_BACKOFF_MS.max, TURN_BACKOFF_MS.first * 2 ** busy);
       await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
     }

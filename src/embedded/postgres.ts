@@ -74,7 +74,7 @@ export async function startEmbeddedPostgres(opts: {
   await server.start();
   // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
   // holding the data folder: a fast shutdown, sent synchronously as the process exits.
-  const child = (server as unknown as { process?: { kill(signal: string): void } }).process;
+  const child = (server as unknown as { process?: { kill(signal: string): void; exitCode: number | null; signalCode: string | null } }).process;
   const killOnExit = () => child?.kill('SIGINT');
   process.once('exit', killOnExit);
   const urlFor = (db: string) => `postgres://${user}:${password}@127.0.0.1:${port}/${db}`;
@@ -93,6 +93,9 @@ export async function startEmbeddedPostgres(opts: {
   await createDatabase(database);
   const stop = async () => {
     process.off('exit', killOnExit);
+    // A Ctrl-C in a terminal reaches PostgreSQL too, and it may already have shut down: the
+    // package's stop() would then wait forever for an exit that has happened.
+    if (child && (child.exitCode !== null || child.signalCode !== null)) return;
     await server.stop();
   };
   return { url: urlFor(database), port, urlFor, createDatabase, stop };
