@@ -263,6 +263,18 @@ describe('the core pipeline', () => {
     expect(eventsFor(key)).toHaveLength(1);
   });
 
+  it('waits out 429s without spending retry attempts: more 429s than the attempt budget still end sent', async () => {
+    // Twice the configured maximum attempts, all 429: a failure-counting policy would dead-letter it.
+    stripe.failNext(config.retry.maximumAttempts * 2, 429, { retryAfterSeconds: 0 });
+    const key = await enqueue('globex', 4);
+    const sent = await waitStatus(key, 'sent', 60_000);
+    const statuses = stripe.requests().filter((r) => r.identifier === key).map((r) => r.status);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(config.retry.maximumAttempts * 2);
+    expect(statuses.at(-1)).toBe(200);
+    expect(sent.last_error_code).toBeNull();
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
   it('honours Retry-After on a 429', async () => {
     stripe.failNext(1, 429, { retryAfterSeconds: 2 });
     const started = Date.now();
