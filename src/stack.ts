@@ -128,7 +128,7 @@ async function within(promise: Promise<unknown>, ms: number): Promise<'done' | '
   }
 }
 
-const isAlive = (server: DevServer) => server.process.exitCode === null && server.process.signalCode === null;
+const isAlive = (server: DevServer) => server.alive();
 
 /**
  * Waits for the dev server's Web UI to answer and checks that the server is still running. The CLI
@@ -146,7 +146,7 @@ async function confirmDevServer(server: DevServer, log: Logger): Promise<void> {
     if (ok) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  if (!isAlive(server)) throw new Error(`temporal dev server exited (code ${String(server.process.exitCode)}) right after starting`);
+  if (!isAlive(server)) throw new Error('temporal dev server exited right after starting');
   if (server.uiUrl && Date.now() >= until) log.warn({ ui: server.uiUrl }, 'Temporal Web UI is not answering yet');
 }
 

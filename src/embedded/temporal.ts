@@ -25,7 +25,8 @@ export function findTemporalCli(configured?: string): string | undefined {
 export interface DevServer {
   address: string;
   uiUrl: string | undefined;
-  process: ChildProcess;
+  /** False once the server process has exited. */
+  alive(): boolean;
   stop(): Promise<void>;
 }
 
@@ -40,8 +41,8 @@ export async function startTemporalDevServer(opts: {
   cliPath?: string | undefined;
 } = {}): Promise<DevServer> {
   const cli = findTemporalCli(opts.cliPath);
-  if (!cli) throw new Error('no temporal CLI found: run `bash scripts/tools.sh` (or set TEMPORAL_CLI_PATH)');
   const port = opts.port ?? (await freePort());
+  if (!cli) return startDownloadedDevServer({ ...opts, port });
   const args = [
     'server', 'start-dev',
     '--ip', '127.0.0.1',
@@ -85,8 +86,45 @@ export async function startTemporalDevServer(opts: {
   return {
     address,
     uiUrl,
-    process: child,
+    alive: () => child.exitCode === null && child.signalCode === null,
     stop: () => stopChild(child),
+  };
+}
+
+/**
+ * Without a local CLI (no Python to install the PyPI wheel, nothing on PATH), the Temporal SDK
+ * downloads the same CLI itself: this works on a machine with internet access only.
+ */
+async function startDownloadedDevServer(opts: {
+  dbFile?: string;
+  port: number;
+  uiPort?: number;
+  headless?: boolean;
+  namespace?: string;
+}): Promise<DevServer> {
+  const { TestWorkflowEnvironment } = await import('@temporalio/testing');
+  const { SEARCH_ATTRIBUTES } = await import('../../workflows/shared.js');
+  const ui = !(opts.headless ?? true);
+  const uiPort = ui ? (opts.uiPort ?? (await freePort())) : undefined;
+  const env = await TestWorkflowEnvironment.createLocal({
+    server: {
+      ip: '127.0.0.1',
+      port: opts.port,
+      namespace: opts.namespace ?? 'default',
+      searchAttributes: SEARCH_ATTRIBUTES,
+      ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
+      ...(ui ? { ui: true, uiPort } : {}),
+    },
+  });
+  let stopped = false;
+  return {
+    address: `127.0.0.1:${opts.port}`,
+    uiUrl: ui ? `http://127.0.0.1:${uiPort}` : undefined,
+    alive: () => !stopped,
+    stop: async () => {
+      stopped = true;
+      await env.teardown();
+    },
   };
 }
 
