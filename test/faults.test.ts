@@ -4,25 +4,18 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import type { Client } from '@temporalio/client';
-import type { NativeConnection } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/enqueue.js';
-import { createStripeClient } from '../src/stripe-client.js';
 import { LocalStripe } from '../src/stripe-local/server.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
-import { addCustomer, createTestDb, statusCounts, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, statusCounts, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
 let stripe: LocalStripe;
 let config: Config;
 let env: Record<string, string>;
-let client: Client;
-let connection: NativeConnection;
-let closeClient: () => Promise<void>;
-const workers: RunningWorker[] = [];
+let pipeline: TestPipeline;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
@@ -45,37 +38,15 @@ beforeAll(async () => {
     LOG_LEVEL: 'warn',
   };
   config = testConfig(env);
-  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
-  client = t.client;
-  connection = t.connection;
-  closeClient = () => t.clientConnection.close();
+  pipeline = await startTestPipeline({ db, config, worker: false });
 });
 
 afterAll(async () => {
   for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
-  for (const w of workers) await w.shutdown();
-  await closeClient?.();
-  await connection?.close();
+  await pipeline?.stop();
   await stripe?.close();
   await db?.drop();
 });
-
-function inProcessWorker(): Promise<RunningWorker> {
-  return startWorker({
-    config,
-    databaseUrl: db.url,
-    pool: db.pool,
-    stripe: createStripeClient(config.stripe),
-    connection,
-    client,
-    workflowBundle: workflowBundle(),
-    relayRunForMs: 5_000,
-    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-  }).then((w) => {
-    workers.push(w);
-    return w;
-  });
-}
 
 async function enqueueMany(n: number, prefix: string): Promise<string[]> {
   return withTransaction(db.pool, async (c) => {
@@ -118,14 +89,14 @@ it('a worker process killed with SIGKILL mid-delivery loses nothing and bills no
   expect(atKill.sent ?? 0).toBeLessThan(40);
 
   stripe.setLatency(0);
-  await inProcessWorker();
+  await pipeline.addWorker();
   await waitFor('every event sent', async () => (await statusCounts(db.pool)).sent === 40, 90_000, 250);
   expectBilledOnce(keys);
   expect(stripe.events().filter((e) => keys.includes(e.identifier)).reduce((s, e) => s + e.value, 0)).toBe((40 * 41) / 2);
 }, 150_000);
 
 it('Stripe unreachable for a while: events wait, then all arrive once', async () => {
-  if (workers.length === 0) await inProcessWorker();
+  if (pipeline.workers.length === 0) await pipeline.addWorker();
   // Down until the pipeline has visibly hit the outage (the relay of the killed worker above may
   // take its heartbeat timeout to come back), then up again.
   stripe.refuseFor(120);

@@ -6,8 +6,13 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { inject } from 'vitest';
+import type { Client } from '@temporalio/client';
+import type { NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
+import type { Metrics } from '../src/metrics.js';
+import { createStripeClient } from '../src/stripe-client.js';
+import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
 import { installTemporalRuntime } from '../src/temporal-runtime.js';
 import './provided.js';
 
@@ -96,4 +101,61 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined |
 export async function statusCounts(pool: pg.Pool): Promise<Record<string, number>> {
   const { rows } = await pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
   return Object.fromEntries(rows.map((r) => [r.status, r.n]));
+}
+
+export interface TestPipeline {
+  client: Client;
+  connection: NativeConnection;
+  /** Workers started with `addWorker` (the first one is started by `startTestPipeline`). */
+  workers: RunningWorker[];
+  addWorker(): Promise<RunningWorker>;
+  /** Ends this task queue's open workflows (dead letters wait forever), stops workers, closes. */
+  stop(): Promise<void>;
+}
+
+/**
+ * A Temporal client on the shared dev server and, unless `worker: false`, one in-process worker for
+ * `config`'s task queue, delivering to whatever Stripe `config` names.
+ */
+export async function startTestPipeline(opts: {
+  db: TestDb;
+  config: Config;
+  metrics?: Metrics;
+  worker?: boolean;
+}): Promise<TestPipeline> {
+  const { config, db } = opts;
+  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+  const workers: RunningWorker[] = [];
+  const addWorker = async () => {
+    const w = await startWorker({
+      config,
+      databaseUrl: db.url,
+      pool: db.pool,
+      stripe: createStripeClient(config.stripe),
+      connection: t.connection,
+      client: t.client,
+      metrics: opts.metrics,
+      workflowBundle: workflowBundle(),
+      relayRunForMs: 5_000,
+      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+    });
+    workers.push(w);
+    return w;
+  };
+  if (opts.worker !== false) await addWorker();
+  return {
+    client: t.client,
+    connection: t.connection,
+    workers,
+    addWorker,
+    async stop() {
+      const running = t.client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` });
+      for await (const wf of running) {
+        await t.client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+      }
+      for (const w of workers.splice(0)) await w.shutdown();
+      await t.clientConnection.close();
+      await t.connection.close();
+    },
+  };
 }

@@ -4,41 +4,29 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import type { Client } from '@temporalio/client';
-import type { NativeConnection } from '@temporalio/worker';
-import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
-import { createStripeClient } from '../src/stripe-client.js';
 import { LocalStripe } from '../src/stripe-local/server.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
-import { createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
-let client: Client;
-let connection: NativeConnection;
-let closeClient: () => Promise<void>;
 let stripe: LocalStripe | undefined;
-const workers: RunningWorker[] = [];
+let pipeline: TestPipeline | undefined;
 const children: ChildProcess[] = [];
 
 beforeAll(async () => {
   db = await createTestDb();
-  const t = await connectTemporal(inject('temporalAddress'), 'default');
-  client = t.client;
-  connection = t.connection;
-  closeClient = () => t.clientConnection.close();
 });
 
 afterEach(async () => {
   for (const c of children.splice(0)) if (c.exitCode === null) c.kill('SIGKILL');
-  for (const w of workers.splice(0)) await w.shutdown();
+  await pipeline?.stop();
+  pipeline = undefined;
   await stripe?.close();
   stripe = undefined;
 });
 
 afterAll(async () => {
-  await closeClient?.();
-  await connection?.close();
   await db?.drop();
 });
 
@@ -81,22 +69,6 @@ function workerEnv(config: Config): Record<string, string> {
   };
 }
 
-async function inProcessWorker(config: Config): Promise<void> {
-  workers.push(
-    await startWorker({
-      config,
-      databaseUrl: db.url,
-      pool: db.pool,
-      stripe: createStripeClient(config.stripe),
-      connection,
-      client,
-      workflowBundle: workflowBundle(),
-      relayRunForMs: 5_000,
-      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-    }),
-  );
-}
-
 async function workerProcess(config: Config): Promise<void> {
   const child = spawn(process.execPath, ['--import', 'tsx', 'src/worker-main.ts'], {
     env: { ...process.env, ...workerEnv(config) },
@@ -127,7 +99,8 @@ describe("Stripe's limits", () => {
     stripe.setLatency(60);
     const config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_limits', STRIPE_RATE_LIMIT_PER_SECOND: '500', RELAY_COUNT: '2' });
     const tenants = await customers(3, `sf-${randomUUID().slice(0, 6)}`);
-    await Promise.all([workerProcess(config), workerProcess(config), inProcessWorker(config)]);
+    pipeline = await startTestPipeline({ db, config, worker: false });
+    await Promise.all([workerProcess(config), workerProcess(config), pipeline.addWorker()]);
 
     const prefix = `sf-${randomUUID()}-`;
     await backlog(90, tenants, prefix);
@@ -147,7 +120,7 @@ describe("Stripe's limits", () => {
     const tenants = await customers(200, `rl-${randomUUID().slice(0, 6)}`);
     const prefix = `rl-${randomUUID()}-`;
     await backlog(5_000, tenants, prefix);
-    await inProcessWorker(config);
+    pipeline = await startTestPipeline({ db, config });
 
     const windowMs = 25_000;
     await waitFor('the first call', async () => stripe!.requests().length > 0, 60_000);

@@ -5,8 +5,6 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomBytes, randomUUID } from 'node:crypto';
-import type { Client } from '@temporalio/client';
-import type { NativeConnection } from '@temporalio/worker';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
@@ -16,10 +14,8 @@ import { recordUsage } from '../src/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
 import { statusSummary } from '../src/outbox-sql.js';
-import { createStripeClient } from '../src/stripe-client.js';
 import { LocalStripe } from '../src/stripe-local/server.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
-import { addCustomer, createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };
 
@@ -167,41 +163,16 @@ describe('the worker-side metrics server', () => {
 
 describe('counters after real deliveries', () => {
   let stripe: LocalStripe;
-  let client: Client;
-  let connection: NativeConnection;
-  let closeClient: () => Promise<void>;
-  let worker: RunningWorker;
+  let pipeline: TestPipeline;
 
   beforeAll(async () => {
     stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
     config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_metrics' });
-    const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
-    client = t.client;
-    connection = t.connection;
-    closeClient = () => t.clientConnection.close();
-    worker = await startWorker({
-      config,
-      databaseUrl: db.url,
-      pool: db.pool,
-      stripe: createStripeClient(config.stripe),
-      connection,
-      client,
-      metrics,
-      workflowBundle: workflowBundle(),
-      relayRunForMs: 5_000,
-      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-    });
+    pipeline = await startTestPipeline({ db, config, metrics });
   });
 
   afterAll(async () => {
-    if (client) {
-      for await (const wf of client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
-        await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
-      }
-    }
-    await worker?.shutdown();
-    await closeClient?.();
-    await connection?.close();
+    await pipeline?.stop();
     await stripe?.close();
   });
 

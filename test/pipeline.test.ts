@@ -4,26 +4,21 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Client } from '@temporalio/client';
-import type { NativeConnection } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startUsageWorkflow } from '../activities/relay.js';
 import { claimBatch } from '../src/outbox-sql.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/enqueue.js';
-import { createStripeClient } from '../src/stripe-client.js';
 import { LocalStripe } from '../src/stripe-local/server.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
 import { retrySignal, stateQuery } from '../workflows/shared.js';
-import { addCustomer, createTestDb, testConfig, waitFor, workflowBundle, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
 let stripe: LocalStripe;
 let config: Config;
+let pipeline: TestPipeline;
 let client: Client;
-let connection: NativeConnection;
-let closeClient: () => Promise<void>;
-let worker: RunningWorker;
 
 beforeAll(async () => {
   db = await createTestDb();
@@ -32,33 +27,12 @@ beforeAll(async () => {
   await addCustomer(db.pool, 'globex', 'cus_globex');
   await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
   config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_pipeline' });
-  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
-  client = t.client;
-  connection = t.connection;
-  closeClient = () => t.clientConnection.close();
-  worker = await startWorker({
-    config,
-    databaseUrl: db.url,
-    pool: db.pool,
-    stripe: createStripeClient(config.stripe),
-    connection,
-    client,
-    workflowBundle: workflowBundle(),
-    relayRunForMs: 5_000,
-    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-  });
+  pipeline = await startTestPipeline({ db, config });
+  client = pipeline.client;
 });
 
 afterAll(async () => {
-  // Dead letters wait for a signal forever: end this file's workflows so the shared server is quiet.
-  if (client) {
-    for await (const wf of client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
-      await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
-    }
-  }
-  await worker?.shutdown();
-  await closeClient?.();
-  await connection?.close();
+  await pipeline?.stop();
   await stripe?.close();
   await db?.drop();
 });
