@@ -40,17 +40,33 @@ const MAX_IDLE_WAIT_MS = 5_000;
  * namespace's retention). Either refusal means the event is already in Temporal's hands.
  * Returns false when it was already started.
  */
-/** The usage workflow's input for an outbox row; `force` only for an operator's forced reopen. */
-export function usageWorkflowInput(
+/**
+ * How a usage workflow is started, by the relay and by an operator's reopen alike: workflow id =
+ * idempotency key, conflict policy FAIL (never a second run beside a running one). The relay uses
+ * reuse policy REJECT_DUPLICATE (never a second run after one ever ran); only the CLI's guarded
+ * reopen of a dead letter whose workflow has closed passes ALLOW_DUPLICATE.
+ */
+export function usageWorkflowStartOptions(
   row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
   config: Pick<Config, 'retry' | 'temporal'>,
-  force?: boolean,
-): UsageWorkflowInput {
-  return {
+  opts: { reusePolicy: 'REJECT_DUPLICATE' | 'ALLOW_DUPLICATE'; force?: boolean },
+) {
+  const input: UsageWorkflowInput = {
     key: row.idempotency_key,
     tenantId: row.tenant_id,
     retry: config.retry,
-    ...(force ? { force } : {}),
+    ...(opts.force ? { force: true } : {}),
+  };
+  return {
+    workflowId: row.idempotency_key,
+    taskQueue: config.temporal.taskQueue,
+    args: [input] as [UsageWorkflowInput],
+    workflowIdConflictPolicy: 'FAIL' as const,
+    workflowIdReusePolicy: opts.reusePolicy,
+    typedSearchAttributes: [
+      { key: OutboxStatusKey, value: 'dispatched' },
+      { key: TenantIdKey, value: row.tenant_id },
+    ],
   };
 }
 
@@ -59,19 +75,8 @@ export async function startUsageWorkflow(
   row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
   config: Pick<Config, 'retry' | 'temporal'>,
 ): Promise<boolean> {
-  const input = usageWorkflowInput(row, config);
   try {
-    await client.workflow.start('usageWorkflow', {
-      workflowId: row.idempotency_key,
-      taskQueue: config.temporal.taskQueue,
-      args: [input],
-      workflowIdConflictPolicy: 'FAIL',
-      workflowIdReusePolicy: 'REJECT_DUPLICATE',
-      typedSearchAttributes: [
-        { key: OutboxStatusKey, value: 'dispatched' },
-        { key: TenantIdKey, value: row.tenant_id },
-      ],
-    });
+    await client.workflow.start('usageWorkflow', usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }));
     return true;
   } catch (err) {
     if (err instanceof WorkflowExecutionAlreadyStartedError) return false;

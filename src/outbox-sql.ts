@@ -291,10 +291,12 @@ export async function countRecentlySent(db: Queryable, at: Date): Promise<Recent
   return rows[0]!;
 }
 
-export async function countDeadByErrorCode(db: Queryable): Promise<{ code: string | null; count: number }[]> {
+/** Rows in one status (`dead`, `rejected_async`) grouped by their last error code, most first. */
+export async function countByErrorCode(db: Queryable, status: 'dead' | 'rejected_async'): Promise<{ code: string | null; count: number }[]> {
   const { rows } = await db.query<{ code: string | null; count: number }>(
-    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = 'dead'
+    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = $1::text
       GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
+    [status],
   );
   return rows;
 }
@@ -527,14 +529,6 @@ export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]
        LEFT JOIN outbox o ON o.idempotency_key = s.key
        LEFT JOIN marked m ON m.idempotency_key = s.key`,
     [samples.map((s) => s.key), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000))],
-  );
-  return rows;
-}
-
-export async function countRejectedByErrorCode(db: Queryable): Promise<{ code: string | null; count: number }[]> {
-  const { rows } = await db.query<{ code: string | null; count: number }>(
-    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = 'rejected_async'
-      GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
   );
   return rows;
 }

@@ -19,14 +19,12 @@ import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
 import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox-sql.js';
-import { usageWorkflowInput } from '../../activities/relay.js';
+import { usageWorkflowStartOptions } from '../../activities/relay.js';
 import {
   IDENTIFIER_WINDOW_MS,
-  OutboxStatusKey,
   retrySignal,
   SAFE_RESEND_WINDOW_MS,
   stateQuery,
-  TenantIdKey,
   type UsageState,
 } from '../../workflows/shared.js';
 import { formatDuration } from './format.js';
@@ -188,19 +186,11 @@ export class DeadLetterRetrier {
       const current = await findOperatorRow(db, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
     }
-    const input = usageWorkflowInput({ idempotency_key: key, tenant_id: reopened.tenant_id }, config, opts.force);
     try {
-      await client.workflow.start('usageWorkflow', {
-        workflowId: key,
-        taskQueue: config.temporal.taskQueue,
-        args: [input],
-        workflowIdConflictPolicy: 'FAIL',
-        workflowIdReusePolicy: 'ALLOW_DUPLICATE',
-        typedSearchAttributes: [
-          { key: OutboxStatusKey, value: 'dispatched' },
-          { key: TenantIdKey, value: reopened.tenant_id },
-        ],
-      });
+      await client.workflow.start(
+        'usageWorkflow',
+        usageWorkflowStartOptions({ idempotency_key: key, tenant_id: reopened.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE', force: opts.force }),
+      );
     } catch (err) {
       const restored = await restoreDeadLetter(db, key, reopened.previous_dead_at);
       return done(

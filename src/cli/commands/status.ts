@@ -1,9 +1,8 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
 import {
-  countDeadByErrorCode,
+  countByErrorCode,
   countRecentlySent,
   countRejectedAndCancelled,
-  countRejectedByErrorCode,
   errorReportTotals,
   statusSummary,
 } from '../../outbox-sql.js';
@@ -60,9 +59,9 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   const [summary, recent, dead, unbilled, rejected, reports] = await Promise.all([
     statusSummary(db),
     countRecentlySent(db, now),
-    countDeadByErrorCode(db),
+    countByErrorCode(db, 'dead'),
     countRejectedAndCancelled(db),
-    countRejectedByErrorCode(db),
+    countByErrorCode(db, 'rejected_async'),
     errorReportTotals(db),
   ]);
   const waiting = summary.pending + summary.claimed;
