@@ -1,7 +1,7 @@
 /**
  * Activities of the usage workflow: report one event to Stripe, and keep its outbox row current.
  */
-import { activityInfo, ApplicationFailure, Context } from '@temporalio/activity';
+import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/activity';
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
@@ -64,7 +64,9 @@ const MAX_PACING_WAIT_MS = 1_000;
 
 export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs, stripeCallsPerSecond }: DeliveryDeps) {
   /** Counted once the row is marked sent, timed from its commit. */
-  const acknowledged = (createdAt: Date) => {
+  const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
+    // The SDK's activity logger adds the workflow id, run id and attempt to every line.
+    log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts });
     metrics?.eventsSent.inc();
     metrics?.commitToAck.observe(Math.max(0, Date.now() - createdAt.getTime()) / 1000);
   };
@@ -164,11 +166,12 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
       if (failure.kind === 'delivered') {
         const attempts = await markSent(db, key);
         metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
-        acknowledged(row.created_at);
+        acknowledged(key, 'duplicate', attempts, row.created_at);
         return { outcome: 'duplicate', attempts };
       }
       await recordAttemptError(db, key, failure.code, failure.message);
       metrics?.stripeErrors.inc({ class: failure.kind });
+      log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
       switch (failure.kind) {
         case 'rejected':
           throw fail(ErrorTypes.rejected, failure.code, failure.message);
@@ -184,7 +187,7 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
       }
     }
     const attempts = await markSent(db, key);
-    acknowledged(row.created_at);
+    acknowledged(key, 'sent', attempts, row.created_at);
     return { outcome: 'sent', attempts };
   }
 }

@@ -138,6 +138,28 @@ try {
       events: N, customers: C, relays: 2, rateLimit: Number(values.rate), ms: Math.round(ms), eventsPerSecond: rate(N, ms),
       stripeEvents: stripe.events().length, commitToAckMsP50: Math.round(pct(lat, 50)), commitToAckMsP99: Math.round(pct(lat, 99)),
     });
+    // An idle pipeline: single events committed one at a time. The relay is asleep on LISTEN; what
+    // wakes it is the NOTIFY at commit (the polling fallback alone would take up to RELAY_POLL_INTERVAL_MS).
+    for (let i = 0; i < 20; i++) {
+      await withTransaction(pool, (c) => recordUsage(c, { usageId: `idle-${i}`, tenantId: 't1', quantity: 1 }));
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    for (;;) {
+      const { rows } = await pool.query(`SELECT count(*)::int AS n FROM outbox WHERE status = 'sent' AND idempotency_key LIKE 'usage_log:idle-%'`);
+      if (rows[0].n >= 20) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const idle = await pool.query<{ dispatch: number; ack: number }>(
+      `SELECT extract(epoch FROM dispatched_at - created_at) * 1000 AS dispatch, extract(epoch FROM sent_at - created_at) * 1000 AS ack
+         FROM outbox WHERE idempotency_key LIKE 'usage_log:idle-%'`,
+    );
+    const dispatch = idle.rows.map((r) => Number(r.dispatch)).sort((a, b) => a - b);
+    const ack = idle.rows.map((r) => Number(r.ack)).sort((a, b) => a - b);
+    report('idle', {
+      events: 20, pollIntervalMs: config.relay.pollIntervalMs,
+      commitToDispatchedMsP50: Math.round(pct(dispatch, 50)), commitToDispatchedMsMax: Math.round(dispatch.at(-1)!),
+      commitToAckMsP50: Math.round(pct(ack, 50)), commitToAckMsMax: Math.round(ack.at(-1)!),
+    });
     await worker.shutdown();
     await t.clientConnection.close();
     await t.connection.close();

@@ -24,7 +24,7 @@ import { createLogger, type Logger } from './log.js';
 import { createMetrics } from './metrics.js';
 import { createStripeClient, LOCAL_TEST_KEY } from './stripe-client.js';
 import { LocalStripe } from './stripe-local/server.js';
-import { installTemporalRuntime } from './temporal-runtime.js';
+import { installTemporalRuntime, sdkLogLevel } from './temporal-runtime.js';
 import { connectTemporal, startWorker } from './worker.js';
 
 /** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
@@ -162,7 +162,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
   const ports: StackPorts = { ...PREFERRED_PORTS, ...opts.ports };
   // The SDK's own worker metrics, on loopback only: the API's GET /metrics appends them.
   const sdkMetricsAddress = `127.0.0.1:${await freePort()}`;
-  installTemporalRuntime(log, opts.quiet ? 'ERROR' : 'WARN', sdkMetricsAddress);
+  installTemporalRuntime(log, opts.quiet ? 'ERROR' : sdkLogLevel(config.logLevel), sdkMetricsAddress);
   const dataDir = path.resolve(opts.dataDir ?? config.dataDir ?? path.join(PROJECT_ROOT, '.data'));
   await mkdir(dataDir, { recursive: true, mode: 0o755 });
 

@@ -7,6 +7,22 @@ import type { Logger } from './log.js';
 
 let installed = false;
 
+/** The SDK's level for our LOG_LEVEL: activities log through the SDK (with workflow ids attached). */
+export function sdkLogLevel(level: string): LogLevel {
+  switch (level) {
+    case 'trace':
+      return 'TRACE';
+    case 'debug':
+      return 'DEBUG';
+    case 'info':
+      return 'INFO';
+    case 'warn':
+      return 'WARN';
+    default:
+      return 'ERROR';
+  }
+}
+
 /**
  * `prometheusBindAddress` (host:port) turns on the SDK's own Prometheus exporter (worker and
  * connection metrics: task slots, poll latencies, schedule-to-start, …) at http://host:port/metrics.

@@ -9,7 +9,7 @@ import { createPool, migrate, redactUrl } from './db.js';
 import { freePort } from './embedded/postgres.js';
 import { createLogger } from './log.js';
 import { createMetrics, startMetricsServer, type MetricsServer } from './metrics.js';
-import { installTemporalRuntime } from './temporal-runtime.js';
+import { installTemporalRuntime, sdkLogLevel } from './temporal-runtime.js';
 import { runMain, untilSignal } from './main-util.js';
 import { createStripeClient } from './stripe-client.js';
 import { connectTemporal, startWorker } from './worker.js';
@@ -18,7 +18,7 @@ await runMain(async () => {
   const config = loadConfig();
   const log = createLogger(config.logLevel);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
-  installTemporalRuntime(log, 'WARN', sdkMetricsAddress);
+  installTemporalRuntime(log, sdkLogLevel(config.logLevel), sdkMetricsAddress);
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
   if (!config.stripe.apiKey && config.stripe.isRealStripe) {
     throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
