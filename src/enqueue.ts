@@ -12,6 +12,8 @@ export const KEY_PREFIX = 'usage_log:';
 export const MAX_USAGE_ID_LENGTH = 100 - KEY_PREFIX.length;
 export const MAX_EVENT_NAME_LENGTH = 100;
 export const MAX_TENANT_ID_LENGTH = 200;
+/** Stripe accepts meter events stamped up to 5 minutes in the future. */
+const MAX_FUTURE_SKEW_MS = 5 * 60_000;
 
 export interface UsageInput {
   /** The application's id for this unit of work; enqueueing the same id again is a no-op. */
@@ -118,6 +120,12 @@ export function validateUsage(input: UsageInput, defaultEventName: string): Vali
   if (input.occurredAt !== undefined) {
     if (!(input.occurredAt instanceof Date) || Number.isNaN(input.occurredAt.getTime())) {
       throw new InvalidUsageError('occurredAt', 'must be a valid Date');
+    }
+    // Stripe takes usage stamped at most 5 minutes ahead; later than that it could never be
+    // reported from here. (Old usage is accepted: it is recorded, and dead-lettered with its reason
+    // if it is past Stripe's 35-day window by the time it is sent.)
+    if (input.occurredAt.getTime() > Date.now() + MAX_FUTURE_SKEW_MS) {
+      throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
     }
     occurredAt = input.occurredAt;
   }

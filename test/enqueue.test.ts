@@ -94,6 +94,7 @@ describe('recordUsage', () => {
     ['event name over 100 chars', { eventName: 'e'.repeat(101) }, 'eventName'],
     ['empty tenant', { tenantId: '' }, 'tenantId'],
     ['invalid date', { occurredAt: new Date('nope') }, 'occurredAt'],
+    ['usage stamped an hour ahead', { occurredAt: new Date(Date.now() + 3_600_000) }, 'occurredAt'],
   ];
   it.each(bad)('rejects %s before writing anything', async (_name, patch, field) => {
     const before = [await count('usage_logs'), await count('outbox')];
