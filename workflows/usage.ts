@@ -15,6 +15,7 @@ import {
   ApplicationFailure,
   condition,
   continueAsNew,
+  isCancellation,
   proxyActivities,
   proxyLocalActivities,
   setHandler,
@@ -94,8 +95,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       try {
         if (await takeTurn({ key: input.key, holder, leaseMs })) return;
       } catch (err) {
-        if (!(err instanceof ActivityFailure)) throw err;
-        // PostgreSQL unreachable: not this event's failure; wait and try again.
+        // A local activity's failure arrives as its cause (an ApplicationFailure), not wrapped in
+        // an ActivityFailure. Either way it is PostgreSQL being unreachable, not this event's
+        // fault: wait and try again. Only cancellation ends the wait.
+        if (isCancellation(err)) throw err;
         busy = Math.max(busy, 5);
       }
       const ceiling = Math.min(TURN_BACKOFF_MS.max, TURN_BACKOFF_MS.first * 2 ** busy);
