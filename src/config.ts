@@ -95,6 +95,7 @@ const schema = z.object({
   RETRY_BACKOFF_COEFFICIENT: decimal(1, 10).default(2),
   RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
   RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
+  RETRY_MAX_RATE_LIMITED_MS: int(1_000, 86_400_000).default(3_600_000),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
   RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
@@ -130,6 +131,8 @@ export interface RetryConfig {
   maximumAttempts: number;
   /** STRIPE_TIMEOUT_MS plus room for the database work around the call. */
   attemptTimeoutMs: number;
+  /** How long an event may be held back by Stripe's 429s before it is dead-lettered. */
+  maxRateLimitedMs: number;
 }
 
 export interface Config {
@@ -230,6 +233,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS,
       maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS,
       attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000,
+      maxRateLimitedMs: c.RETRY_MAX_RATE_LIMITED_MS,
     },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,

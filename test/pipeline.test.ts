@@ -5,7 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Client } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startUsageWorkflow } from '../activities/relay.js';
+import { startUsageWorkflow, usageWorkflowStartOptions } from '../activities/relay.js';
 import { claimBatch } from '../src/outbox-sql.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
@@ -247,6 +247,30 @@ describe('the core pipeline', () => {
     expect(statuses.at(-1)).toBe(200);
     expect(sent.last_error_code).toBeNull();
     expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('dead-letters an event Stripe keeps refusing with 429 for longer than RETRY_MAX_RATE_LIMITED_MS', async () => {
+    // A separate run with a 2 s budget for 429s, against the same database and Stripe.
+    const shortConfig = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_pipeline', RETRY_MAX_RATE_LIMITED_MS: '2000' });
+    const short = await startTestPipeline({ db, config: shortConfig, worker: false });
+    try {
+      stripe.failNext(1_000, 429, { retryAfterSeconds: 0 });
+      const key = `usage_log:${randomUUID()}`;
+      await db.pool.query(
+        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+         VALUES ('acme', 'api_requests', 1, now(), $1, 'dispatched')`,
+        [key],
+      );
+      await short.client.workflow.start('usageWorkflow', usageWorkflowStartOptions({ idempotency_key: key, tenant_id: 'acme' }, shortConfig, { reusePolicy: 'REJECT_DUPLICATE' }));
+      await short.addWorker();
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_code).toBe('rate_limited');
+      expect(eventsFor(key)).toHaveLength(0);
+    } finally {
+      // Forget the 429s still queued (and what this Stripe recorded so far: each test checks its own keys).
+      stripe.reset();
+      await short.stop();
+    }
   });
 
   it('honours Retry-After on a 429', async () => {

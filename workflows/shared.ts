@@ -23,6 +23,8 @@ export interface RetryPolicyInput {
    * in-flight attempt holds the event.
    */
   attemptTimeoutMs?: number;
+  /** How long Stripe may keep answering 429 before the event is dead-lettered (default 1 h). */
+  maxRateLimitedMs?: number;
 }
 
 /**
@@ -54,7 +56,7 @@ export interface DeliverInput {
 
 /** Stripe's Retry-After is honoured, plus up to this much jitter so waiters do not stampede. */
 export const RATE_LIMIT_JITTER_MS = 500;
-/** An event deferred by 429s for longer than this becomes a dead letter (`rate_limited`). */
+/** An event deferred by 429s for longer than this becomes a dead letter (`rate_limited`), by default. */
 export const MAX_DEFERRAL_MS = 3_600_000;
 
 

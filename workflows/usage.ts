@@ -114,10 +114,11 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       const result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
       if (result.outcome !== 'deferred') return result;
       deferredSince ??= Date.now();
-      if (Date.now() - deferredSince > MAX_DEFERRAL_MS) {
+      const maxDeferralMs = input.retry.maxRateLimitedMs ?? MAX_DEFERRAL_MS;
+      if (Date.now() - deferredSince > maxDeferralMs) {
         throw ApplicationFailure.create({
           type: ErrorTypes.deferredTooLong,
-          message: `Stripe kept answering 429 for over ${MAX_DEFERRAL_MS / 60_000} minutes`,
+          message: `Stripe kept answering 429 for over ${Math.round(maxDeferralMs / 1000)} s`,
           details: ['rate_limited'],
           nonRetryable: true,
         });
