@@ -564,13 +564,7 @@ export async function countRejectedAndCancelled(db: Queryable): Promise<{ reject
   return rows[0]!;
 }
 
-export interface RejectedRow {
-  id: number;
-  idempotency_key: string;
-  tenant_id: string;
-  event_name: string;
-  quantity: number;
-  occurred_at: Date;
+export interface RejectedRow extends Omit<EntryRow, 'status'> {
   sent_at: Date | null;
   rejected_at: Date | null;
   last_error_code: string | null;
