@@ -10,7 +10,7 @@
  * the raw body (else 400) → already processed? (200, nothing else) → fetch the full event from
  * Stripe (else 503: Stripe redelivers) → in one transaction, record the event id (the primary key
  * makes a concurrent redelivery wait and then do nothing) and move the named rows that are `sent`
- * to `rejected_async` → 200.
+ * (or `dispatched`: accepted by Stripe, not yet recorded as sent) to `rejected_async` → 200.
  *
  * Stripe's report names only a *sample* of the failed requests. `error_count` minus the samples
  * that name one of our rows is stored as `unmatched`: those events are affected too but cannot be
@@ -68,9 +68,9 @@ export interface ErrorReportOutcome {
   errorCount: number;
   /** Samples naming one of our rows (any status). */
   matched: number;
-  /** Rows moved from `sent` to `rejected_async`. */
+  /** Rows moved from `sent` or `dispatched` to `rejected_async`. */
   marked: string[];
-  /** Named rows that were not `sent` (still in flight, already rejected or cancelled): left as they were. */
+  /** Named rows in another status (not yet sent to Stripe, dead, already rejected or cancelled): left as they were. */
   notSent: { key: string; status: string }[];
   /** Sample identifiers that are not in our outbox. */
   unknown: string[];
@@ -111,7 +111,7 @@ export function parseErrorReport(event: unknown): ErrorReport {
 }
 
 /**
- * Records one error report, once: marks the named `sent` rows `rejected_async` with Stripe's code
+ * Records one error report, once: marks the named `sent`/`dispatched` rows `rejected_async` with Stripe's code
  * and message. A redelivered event changes nothing and says `duplicate`.
  */
 export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
