@@ -75,11 +75,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     if (state.status === 'dead') requested = request;
   });
 
-  /** Waits for an operator's retry signal (one sent before the event was dead does not count). */
+  /** Waits for an operator's retry signal, or takes the one that arrived since the event died. */
   const nextRetry = async (): Promise<RetryRequest> => {
-    requested = undefined;
     await condition(() => requested !== undefined);
-    return requested ?? {};
+    const request = requested ?? {};
+    requested = undefined;
+    return request;
   };
 
   const setStatus = (status: OutboxStatus) => {
@@ -139,8 +140,11 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     } catch (err) {
       if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
       state.lastError = describeFailure(err);
-      state.attempts = await markDead({ key: input.key, ...state.lastError });
+      // Dead from here on, before the row is: an operator who sees the dead row and signals at
+      // once must not have the signal dropped while the bookkeeping is still running.
+      requested = undefined;
       setStatus('dead');
+      state.attempts = await markDead({ key: input.key, ...state.lastError });
     }
     force = (await nextRetry()).force === true;
     await markRetrying(input.key);
