@@ -159,3 +159,21 @@ export async function startTestPipeline(opts: {
     },
   };
 }
+
+/** Runs the operator CLI in-process against the test database, capturing what it prints. */
+export async function runCliWithoutTemporal(argv: string[], config: Config, db: TestDb): Promise<{ code: number; out: string; err: string }> {
+  const { runCli } = await import('../src/cli/run.js');
+  let out = '';
+  let err = '';
+  const code = await runCli(argv, {
+    config,
+    db: async () => db.pool,
+    temporal: async () => {
+      throw new Error('no Temporal in this test');
+    },
+    out: { write: (s: string) => (out += s) },
+    err: { write: (s: string) => (err += s) },
+    user: 'test-operator',
+  });
+  return { code, out, err };
+}

@@ -8,7 +8,6 @@ import { randomUUID } from 'node:crypto';
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DeadLetterRetrier, windowRefusal } from '../src/cli/retrier.js';
-import { runCli } from '../src/cli/run.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/enqueue.js';
@@ -16,7 +15,7 @@ import { findOperatorRow } from '../src/outbox-sql.js';
 import type { ReconcileReport } from '../src/reconcile.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe-client.js';
 import { LocalStripe } from '../src/stripe-local/server.js';
-import { addCustomer, createTestDb, testConfig, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
 const HOUR = 3_600_000;
 
@@ -81,21 +80,7 @@ async function event(
   return key;
 }
 
-async function cli(argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  let out = '';
-  let err = '';
-  const code = await runCli(argv, {
-    config,
-    db: async () => db.pool,
-    temporal: async () => {
-      throw new Error('no Temporal in this test');
-    },
-    out: { write: (s: string) => (out += s) },
-    err: { write: (s: string) => (err += s) },
-    user: 'test-operator',
-  });
-  return { code, out, err };
-}
+const cli = (argv: string[]) => runCliWithoutTemporal(argv, config, db);
 
 const at = (hours: number) => new Date(base + hours * HOUR).toISOString();
 

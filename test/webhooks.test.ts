@@ -12,7 +12,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
 import { parseErrorReport, recordErrorReport, WEBHOOK_PATH } from '../src/api/webhooks.js';
 import { DeadLetterRetrier } from '../src/cli/retrier.js';
-import { runCli } from '../src/cli/run.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { markSent } from '../src/outbox-sql.js';
@@ -22,7 +21,7 @@ import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe-client.js';
 import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/stripe-local/server.js';
-import { addCustomer, createTestDb, testConfig, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
 const CUSTOMER = 'cus_webhooks';
@@ -139,21 +138,7 @@ const sample = (text: string, name: string, labels: string) => {
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
 };
 
-async function cli(argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  let out = '';
-  let err = '';
-  const code = await runCli(argv, {
-    config,
-    db: async () => db.pool,
-    temporal: async () => {
-      throw new Error('no Temporal in this test');
-    },
-    out: { write: (s: string) => (out += s) },
-    err: { write: (s: string) => (err += s) },
-    user: 'test-operator',
-  });
-  return { code, out, err };
-}
+const cli = (argv: string[]) => runCliWithoutTemporal(argv, config, db);
 
 describe('POST /v1/stripe/webhooks', () => {
   it('delivered by Stripe over HTTP: the named sent rows become rejected_async with Stripe\'s code', async () => {
