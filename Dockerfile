@@ -43,4 +43,4 @@ RUN printf '#!/bin/sh\nexec node /app/bin/billing-outbox.mjs "$@"\n' > /usr/loca
 USER node
 # node itself loads tsx (`--import`), so the process that receives SIGTERM is the one that drains the
 # worker: `npm run worker` would put npm and tsx's own wrapper process in between.
-CMD ["node", "--import", "tsx", "src/worker-main.ts"]
+CMD ["node", "--import", "tsx", "src/bin/worker.ts"]

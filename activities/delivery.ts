@@ -5,17 +5,17 @@ import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/acti
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox-sql.js';
-import { classifyStripeError, sendMeterEvent } from '../src/stripe-client.js';
-import { acquireMeterLease, releaseMeterLease } from '../src/meter-leases.js';
-import { reserveSlots } from '../src/rate-limit.js';
+import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox/sql/delivery.js';
+import { classifyStripeError, sendMeterEvent } from '../src/stripe/client.js';
+import { acquireMeterLease, releaseMeterLease } from '../src/stripe/meter-lease.js';
+import { reserveSlots } from '../src/stripe/rate-limit.js';
 import { ErrorTypes, RATE_LIMIT_JITTER_MS, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
 
 export interface DeliveryDeps {
   db: Queryable;
   /** The Stripe client's timeout: a call holds its (customer, meter) lease at most this long. */
   stripeTimeoutMs: number;
-  /** Account-wide Stripe calls per second (src/rate-limit.ts). */
+  /** Account-wide Stripe calls per second (src/stripe/rate-limit.ts). */
   stripeCallsPerSecond: number;
   stripe: Pick<Stripe, 'billing'>;
   /** This process's counters; nothing is recorded without it. */

@@ -1,6 +1,6 @@
 /**
  * Every activity the worker registers, built from its dependencies (real clients are made in one
- * place: src/worker.ts). Workflows import only the types.
+ * place: src/temporal/worker.ts). Workflows import only the types.
  */
 import { createDeliveryActivities, type DeliveryDeps } from './delivery.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';

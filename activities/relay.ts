@@ -12,9 +12,9 @@ import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/c
 import type { Queryable } from '../src/db.js';
 import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
-import type { OutboxNotifier } from '../src/notifier.js';
-import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox-sql.js';
-import { reserveSlots } from '../src/rate-limit.js';
+import type { OutboxNotifier } from '../src/outbox/notifier.js';
+import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox/sql/relay.js';
+import { reserveSlots } from '../src/stripe/rate-limit.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
 
 export interface RelayDeps {

@@ -17,12 +17,12 @@ import { loadConfig } from '../src/config.js';
 import { createPool, migrate, withTransaction } from '../src/db.js';
 import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { startTemporalDevServer } from '../src/embedded/temporal.js';
-import { recordUsage } from '../src/enqueue.js';
-import { claimBatch } from '../src/outbox-sql.js';
-import { createStripeClient } from '../src/stripe-client.js';
-import { LocalStripe } from '../src/stripe-local/server.js';
-import { installTemporalRuntime } from '../src/temporal-runtime.js';
-import { connectTemporal, startWorker, WORKFLOWS_PATH } from '../src/worker.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { claimBatch } from '../src/outbox/sql/relay.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
+import { installTemporalRuntime } from '../src/temporal/runtime.js';
+import { connectTemporal, startWorker, WORKFLOWS_PATH } from '../src/temporal/worker.js';
 
 const { values } = parseArgs({
   options: {

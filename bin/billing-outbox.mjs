@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The `billing-outbox` operator CLI. Runs src/cli/main.ts under tsx in a child Node process, with
+// The `billing-outbox` operator CLI. Runs src/bin/cli.ts under tsx in a child Node process, with
 // tsx resolved from this package (not from the caller's working directory), and passes argv, stdio,
 // signals and the exit status through.
 import { spawn } from 'node:child_process';
@@ -8,7 +8,7 @@ import process from 'node:process';
 import { fileURLToPath } from 'node:url';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const entry = path.join(root, 'src', 'cli', 'main.ts');
+const entry = path.join(root, 'src', 'bin', 'cli.ts');
 const tsx = import.meta.resolve('tsx');
 
 const child = spawn(process.execPath, ['--import', tsx, entry, ...process.argv.slice(2)], { stdio: 'inherit' });

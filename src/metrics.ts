@@ -7,7 +7,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Queryable } from './db.js';
-import { countRejectedAndCancelled, statusSummary, type StatusSummary } from './outbox-sql.js';
+import { countRejectedAndCancelled, statusSummary, type StatusSummary } from './outbox/sql/status.js';
 
 /** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
 export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe'] as const;

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { claimBatch, markDispatched } from '../src/outbox-sql.js';
+import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -7,7 +7,7 @@ import {
   UnknownTenantError,
   UsageConflictError,
   type UsageInput,
-} from '../src/enqueue.js';
+} from '../src/outbox/enqueue.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -7,8 +7,8 @@ import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/enqueue.js';
-import { LocalStripe } from '../src/stripe-local/server.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
 import { addCustomer, createTestDb, startTestPipeline, statusCounts, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
@@ -67,7 +67,7 @@ function expectBilledOnce(keys: string[]): void {
 it('a worker process killed with SIGKILL mid-delivery loses nothing and bills nothing twice', async () => {
   // Slow answers keep many deliveries in flight when the process dies.
   stripe.setLatency(700);
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/worker-main.ts'], {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
     env: { ...process.env, ...env, DATABASE_URL: db.url, LOG_LEVEL: 'info' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -11,7 +11,7 @@ import type { TestProject } from 'vitest/node';
 import './provided.js';
 import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { startTemporalDevServer } from '../src/embedded/temporal.js';
-import { WORKFLOWS_PATH } from '../src/worker.js';
+import { WORKFLOWS_PATH } from '../src/temporal/worker.js';
 
 export default async function setup(project: TestProject) {
   const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-test-'));

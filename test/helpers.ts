@@ -11,9 +11,9 @@ import type { NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
-import { createStripeClient } from '../src/stripe-client.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/worker.js';
-import { installTemporalRuntime } from '../src/temporal-runtime.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { connectTemporal, startWorker, type RunningWorker } from '../src/temporal/worker.js';
+import { installTemporalRuntime } from '../src/temporal/runtime.js';
 import './provided.js';
 
 // The SDK's warnings (every injected Stripe failure is one) would drown the test output.

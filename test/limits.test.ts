@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
-import { LocalStripe } from '../src/stripe-local/server.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
@@ -70,7 +70,7 @@ function workerEnv(config: Config): Record<string, string> {
 }
 
 async function workerProcess(config: Config): Promise<void> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/worker-main.ts'], {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
     env: { ...process.env, ...workerEnv(config) },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -10,7 +10,7 @@ import path from 'node:path';
 import pg from 'pg';
 import { afterAll, expect, it } from 'vitest';
 import { withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/enqueue.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
 import { waitFor } from './helpers.js';
 
 let child: ChildProcess | undefined;

@@ -10,11 +10,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
 import type { ApiToken, Config } from '../src/config.js';
 import { createPool, withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/enqueue.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
-import { statusSummary } from '../src/outbox-sql.js';
-import { LocalStripe } from '../src/stripe-local/server.js';
+import { statusSummary } from '../src/outbox/sql/status.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };

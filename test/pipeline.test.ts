@@ -6,11 +6,11 @@ import { randomUUID } from 'node:crypto';
 import type { Client } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startUsageWorkflow, usageWorkflowStartOptions } from '../activities/relay.js';
-import { claimBatch } from '../src/outbox-sql.js';
+import { claimBatch } from '../src/outbox/sql/relay.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/enqueue.js';
-import { LocalStripe } from '../src/stripe-local/server.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
 import { retrySignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 

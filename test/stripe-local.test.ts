@@ -10,7 +10,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { afterEach, describe, expect, it } from 'vitest';
-import { LocalStripe, type LocalStripeOptions } from '../src/stripe-local/server.js';
+import { LocalStripe, type LocalStripeOptions } from '../src/stripe/local/server.js';
 
 const HOUR = 60 * 60 * 1000;
 const DAY = 24 * HOUR;
@@ -597,7 +597,7 @@ describe('customers, meters and the control API', () => {
 
   it('runs standalone: prints its URL, serves the client, exits on SIGTERM', async () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/stripe-local/main.ts', '--port', '0', '--customer', CUSTOMER], {
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe-local.ts', '--port', '0', '--customer', CUSTOMER], {
       cwd: root,
       stdio: ['ignore', 'pipe', 'inherit'],
     });

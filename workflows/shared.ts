@@ -50,7 +50,7 @@ export interface DeliverInput {
   key: string;
   /** Operator override of the identifier-window guard (see RetryRequest.force). */
   force?: boolean;
-  /** The workflow run holding this event's (customer, meter) lease (see src/meter-leases.ts). */
+  /** The workflow run holding this event's (customer, meter) lease (see src/stripe/meter-lease.ts). */
   leaseHolder?: string;
 }
 

@@ -4,7 +4,7 @@
  * errors of recordUsage.
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
-import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../enqueue.js';
+import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/enqueue.js';
 import { plainError } from './request-log.js';
 
 export interface FieldError {

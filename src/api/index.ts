@@ -3,7 +3,7 @@
  * (Stripe's asynchronous error reports; signed by Stripe instead of a bearer token, see webhooks.ts).
  *
  * `buildApi` returns a Fastify instance that is not listening (tests use `app.inject()`;
- * src/api-main.ts and src/main.ts call `listen`). Request order: request id → bearer token and
+ * src/bin/api.ts and src/embedded/stack.ts call `listen`). Request order: request id → bearer token and
  * route scope (before the body is read, so an unauthenticated client cannot make us parse
  * anything) → content type and body limit → JSON Schema → tenant → recordUsage.
  */

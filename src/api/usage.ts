@@ -13,7 +13,7 @@ import {
   MAX_USAGE_ID_LENGTH,
   recordUsage,
   type OutboxEntry,
-} from '../enqueue.js';
+} from '../outbox/enqueue.js';
 import { requireTenant } from './auth.js';
 
 export interface UsageRequestBody {

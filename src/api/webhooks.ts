@@ -26,8 +26,8 @@ import type { Config } from '../config.js';
 import { withTransaction } from '../db.js';
 import { scrub } from '../log.js';
 import type { Metrics } from '../metrics.js';
-import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox-sql.js';
-import { createStripeClient } from '../stripe-client.js';
+import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox/sql/error-reports.js';
+import { createStripeClient } from '../stripe/client.js';
 import { ApiError } from './errors.js';
 
 export const WEBHOOK_PATH = '/v1/stripe/webhooks';

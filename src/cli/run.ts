@@ -1,7 +1,7 @@
 /**
  * The operator CLI's command layer: `runCli(argv, ctx)` runs one command and returns its exit
  * code. It never exits the process and never reads the environment, so tests call it in-process
- * with their own database, Temporal client and output buffers; src/cli/main.ts is the thin entry.
+ * with their own database, Temporal client and output buffers; src/bin/cli.ts is the thin entry.
  */
 import { ConfigError } from '../config.js';
 import { scrub } from '../log.js';

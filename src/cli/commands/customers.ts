@@ -1,6 +1,7 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
-import { MAX_TENANT_ID_LENGTH } from '../../enqueue.js';
-import { listBillingCustomers, recordOperatorAction, upsertBillingCustomer } from '../../outbox-sql.js';
+import { MAX_TENANT_ID_LENGTH } from '../../outbox/enqueue.js';
+import { listBillingCustomers, upsertBillingCustomer } from '../../outbox/sql/customers.js';
+import { recordOperatorAction } from '../../outbox/sql/operator.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, UsageError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';

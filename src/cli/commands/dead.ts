@@ -1,11 +1,12 @@
 /** `billing-outbox dead`: the dead letters, oldest first. */
 import type { Queryable } from '../../db.js';
-import { countDeadLetters, countRejectedAsync, listDeadLetters, listRejectedAsync, type OperatorRow } from '../../outbox-sql.js';
+import { countDeadLetters, listDeadLetters, type OperatorRow } from '../../outbox/sql/operator.js';
+import { countRejectedAsync, listRejectedAsync } from '../../outbox/sql/error-reports.js';
 import { SAFE_RESEND_WINDOW_MS } from '../../../workflows/shared.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext, type Output } from '../context.js';
 import { ageSeconds, formatDuration, formatTable, iso } from '../format.js';
-import { withinResendWindow } from '../retrier.js';
+import { withinResendWindow } from '../../ops/retry.js';
 
 export const DEAD_HELP = `Usage: billing-outbox dead [--rejected] [--tenant T] [--limit N] [--json]
 

@@ -1,6 +1,7 @@
 /** `billing-outbox inspect <key>`: one event, as the database and as its workflow see it. */
 import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
-import { findRowByKey, listOperatorActions, type OutboxRow } from '../../outbox-sql.js';
+import { findRowByKey, type OutboxRow } from '../../outbox/sql/delivery.js';
+import { listOperatorActions } from '../../outbox/sql/operator.js';
 import { scrub } from '../../log.js';
 import { stateQuery, type UsageState } from '../../../workflows/shared.js';
 import { parse } from '../args.js';

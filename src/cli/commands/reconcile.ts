@@ -1,8 +1,8 @@
 /** `billing-outbox reconcile`: our sent usage against Stripe's meter event summaries, hour by hour. */
 import { ConfigError } from '../../config.js';
-import { listBillingCustomers } from '../../outbox-sql.js';
-import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../reconcile.js';
-import { createStripeClient } from '../../stripe-client.js';
+import { listBillingCustomers } from '../../outbox/sql/customers.js';
+import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../ops/reconcile.js';
+import { createStripeClient } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatTable } from '../format.js';

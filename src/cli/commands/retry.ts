@@ -1,10 +1,10 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
-import { countDeadLetters, listDeadLetters, type DeadLetterFilter } from '../../outbox-sql.js';
+import { countDeadLetters, listDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
 import { SAFE_RESEND_WINDOW_MS } from '../../../workflows/shared.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
 import { ProgressBar } from '../format.js';
-import { DeadLetterRetrier, isProblem, type RetryOutcome, type RetryResult } from '../retrier.js';
+import { DeadLetterRetrier, isProblem, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
 
 export const RETRY_HELP = `Usage: billing-outbox retry <key> [--force] [--by NAME] [--json]
        billing-outbox retry --all-dead [--tenant T] [--code C] [--force] [--yes] [--by NAME] [--json]

@@ -1,11 +1,6 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import {
-  countByErrorCode,
-  countRecentlySent,
-  countRejectedAndCancelled,
-  errorReportTotals,
-  statusSummary,
-} from '../../outbox-sql.js';
+import { countByErrorCode, countRecentlySent, countRejectedAndCancelled, statusSummary } from '../../outbox/sql/status.js';
+import { errorReportTotals } from '../../outbox/sql/error-reports.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';

@@ -3,7 +3,7 @@
  * the SDK runtime (connections, workers, test environments), once per process.
  */
 import { DefaultLogger, Runtime, type LogLevel } from '@temporalio/worker';
-import type { Logger } from './log.js';
+import type { Logger } from '../log.js';
 
 let installed = false;
 

@@ -2,8 +2,8 @@
  * The only thing billing-outbox does on the application's request path: record a usage and queue
  * its meter event, in the caller's own transaction, with no network call.
  */
-import type { Queryable } from './db.js';
-import { findEntryByKey, insertUsage, type EntryRow } from './outbox-sql.js';
+import type { Queryable } from '../db.js';
+import { findEntryByKey, insertUsage, type EntryRow } from './sql/enqueue.js';
 
 /** Stripe rejects meter event values with more than 15 significant digits. */
 export const MAX_QUANTITY = 999_999_999_999_999;

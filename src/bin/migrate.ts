@@ -1,7 +1,7 @@
 // `npm run migrate`: applies pending migrations to DATABASE_URL. Safe to run from several processes.
-import { loadConfig } from './config.js';
-import { migrate, redactUrl } from './db.js';
-import { runMain } from './main-util.js';
+import { loadConfig } from '../config.js';
+import { migrate, redactUrl } from '../db.js';
+import { runMain } from './run-main.js';
 
 await runMain(async () => {
   const config = loadConfig();

@@ -1,5 +1,5 @@
-import { ConfigError } from './config.js';
-import { scrub } from './log.js';
+import { ConfigError } from '../config.js';
+import { scrub } from '../log.js';
 
 /**
  * Runs an entry point: a configuration problem prints its list and exits 2, any other failure

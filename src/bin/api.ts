@@ -3,12 +3,12 @@
  * on API_HOST:API_PORT; on SIGTERM/SIGINT it stops accepting connections, lets in-flight requests
  * finish, then closes the pool. Run it next to any number of workers (`npm run worker`).
  */
-import { buildApi, temporalHealthConnection } from './api/index.js';
-import { loadConfig } from './config.js';
-import { createPool, migrate, redactUrl } from './db.js';
-import { createLogger } from './log.js';
-import { runMain, untilSignal } from './main-util.js';
-import { createMetrics } from './metrics.js';
+import { buildApi, temporalHealthConnection } from '../api/index.js';
+import { loadConfig } from '../config.js';
+import { createPool, migrate, redactUrl } from '../db.js';
+import { createLogger } from '../log.js';
+import { runMain, untilSignal } from './run-main.js';
+import { createMetrics } from '../metrics.js';
 
 await runMain(async () => {
   const config = loadConfig();

@@ -1,5 +1,5 @@
 /**
- * The whole main job in one process, for `npm start` (src/main.ts) and `npm run demo` (src/demo.ts).
+ * The whole main job in one process, for `npm start` (src/bin/main.ts) and `npm run demo` (src/bin/demo.ts).
  *
  * Whatever the configuration names is used; whatever it leaves out runs embedded:
  * - no DATABASE_URL      → embedded PostgreSQL with its data under `<dataDir>/pg`
@@ -15,17 +15,17 @@ import path from 'node:path';
 import type { Client } from '@temporalio/client';
 import type pg from 'pg';
 import type Stripe from 'stripe';
-import { buildApi, temporalHealthConnection } from './api/index.js';
-import type { ApiToken, Config } from './config.js';
-import { createPool, migrate, redactUrl } from './db.js';
-import { freePort, startEmbeddedPostgres } from './embedded/postgres.js';
-import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './embedded/temporal.js';
-import { createLogger, type Logger } from './log.js';
-import { createMetrics } from './metrics.js';
-import { createStripeClient, LOCAL_TEST_KEY } from './stripe-client.js';
-import { LocalStripe } from './stripe-local/server.js';
-import { installTemporalRuntime, sdkLogLevel } from './temporal-runtime.js';
-import { connectTemporal, startWorker } from './worker.js';
+import { buildApi, temporalHealthConnection } from '../api/index.js';
+import type { ApiToken, Config } from '../config.js';
+import { createPool, migrate, redactUrl } from '../db.js';
+import { freePort, startEmbeddedPostgres } from './postgres.js';
+import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
+import { createLogger, type Logger } from '../log.js';
+import { createMetrics } from '../metrics.js';
+import { createStripeClient, LOCAL_TEST_KEY } from '../stripe/client.js';
+import { LocalStripe } from '../stripe/local/server.js';
+import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
+import { connectTemporal, startWorker } from '../temporal/worker.js';
 
 /** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
 export const DEMO_CUSTOMERS: Readonly<Record<string, string>> = {

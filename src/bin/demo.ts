@@ -18,12 +18,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import type Stripe from 'stripe';
-import { ConfigError, loadConfig, type ApiToken, type Config } from './config.js';
-import { redactUrl, type Queryable } from './db.js';
-import { findTemporalCli } from './embedded/temporal.js';
-import { runMain } from './main-util.js';
-import { upsertBillingCustomer } from './outbox-sql.js';
-import { DEMO_CUSTOMERS, LOCAL_METERS, startStack, type Stack } from './stack.js';
+import { ConfigError, loadConfig, type ApiToken, type Config } from '../config.js';
+import { redactUrl, type Queryable } from '../db.js';
+import { findTemporalCli } from '../embedded/temporal.js';
+import { runMain } from './run-main.js';
+import { upsertBillingCustomer } from '../outbox/sql/customers.js';
+import { DEMO_CUSTOMERS, LOCAL_METERS, startStack, type Stack } from '../embedded/stack.js';
 
 // ---- settings -------------------------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ class Output {
 
 // ---- the demo's queries ---------------------------------------------------------------------------
 // Whole-table counts and sums: right for a demo's few hundred rows, not for a production outbox
-// (statusSummary in outbox-sql.ts is the one that scales).
+// (statusSummary in src/outbox/sql/status.ts is the one that scales).
 
 interface Progress {
   enqueued: number;

@@ -3,7 +3,7 @@
  * way a meter-event call can end.
  */
 import Stripe from 'stripe';
-import type { Config } from './config.js';
+import type { Config } from '../config.js';
 
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
 export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';

@@ -9,7 +9,7 @@ import { createInterface } from 'node:readline/promises';
 import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from '../config.js';
 import { createPool } from '../db.js';
-import { runCli } from './run.js';
+import { runCli } from '../cli/run.js';
 
 const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
 

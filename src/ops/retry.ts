@@ -18,7 +18,7 @@ import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } 
 import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
-import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox-sql.js';
+import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox/sql/operator.js';
 import { usageWorkflowStartOptions } from '../../activities/relay.js';
 import {
   IDENTIFIER_WINDOW_MS,
@@ -27,7 +27,7 @@ import {
   stateQuery,
   type UsageState,
 } from '../../workflows/shared.js';
-import { formatDuration } from './format.js';
+import { formatDuration } from '../cli/format.js';
 
 /**
  * signalled / reopened: the event is on its way again. skipped: nothing to do (already in flight,

@@ -8,14 +8,14 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type Stripe from 'stripe';
-import { createActivities } from '../activities/index.js';
-import { relayWorkflowId, type RelayWorkflowInput } from '../workflows/shared.js';
-import type { Config } from './config.js';
-import type { Logger } from './log.js';
-import type { Metrics } from './metrics.js';
-import { OutboxNotifier } from './notifier.js';
+import { createActivities } from '../../activities/index.js';
+import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
+import type { Config } from '../config.js';
+import type { Logger } from '../log.js';
+import type { Metrics } from '../metrics.js';
+import { OutboxNotifier } from '../outbox/notifier.js';
 
-export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'workflows', 'index.ts');
+export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
 export interface WorkerDeps {
   config: Config;

@@ -8,7 +8,7 @@
  * activity before scheduling its Stripe call (so waiting costs no call slot), the delivery
  * activity renews it for the length of the call, and gives it back when the call is over.
  */
-import type { Queryable } from './db.js';
+import type { Queryable } from '../db.js';
 
 export type LeaseOutcome = 'acquired' | 'busy' | 'no_target';
 

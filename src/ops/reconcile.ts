@@ -14,9 +14,9 @@
  * the Stripe customer it maps to now (a remapped tenant's older events went to the old customer).
  */
 import type Stripe from 'stripe';
-import type { Queryable } from './db.js';
-import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from './outbox-sql.js';
-import { hourlyEventSummaries, metersByEventName } from './stripe-client.js';
+import type { Queryable } from '../db.js';
+import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from '../outbox/sql/reconcile.js';
+import { hourlyEventSummaries, metersByEventName } from '../stripe/client.js';
 
 export const HOUR_MS = 3_600_000;
 /** The longest range one run may cover (744 hourly windows per customer and meter). */

@@ -1,7 +1,7 @@
 /**
  * Standalone local Stripe:
  *
- *   tsx src/stripe-local/main.ts [--port N] [--host H] [--meter NAME]... [--customer ID]...
+ *   tsx src/bin/stripe-local.ts [--port N] [--host H] [--meter NAME]... [--customer ID]...
  *                                [--api-key KEY] [--rate-limit N]
  *                                [--webhook-url URL --webhook-secret SECRET]
  *
@@ -10,7 +10,7 @@
  * closes on SIGTERM/SIGINT. Drive it through the control API (`/_local/*`, see control.ts).
  */
 import { parseArgs } from 'node:util';
-import { LocalStripe, type LocalStripeOptions } from './server.js';
+import { LocalStripe, type LocalStripeOptions } from '../stripe/local/server.js';
 
 const DEFAULT_PORT = 12111;
 

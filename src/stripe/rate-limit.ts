@@ -18,7 +18,7 @@
  * refused by a 10/s Stripe with the limit set at 8/s); a token bucket per worker (N workers, N
  * times the rate).
  */
-import type { Queryable } from './db.js';
+import type { Queryable } from '../db.js';
 
 export type Bucket = 'stripe_calls' | 'dispatch';
 

@@ -1,6 +1,6 @@
 /**
  * `npm start`: the main job. Whatever is configured is used; whatever is not runs embedded
- * (src/stack.ts):
+ * (src/embedded/stack.ts):
  * - no DATABASE_URL      → embedded PostgreSQL with its data under .data/pg
  * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (.data/temporal.db) with its Web UI
  * - no STRIPE_API_KEY    → the local Stripe-compatible server: NOTHING IS BILLED
@@ -9,11 +9,11 @@
  */
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { loadConfig } from './config.js';
-import { redactUrl } from './db.js';
-import { createLogger } from './log.js';
-import { runMain, untilSignal } from './main-util.js';
-import { localStripeBanner, startStack } from './stack.js';
+import { loadConfig } from '../config.js';
+import { redactUrl } from '../db.js';
+import { createLogger } from '../log.js';
+import { runMain, untilSignal } from './run-main.js';
+import { localStripeBanner, startStack } from '../embedded/stack.js';
 
 await runMain(async () => {
   const config = loadConfig();

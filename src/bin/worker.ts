@@ -4,15 +4,15 @@
  * With WORKER_METRICS_PORT set, serves GET /metrics on API_HOST:WORKER_METRICS_PORT: this
  * process's registry followed by the Temporal SDK's worker metrics (exported on a loopback port).
  */
-import { loadConfig } from './config.js';
-import { createPool, migrate, redactUrl } from './db.js';
-import { freePort } from './embedded/postgres.js';
-import { createLogger } from './log.js';
-import { createMetrics, startMetricsServer, type MetricsServer } from './metrics.js';
-import { installTemporalRuntime, sdkLogLevel } from './temporal-runtime.js';
-import { runMain, untilSignal } from './main-util.js';
-import { createStripeClient } from './stripe-client.js';
-import { connectTemporal, startWorker } from './worker.js';
+import { loadConfig } from '../config.js';
+import { createPool, migrate, redactUrl } from '../db.js';
+import { freePort } from '../embedded/postgres.js';
+import { createLogger } from '../log.js';
+import { createMetrics, startMetricsServer, type MetricsServer } from '../metrics.js';
+import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
+import { runMain, untilSignal } from './run-main.js';
+import { createStripeClient } from '../stripe/client.js';
+import { connectTemporal, startWorker } from '../temporal/worker.js';
 
 await runMain(async () => {
   const config = loadConfig();

@@ -1,0 +1,35 @@
+/**
+ * Tenants and the Stripe customers they are billed as.
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+
+export interface BillingCustomerRow {
+  tenant_id: string;
+  stripe_customer_id: string;
+  created_at: Date;
+  updated_at: Date;
+}
+
+/** Maps a tenant to its Stripe customer (insert or replace); also returns the customer it replaced. */
+export async function upsertBillingCustomer(
+  db: Queryable,
+  tenantId: string,
+  stripeCustomerId: string,
+): Promise<BillingCustomerRow & { previous_customer_id: string | null }> {
+  const { rows } = await db.query<BillingCustomerRow & { previous_customer_id: string | null }>(
+    `WITH prev AS (SELECT stripe_customer_id FROM billing_customers WHERE tenant_id = $1::text)
+     INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text)
+     ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = now()
+     RETURNING tenant_id, stripe_customer_id, created_at, updated_at, (SELECT stripe_customer_id FROM prev) AS previous_customer_id`,
+    [tenantId, stripeCustomerId],
+  );
+  return rows[0]!;
+}
+
+export async function listBillingCustomers(db: Queryable): Promise<BillingCustomerRow[]> {
+  const { rows } = await db.query<BillingCustomerRow>(
+    'SELECT tenant_id, stripe_customer_id, created_at, updated_at FROM billing_customers ORDER BY tenant_id',
+  );
+  return rows;
+}

@@ -1,0 +1,107 @@
+/**
+ * The usage workflow's bookkeeping: one attempt begun, the row sent, dead, or back in flight.
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+import type { EntryRow } from './enqueue.js';
+
+export interface AttemptRow {
+  status: string;
+  attempt_count: number;
+  event_name: string;
+  quantity: number;
+  occurred_at: Date;
+  first_attempted_at: Date;
+  stripe_customer_id: string | null;
+  /** When the row was committed: the start of the commit-to-acknowledgement latency. */
+  created_at: Date;
+}
+
+/**
+ * Starts one delivery attempt: counts it (unless the row is already sent), stamps the first
+ * attempt time, and reads what to send, in one statement. Takes nothing (returns undefined) when
+ * the row is missing or when its first attempt is older than `safeWindowMs` and `force` is off:
+ * resending then could be billed twice, so it is not even counted as an attempt.
+ */
+export async function beginAttempt(
+  db: Queryable,
+  key: string,
+  opts: { workflowId: string; safeWindowMs: number; force: boolean },
+): Promise<AttemptRow | undefined> {
+  const { rows } = await db.query<AttemptRow>(
+    `UPDATE outbox o
+        SET attempt_count = o.attempt_count + CASE WHEN o.status IN ('sent', 'rejected_async', 'cancelled') THEN 0 ELSE 1 END,
+            first_attempted_at = COALESCE(o.first_attempted_at, now()),
+            workflow_id = COALESCE(o.workflow_id, $2::text),
+            updated_at = now()
+      WHERE o.idempotency_key = $1::text
+        AND (o.status IN ('sent', 'rejected_async', 'cancelled') OR $4::boolean OR o.first_attempted_at IS NULL
+             OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
+      RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
+                (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
+    [key, opts.workflowId, opts.safeWindowMs, opts.force],
+  );
+  return rows[0];
+}
+
+export interface OutboxRow extends EntryRow {
+  attempt_count: number;
+  last_error_code: string | null;
+  last_error_message: string | null;
+  claimed_by: string | null;
+  processing_deadline: Date | null;
+  workflow_id: string | null;
+  first_attempted_at: Date | null;
+  created_at: Date;
+  dispatched_at: Date | null;
+  sent_at: Date | null;
+  dead_at: Date | null;
+}
+
+export async function findRowByKey(db: Queryable, key: string): Promise<OutboxRow | undefined> {
+  const { rows } = await db.query<OutboxRow>('SELECT * FROM outbox WHERE idempotency_key = $1::text', [key]);
+  return rows[0];
+}
+
+/** Stores the error of a failed attempt on the row, so listings show why it is retrying. */
+export async function recordAttemptError(db: Queryable, key: string, code: string, message: string): Promise<void> {
+  await db.query(
+    `UPDATE outbox SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
+      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')`,
+    [key, code, message.slice(0, 1000)],
+  );
+}
+
+export async function markSent(db: Queryable, key: string): Promise<number> {
+  const { rows } = await db.query<{ attempt_count: number }>(
+    `UPDATE outbox
+        SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
+            claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
+      WHERE idempotency_key = $1::text AND status NOT IN ('rejected_async', 'cancelled')
+      RETURNING attempt_count`,
+    [key],
+  );
+  return rows[0]?.attempt_count ?? 0;
+}
+
+/** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
+export async function markDead(db: Queryable, key: string, code: string, message: string): Promise<number> {
+  const { rows } = await db.query<{ attempt_count: number }>(
+    `UPDATE outbox
+        SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
+            claim_id = NULL, processing_deadline = NULL, updated_at = now()
+      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')
+      RETURNING attempt_count`,
+    [key, code, message.slice(0, 1000)],
+  );
+  return rows[0]?.attempt_count ?? 0;
+}
+
+/** An operator asked for another try: the dead letter is back in flight. */
+export async function markRetrying(db: Queryable, key: string): Promise<void> {
+  await db.query(
+    `UPDATE outbox SET status = 'dispatched', dead_at = NULL, updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'dead'`,
+    [key],
+  );
+}

@@ -1,0 +1,129 @@
+/**
+ * Stripe's asynchronous error reports (v1.billing.meter.error_report_triggered) and the rows they reject.
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+import type { EntryRow } from './enqueue.js';
+
+
+/**
+ * Claims one error-report event for processing. The event id is the primary key, so of two
+ * deliveries of the same event (Stripe redelivers, possibly concurrently) only the first inserts;
+ * the second waits on the first's uncommitted row and then finds it. Returns false for a redelivery.
+ */
+export async function insertErrorReport(
+  db: Queryable,
+  report: { eventId: string; meterId: string | null; errorCount: number; report: unknown },
+): Promise<boolean> {
+  const result = await db.query(
+    `INSERT INTO stripe_error_reports (event_id, meter_id, error_count, report)
+     VALUES ($1::text, $2::text, $3::int, $4::jsonb)
+     ON CONFLICT (event_id) DO NOTHING`,
+    [report.eventId, report.meterId, report.errorCount, JSON.stringify(report.report)],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export async function finishErrorReport(db: Queryable, eventId: string, counts: { matched: number; unmatched: number }): Promise<void> {
+  await db.query('UPDATE stripe_error_reports SET matched = $2::int, unmatched = $3::int WHERE event_id = $1::text', [
+    eventId,
+    counts.matched,
+    counts.unmatched,
+  ]);
+}
+
+export interface RejectedSample {
+  key: string;
+  code: string;
+  message: string;
+}
+
+export interface RejectedSampleResult {
+  key: string;
+  /** Null when no outbox row has this key. */
+  status_before: string | null;
+  tenant_id: string | null;
+  /** True when the row was `sent` and is now `rejected_async`. */
+  marked: boolean;
+}
+
+/**
+ * Marks the rows Stripe named in an error report `rejected_async`, while they are `sent`, or
+ * `dispatched` (Stripe accepted the call but our `markSent` has not run yet; it will leave the
+ * rejection alone). Cancelled or already rejected rows are left alone. Says for every
+ * sample what its row was. One statement: the outer SELECT reads the rows as they were before the
+ * UPDATE (a data-modifying CTE's effects are invisible to the rest of its statement).
+ */
+export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]): Promise<RejectedSampleResult[]> {
+  if (samples.length === 0) return [];
+  const { rows } = await db.query<RejectedSampleResult>(
+    `WITH s AS (
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS s(key, code, message)
+     ), marked AS (
+       UPDATE outbox o
+          SET status = 'rejected_async', rejected_at = now(), last_error_code = s.code,
+              last_error_message = s.message, updated_at = now()
+         FROM s
+        WHERE o.idempotency_key = s.key AND o.status IN ('sent', 'dispatched')
+       RETURNING o.idempotency_key
+     )
+     SELECT s.key, o.status AS status_before, o.tenant_id, (m.idempotency_key IS NOT NULL) AS marked
+       FROM s
+       LEFT JOIN outbox o ON o.idempotency_key = s.key
+       LEFT JOIN marked m ON m.idempotency_key = s.key`,
+    [samples.map((s) => s.key), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000))],
+  );
+  return rows;
+}
+
+export interface ErrorReportTotals {
+  reports: number;
+  error_count: number;
+  matched: number;
+  unmatched: number;
+  last_received_at: Date | null;
+}
+
+export async function errorReportTotals(db: Queryable): Promise<ErrorReportTotals> {
+  const { rows } = await db.query<ErrorReportTotals>(
+    `SELECT count(*) AS reports, COALESCE(sum(error_count), 0)::bigint AS error_count,
+            COALESCE(sum(matched), 0)::bigint AS matched, COALESCE(sum(unmatched), 0)::bigint AS unmatched,
+            max(received_at) AS last_received_at
+       FROM stripe_error_reports`,
+  );
+  return rows[0]!;
+}
+
+export interface RejectedRow extends Omit<EntryRow, 'status'> {
+  sent_at: Date | null;
+  rejected_at: Date | null;
+  last_error_code: string | null;
+  last_error_message: string | null;
+}
+
+/** Rows Stripe accepted and then rejected, oldest rejection first. */
+export async function listRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined; limit: number }): Promise<RejectedRow[]> {
+  const { rows } = await db.query<RejectedRow>(
+    `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, sent_at, rejected_at, last_error_code, last_error_message
+       FROM outbox
+      WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)
+      ORDER BY rejected_at, id
+      LIMIT $2::int`,
+    [opts.tenantId ?? null, opts.limit],
+  );
+  return rows;
+}
+
+export async function countRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined }): Promise<number> {
+  const { rows } = await db.query<{ count: number }>(
+    `SELECT count(*) AS count FROM outbox WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)`,
+    [opts.tenantId ?? null],
+  );
+  return rows[0]!.count;
+}
+
+/** Whether an error-report event was already processed (a redelivery needs no call to Stripe). */
+export async function errorReportExists(db: Queryable, eventId: string): Promise<boolean> {
+  const { rows } = await db.query('SELECT 1 FROM stripe_error_reports WHERE event_id = $1::text', [eventId]);
+  return rows.length > 0;
+}

@@ -1,0 +1,173 @@
+/**
+ * What operators read and change: dead letters, reopening one, cancellations, and the audit log.
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+
+/** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
+export interface OperatorRow {
+  id: number;
+  idempotency_key: string;
+  tenant_id: string;
+  status: string;
+  attempt_count: number;
+  last_error_code: string | null;
+  last_error_message: string | null;
+  occurred_at: Date;
+  created_at: Date;
+  first_attempted_at: Date | null;
+  dead_at: Date | null;
+  stripe_customer_id: string | null;
+}
+
+const OPERATOR_COLUMNS = `o.id, o.idempotency_key, o.tenant_id, o.status, o.attempt_count, o.last_error_code,
+  o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
+  (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
+
+export interface DeadLetterFilter {
+  tenantId?: string | undefined;
+  errorCode?: string | undefined;
+}
+
+/**
+ * One page of dead letters after `afterId`, oldest first. Keyset paging (not OFFSET): a bulk retry
+ * moves rows out of `dead` while it pages, which would make OFFSET skip rows, and each page costs
+ * the same however deep it is.
+ */
+export async function listDeadLetters(
+  db: Queryable,
+  opts: DeadLetterFilter & { afterId: number; limit: number },
+): Promise<OperatorRow[]> {
+  const { rows } = await db.query<OperatorRow>(
+    `SELECT ${OPERATOR_COLUMNS} FROM outbox o
+      WHERE o.status = 'dead' AND o.id > $1::bigint
+        AND ($2::text IS NULL OR o.tenant_id = $2::text)
+        AND ($3::text IS NULL OR o.last_error_code = $3::text)
+      ORDER BY o.id
+      LIMIT $4::int`,
+    [opts.afterId, opts.tenantId ?? null, opts.errorCode ?? null, opts.limit],
+  );
+  return rows;
+}
+
+export async function countDeadLetters(db: Queryable, filter: DeadLetterFilter): Promise<number> {
+  const { rows } = await db.query<{ count: number }>(
+    `SELECT count(*) AS count FROM outbox
+      WHERE status = 'dead' AND ($1::text IS NULL OR tenant_id = $1::text) AND ($2::text IS NULL OR last_error_code = $2::text)`,
+    [filter.tenantId ?? null, filter.errorCode ?? null],
+  );
+  return rows[0]!.count;
+}
+
+export async function findOperatorRow(db: Queryable, key: string): Promise<OperatorRow | undefined> {
+  const { rows } = await db.query<OperatorRow>(`SELECT ${OPERATOR_COLUMNS} FROM outbox o WHERE o.idempotency_key = $1::text`, [key]);
+  return rows[0];
+}
+
+/**
+ * Takes a dead letter back in flight before an operator starts a new workflow run for it. The
+ * `status = 'dead'` guard is the lock: of two operators reopening the same event at once, the
+ * second one's UPDATE re-checks the row after the first commits, finds it dispatched, and returns
+ * nothing, so only one of them goes on to start a run. A sent row can never match. Returns the
+ * previous dead_at, for `restoreDeadLetter` if the start fails.
+ */
+export async function reopenDeadLetter(db: Queryable, key: string): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
+  const { rows } = await db.query<{ tenant_id: string; previous_dead_at: Date | null }>(
+    `WITH prev AS (
+       SELECT id, dead_at FROM outbox WHERE idempotency_key = $1::text AND status = 'dead' FOR UPDATE
+     )
+     UPDATE outbox o
+        SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
+            workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
+       FROM prev
+      WHERE o.id = prev.id AND o.status = 'dead'
+     RETURNING o.tenant_id, prev.dead_at AS previous_dead_at`,
+    [key],
+  );
+  return rows[0];
+}
+
+/** Undoes `reopenDeadLetter` when no run could be started: the row is a dead letter again. */
+export async function restoreDeadLetter(db: Queryable, key: string, deadAt: Date | null): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE outbox SET status = 'dead', dead_at = COALESCE($2::timestamptz, now()), updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'dispatched'`,
+    [key, deadAt],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export interface OperatorAction {
+  actor: string;
+  action: 'retry' | 'customers.set' | 'cancel';
+  key: string | null;
+  tenantId: string | null;
+  forced: boolean;
+  outcome: string;
+  detail: string | null;
+}
+
+export async function recordOperatorAction(db: Queryable, a: OperatorAction): Promise<void> {
+  await db.query(
+    `INSERT INTO operator_actions (actor, action, idempotency_key, tenant_id, forced, outcome, detail)
+     VALUES ($1::text, $2::text, $3::text, $4::text, $5::boolean, $6::text, $7::text)`,
+    [a.actor.slice(0, 200), a.action, a.key, a.tenantId, a.forced, a.outcome, a.detail?.slice(0, 2000) ?? null],
+  );
+}
+
+export interface OperatorActionRow {
+  at: Date;
+  actor: string;
+  action: string;
+  forced: boolean;
+  outcome: string;
+  detail: string | null;
+}
+
+/** The most recent operator actions on one event, newest first. */
+export async function listOperatorActions(db: Queryable, key: string, limit: number): Promise<OperatorActionRow[]> {
+  const { rows } = await db.query<OperatorActionRow>(
+    `SELECT at, actor, action, forced, outcome, detail FROM operator_actions
+      WHERE idempotency_key = $1::text ORDER BY at DESC, id DESC LIMIT $2::int`,
+    [key, limit],
+  );
+  return rows;
+}
+
+// ---- Cancellation (src/ops/cancel.ts) ----
+
+/**
+ * After Stripe accepted the cancellation: the row stops counting as billed. Guarded by
+ * `status = 'sent'` so a row that moved meanwhile (rejected by Stripe's later validation, or
+ * cancelled by another operator) is not overwritten. Returns whether it was this call that did it.
+ */
+export async function markCancelled(db: Queryable, key: string): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE outbox SET status = 'cancelled', cancelled_at = now(), updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'sent'`,
+    [key],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
+export interface CancelCandidateRow {
+  idempotency_key: string;
+  tenant_id: string;
+  event_name: string;
+  quantity: number;
+  status: string;
+  occurred_at: Date;
+  sent_at: Date | null;
+  rejected_at: Date | null;
+  cancelled_at: Date | null;
+  last_error_code: string | null;
+}
+
+export async function findCancelCandidate(db: Queryable, key: string): Promise<CancelCandidateRow | undefined> {
+  const { rows } = await db.query<CancelCandidateRow>(
+    `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code
+       FROM outbox WHERE idempotency_key = $1::text`,
+    [key],
+  );
+  return rows[0];
+}

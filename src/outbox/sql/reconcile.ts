@@ -1,0 +1,104 @@
+/**
+ * Our side of a reconciliation against Stripe's meter event summaries (src/ops/reconcile.ts).
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+
+
+export interface ReconcileWindowRow {
+  stripe_customer_id: string;
+  event_name: string;
+  /** Tenants billed as this customer that have rows in the window. */
+  tenant_ids: string[];
+  /** Unix seconds of the hour the rows' occurred_at falls in (Stripe's meter-event timestamp). */
+  window_start: number;
+  /** What Stripe should count: the quantities of `sent` rows. */
+  sent_quantity: number;
+  sent_count: number;
+  /** Rows Stripe may or may not hold (pending, claimed, dispatched, dead). */
+  unsettled_count: number;
+  /** Rows Stripe must not count (rejected_async, cancelled). */
+  excluded_count: number;
+}
+
+/**
+ * Our side of a reconciliation: per (Stripe customer, event name, hour of occurred_at), the sum of
+ * the `sent` quantities, and how many rows of each other kind fall in the hour. Grouped by Stripe
+ * customer, not tenant, because Stripe's summaries are per customer: two tenants billed as one
+ * customer are compared together. With a tenant, every customer that tenant is billed as.
+ *
+ * There is no index on occurred_at (the hot path pays for every index). A sent row's sent_at is at
+ * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
+ * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
+ * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
+ * from `outbox_status_idx`.
+ */
+export async function reconcileWindows(
+  db: Queryable,
+  opts: { from: Date; to: Date; tenantId?: string | undefined },
+): Promise<ReconcileWindowRow[]> {
+  const { rows } = await db.query<ReconcileWindowRow>(
+    `SELECT c.stripe_customer_id, o.event_name, array_agg(DISTINCT o.tenant_id ORDER BY o.tenant_id) AS tenant_ids,
+            (floor(extract(epoch FROM o.occurred_at) / 3600) * 3600)::bigint AS window_start,
+            COALESCE(sum(o.quantity) FILTER (WHERE o.status = 'sent'), 0)::bigint AS sent_quantity,
+            count(*) FILTER (WHERE o.status = 'sent') AS sent_count,
+            count(*) FILTER (WHERE o.status IN ('pending', 'claimed', 'dispatched', 'dead')) AS unsettled_count,
+            count(*) FILTER (WHERE o.status IN ('rejected_async', 'cancelled')) AS excluded_count
+       FROM outbox o
+       JOIN billing_customers c ON c.tenant_id = o.tenant_id
+      WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
+        AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> 'sent')
+        AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM billing_customers b WHERE b.tenant_id = $3::text))
+      GROUP BY c.stripe_customer_id, o.event_name, window_start
+      ORDER BY c.stripe_customer_id, o.event_name, window_start`,
+    [opts.from, opts.to, opts.tenantId ?? null],
+  );
+  return rows;
+}
+
+export interface ReconcileEventRow {
+  stripe_customer_id: string;
+  event_name: string;
+  window_start: number;
+  idempotency_key: string;
+  tenant_id: string;
+  quantity: number;
+  status: string;
+  occurred_at: Date;
+  sent_at: Date | null;
+  last_error_code: string | null;
+  /** Rows of this window in all (the listing stops at `perWindow`). */
+  window_rows: number;
+}
+
+/**
+ * The rows of the given (customer, event name, hour) windows, every status, at most `perWindow`
+ * per window (oldest first), so an operator can see which events make up a difference.
+ */
+export async function listWindowEvents(
+  db: Queryable,
+  windows: { stripeCustomerId: string; eventName: string; windowStart: number }[],
+  perWindow: number,
+): Promise<ReconcileEventRow[]> {
+  if (windows.length === 0) return [];
+  const { rows } = await db.query<ReconcileEventRow>(
+    `WITH w AS (
+       SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(stripe_customer_id, event_name, window_start)
+     ), r AS (
+       SELECT w.stripe_customer_id, w.event_name, w.window_start, o.idempotency_key, o.tenant_id, o.quantity, o.status,
+              o.occurred_at, o.sent_at, o.last_error_code,
+              row_number() OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start ORDER BY o.occurred_at, o.id) AS n,
+              count(*) OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start) AS window_rows
+         FROM w
+         JOIN billing_customers c ON c.stripe_customer_id = w.stripe_customer_id
+         JOIN outbox o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
+          AND o.occurred_at >= to_timestamp(w.window_start) AND o.occurred_at < to_timestamp(w.window_start + 3600)
+     )
+     SELECT stripe_customer_id, event_name, window_start, idempotency_key, tenant_id, quantity, status, occurred_at,
+            sent_at, last_error_code, window_rows
+       FROM r WHERE n <= $4::int
+      ORDER BY stripe_customer_id, event_name, window_start, occurred_at, idempotency_key`,
+    [windows.map((w) => w.stripeCustomerId), windows.map((w) => w.eventName), windows.map((w) => w.windowStart), perWindow],
+  );
+  return rows;
+}

@@ -1,0 +1,106 @@
+/**
+ * What the outbox holds, for the metrics scrape and `billing-outbox status`.
+ * One named function per statement; values always travel as typed parameters, never as SQL text.
+ */
+import type { Queryable } from '../../db.js';
+
+export interface StatusSummary {
+  pending: number;
+  claimed: number;
+  dispatched: number;
+  dead: number;
+  sent: number;
+  /** True when `sent` is the planner's estimate rather than a count. */
+  sent_estimated: boolean;
+  /** Age of the oldest row still waiting for a relay (pending or claimed); 0 when there is none. */
+  oldest_pending_age_seconds: number;
+}
+
+/**
+ * Outbox health for the metrics scrape, in one statement, without touching the sent rows.
+ *
+ * - Unsent rows (pending, claimed, dispatched, dead) are counted exactly, in one pass over the
+ *   partial index `outbox_status_idx` (status <> 'sent'): its size follows the backlog and the dead
+ *   letters, not the table.
+ * - Sent rows are nearly the whole table and grow without bound; counting them exactly is a full
+ *   scan on every scrape (seconds with tens of millions of rows). Once the table's estimated size
+ *   reaches `exactCountBelow` rows, `sent` = estimated table rows − unsent rows, where the estimate
+ *   is the planner's own: pg_class.reltuples (refreshed by autovacuum/ANALYZE) scaled by the
+ *   table's current size in pages, so it follows growth between analyses. Below that size (or
+ *   when the table was never analysed: reltuples = -1) they are counted exactly. The exact count
+ *   sits in a CASE branch, so PostgreSQL never runs it when the estimate is used.
+ * - The oldest waiting row is the first entry of `outbox_claimable_idx` (ids follow commit order
+ *   closely enough for an age): one index probe, not a sort.
+ */
+export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
+  const { rows } = await db.query<StatusSummary>(
+    `WITH unsent AS (
+       SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
+              count(*) FILTER (WHERE status = 'claimed')    AS claimed,
+              count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
+              count(*) FILTER (WHERE status = 'dead')       AS dead,
+              count(*)                                      AS total
+         FROM outbox WHERE status <> 'sent'
+     ), size AS (
+       SELECT CASE WHEN c.reltuples < 0 THEN -1
+                   WHEN c.relpages = 0 THEN c.reltuples
+                   ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+              END AS estimate
+         FROM pg_class c WHERE c.oid = 'outbox'::regclass
+     )
+     SELECT u.pending, u.claimed, u.dispatched, u.dead,
+            CASE WHEN s.estimate < $1::float8
+                 THEN (SELECT count(*) FROM outbox WHERE status = 'sent')
+                 ELSE greatest(0, round(s.estimate) - u.total)::bigint
+            END AS sent,
+            s.estimate >= $1::float8 AS sent_estimated,
+            COALESCE((SELECT extract(epoch FROM now() - o.created_at)::float8
+                        FROM outbox o WHERE o.status IN ('pending', 'claimed') ORDER BY o.id LIMIT 1), 0) AS oldest_pending_age_seconds
+       FROM unsent u, size s`,
+    [opts.exactCountBelow ?? 100_000],
+  );
+  return rows[0]!;
+}
+
+export interface RecentlySent {
+  last_minute: number;
+  last_hour: number;
+}
+
+/**
+ * Events sent in the minute and the hour before `at`. Scans the rows sent in the last hour: there
+ * is no index on sent_at (the hot path pays for every index; an operator command can afford this).
+ * Counts, age and backlog come from `statusSummary`.
+ */
+export async function countRecentlySent(db: Queryable, at: Date): Promise<RecentlySent> {
+  const { rows } = await db.query<RecentlySent>(
+    `SELECT count(*) FILTER (WHERE sent_at > $1::timestamptz - interval '1 minute') AS last_minute,
+            count(*) AS last_hour
+       FROM outbox WHERE sent_at > $1::timestamptz - interval '1 hour'`,
+    [at],
+  );
+  return rows[0]!;
+}
+
+/** Rows in one status (`dead`, `rejected_async`) grouped by their last error code, most first. */
+export async function countByErrorCode(db: Queryable, status: 'dead' | 'rejected_async'): Promise<{ code: string | null; count: number }[]> {
+  const { rows } = await db.query<{ code: string | null; count: number }>(
+    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = $1::text
+      GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
+    [status],
+  );
+  return rows;
+}
+
+/**
+ * The two statuses `statusSummary` leaves out, counted exactly on the partial index
+ * `outbox_status_idx` (status <> 'sent'), like the other unsent statuses.
+ */
+export async function countRejectedAndCancelled(db: Queryable): Promise<{ rejected_async: number; cancelled: number }> {
+  const { rows } = await db.query<{ rejected_async: number; cancelled: number }>(
+    `SELECT count(*) FILTER (WHERE status = 'rejected_async') AS rejected_async,
+            count(*) FILTER (WHERE status = 'cancelled')      AS cancelled
+       FROM outbox WHERE status <> 'sent' AND status IN ('rejected_async', 'cancelled')`,
+  );
+  return rows[0]!;
+}
