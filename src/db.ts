@@ -29,7 +29,7 @@ const MIGRATION_LOCK = 727_274_001;
  * Safe when several processes migrate at once: they queue on an advisory lock and the later ones
  * find nothing left to do. Returns the names it applied.
  */
-export async function migrate(databaseUrl: string): Promise<string[]> {
+export async function migrate(databaseUrl: string, opts: { upTo?: string } = {}): Promise<string[]> {
   const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate' });
   await client.connect();
   try {
@@ -40,6 +40,8 @@ export async function migrate(databaseUrl: string): Promise<string[]> {
     const files = (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
     const applied: string[] = [];
     for (const file of files) {
+      // `upTo`: stop after the named migration (tests of a later migration on data of an earlier schema).
+      if (opts.upTo !== undefined && file > opts.upTo) break;
       if (done.has(file)) continue;
       const sql = await readFile(path.join(MIGRATIONS_DIR, file), 'utf8');
       await client.query('BEGIN');

@@ -79,7 +79,7 @@ describe('POST /v1/usage', () => {
     expect(first.statusCode).toBe(201);
     const created = first.json();
     expect(created).toEqual({
-      idempotency_key: `usage_log:${body.usage_id}`,
+      idempotency_key: `u:acme:${body.usage_id}`,
       status: 'pending',
       tenant_id: 'acme',
       usage_id: body.usage_id,
@@ -115,7 +115,7 @@ describe('POST /v1/usage', () => {
       expect(res.statusCode).toBe(409);
       expect(errorOf(res).code).toBe('usage_conflict');
     });
-    const { rows } = await db.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [`usage_log:${body.usage_id}`]);
+    const { rows } = await db.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [`u:acme:${body.usage_id}`]);
     expect(rows).toEqual([{ quantity: 2 }]);
   });
 
@@ -134,7 +134,10 @@ describe('POST /v1/usage', () => {
     ['occurred_at as a number', { occurred_at: 1748772000 }, 'occurred_at', /string/],
     ['an extra property', { ocurred_at: '2025-06-01T10:00:00Z' }, 'ocurred_at', /not a known field/],
     ['tenant_id with surrounding spaces', { tenant_id: ' acme ' }, 'tenant_id', /leading or trailing spaces/],
-    ['usage_id with a control character', { usage_id: 'a\u0007b' }, 'usage_id', /control characters/],
+    ['usage_id with a control character', { usage_id: 'a\u0007b' }, 'usage_id', /control/],
+    ['usage_id with a lone surrogate (JSON escape)', { usage_id: 'a\ud800b' }, 'usage_id', /surrogate/],
+    ['usage_id with a right-to-left override', { usage_id: 'inv\u202egpj.exe' }, 'usage_id', /bidirectional/],
+    ['tenant_id with a zero-width space', { tenant_id: 'ac\u200bme' }, 'tenant_id', /invisible/],
   ];
   for (const [what, change, field, message] of badFields) {
     it(`400 for ${what}, naming the field, writing nothing`, async () => {
@@ -168,6 +171,60 @@ describe('POST /v1/usage', () => {
       expect(broken.statusCode).toBe(400);
       expect(errorOf(broken).code).toBe('invalid_json');
     });
+  });
+
+  it('400 for bytes that are not UTF-8, instead of turning them into U+FFFD (two ids would become one)', async () => {
+    const id = `req-${randomUUID()}`;
+    // The same id with two different invalid bytes: leniently decoded, both would read "<id>\ufffd".
+    for (const bad of [0xff, 0xfe]) {
+      await writesNothing(async () => {
+        const payload = Buffer.concat([
+          Buffer.from(`{"tenant_id":"acme","quantity":1,"usage_id":"${id}`),
+          Buffer.from([bad]),
+          Buffer.from('"}'),
+        ]);
+        const res = await app.inject({ method: 'POST', url: '/v1/usage', headers: { ...auth(writer), 'content-type': 'application/json' }, payload });
+        expect(res.statusCode).toBe(400);
+        expect(errorOf(res)).toMatchObject({ code: 'invalid_encoding', message: 'the body is not valid UTF-8' });
+      });
+    }
+  });
+
+  it('415 for a body declared in another charset, or compressed with a Content-Encoding we do not decode', async () => {
+    await writesNothing(async () => {
+      const body = JSON.stringify(usage());
+      const latin1 = await post(body, writer, { 'content-type': 'application/json; charset=iso-8859-1' });
+      expect(latin1.statusCode).toBe(415);
+      expect(errorOf(latin1).code).toBe('unsupported_charset');
+      const gzip = await post(body, writer, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+      expect(gzip.statusCode).toBe(415);
+      expect(errorOf(gzip).code).toBe('unsupported_content_encoding');
+    });
+    const utf8 = await post(JSON.stringify(usage()), writer, { 'content-type': 'application/json; charset=UTF-8' });
+    expect(utf8.statusCode).toBe(201);
+  });
+
+  it('400 for a key given twice, instead of the last one silently winning', async () => {
+    await writesNothing(async () => {
+      const res = await post(`{"tenant_id":"acme","usage_id":"req-${randomUUID()}","quantity":1,"quantity":999}`, writer, {
+        'content-type': 'application/json',
+      });
+      expect(res.statusCode).toBe(400);
+      expect(errorOf(res)).toMatchObject({ code: 'duplicate_key', message: expect.stringContaining('"quantity"') });
+      // The same key spelt with an escape is the same key.
+      const escaped = await post(`{"tenant_id":"acme","usage_id":"x","quantity":1,"\u0071uantity":2}`, writer, { 'content-type': 'application/json' });
+      expect(errorOf(escaped).code).toBe('duplicate_key');
+    });
+  });
+
+  it('scopes usage_id by tenant: another tenant taking an id first neither blocks nor reveals it', async () => {
+    const id = `req-${randomUUID()}`;
+    const globex = await post({ tenant_id: 'globex', usage_id: id, quantity: 50 });
+    expect(globex.statusCode).toBe(201);
+    // acme-only's first use of that id is a new usage (not 409, which would say "taken").
+    const acme = await post({ tenant_id: 'acme', usage_id: id, quantity: 1 }, acmeOnly);
+    expect(acme.statusCode).toBe(201);
+    expect(acme.json()).toMatchObject({ idempotency_key: `u:acme:${id}`, quantity: 1, created: true });
   });
 
   it('413 over the configured body limit', async () => {
@@ -313,10 +370,10 @@ describe('request ids and logs', () => {
     expect(res.statusCode).toBe(201);
     const linesOf = () => logLines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.requestId === 'log-check-1');
     const recorded = linesOf().find((l) => l.msg === 'usage recorded');
-    expect(recorded).toMatchObject({ idempotencyKey: `usage_log:${body.usage_id}`, tokenName: 'writer', tenantId: 'acme', created: true });
+    expect(recorded).toMatchObject({ idempotencyKey: `u:acme:${body.usage_id}`, tokenName: 'writer', tenantId: 'acme', created: true });
     // Fastify logs completion on the socket's 'finish', which may come after inject() resolves.
     const completed = await waitFor('the request completed line', async () => linesOf().find((l) => l.msg === 'request completed'), 2_000, 10);
-    expect(completed).toMatchObject({ idempotencyKey: `usage_log:${body.usage_id}`, tokenName: 'writer', statusCode: 201, path: '/v1/usage' });
+    expect(completed).toMatchObject({ idempotencyKey: `u:acme:${body.usage_id}`, tokenName: 'writer', statusCode: 201, path: '/v1/usage' });
   });
 
   it('never writes a token or an Authorization header to the log', async () => {

@@ -1,19 +1,23 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { withTransaction } from '../src/db.js';
+// Through the package's public entry point, as an application imports it.
 import {
   InvalidUsageError,
   MAX_QUANTITY,
   recordUsage,
   UnknownTenantError,
+  idempotencyKeyFor,
   UsageConflictError,
+  withTransaction,
+  type Queryable,
   type UsageInput,
-} from '../src/outbox/enqueue.js';
+} from 'billing-outbox';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
 beforeAll(async () => {
   db = await createTestDb();
   await addCustomer(db.pool, 'acme', 'cus_acme');
+  await addCustomer(db.pool, 'globex', 'cus_globex');
 });
 afterAll(() => db?.drop());
 
@@ -24,7 +28,7 @@ describe('recordUsage', () => {
     const at = new Date('2026-11-30T10:00:00.123Z');
     const result = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'u-1', tenantId: 'acme', quantity: 7, occurredAt: at }));
     expect(result.created).toBe(true);
-    expect(result.entry).toMatchObject({ idempotencyKey: 'usage_log:u-1', tenantId: 'acme', quantity: 7, status: 'pending', eventName: 'api_requests' });
+    expect(result.entry).toMatchObject({ idempotencyKey: 'u:acme:u-1', usageId: 'u-1', tenantId: 'acme', quantity: 7, status: 'pending', eventName: 'api_requests' });
     expect(result.entry.occurredAt.toISOString()).toBe(at.toISOString());
     const usage = await db.pool.query('SELECT * FROM usage_logs WHERE id = $1', ['u-1']);
     expect(usage.rows[0]).toMatchObject({ tenant_id: 'acme', quantity: 7 });
@@ -39,7 +43,7 @@ describe('recordUsage', () => {
       }),
     ).rejects.toThrow('the application failed');
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
-    expect((await db.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = 'usage_log:u-rollback'`)).rowCount).toBe(0);
+    expect((await db.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = 'u:acme:u-rollback'`)).rowCount).toBe(0);
   });
 
   it('returns the existing entry for the same usage and adds nothing', async () => {
@@ -57,7 +61,7 @@ describe('recordUsage', () => {
     const results = await Promise.all(Array.from({ length: 8 }, () => withTransaction(db.pool, (c) => recordUsage(c, input))));
     expect(results.filter((r) => r.created)).toHaveLength(1);
     expect(new Set(results.map((r) => r.entry.id)).size).toBe(1);
-    expect((await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = 'usage_log:u-race'`)).rows[0].n).toBe(1);
+    expect((await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = 'u:acme:u-race'`)).rows[0].n).toBe(1);
   });
 
   it('refuses a usage id reused with different values, without aborting the transaction', async () => {
@@ -88,26 +92,80 @@ describe('recordUsage', () => {
     ['NaN quantity', { quantity: Number.NaN }, 'quantity'],
     ['quantity beyond 15 digits', { quantity: MAX_QUANTITY + 1 }, 'quantity'],
     ['empty usage id', { usageId: '' }, 'usageId'],
-    ['usage id making a key over 100 chars', { usageId: 'x'.repeat(91) }, 'usageId'],
+    ['usage id over 90 chars', { usageId: 'x'.repeat(91) }, 'usageId'],
     ['usage id with a newline', { usageId: 'a\nb' }, 'usageId'],
+    ['usage id with a lone surrogate', { usageId: 'a\ud800b' }, 'usageId'],
+    ['usage id with U+FFFD (text already damaged upstream)', { usageId: 'a\ufffdb' }, 'usageId'],
+    ['usage id with a zero-width space', { usageId: 'a\u200bb' }, 'usageId'],
+    ['usage id with a right-to-left override', { usageId: 'abc\u202etxt.exe' }, 'usageId'],
+    ['usage id with a byte-order mark', { usageId: '\ufeffabc' }, 'usageId'],
+    ['usage id with a line separator', { usageId: 'a\u2028b' }, 'usageId'],
+    ['usage id with a noncharacter', { usageId: 'a\uffffb' }, 'usageId'],
+    ['tenant with a left-to-right isolate', { tenantId: '\u2066acme' }, 'tenantId'],
+    ['tenant with a zero-width joiner', { tenantId: 'ac\u200dme' }, 'tenantId'],
+    ['event name with a soft hyphen', { eventName: 'api\u00adrequests' }, 'eventName'],
     ['empty event name', { eventName: '' }, 'eventName'],
     ['event name over 100 chars', { eventName: 'e'.repeat(101) }, 'eventName'],
     ['empty tenant', { tenantId: '' }, 'tenantId'],
     ['invalid date', { occurredAt: new Date('nope') }, 'occurredAt'],
     ['usage stamped an hour ahead', { occurredAt: new Date(Date.now() + 3_600_000) }, 'occurredAt'],
   ];
-  it.each(bad)('rejects %s before writing anything', async (_name, patch, field) => {
-    const before = [await count('usage_logs'), await count('outbox')];
+  it.each(bad)('rejects %s before sending any query', async (_name, patch, field) => {
     const input = { usageId: 'u-bad', tenantId: 'acme', quantity: 1, ...patch } as UsageInput;
-    const err = await withTransaction(db.pool, (c) => recordUsage(c, input)).catch((e: unknown) => e);
+    // A client that records every statement: "rejected before anything is written" means none ran,
+    // not only that none is visible after a rollback.
+    const sent: string[] = [];
+    const err = await withTransaction(db.pool, async (c) => {
+      const spy: Queryable = { query: ((text: string, values?: unknown[]) => (sent.push(text), c.query(text, values))) as Queryable['query'] };
+      return recordUsage(spy, input);
+    }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(InvalidUsageError);
     expect((err as InvalidUsageError).field).toBe(field);
-    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+    expect((err as InvalidUsageError).message).toMatch(new RegExp(`^${field}: (must|too)`));
+    expect(sent).toEqual([]);
   });
 
   it('accepts the largest quantity Stripe takes and a 90-character usage id', async () => {
     const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'y'.repeat(90), tenantId: 'acme', quantity: MAX_QUANTITY }));
     expect(r.entry.quantity).toBe(MAX_QUANTITY);
-    expect(r.entry.idempotencyKey).toHaveLength(100);
+    // u:acme: plus 90 characters is 98 bytes: still the readable form.
+    expect(r.entry.idempotencyKey).toBe(`u:acme:${'y'.repeat(90)}`);
+  });
+});
+
+describe('usage ids are scoped by tenant', () => {
+  it("one tenant taking an id first does not stop another tenant's usage with the same id", async () => {
+    // globex's token must not be able to learn, or block, acme's usage ids.
+    const g = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'globex', quantity: 999 }));
+    const a = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
+    expect(g.created).toBe(true);
+    expect(a.created).toBe(true);
+    expect(a.entry.idempotencyKey).not.toBe(g.entry.idempotencyKey);
+    expect([a.entry.quantity, g.entry.quantity]).toEqual([1, 999]);
+    const { rows } = await db.pool.query(`SELECT tenant_id, quantity FROM usage_logs WHERE id = 'shared-id' ORDER BY tenant_id`);
+    expect(rows).toEqual([
+      { tenant_id: 'acme', quantity: 1 },
+      { tenant_id: 'globex', quantity: 999 },
+    ]);
+    // Each tenant's repeat is still its own no-op.
+    const again = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
+    expect(again).toMatchObject({ created: false, entry: { id: a.entry.id } });
+  });
+
+  it('gives every (tenant, usage id) pair its own key, within 100 bytes', () => {
+    const pairs: [string, string][] = [
+      ['a:b', 'c'],
+      ['a', 'b:c'],
+      ['a%3Ab', 'c'],
+      ['t'.repeat(200), 'x'],
+      ['t'.repeat(200), 'y'],
+      ['租户', '使用'.repeat(45)],
+      ['租户', `${'使用'.repeat(44)}用`],
+    ];
+    const keys = pairs.map(([t, u]) => idempotencyKeyFor(t, u));
+    expect(new Set(keys).size).toBe(pairs.length);
+    for (const key of keys) expect(Buffer.byteLength(key, 'utf8')).toBeLessThanOrEqual(100);
+    expect(keys[0]).toBe('u:a%3Ab:c');
+    expect(keys[3]).toMatch(/^h:[0-9a-f]{64}$/);
   });
 });

@@ -2,6 +2,8 @@ import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, expect, inject, it } from 'vitest';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { createPool, migrate, withTransaction } from '../src/db.js';
 import { databaseUrlFor } from './helpers.js';
 
 const name = `bo_migrate_${randomUUID().replace(/-/g, '').slice(0, 10)}`;
@@ -55,4 +57,46 @@ it('npm run migrate without DATABASE_URL fails with a clear message', async () =
   });
   expect(r.code).not.toBe(0);
   expect(r.out).toMatch(/DATABASE_URL is not set/);
+});
+
+it('005 scopes usage ids by tenant and keeps the keys of rows already written', async () => {
+  const legacy = `bo_migrate_legacy_${randomUUID().replace(/-/g, '').slice(0, 8)}`;
+  const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${legacy}`);
+  await admin.end();
+  const url = databaseUrlFor(legacy);
+  const pool = createPool(url, 2);
+  try {
+    await migrate(url, { upTo: '004_rate_limit.sql' });
+    await pool.query(`INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ('acme', 'cus_a'), ('globex', 'cus_g')`);
+    // Written by the old recordUsage: one row in flight (its workflow knows this key), one sent.
+    for (const [id, status] of [['inflight-1', 'dispatched'], ['done-1', 'sent']] as const) {
+      await pool.query(`INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at) VALUES ($1, 'acme', 'api_requests', 4, now())`, [id]);
+      await pool.query(
+        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+         SELECT tenant_id, event_name, quantity, occurred_at, 'usage_log:' || id, $2 FROM usage_logs WHERE id = $1`,
+        [id, status],
+      );
+    }
+    expect(await migrate(url)).toContain('005_tenant_scoped_keys.sql');
+
+    const { rows } = await pool.query(`SELECT idempotency_key, usage_id, status FROM outbox ORDER BY id`);
+    expect(rows).toEqual([
+      { idempotency_key: 'usage_log:inflight-1', usage_id: 'inflight-1', status: 'dispatched' },
+      { idempotency_key: 'usage_log:done-1', usage_id: 'done-1', status: 'sent' },
+    ]);
+    // The same usage recorded again is still the old row, under its old key...
+    const again = await withTransaction(pool, (c) => recordUsage(c, { usageId: 'inflight-1', tenantId: 'acme', quantity: 4 }));
+    expect(again).toMatchObject({ created: false, entry: { idempotencyKey: 'usage_log:inflight-1', status: 'dispatched' } });
+    // ...and another tenant can now use that id for its own usage.
+    const other = await withTransaction(pool, (c) => recordUsage(c, { usageId: 'inflight-1', tenantId: 'globex', quantity: 9 }));
+    expect(other).toMatchObject({ created: true, entry: { idempotencyKey: 'u:globex:inflight-1', quantity: 9 } });
+  } finally {
+    await pool.end();
+    const a = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+    await a.connect();
+    await a.query(`DROP DATABASE IF EXISTS ${legacy} WITH (FORCE)`);
+    await a.end();
+  }
 });

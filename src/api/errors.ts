@@ -4,7 +4,7 @@
  * errors of recordUsage.
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
-import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/enqueue.js';
+import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
 import { plainError } from './request-log.js';
 
 export interface FieldError {
@@ -90,8 +90,7 @@ function toApiError(err: unknown): ApiError | undefined {
   if (err instanceof ApiError) return err;
   if (err instanceof InvalidUsageError) {
     const field = BODY_FIELD[err.field ?? ''] ?? err.field ?? '(body)';
-    const message = err.message.replace(/^[^:]+: /, '');
-    return new ApiError(400, 'invalid_request', `${field}: ${message}`, [{ field, message }]);
+    return new ApiError(400, 'invalid_request', `${field}: ${err.reason}`, [{ field, message: err.reason }]);
   }
   if (err instanceof UnknownTenantError) return new ApiError(422, 'unknown_tenant', err.message);
   if (err instanceof UsageConflictError || err instanceof UsageError) return new ApiError(409, err.code, err.message);

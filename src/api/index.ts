@@ -16,6 +16,7 @@ import type { Logger } from '../log.js';
 import { createMetrics, type Metrics } from '../metrics.js';
 import { authenticate, requireScope, TokenVerifier } from './auth.js';
 import { ApiError, errorHandler } from './errors.js';
+import { useStrictJson } from './json-body.js';
 import { checkHealth, type TemporalHealth } from './health.js';
 
 export { temporalHealthConnection } from './health.js';
@@ -76,6 +77,7 @@ export function buildApi(deps: ApiDeps) {
 
   // JSON only: a text/plain body would otherwise reach validation as a string (400, not 415).
   app.removeContentTypeParser('text/plain');
+  useStrictJson(app);
   app.decorateRequest('apiToken', null);
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler((request) => {

@@ -5,15 +5,10 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { withTransaction } from '../db.js';
-import {
-  idempotencyKeyFor,
-  MAX_EVENT_NAME_LENGTH,
-  MAX_QUANTITY,
-  MAX_TENANT_ID_LENGTH,
-  MAX_USAGE_ID_LENGTH,
-  recordUsage,
-  type OutboxEntry,
-} from '../outbox/enqueue.js';
+import { recordUsage } from '../outbox/enqueue.js';
+import type { OutboxEntry } from '../outbox/errors.js';
+import { idempotencyKeyFor } from '../outbox/keys.js';
+import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from '../outbox/validate.js';
 import { requireTenant } from './auth.js';
 
 export interface UsageRequestBody {
@@ -73,7 +68,7 @@ export function registerUsageRoutes(app: FastifyInstance, deps: { db: pg.Pool; d
       const body = request.body;
       requireTenant(request.apiToken!, body.tenant_id);
       // Every later line of this request, including Fastify's "request completed", carries the key.
-      const log = request.log.child({ idempotencyKey: idempotencyKeyFor(body.usage_id) });
+      const log = request.log.child({ idempotencyKey: idempotencyKeyFor(body.tenant_id, body.usage_id) });
       request.log = log;
       reply.log = log;
 

@@ -71,7 +71,7 @@ export async function cancelCommand(args: string[], ctx: CliContext): Promise<nu
     ctx.out.write(CANCEL_HELP);
     return EXIT_OK;
   }
-  if (positionals.length !== 1) throw new UsageError(positionals.length === 0 ? 'cancel needs an event key (e.g. usage_log:…)' : 'cancel takes one key', CANCEL_HELP);
+  if (positionals.length !== 1) throw new UsageError(positionals.length === 0 ? 'cancel needs an event key (e.g. u:acme:req-42)' : 'cancel takes one key', CANCEL_HELP);
   const key = positionals[0]!;
   const actor = values.by ?? ctx.user ?? 'unknown';
   if (actor.trim() === '' || actor.length > 200) throw new UsageError('--by must be 1 to 200 characters', CANCEL_HELP);

@@ -1,5 +1,5 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
-import { MAX_TENANT_ID_LENGTH } from '../../outbox/enqueue.js';
+import { MAX_TENANT_ID_LENGTH, textProblem } from '../../outbox/validate.js';
 import { listBillingCustomers, upsertBillingCustomer } from '../../outbox/sql/customers.js';
 import { recordOperatorAction } from '../../outbox/sql/operator.js';
 import { noPositionals, parse } from '../args.js';
@@ -16,15 +16,13 @@ set    maps a tenant (1-${MAX_TENANT_ID_LENGTH} characters) to a Stripe customer
 list   every mapping; --json prints {customers: [{tenantId, stripeCustomerId, createdAt, updatedAt}]}
 `;
 
-const CUSTOMER_ID = /^cus_[A-Za-z0-9]{1,251}$/;
-// The same rule as recordUsage's tenant ids: these end up in Stripe, URLs and log lines.
-const PRINTABLE = /^[^\p{Cc}]+$/u;
+// Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
+const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
 
+/** The same rule as recordUsage's tenant ids: these end up in Stripe, URLs, the Web UI and log lines. */
 export function validateTenant(tenant: string): string | undefined {
-  if (tenant.length < 1 || tenant.length > MAX_TENANT_ID_LENGTH) return `tenant must be 1 to ${MAX_TENANT_ID_LENGTH} characters`;
-  if (tenant.trim() !== tenant) return 'tenant must not start or end with spaces';
-  if (!PRINTABLE.test(tenant)) return 'tenant must not contain control characters';
-  return undefined;
+  const problem = textProblem(tenant, MAX_TENANT_ID_LENGTH);
+  return problem && `tenant ${problem}`;
 }
 
 export async function customersCommand(args: string[], ctx: CliContext): Promise<number> {
@@ -49,7 +47,7 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
   const [tenant, customer] = positionals as [string, string];
   const problem = validateTenant(tenant);
   if (problem) throw new UsageError(problem, CUSTOMERS_HELP);
-  if (!CUSTOMER_ID.test(customer)) throw new UsageError(`stripe_customer_id must look like cus_… (letters and digits), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
+  if (!CUSTOMER_ID.test(customer)) throw new UsageError(`stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
   const actor = values.by ?? ctx.user ?? 'unknown';
   if (actor.trim() === '' || actor.length > 200) throw new UsageError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
 

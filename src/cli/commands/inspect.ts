@@ -92,7 +92,7 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
     return EXIT_OK;
   }
   const [key, ...extra] = positionals;
-  if (!key) throw new UsageError('inspect needs the event key (e.g. usage_log:…)', INSPECT_HELP);
+  if (!key) throw new UsageError('inspect needs the event key (e.g. u:acme:req-42)', INSPECT_HELP);
   if (extra.length > 0) throw new UsageError(`unexpected argument: ${extra[0]}`, INSPECT_HELP);
 
   const db = await ctx.db();

@@ -3,10 +3,11 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { AT_STRIPE, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
 
 export interface AttemptRow {
-  status: string;
+  status: OutboxStatus;
   attempt_count: number;
   event_name: string;
   quantity: number;
@@ -30,16 +31,16 @@ export async function beginAttempt(
 ): Promise<AttemptRow | undefined> {
   const { rows } = await db.query<AttemptRow>(
     `UPDATE outbox o
-        SET attempt_count = o.attempt_count + CASE WHEN o.status IN ('sent', 'rejected_async', 'cancelled') THEN 0 ELSE 1 END,
+        SET attempt_count = o.attempt_count + CASE WHEN o.status = ANY($5::text[]) THEN 0 ELSE 1 END,
             first_attempted_at = COALESCE(o.first_attempted_at, now()),
             workflow_id = COALESCE(o.workflow_id, $2::text),
             updated_at = now()
       WHERE o.idempotency_key = $1::text
-        AND (o.status IN ('sent', 'rejected_async', 'cancelled') OR $4::boolean OR o.first_attempted_at IS NULL
+        AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
              OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
       RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
                 (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
-    [key, opts.workflowId, opts.safeWindowMs, opts.force],
+    [key, opts.workflowId, opts.safeWindowMs, opts.force, [...AT_STRIPE]],
   );
   return rows[0];
 }
@@ -67,8 +68,8 @@ export async function findRowByKey(db: Queryable, key: string): Promise<OutboxRo
 export async function recordAttemptError(db: Queryable, key: string, code: string, message: string): Promise<void> {
   await db.query(
     `UPDATE outbox SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
-      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')`,
-    [key, code, message.slice(0, 1000)],
+      WHERE idempotency_key = $1::text AND status <> ALL($4::text[])`,
+    [key, code, message.slice(0, 1000), [...AT_STRIPE]],
   );
 }
 
@@ -77,9 +78,9 @@ export async function markSent(db: Queryable, key: string): Promise<number> {
     `UPDATE outbox
         SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
             claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text AND status NOT IN ('rejected_async', 'cancelled')
+      WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
       RETURNING attempt_count`,
-    [key],
+    [key, [...UNBILLED]],
   );
   return rows[0]?.attempt_count ?? 0;
 }
@@ -90,9 +91,9 @@ export async function markDead(db: Queryable, key: string, code: string, message
     `UPDATE outbox
         SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
             claim_id = NULL, processing_deadline = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text AND status NOT IN ('sent', 'rejected_async', 'cancelled')
+      WHERE idempotency_key = $1::text AND status <> ALL($4::text[])
       RETURNING attempt_count`,
-    [key, code, message.slice(0, 1000)],
+    [key, code, message.slice(0, 1000), [...AT_STRIPE]],
   );
   return rows[0]?.attempt_count ?? 0;
 }

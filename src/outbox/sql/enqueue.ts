@@ -3,18 +3,21 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import type { OutboxStatus } from '../statuses.js';
 
 export interface EntryRow {
   id: number;
   idempotency_key: string;
   tenant_id: string;
+  /** Null only on rows written before migration 005 and never backfilled (none are: 005 backfills). */
+  usage_id: string | null;
   event_name: string;
   quantity: number;
   occurred_at: Date;
-  status: string;
+  status: OutboxStatus;
 }
 
-const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status';
+const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, quantity, occurred_at, status';
 
 /**
  * Writes the usage row and its outbox row, in one round trip, inside the caller's transaction.
@@ -32,12 +35,13 @@ export async function insertUsage(
      ), usage AS (
        INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
        SELECT $1::text, tenant_id, $3::text, $4::bigint, COALESCE($5::timestamptz, now()) FROM tenant
-       ON CONFLICT (id) DO NOTHING
+       ON CONFLICT (tenant_id, id) DO NOTHING
        RETURNING id, tenant_id, event_name, quantity, occurred_at
      ), queued AS (
-       INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT tenant_id, event_name, quantity, occurred_at, $6::text FROM usage
-       ON CONFLICT (idempotency_key) DO NOTHING
+       INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
+       SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage
+       -- No conflict target: whichever unique constraint a duplicate hits, nothing may raise here.
+       ON CONFLICT DO NOTHING
        RETURNING ${ENTRY_COLUMNS}
      )
      SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
@@ -48,7 +52,11 @@ export async function insertUsage(
   return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as EntryRow) };
 }
 
-export async function findEntryByKey(db: Queryable, key: string): Promise<EntryRow | undefined> {
-  const { rows } = await db.query<EntryRow>(`SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = $1::text`, [key]);
+/** The outbox entry of one tenant's usage id (unique per tenant: migrations/005). */
+export async function findEntryByUsage(db: Queryable, tenantId: string, usageId: string): Promise<EntryRow | undefined> {
+  const { rows } = await db.query<EntryRow>(`SELECT ${ENTRY_COLUMNS} FROM outbox WHERE tenant_id = $1::text AND usage_id = $2::text`, [
+    tenantId,
+    usageId,
+  ]);
   return rows[0];
 }

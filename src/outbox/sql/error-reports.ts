@@ -4,6 +4,7 @@
  */
 import type { Queryable } from '../../db.js';
 import type { EntryRow } from './enqueue.js';
+import { UNBILLED } from '../statuses.js';
 
 
 /**

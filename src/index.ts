@@ -1,0 +1,12 @@
+/**
+ * billing-outbox for applications: what you call inside your own transaction. Everything else
+ * (workers, the API, the CLI) runs as its own process (src/bin/).
+ *
+ *   import { recordUsage, migrate } from 'billing-outbox';
+ */
+export { recordUsage, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
+export { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
+export { idempotencyKeyFor } from './outbox/keys.js';
+export { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from './outbox/validate.js';
+export { OUTBOX_STATUSES, type OutboxStatus } from './outbox/statuses.js';
+export { migrate, withTransaction, type Queryable } from './db.js';

@@ -1,0 +1,58 @@
+/**
+ * The errors `recordUsage` throws. Each means the usage was not recorded and nothing was written;
+ * the caller's transaction is still usable.
+ */
+import type { OutboxStatus } from './statuses.js';
+
+/** An outbox entry as recordUsage returns it. */
+export interface OutboxEntry {
+  id: number;
+  idempotencyKey: string;
+  tenantId: string;
+  usageId: string;
+  eventName: string;
+  quantity: number;
+  occurredAt: Date;
+  status: OutboxStatus;
+}
+
+/** Base class of every error recordUsage throws. `field` names the input field at fault, if one is. */
+export class UsageError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly field?: string,
+  ) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** A field that can never be recorded as it is; `reason` says why, without the field's name. */
+export class InvalidUsageError extends UsageError {
+  constructor(
+    field: string,
+    readonly reason: string,
+  ) {
+    super('invalid_usage', `${field}: ${reason}`, field);
+    this.name = 'InvalidUsageError';
+  }
+}
+
+export class UnknownTenantError extends UsageError {
+  constructor(readonly tenantId: string) {
+    super('unknown_tenant', `tenant ${JSON.stringify(tenantId)} has no billing customer; add one first`, 'tenantId');
+    this.name = 'UnknownTenantError';
+  }
+}
+
+/** The same usage id was recorded before, for this tenant, with different values: refusing beats silently diverging. */
+export class UsageConflictError extends UsageError {
+  constructor(
+    readonly usageId: string,
+    readonly existing: OutboxEntry,
+  ) {
+    super('usage_conflict', `usage ${JSON.stringify(usageId)} was already recorded with different values`, 'usageId');
+    this.name = 'UsageConflictError';
+  }
+}

@@ -1,0 +1,30 @@
+/**
+ * The one list of outbox statuses (pg-boss keeps its JOB_STATES the same way): the SQL passes these
+ * arrays as parameters (`status = ANY($n::text[])`), and the metrics, the CLI, reconciliation and
+ * the workflow's search attribute all read them from here. The migrations' CHECK constraint spells
+ * the same list; test/statuses.test.ts fails if the two ever differ.
+ *
+ *   pending ──claim──▶ claimed ──start workflow──▶ dispatched ──Stripe 200──▶ sent ──▶ rejected_async
+ *      ▲                  │ (lease lapses)              │                        └──▶ cancelled
+ *      └──────────────────┘                             └──last attempt──▶ dead ──retry──▶ dispatched
+ *
+ * Pure data: importable from workflow code.
+ */
+export const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'dead', 'rejected_async', 'cancelled'] as const;
+export type OutboxStatus = (typeof OUTBOX_STATUSES)[number];
+
+/** Waiting for a relay: a pending row, or a claimed one whose lease may lapse. */
+export const AWAITING_RELAY = ['pending', 'claimed'] as const satisfies readonly OutboxStatus[];
+
+/** Stripe has (or had) the event: never sent again, never made dead. */
+export const AT_STRIPE = ['sent', 'rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
+
+/** Not settled: Stripe may or may not hold the event yet (reconciliation lists these, does not count them). */
+export const UNSETTLED = ['pending', 'claimed', 'dispatched', 'dead'] as const satisfies readonly OutboxStatus[];
+
+/** Settled without being billed: rejected by Stripe's later validation, or cancelled by an operator. */
+export const UNBILLED = ['rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
+
+export function isOutboxStatus(value: string): value is OutboxStatus {
+  return (OUTBOX_STATUSES as readonly string[]).includes(value);
+}

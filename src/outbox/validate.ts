@@ -1,0 +1,92 @@
+/**
+ * What a usage must look like before anything is written. Shared by `recordUsage` and the HTTP API
+ * (which reaches it through recordUsage), so a bad value is refused the same way from both sides.
+ *
+ * Text is refused, not repaired: repairing (U+FFFD for a bad byte, dropping an invisible character)
+ * can make two different usage ids equal, and the second usage would then be lost as a "duplicate".
+ */
+import { MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE } from '../stripe/rules.js';
+import { InvalidUsageError } from './errors.js';
+
+/** Usage ids: the old key format left 90 characters after its prefix; kept so existing ids stay valid. */
+export const MAX_USAGE_ID_LENGTH = 90;
+export const MAX_TENANT_ID_LENGTH = 200;
+export { MAX_EVENT_NAME_LENGTH, MAX_VALUE as MAX_QUANTITY };
+
+/**
+ * Characters that do not show as what they are:
+ * - Cc: control characters (NUL, newlines, escape sequences that repaint a terminal);
+ * - Cf: format characters, among them the bidirectional controls (U+202A–U+202E, U+2066–U+2069)
+ *   that reorder what the CLI and the Web UI display, and the invisible ones (zero-width space and
+ *   joiners, U+FEFF, soft hyphen);
+ * - Zl, Zp: line and paragraph separators;
+ * - noncharacters (U+FDD0–U+FDEF, U+xFFFE, U+xFFFF), and U+FFFD: text that was already not valid
+ *   where it came from.
+ * Lone surrogates (half a UTF-16 pair, not a character at all) are checked with isWellFormed().
+ */
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u{FDD0}-\u{FDEF}\u{FFFD}\u{FFFE}\u{FFFF}\u{1FFFE}\u{1FFFF}\u{2FFFE}\u{2FFFF}\u{3FFFE}\u{3FFFF}\u{4FFFE}\u{4FFFF}\u{5FFFE}\u{5FFFF}\u{6FFFE}\u{6FFFF}\u{7FFFE}\u{7FFFF}\u{8FFFE}\u{8FFFF}\u{9FFFE}\u{9FFFF}\u{AFFFE}\u{AFFFF}\u{BFFFE}\u{BFFFF}\u{CFFFE}\u{CFFFF}\u{DFFFE}\u{DFFFF}\u{EFFFE}\u{EFFFF}\u{FFFFE}\u{FFFFF}\u{10FFFE}\u{10FFFF}]/u;
+
+/** Why `value` is not acceptable text for an id or a name, if it is not. */
+export function textProblem(value: unknown, max: number): string | undefined {
+  if (typeof value !== 'string') return 'must be a string';
+  if (value.length === 0 || value.trim() !== value) return 'must be non-empty, without leading or trailing spaces';
+  if (value.length > max) return `must be at most ${max} characters`;
+  if (!value.isWellFormed()) return 'must be valid Unicode text (it contains half of a UTF-16 surrogate pair)';
+  const hidden = HIDDEN.exec(value);
+  if (hidden) {
+    const cp = hidden[0].codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0');
+    return `must not contain control, invisible or bidirectional-formatting characters (found U+${cp})`;
+  }
+  return undefined;
+}
+
+function checkText(field: string, value: unknown, max: number): string {
+  const problem = textProblem(value, max);
+  if (problem) throw new InvalidUsageError(field, problem);
+  return value as string;
+}
+
+export interface UsageInput {
+  /** The application's id for this unit of work, unique per tenant; recording it again is a no-op. */
+  usageId: string;
+  tenantId: string;
+  quantity: number;
+  /** Defaults to the configured STRIPE_METER_EVENT_NAME. */
+  eventName?: string | undefined;
+  /** When the usage happened; defaults to the transaction's time. */
+  occurredAt?: Date | undefined;
+}
+
+export interface ValidUsage {
+  usageId: string;
+  tenantId: string;
+  quantity: number;
+  eventName: string;
+  /** Null: the transaction's time. */
+  occurredAt: Date | null;
+}
+
+/** Checks every field; throws an InvalidUsageError for the first bad one. `now` is for tests. */
+export function validateUsage(input: UsageInput, defaultEventName: string, now = Date.now()): ValidUsage {
+  if (typeof input !== 'object' || input === null) throw new InvalidUsageError('input', 'must be an object');
+  const usageId = checkText('usageId', input.usageId, MAX_USAGE_ID_LENGTH);
+  const tenantId = checkText('tenantId', input.tenantId, MAX_TENANT_ID_LENGTH);
+  const eventName = checkText('eventName', input.eventName ?? defaultEventName, MAX_EVENT_NAME_LENGTH);
+  const { quantity } = input;
+  if (typeof quantity !== 'number' || !Number.isInteger(quantity) || quantity < 1) {
+    throw new InvalidUsageError('quantity', 'must be a positive integer');
+  }
+  if (quantity > MAX_VALUE) throw new InvalidUsageError('quantity', `must be at most ${MAX_VALUE} (Stripe accepts 15 digits)`);
+  let occurredAt: Date | null = null;
+  if (input.occurredAt !== undefined) {
+    if (!(input.occurredAt instanceof Date) || Number.isNaN(input.occurredAt.getTime())) {
+      throw new InvalidUsageError('occurredAt', 'must be a valid Date');
+    }
+    // Stripe takes usage stamped at most 5 minutes ahead; later than that it could never be reported.
+    if (input.occurredAt.getTime() > now + MAX_EVENT_FUTURE_MS) {
+      throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
+    }
+    occurredAt = input.occurredAt;
+  }
+  return { usageId, tenantId, quantity, eventName, occurredAt };
+}
