@@ -6,10 +6,14 @@ import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox/sql/delivery.js';
-import { classifyStripeError, sendMeterEvent } from '../src/stripe/client.js';
+import { AT_STRIPE } from '../src/outbox/statuses.js';
+import { sendMeterEvent } from '../src/stripe/client.js';
+import { classifyStripeError } from '../src/stripe/errors.js';
 import { acquireMeterLease, releaseMeterLease } from '../src/stripe/meter-lease.js';
+import type { MeterCatalog } from '../src/stripe/meters.js';
 import { reserveSlots } from '../src/stripe/rate-limit.js';
-import { ErrorTypes, RATE_LIMIT_JITTER_MS, MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, type DeliverInput } from '../workflows/shared.js';
+import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from '../src/stripe/rules.js';
+import { ErrorTypes, RATE_LIMIT_JITTER_MS, type DeferralReason, type DeliverInput } from '../workflows/shared.js';
 
 export interface DeliveryDeps {
   db: Queryable;
@@ -18,6 +22,8 @@ export interface DeliveryDeps {
   /** Account-wide Stripe calls per second (src/stripe/rate-limit.ts). */
   stripeCallsPerSecond: number;
   stripe: Pick<Stripe, 'billing'>;
+  /** The payload keys of each meter (read from Stripe, cached). */
+  meters: Pick<MeterCatalog, 'keysFor'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
 }
@@ -26,32 +32,15 @@ export type DeliveryResult =
   /** `sent`: Stripe accepted it now; `duplicate`: Stripe already had it (an earlier lost answer). */
   | { outcome: 'sent' | 'duplicate' | 'already_sent'; attempts: number }
   /**
-   * Not this time, and not a failure: Stripe said 429, or another call for the same customer and
-   * meter holds the lease. The workflow waits `retryAfterMs` and asks again; no retry attempt of
-   * the delivery policy is spent, so waiting never leads to a dead letter by itself.
+   * Not this time, and not a failure: Stripe said 429 (`rate_limited`), our own account-wide pace
+   * has no slot soon enough (`paced`), or another call for the same customer and meter holds the
+   * lease (`customer_busy`). The workflow waits `retryAfterMs` and asks again; no retry attempt of
+   * the delivery policy is spent. Only Stripe's 429s count towards RETRY_MAX_RATE_LIMITED_MS.
    */
-  | { outcome: 'deferred'; reason: 'rate_limited' | 'customer_busy'; retryAfterMs: number; attempts: number };
+  | { outcome: 'deferred'; reason: DeferralReason; retryAfterMs: number; attempts: number };
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
-}
-
-/** Stripe only takes usage stamped within the past 35 days and at most 5 minutes ahead. */
-export function timestampProblem(occurredAt: Date, now: number): { code: string; message: string } | undefined {
-  const age = now - occurredAt.getTime();
-  if (age > MAX_EVENT_AGE_MS) {
-    return {
-      code: 'timestamp_too_far_in_past',
-      message: `usage from ${occurredAt.toISOString()} is older than Stripe's 35-day window and cannot be reported`,
-    };
-  }
-  if (-age > MAX_EVENT_FUTURE_MS) {
-    return {
-      code: 'timestamp_in_future',
-      message: `usage stamped ${occurredAt.toISOString()} is more than 5 minutes in the future`,
-    };
-  }
-  return undefined;
 }
 
 /** Room for our own queries around the Stripe call while holding the lease. */
@@ -62,7 +51,7 @@ const DEFAULT_RETRY_AFTER_MS = 1_000;
 /** Longest an activity waits in place for its call slot; a longer queue is waited out in the workflow. */
 const MAX_PACING_WAIT_MS = 1_000;
 
-export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs, stripeCallsPerSecond }: DeliveryDeps) {
+export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTimeoutMs, stripeCallsPerSecond }: DeliveryDeps) {
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
@@ -89,7 +78,7 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
         const slot = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
         if (slot.granted === 0) {
           const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
-          return { outcome: 'deferred', reason: 'rate_limited', retryAfterMs, attempts: 0 };
+          return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
         }
         if (slot.waitMs > 0) await Context.current().sleep(slot.waitMs);
         return await attempt(input);
@@ -131,14 +120,14 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
         throw fail(ErrorTypes.missing, 'outbox_row_missing', `no outbox row with key ${key}`);
       }
       const message =
-        `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: ` +
+        `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: ` +
         `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
       await recordAttemptError(db, key, 'identifier_window_expired', message);
       metrics?.stripeErrors.inc({ class: 'unsafe' });
       throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
     }
     // Stripe already has it (and may since have rejected it, or we cancelled it): never again.
-    if (row.status === 'sent' || row.status === 'rejected_async' || row.status === 'cancelled') {
+    if ((AT_STRIPE as readonly string[]).includes(row.status)) {
       return { outcome: 'already_sent', attempts: row.attempt_count };
     }
     if (!row.stripe_customer_id) {
@@ -154,14 +143,25 @@ export function createDeliveryActivities({ db, stripe, metrics, stripeTimeoutMs,
     }
 
     try {
+      // The keys this event's meter reads: a payload under other keys is accepted by Stripe and
+      // rejected later, so an unknown meter is a dead letter now, with its reason.
+      const keys = await meters.keysFor(row.event_name);
+      if (!keys) {
+        const message = `Stripe has no active meter for event name ${JSON.stringify(row.event_name)}: create the meter, then retry`;
+        await recordAttemptError(db, key, 'no_meter', message);
+        metrics?.stripeErrors.inc({ class: 'rejected' });
+        throw fail(ErrorTypes.rejected, 'no_meter', message);
+      }
       await sendMeterEvent(stripe, {
         eventName: row.event_name,
+        keys,
         stripeCustomerId: row.stripe_customer_id,
         quantity: row.quantity,
         identifier: key,
         occurredAt: row.occurred_at,
       });
     } catch (err) {
+      if (err instanceof ApplicationFailure) throw err;
       const failure = classifyStripeError(err);
       if (failure.kind === 'delivered') {
         const attempts = await markSent(db, key);

@@ -8,14 +8,14 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { Context } from '@temporalio/activity';
-import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/client';
+import type { Client } from '@temporalio/client';
 import type { Queryable } from '../src/db.js';
 import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
-import { claimBatch, markDispatched, type ClaimedRow } from '../src/outbox/sql/relay.js';
+import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/stripe/rate-limit.js';
-import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../workflows/shared.js';
+import { startUsageWorkflow } from '../src/temporal/start-usage.js';
 
 export interface RelayDeps {
   db: Queryable;
@@ -33,56 +33,6 @@ export interface RelayDeps {
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
 const MAX_IDLE_WAIT_MS = 5_000;
-
-/**
- * Starts the usage workflow of one event. Workflow id = idempotency key, and the policies make a
- * second run impossible: FAIL if one is running, REJECT_DUPLICATE if one ever ran (within the
- * namespace's retention). Either refusal means the event is already in Temporal's hands.
- * Returns false when it was already started.
- */
-/**
- * How a usage workflow is started, by the relay and by an operator's reopen alike: workflow id =
- * idempotency key, conflict policy FAIL (never a second run beside a running one). The relay uses
- * reuse policy REJECT_DUPLICATE (never a second run after one ever ran); only the CLI's guarded
- * reopen of a dead letter whose workflow has closed passes ALLOW_DUPLICATE.
- */
-export function usageWorkflowStartOptions(
-  row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
-  config: Pick<Config, 'retry' | 'temporal'>,
-  opts: { reusePolicy: 'REJECT_DUPLICATE' | 'ALLOW_DUPLICATE'; force?: boolean },
-) {
-  const input: UsageWorkflowInput = {
-    key: row.idempotency_key,
-    tenantId: row.tenant_id,
-    retry: config.retry,
-    ...(opts.force ? { force: true } : {}),
-  };
-  return {
-    workflowId: row.idempotency_key,
-    taskQueue: config.temporal.taskQueue,
-    args: [input] as [UsageWorkflowInput],
-    workflowIdConflictPolicy: 'FAIL' as const,
-    workflowIdReusePolicy: opts.reusePolicy,
-    typedSearchAttributes: [
-      { key: OutboxStatusKey, value: 'dispatched' },
-      { key: TenantIdKey, value: row.tenant_id },
-    ],
-  };
-}
-
-export async function startUsageWorkflow(
-  client: Client,
-  row: Pick<ClaimedRow, 'idempotency_key' | 'tenant_id'>,
-  config: Pick<Config, 'retry' | 'temporal'>,
-): Promise<boolean> {
-  try {
-    await client.workflow.start('usageWorkflow', usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }));
-    return true;
-  } catch (err) {
-    if (err instanceof WorkflowExecutionAlreadyStartedError) return false;
-    throw err;
-  }
-}
 
 export interface RelayResult {
   claimed: number;

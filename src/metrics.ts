@@ -7,15 +7,13 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Queryable } from './db.js';
-import { countRejectedAndCancelled, statusSummary, type StatusSummary } from './outbox/sql/status.js';
+import { statusSummary, type StatusSummary } from './outbox/sql/status.js';
+import { OUTBOX_STATUSES } from './outbox/statuses.js';
 
 /** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
 export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe'] as const;
 export type StripeErrorClass = (typeof STRIPE_ERROR_CLASSES)[number];
 
-const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'dead'] as const;
-/** Settled without being billed: rejected by Stripe's later validation, or cancelled by an operator. */
-const UNBILLED_STATUSES = ['rejected_async', 'cancelled'] as const;
 
 export interface MetricsOptions {
   /** Read at scrape time for the outbox gauges; without it they are not registered. */
@@ -109,12 +107,8 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
   async function query(): Promise<void> {
     if (!options.db) return;
     let summary: StatusSummary;
-    let unbilled: Record<(typeof UNBILLED_STATUSES)[number], number>;
     try {
-      [summary, unbilled] = await Promise.all([
-        statusSummary(options.db, { exactCountBelow: options.exactCountBelow }),
-        countRejectedAndCancelled(options.db),
-      ]);
+      summary = await statusSummary(options.db, { exactCountBelow: options.exactCountBelow });
     } catch {
       // No stale numbers: absent series are what an alert on a dead database should see.
       outboxRows.reset();
@@ -122,9 +116,8 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
       statusQueryFailures.inc();
       return;
     }
-    for (const status of OUTBOX_STATUSES) outboxRows.set({ status }, summary[status]);
-    for (const status of UNBILLED_STATUSES) outboxRows.set({ status }, unbilled[status]);
-    oldestPendingAge.set(summary.oldest_pending_age_seconds);
+    for (const status of OUTBOX_STATUSES) outboxRows.set({ status }, summary.counts[status]);
+    oldestPendingAge.set(summary.oldestPendingAgeSeconds);
   }
 
   return {

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
+import type { Queryable } from '../src/db.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -9,6 +10,8 @@ beforeAll(async () => {
   await addCustomer(db.pool, 'acme', 'cus_acme');
 });
 afterAll(() => db?.drop());
+// Each test starts with nothing claimable: what one leaves behind must not be claimed by the next.
+afterEach(() => db.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed')`));
 
 async function seed(n: number, prefix: string): Promise<void> {
   await db.pool.query(
@@ -68,18 +71,51 @@ describe('claiming outbox rows', () => {
     expect(rows[0]).toEqual({ status: 'dispatched', claimed_by: 'other' });
   });
 
-  it('keeps the claim an index scan with many sent rows', async () => {
+  it('keeps the claim an index scan with many sent rows: the plan of the statement the relay sends', async () => {
     await db.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
        SELECT 'acme', 'api_requests', 1, now(), 'bulk-sent:' || g, 'sent' FROM generate_series(1, 50000) g`,
     );
+    await seed(5, 'plan:');
     await db.pool.query('ANALYZE outbox');
-    const { rows } = await db.pool.query(
-      `EXPLAIN SELECT id FROM outbox WHERE status IN ('pending', 'claimed') AND (status = 'pending' OR processing_deadline < now())
-       ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`,
-    );
+    // Capture exactly what claimBatch sends, and have PostgreSQL plan that (EXPLAIN does not run it).
+    let sent: { text: string; values: unknown[] } | undefined;
+    const capture: Queryable = {
+      query: ((text: string, values: unknown[]) => {
+        sent = { text, values };
+        return Promise.resolve({ rows: [] });
+      }) as unknown as Queryable['query'],
+    };
+    await claimBatch(capture, { limit: 100, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000 });
+    const { rows } = await db.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
     const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
-    expect(plan).toContain('outbox_claimable_idx');
+    // A partial index whose size follows the backlog (claimable rows, or every row not sent), never a
+    // scan of the sent rows.
+    expect(plan).toMatch(/Index Scan using (outbox_claimable_idx|outbox_status_idx) on outbox\b/);
     expect(plan).not.toMatch(/Seq Scan/);
+  });
+
+  it('never waits on rows another claimer holds: it skips them', async () => {
+    await seed(4, 'skip:');
+    const holder = await db.pool.connect();
+    const claimer = await db.pool.connect();
+    try {
+      // Another relay's claim in progress: two of the rows locked, uncommitted.
+      await holder.query('BEGIN');
+      const locked = await holder.query<{ id: number }>(
+        `SELECT id FROM outbox WHERE idempotency_key IN ('skip:1', 'skip:2') FOR UPDATE`,
+      );
+      expect(locked.rows).toHaveLength(2);
+      // A claimer that would wait fails here instead of hanging: the lock timeout makes waiting an error.
+      await claimer.query(`SET lock_timeout = '2s'`);
+      const rows = await claimBatch(claimer, { limit: 10, claimedBy: 'second', claimId: randomUUID(), leaseMs: 60_000 });
+      expect(rows.map((r) => r.idempotency_key).sort()).toEqual(['skip:3', 'skip:4']);
+    } finally {
+      await holder.query('ROLLBACK');
+      await claimer.query('RESET lock_timeout');
+      holder.release();
+      claimer.release();
+    }
+    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'skip:%'`);
   });
 });

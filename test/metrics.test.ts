@@ -71,7 +71,7 @@ describe('outbox gauges (no worker running)', () => {
   });
 
   it('report the age of the oldest row still waiting for a relay', async () => {
-    const key = await enqueue('acme', 4);
+    await enqueue('acme', 4);
     // As if the relays had been down for ten minutes.
     await db.pool.query(`UPDATE outbox SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM outbox)`);
     const age = sample(await scrape(), 'billing_outbox_oldest_pending_age_seconds');
@@ -100,20 +100,20 @@ describe('outbox gauges (no worker running)', () => {
       );
     await insertSent(500);
     const exact = await statusSummary(db.pool);
-    expect(exact).toMatchObject({ sent: 500, pending: 4, sent_estimated: false });
+    expect(exact).toMatchObject({ counts: { sent: 500, pending: 4 }, sentEstimated: false });
 
     await db.pool.query('ANALYZE outbox');
     const estimated = await statusSummary(db.pool, { exactCountBelow: 1 });
-    expect(estimated.sent_estimated).toBe(true);
-    expect(estimated.pending).toBe(4);
-    expect(estimated.sent).toBeGreaterThan(450);
-    expect(estimated.sent).toBeLessThan(550);
+    expect(estimated.sentEstimated).toBe(true);
+    expect(estimated.counts.pending).toBe(4);
+    expect(estimated.counts.sent).toBeGreaterThan(450);
+    expect(estimated.counts.sent).toBeLessThan(550);
 
     // The estimate path does not count: rows added since ANALYZE on the same pages do not show
     // until statistics catch up, while the exact path sees them at once.
     await insertSent(5);
-    expect((await statusSummary(db.pool)).sent).toBe(505);
-    expect((await statusSummary(db.pool, { exactCountBelow: 1 })).sent).not.toBe(505);
+    expect((await statusSummary(db.pool)).counts.sent).toBe(505);
+    expect((await statusSummary(db.pool, { exactCountBelow: 1 })).counts.sent).not.toBe(505);
 
     expect(sample(await scrape(), 'billing_outbox_rows', '{status="sent"}')).toBe(505);
     await db.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'sent-%'`);

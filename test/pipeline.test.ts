@@ -5,7 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Client } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startUsageWorkflow, usageWorkflowStartOptions } from '../activities/relay.js';
+import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
 import { claimBatch } from '../src/outbox/sql/relay.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';

@@ -14,6 +14,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { findOperatorRow } from '../src/outbox/sql/operator.js';
 import type { ReconcileReport } from '../src/ops/reconcile.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
+import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
 import { LocalStripe } from '../src/stripe/local/server.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
@@ -67,7 +68,7 @@ async function event(
   const eventName = opts.eventName ?? 'api_requests';
   const { entry } = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: t.id, quantity, occurredAt, eventName }));
   const key = entry.idempotencyKey;
-  if (opts.toStripe ?? true) await sendMeterEvent(client, { eventName, stripeCustomerId: t.customer, quantity, identifier: key, occurredAt });
+  if (opts.toStripe ?? true) await sendMeterEvent(client, { keys: DEFAULT_METER_KEYS, eventName, stripeCustomerId: t.customer, quantity, identifier: key, occurredAt });
   const status = opts.status ?? 'sent';
   await db.pool.query(
     `UPDATE outbox SET status = $2, attempt_count = 1, first_attempted_at = now(),

@@ -20,6 +20,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
+import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
 import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/stripe/local/server.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
@@ -59,7 +60,7 @@ afterAll(async () => {
 async function sentEvent(quantity = 1, target: LocalStripe = stripe, client: Stripe = stripeClient): Promise<string> {
   const occurredAt = new Date(Date.now() - 120_000);
   const { entry } = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity, occurredAt }));
-  await sendMeterEvent(client, { eventName: entry.eventName, stripeCustomerId: CUSTOMER, quantity, identifier: entry.idempotencyKey, occurredAt });
+  await sendMeterEvent(client, { keys: DEFAULT_METER_KEYS, eventName: entry.eventName, stripeCustomerId: CUSTOMER, quantity, identifier: entry.idempotencyKey, occurredAt });
   await db.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now(), first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [
     entry.idempotencyKey,
   ]);

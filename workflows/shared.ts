@@ -4,8 +4,9 @@
  */
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
 import { defineQuery, defineSignal } from '@temporalio/workflow';
+import type { OutboxStatus } from '../src/outbox/statuses.js';
 
-export type OutboxStatus = 'pending' | 'claimed' | 'dispatched' | 'sent' | 'dead';
+export type { OutboxStatus };
 
 /** Current status of the event, kept in step with the outbox row; the Web UI and CLI filter on it. */
 export const OutboxStatusKey = defineSearchAttributeKey('OutboxStatus', SearchAttributeType.KEYWORD);
@@ -19,23 +20,13 @@ export interface RetryPolicyInput {
   maximumAttempts: number;
   /**
    * How long one attempt may take before Temporal gives up on it and retries (the Stripe call's
-   * own timeout plus the database work around it). Also bounds how long a crashed worker's
-   * in-flight attempt holds the event.
+   * own timeout plus the database work around it, from the configuration). Also bounds how long a
+   * crashed worker's in-flight attempt holds the event.
    */
-  attemptTimeoutMs?: number;
-  /** How long Stripe may keep answering 429 before the event is dead-lettered (default 1 h). */
-  maxRateLimitedMs?: number;
+  attemptTimeoutMs: number;
+  /** How long Stripe may keep answering 429 before the event is dead-lettered (RETRY_MAX_RATE_LIMITED_MS). */
+  maxRateLimitedMs: number;
 }
-
-/**
- * Stripe rejects a second event with the same identifier "within a rolling period of at least 24
- * hours". Past that, a resend may be counted twice. We stop resending an hour early.
- */
-export const IDENTIFIER_WINDOW_MS = 24 * 3_600_000;
-export const SAFE_RESEND_WINDOW_MS = IDENTIFIER_WINDOW_MS - 3_600_000;
-/** Stripe accepts meter events stamped within the past 35 days and up to 5 minutes ahead. */
-export const MAX_EVENT_AGE_MS = 35 * 86_400_000;
-export const MAX_EVENT_FUTURE_MS = 5 * 60_000;
 
 export interface UsageWorkflowInput {
   /** The outbox row's idempotency key: also this workflow's id and Stripe's `identifier`. */
@@ -44,6 +35,11 @@ export interface UsageWorkflowInput {
   retry: RetryPolicyInput;
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
+  /**
+   * Workflow time (ms) of the first 429 of the delivery in progress, carried across
+   * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
+   */
+  rateLimitedSince?: number;
 }
 
 export interface DeliverInput {
@@ -56,9 +52,13 @@ export interface DeliverInput {
 
 /** Stripe's Retry-After is honoured, plus up to this much jitter so waiters do not stampede. */
 export const RATE_LIMIT_JITTER_MS = 500;
-/** An event deferred by 429s for longer than this becomes a dead letter (`rate_limited`), by default. */
-export const MAX_DEFERRAL_MS = 3_600_000;
 
+/**
+ * Why a delivery was put off without spending a retry attempt: Stripe answered 429
+ * (`rate_limited`, the only one bounded by RETRY_MAX_RATE_LIMITED_MS), our own account-wide pace
+ * had no slot soon enough (`paced`), or another call held the (customer, meter) lease (`customer_busy`).
+ */
+export type DeferralReason = 'rate_limited' | 'paced' | 'customer_busy';
 
 export interface UsageState {
   status: OutboxStatus;
@@ -87,11 +87,10 @@ export interface RelayWorkflowInput {
 
 /** Error types the delivery activity throws; the workflow records them on the row. */
 export const ErrorTypes = {
-  /** Stripe refused the event for good (4xx other than 429 and the duplicate identifier). */
+  /** Stripe refused the event for good (4xx other than 429 and the duplicate identifier), or has no meter for it. */
   rejected: 'StripeRejected',
   retryable: 'StripeRetryable',
-  rateLimited: 'StripeRateLimited',
-  /** 429s for longer than MAX_DEFERRAL_MS. */
+  /** 429s for longer than RETRY_MAX_RATE_LIMITED_MS. */
   deferredTooLong: 'DeferredTooLong',
   /** The outbox row or its billing customer is missing: nothing to send. */
   missing: 'OutboxRowMissing',

@@ -26,7 +26,6 @@ import {
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import {
   ErrorTypes,
-  MAX_DEFERRAL_MS,
   OutboxStatusKey,
   retrySignal,
   stateQuery,
@@ -40,7 +39,7 @@ import {
 const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
-  const attemptTimeoutMs = input.retry.attemptTimeoutMs ?? 120_000;
+  const { attemptTimeoutMs, maxRateLimitedMs } = input.retry;
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
     startToCloseTimeout: attemptTimeoutMs,
     retry: {
@@ -107,26 +106,35 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     }
   };
 
-  /** Calls Stripe until it answers for good, waiting out deferrals. Throws on failure. */
+  // When Stripe's 429s began holding this delivery back (workflow time), whatever run we are in.
+  let rateLimitedSince = input.rateLimitedSince;
+
+  /**
+   * Calls Stripe until it answers for good, waiting out deferrals. Throws on failure. Only Stripe's
+   * own 429s are bounded (RETRY_MAX_RATE_LIMITED_MS): waiting for our own pace or for a busy
+   * customer is the backlog draining, and never dead-letters an event.
+   */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
-    let deferredSince: number | undefined;
     for (;;) {
       await waitForTurn();
       const result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
       if (result.outcome !== 'deferred') return result;
-      deferredSince ??= Date.now();
-      const maxDeferralMs = input.retry.maxRateLimitedMs ?? MAX_DEFERRAL_MS;
-      if (Date.now() - deferredSince > maxDeferralMs) {
-        throw ApplicationFailure.create({
-          type: ErrorTypes.deferredTooLong,
-          message: `Stripe kept answering 429 for over ${Math.round(maxDeferralMs / 1000)} s`,
-          details: ['rate_limited'],
-          nonRetryable: true,
-        });
+      if (result.reason === 'rate_limited') {
+        rateLimitedSince ??= Date.now();
+        if (Date.now() - rateLimitedSince > maxRateLimitedMs) {
+          throw ApplicationFailure.create({
+            type: ErrorTypes.deferredTooLong,
+            message: `Stripe kept answering 429 for over ${Math.round(maxRateLimitedMs / 1000)} s (since ${new Date(rateLimitedSince).toISOString()})`,
+            details: ['rate_limited'],
+            nonRetryable: true,
+          });
+        }
       }
       await sleep(result.retryAfterMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
-      if (workflowInfo().continueAsNewSuggested) await continueAsNew<typeof usageWorkflow>({ ...input, force });
+      if (workflowInfo().continueAsNewSuggested) {
+        await continueAsNew<typeof usageWorkflow>({ ...input, force, ...(rateLimitedSince === undefined ? {} : { rateLimitedSince }) });
+      }
     }
   };
 
@@ -147,6 +155,8 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       state.attempts = await markDead({ key: input.key, ...state.lastError });
     }
     force = (await nextRetry()).force === true;
+    // A new delivery: its 429s are counted afresh.
+    rateLimitedSince = undefined;
     await markRetrying(input.key);
     setStatus('dispatched');
   }

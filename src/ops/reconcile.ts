@@ -15,8 +15,10 @@
  */
 import type Stripe from 'stripe';
 import type { Queryable } from '../db.js';
+import { UNSETTLED } from '../outbox/statuses.js';
 import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from '../outbox/sql/reconcile.js';
-import { hourlyEventSummaries, metersByEventName } from '../stripe/client.js';
+import { hourlyEventSummaries } from '../stripe/client.js';
+import { metersByEventName } from '../stripe/meters.js';
 
 export const HOUR_MS = 3_600_000;
 /** The longest range one run may cover (744 hourly windows per customer and meter). */
@@ -28,7 +30,7 @@ export const EVENTUAL_CONSISTENCY_NOTE =
   "Stripe's meter event summaries are eventually consistent: usage received in the last few minutes may not be counted yet, " +
   'so a difference in the most recent window can disappear on a later run.';
 
-const UNSETTLED = new Set(['pending', 'claimed', 'dispatched', 'dead']);
+const isUnsettled = (status: string) => (UNSETTLED as readonly string[]).includes(status);
 
 export interface ReconcileEvent {
   key: string;
@@ -230,7 +232,7 @@ async function attachEvents(db: Queryable, groups: ReconcileGroup[]): Promise<vo
 }
 
 function hintFor(w: ReconcileWindow): string | null {
-  const unsettled = w.events.filter((e) => UNSETTLED.has(e.status));
+  const unsettled = w.events.filter((e) => isUnsettled(e.status));
   const unsettledSum = unsettled.reduce((n, e) => n + e.quantity, 0);
   if (w.match) {
     return unsettled.length > 0

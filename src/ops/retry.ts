@@ -19,14 +19,9 @@ import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
 import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox/sql/operator.js';
-import { usageWorkflowStartOptions } from '../../activities/relay.js';
-import {
-  IDENTIFIER_WINDOW_MS,
-  retrySignal,
-  SAFE_RESEND_WINDOW_MS,
-  stateQuery,
-  type UsageState,
-} from '../../workflows/shared.js';
+import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
+import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS } from '../stripe/rules.js';
 import { formatDuration } from '../cli/format.js';
 
 /**
@@ -60,7 +55,7 @@ export function withinResendWindow(row: Pick<OperatorRow, 'first_attempted_at'>,
   return row.first_attempted_at === null || now - row.first_attempted_at.getTime() <= SAFE_RESEND_WINDOW_MS;
 }
 
-const hours = (ms: number) => `${ms / 3_600_000} h`;
+const hours = (ms: number) => `${inHours(ms)} h`;
 
 /** Why an old event is not resent, and what to check instead. */
 export function windowRefusal(row: OperatorRow, now: number): string {

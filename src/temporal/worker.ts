@@ -14,6 +14,7 @@ import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
+import { MeterCatalog } from '../stripe/meters.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -49,6 +50,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const activities = createActivities({
     db: pool,
     stripe,
+    meters: new MeterCatalog(stripe),
     client,
     notifier,
     config,

@@ -2,7 +2,7 @@
 import type { Queryable } from '../../db.js';
 import { countDeadLetters, listDeadLetters, type OperatorRow } from '../../outbox/sql/operator.js';
 import { countRejectedAsync, listRejectedAsync } from '../../outbox/sql/error-reports.js';
-import { SAFE_RESEND_WINDOW_MS } from '../../../workflows/shared.js';
+import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext, type Output } from '../context.js';
 import { ageSeconds, formatDuration, formatTable, iso } from '../format.js';
@@ -12,7 +12,7 @@ export const DEAD_HELP = `Usage: billing-outbox dead [--rejected] [--tenant T] [
 
 Lists dead letters (events whose attempts ran out or that Stripe refused), oldest first: key,
 tenant, attempts, last error, age since the event was queued and since its first attempt.
-Events marked "!" were first attempted more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: Stripe may no longer
+Events marked "!" were first attempted more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: Stripe may no longer
 recognise a resend as a duplicate, so they need reconciling before a forced retry. Dead letters
 with a timestamp_* error are outside the window Stripe accepts (35 days back, 5 minutes ahead):
 no retry can deliver them.
@@ -114,7 +114,7 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   );
   ctx.out.write(`${items.length} of ${total} dead letter${total === 1 ? '' : 's'}${items.length < total ? ' (raise --limit for more)' : ''}\n`);
   if (items.some((i) => !i.safeToResend)) {
-    ctx.out.write(`! first attempted over ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago: reconcile before retrying with --force\n`);
+    ctx.out.write(`! first attempted over ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: reconcile before retrying with --force\n`);
   }
   if (items.some((i) => i.lastErrorCode?.startsWith('timestamp_'))) {
     ctx.out.write("timestamp_*: outside the window Stripe accepts (35 days back, 5 minutes ahead); a retry cannot deliver it\n");

@@ -1,6 +1,6 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
 import { countDeadLetters, listDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
-import { SAFE_RESEND_WINDOW_MS } from '../../../workflows/shared.js';
+import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
 import { ProgressBar } from '../format.js';
@@ -14,14 +14,14 @@ is signalled; one whose workflow has closed (terminated, timed out, past retenti
 a new run under the same workflow id. A sent event is never retried. Every retry is recorded in
 operator_actions (who, when, which event, forced or not, outcome).
 
-Events first attempted more than ${SAFE_RESEND_WINDOW_MS / 3_600_000} h ago are refused without --force: Stripe deduplicates
+Events first attempted more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago are refused without --force: Stripe deduplicates
 identifiers for only 24 h, so a resend could bill twice. Check \`billing-outbox reconcile\` or Stripe's
 meter event summaries for the customer and hour of the event first.
 
 Options:
   --all-dead   every dead letter (optionally only --tenant T and/or last error code --code C),
                processed in pages; asks for confirmation unless --yes
-  --force      resend even past the ${SAFE_RESEND_WINDOW_MS / 3_600_000} h safe window (after reconciling!)
+  --force      resend even past the ${inHours(SAFE_RESEND_WINDOW_MS)} h safe window (after reconciling!)
   --yes        do not ask before a bulk retry (required when stdin is not a terminal)
   --by NAME    who is asking, for the audit log (default: the OS user)
   --json       one key: print {key, outcome, forced, message};
@@ -129,7 +129,7 @@ async function retryAll(
 
   if (!opts.yes) {
     if (!ctx.confirm) throw new UsageError('retry --all-dead asks for confirmation; pass --yes when not running in a terminal', RETRY_HELP);
-    const warning = opts.force ? ` WITH --force (no ${SAFE_RESEND_WINDOW_MS / 3_600_000} h duplicate guard)` : '';
+    const warning = opts.force ? ` WITH --force (no ${inHours(SAFE_RESEND_WINDOW_MS)} h duplicate guard)` : '';
     if (!(await ctx.confirm(`Retry ${total} dead letter${total === 1 ? '' : 's'}${filterText(filter)}${warning}? [y/N] `))) {
       ctx.err.write('billing-outbox: nothing retried\n');
       return EXIT_FAILED;

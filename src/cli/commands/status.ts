@@ -1,5 +1,6 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import { countByErrorCode, countRecentlySent, countRejectedAndCancelled, statusSummary } from '../../outbox/sql/status.js';
+import { countByErrorCode, countRecentlySent, statusSummary } from '../../outbox/sql/status.js';
+import { OUTBOX_STATUSES, type OutboxStatus } from '../../outbox/statuses.js';
 import { errorReportTotals } from '../../outbox/sql/error-reports.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
@@ -21,7 +22,7 @@ Options:
 `;
 
 export interface StatusReport {
-  counts: { pending: number; claimed: number; dispatched: number; sent: number; dead: number; rejected_async: number; cancelled: number };
+  counts: Record<OutboxStatus, number>;
   /** True when `counts.sent` is PostgreSQL's estimate (large tables) rather than a count. */
   sentEstimated: boolean;
   /** Null when nothing is waiting for a relay. */
@@ -51,27 +52,18 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   noPositionals(positionals, STATUS_HELP);
   const db = await ctx.db();
   const now = new Date(ctx.now?.() ?? Date.now());
-  const [summary, recent, dead, unbilled, rejected, reports] = await Promise.all([
+  const [summary, recent, dead, rejected, reports] = await Promise.all([
     statusSummary(db),
     countRecentlySent(db, now),
     countByErrorCode(db, 'dead'),
-    countRejectedAndCancelled(db),
     countByErrorCode(db, 'rejected_async'),
     errorReportTotals(db),
   ]);
-  const waiting = summary.pending + summary.claimed;
+  const waiting = summary.counts.pending + summary.counts.claimed;
   const report: StatusReport = {
-    counts: {
-      pending: summary.pending,
-      claimed: summary.claimed,
-      dispatched: summary.dispatched,
-      sent: summary.sent,
-      dead: summary.dead,
-      rejected_async: unbilled.rejected_async,
-      cancelled: unbilled.cancelled,
-    },
-    sentEstimated: summary.sent_estimated,
-    oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldest_pending_age_seconds) : null,
+    counts: summary.counts,
+    sentEstimated: summary.sentEstimated,
+    oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldestPendingAgeSeconds) : null,
     sentLastMinute: recent.last_minute,
     sentLastHour: recent.last_hour,
     deadByErrorCode: dead,
@@ -92,7 +84,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   ctx.out.write(
     formatTable(
       [{ header: 'STATUS' }, { header: 'COUNT', align: 'right' }],
-      (['pending', 'claimed', 'dispatched', 'sent', 'dead', 'rejected_async', 'cancelled'] as const).map((s) => [
+      OUTBOX_STATUSES.map((s) => [
         s,
         s === 'sent' && report.sentEstimated ? `~${counts[s]}` : String(counts[s]),
       ]),

@@ -4,7 +4,6 @@
  */
 import type { Queryable } from '../../db.js';
 import type { EntryRow } from './enqueue.js';
-import { UNBILLED } from '../statuses.js';
 
 
 /**

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { UNBILLED, UNSETTLED } from '../statuses.js';
 
 
 export interface ReconcileWindowRow {
@@ -42,8 +43,8 @@ export async function reconcileWindows(
             (floor(extract(epoch FROM o.occurred_at) / 3600) * 3600)::bigint AS window_start,
             COALESCE(sum(o.quantity) FILTER (WHERE o.status = 'sent'), 0)::bigint AS sent_quantity,
             count(*) FILTER (WHERE o.status = 'sent') AS sent_count,
-            count(*) FILTER (WHERE o.status IN ('pending', 'claimed', 'dispatched', 'dead')) AS unsettled_count,
-            count(*) FILTER (WHERE o.status IN ('rejected_async', 'cancelled')) AS excluded_count
+            count(*) FILTER (WHERE o.status = ANY($4::text[])) AS unsettled_count,
+            count(*) FILTER (WHERE o.status = ANY($5::text[])) AS excluded_count
        FROM outbox o
        JOIN billing_customers c ON c.tenant_id = o.tenant_id
       WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
@@ -51,7 +52,7 @@ export async function reconcileWindows(
         AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM billing_customers b WHERE b.tenant_id = $3::text))
       GROUP BY c.stripe_customer_id, o.event_name, window_start
       ORDER BY c.stripe_customer_id, o.event_name, window_start`,
-    [opts.from, opts.to, opts.tenantId ?? null],
+    [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED]],
   );
   return rows;
 }

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { AWAITING_RELAY } from '../statuses.js';
 
 export interface ClaimedRow {
   id: number;
@@ -22,7 +23,10 @@ export interface ClaimedRow {
  * claimers); advisory locks per row (one lock call per row, and the locks outlive a crashed
  * session only until its connection drops, which hides nothing the lease does not already cover).
  * The partial index `outbox_claimable_idx` keeps the scan proportional to claimable rows, not to
- * the millions of sent ones (test/claim.test.ts checks the plan).
+ * the millions of sent ones (test/claim.test.ts checks the plan of this very statement). The
+ * statuses arrive as a parameter, which pg plans with its value (an unnamed statement): the
+ * planner then picks `outbox_claimable_idx` or `outbox_status_idx` (status <> 'sent'), both partial
+ * and both sized by the backlog.
  */
 export async function claimBatch(
   db: Queryable,
@@ -31,7 +35,7 @@ export async function claimBatch(
   const { rows } = await db.query<ClaimedRow>(
     `WITH candidates AS (
        SELECT id FROM outbox
-       WHERE status IN ('pending', 'claimed') AND (status = 'pending' OR processing_deadline < now())
+       WHERE status = ANY($5::text[]) AND (status = 'pending' OR processing_deadline < now())
        ORDER BY id
        LIMIT $1::int
        FOR UPDATE SKIP LOCKED
@@ -43,7 +47,7 @@ export async function claimBatch(
       WHERE o.id = c.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
      RETURNING o.id, o.idempotency_key, o.tenant_id`,
-    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs],
+    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs, [...AWAITING_RELAY]],
   );
   return rows;
 }

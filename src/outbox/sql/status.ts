@@ -3,25 +3,23 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { AWAITING_RELAY, OUTBOX_STATUSES, type OutboxStatus } from '../statuses.js';
 
 export interface StatusSummary {
-  pending: number;
-  claimed: number;
-  dispatched: number;
-  dead: number;
-  sent: number;
-  /** True when `sent` is the planner's estimate rather than a count. */
-  sent_estimated: boolean;
+  /** Rows per status; `sent` is the planner's estimate when `sentEstimated`. */
+  counts: Record<OutboxStatus, number>;
+  sentEstimated: boolean;
   /** Age of the oldest row still waiting for a relay (pending or claimed); 0 when there is none. */
-  oldest_pending_age_seconds: number;
+  oldestPendingAgeSeconds: number;
 }
 
 /**
- * Outbox health for the metrics scrape, in one statement, without touching the sent rows.
+ * Outbox health for the metrics scrape and `status`, in one statement, without touching the sent
+ * rows.
  *
- * - Unsent rows (pending, claimed, dispatched, dead) are counted exactly, in one pass over the
- *   partial index `outbox_status_idx` (status <> 'sent'): its size follows the backlog and the dead
- *   letters, not the table.
+ * - Rows in every status but `sent` are counted exactly, grouped, in one pass over the partial
+ *   index `outbox_status_idx` (status <> 'sent'): its size follows the backlog, the dead letters
+ *   and the rows Stripe rejected or we cancelled, not the table.
  * - Sent rows are nearly the whole table and grow without bound; counting them exactly is a full
  *   scan on every scrape (seconds with tens of millions of rows). Once the table's estimated size
  *   reaches `exactCountBelow` rows, `sent` = estimated table rows − unsent rows, where the estimate
@@ -33,14 +31,9 @@ export interface StatusSummary {
  *   closely enough for an age): one index probe, not a sort.
  */
 export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
-  const { rows } = await db.query<StatusSummary>(
+  const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; sent_estimated: boolean; oldest: number }>(
     `WITH unsent AS (
-       SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
-              count(*) FILTER (WHERE status = 'claimed')    AS claimed,
-              count(*) FILTER (WHERE status = 'dispatched') AS dispatched,
-              count(*) FILTER (WHERE status = 'dead')       AS dead,
-              count(*)                                      AS total
-         FROM outbox WHERE status <> 'sent'
+       SELECT status, count(*) AS n FROM outbox WHERE status <> 'sent' GROUP BY status
      ), size AS (
        SELECT CASE WHEN c.reltuples < 0 THEN -1
                    WHEN c.relpages = 0 THEN c.reltuples
@@ -48,18 +41,21 @@ export async function statusSummary(db: Queryable, opts: { exactCountBelow?: num
               END AS estimate
          FROM pg_class c WHERE c.oid = 'outbox'::regclass
      )
-     SELECT u.pending, u.claimed, u.dispatched, u.dead,
+     SELECT (SELECT jsonb_object_agg(status, n) FROM unsent) AS unsent,
             CASE WHEN s.estimate < $1::float8
                  THEN (SELECT count(*) FROM outbox WHERE status = 'sent')
-                 ELSE greatest(0, round(s.estimate) - u.total)::bigint
+                 ELSE greatest(0, round(s.estimate) - (SELECT COALESCE(sum(n), 0) FROM unsent))::bigint
             END AS sent,
             s.estimate >= $1::float8 AS sent_estimated,
             COALESCE((SELECT extract(epoch FROM now() - o.created_at)::float8
-                        FROM outbox o WHERE o.status IN ('pending', 'claimed') ORDER BY o.id LIMIT 1), 0) AS oldest_pending_age_seconds
-       FROM unsent u, size s`,
-    [opts.exactCountBelow ?? 100_000],
+                        FROM outbox o WHERE o.status = ANY($2::text[]) ORDER BY o.id LIMIT 1), 0) AS oldest
+       FROM size s`,
+    [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY]],
   );
-  return rows[0]!;
+  const r = rows[0]!;
+  const counts = Object.fromEntries(OUTBOX_STATUSES.map((status) => [status, Number(r.unsent?.[status] ?? 0)])) as Record<OutboxStatus, number>;
+  counts.sent = r.sent;
+  return { counts, sentEstimated: r.sent_estimated, oldestPendingAgeSeconds: r.oldest };
 }
 
 export interface RecentlySent {
@@ -68,9 +64,8 @@ export interface RecentlySent {
 }
 
 /**
- * Events sent in the minute and the hour before `at`. Scans the rows sent in the last hour: there
- * is no index on sent_at (the hot path pays for every index; an operator command can afford this).
- * Counts, age and backlog come from `statusSummary`.
+ * Events sent in the minute and the hour before `at`, from `outbox_sent_at_idx`. Counts, age and
+ * backlog come from `statusSummary`.
  */
 export async function countRecentlySent(db: Queryable, at: Date): Promise<RecentlySent> {
   const { rows } = await db.query<RecentlySent>(
@@ -83,24 +78,11 @@ export async function countRecentlySent(db: Queryable, at: Date): Promise<Recent
 }
 
 /** Rows in one status (`dead`, `rejected_async`) grouped by their last error code, most first. */
-export async function countByErrorCode(db: Queryable, status: 'dead' | 'rejected_async'): Promise<{ code: string | null; count: number }[]> {
+export async function countByErrorCode(db: Queryable, status: Extract<OutboxStatus, 'dead' | 'rejected_async'>): Promise<{ code: string | null; count: number }[]> {
   const { rows } = await db.query<{ code: string | null; count: number }>(
     `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = $1::text
       GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
     [status],
   );
   return rows;
-}
-
-/**
- * The two statuses `statusSummary` leaves out, counted exactly on the partial index
- * `outbox_status_idx` (status <> 'sent'), like the other unsent statuses.
- */
-export async function countRejectedAndCancelled(db: Queryable): Promise<{ rejected_async: number; cancelled: number }> {
-  const { rows } = await db.query<{ rejected_async: number; cancelled: number }>(
-    `SELECT count(*) FILTER (WHERE status = 'rejected_async') AS rejected_async,
-            count(*) FILTER (WHERE status = 'cancelled')      AS cancelled
-       FROM outbox WHERE status <> 'sent' AND status IN ('rejected_async', 'cancelled')`,
-  );
-  return rows[0]!;
 }

@@ -25,8 +25,8 @@ export interface MeterObject {
   status_transitions: { deactivated_at: null };
   updated: number;
   default_aggregation: { formula: 'sum' };
-  customer_mapping: { event_payload_key: 'stripe_customer_id'; type: 'by_id' };
-  value_settings: { event_payload_key: 'value' };
+  customer_mapping: { event_payload_key: string; type: 'by_id' };
+  value_settings: { event_payload_key: string };
 }
 
 export class Catalog {
@@ -71,8 +71,11 @@ export class Catalog {
     return [...this.customers.values()].reverse();
   }
 
-  /** Adds an active meter for `eventName`, or returns the existing one's id. */
-  addMeter(eventName: string): string {
+  /**
+   * Adds an active meter for `eventName`, or returns the existing one's id. A meter names the
+   * payload keys it reads the customer and the value from (Stripe's defaults unless given).
+   */
+  addMeter(eventName: string, keys: { customerKey?: string; valueKey?: string } = {}): string {
     const existing = this.meterForEvent(eventName);
     if (existing) return existing.id;
     const id = `mtr_local_${++this.meterSeq}`;
@@ -89,8 +92,8 @@ export class Catalog {
       status_transitions: { deactivated_at: null },
       updated: now,
       default_aggregation: { formula: 'sum' },
-      customer_mapping: { event_payload_key: 'stripe_customer_id', type: 'by_id' },
-      value_settings: { event_payload_key: 'value' },
+      customer_mapping: { event_payload_key: keys.customerKey ?? 'stripe_customer_id', type: 'by_id' },
+      value_settings: { event_payload_key: keys.valueKey ?? 'value' },
     });
     return id;
   }

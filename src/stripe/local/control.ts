@@ -18,7 +18,7 @@ export interface ControlTarget {
   applyFaults(request: FaultRequest): void;
   reset(): void;
   addCustomer(id: string): void;
-  addMeter(eventName: string): string;
+  addMeter(eventName: string, keys?: { customerKey?: string; valueKey?: string }): string;
   flushAsyncErrors(): Promise<void>;
   advanceClock(ms: number): number;
 }
@@ -68,7 +68,7 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
       target.addCustomer(requireString(body, 'id'));
       return { ok: true };
     case 'POST /_local/meters':
-      return { id: target.addMeter(requireString(body, 'eventName')) };
+      return { id: target.addMeter(requireString(body, 'eventName'), { customerKey: optionalString(body, 'customerKey'), valueKey: optionalString(body, 'valueKey') }) };
     case 'POST /_local/flush-async-errors':
       await target.flushAsyncErrors();
       return { ok: true };

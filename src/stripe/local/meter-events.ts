@@ -3,15 +3,18 @@
  *
  * Real Stripe runs some of these checks (unknown customer, no meter) after answering 200 and
  * reports failures through `v1.billing.meter.error_report_triggered`; here they are synchronous so
- * tests get a direct answer. `asyncErrorNext` simulates the asynchronous path.
+ * tests get a direct answer. `asyncErrorNext` simulates the asynchronous path. One check is
+ * asynchronous here too, as at Stripe, because the pipeline must get it right by itself: an event
+ * whose payload lacks the keys its meter reads (`customer_mapping.event_payload_key`,
+ * `value_settings.event_payload_key`) is answered 200 and rejected later.
  */
+import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH } from '../rules.js';
 import type { Catalog } from './catalog.js';
 import type { RecordedMeterEvent } from './types.js';
 import { flatStrings, invalidRequest, missingParam, objectParam, stringParam, unknownParams, type ApiResponse, type FormObject } from './wire.js';
 
-const MAX_NAME_LENGTH = 100;
-const PAST_LIMIT_SECONDS = 35 * 24 * 60 * 60;
-const FUTURE_LIMIT_SECONDS = 5 * 60;
+const PAST_LIMIT_SECONDS = MAX_EVENT_AGE_MS / 1000;
+const FUTURE_LIMIT_SECONDS = MAX_EVENT_FUTURE_MS / 1000;
 const ALLOWED_PARAMS = ['event_name', 'payload', 'identifier', 'timestamp', 'expand'] as const;
 
 export interface MeterEventInput {
@@ -23,13 +26,17 @@ export interface MeterEventInput {
   identifier: string | undefined;
   /** Unix seconds; undefined means "now". */
   timestamp: number | undefined;
+  /** Set when the payload does not carry its meter's keys: accepted now, rejected asynchronously. */
+  asyncError?: { code: string; message: string };
 }
 
 /** The fields the concurrency rule and the request log need, read before any validation. */
-export function meterEventKeys(form: FormObject): { eventName: string | null; customer: string | null; identifier: string | null } {
+export function meterEventKeys(form: FormObject, catalog: Catalog): { eventName: string | null; customer: string | null; identifier: string | null } {
+  const eventName = stringParam(form, 'event_name') ?? null;
+  const customerKey = (eventName && catalog.meterForEvent(eventName)?.customer_mapping.event_payload_key) ?? 'stripe_customer_id';
   return {
-    eventName: stringParam(form, 'event_name') ?? null,
-    customer: stringParam(objectParam(form, 'payload'), 'stripe_customer_id') ?? null,
+    eventName,
+    customer: stringParam(objectParam(form, 'payload'), customerKey) ?? null,
     identifier: stringParam(form, 'identifier') ?? null,
   };
 }
@@ -41,24 +48,32 @@ export function validateMeterEvent(form: FormObject, catalog: Catalog, nowMs: nu
 
   const eventName = stringParam(form, 'event_name');
   if (!eventName) return missingParam('event_name');
-  if (eventName.length > MAX_NAME_LENGTH) return tooLong('event_name');
+  if (eventName.length > MAX_EVENT_NAME_LENGTH) return tooLong('event_name', MAX_EVENT_NAME_LENGTH);
 
   const payload = flatStrings(objectParam(form, 'payload'));
-  const customer = payload['stripe_customer_id'];
-  if (!customer) return missingParam('payload[stripe_customer_id]');
-  const rawValue = payload['value'];
-  if (rawValue === undefined || rawValue === '') return missingParam('payload[value]');
-  const value = parseWholeNumber(rawValue);
+  const meter = catalog.meterForEvent(eventName);
+  const customerKey = meter?.customer_mapping.event_payload_key ?? 'stripe_customer_id';
+  const valueKey = meter?.value_settings.event_payload_key ?? 'value';
+  const customer = payload[customerKey];
+  const rawValue = payload[valueKey];
+  // Keys the meter does not read: Stripe takes the event and rejects it in its next error report.
+  let asyncError: MeterEventInput['asyncError'];
+  if (meter && !customer) {
+    asyncError = { code: 'meter_event_no_customer_defined', message: `The event payload has no customer under the meter's key '${customerKey}'.` };
+  } else if (meter && (rawValue === undefined || rawValue === '')) {
+    asyncError = { code: 'meter_event_invalid_value', message: `The event payload has no value under the meter's key '${valueKey}'.` };
+  }
+  const value = rawValue === undefined || rawValue === '' ? 0 : parseWholeNumber(rawValue);
   if (value === undefined) {
     return invalidRequest(
-      `Invalid payload[value]: '${rawValue}'. The value must be a whole number of 0 or more.`,
-      'payload[value]',
+      `Invalid payload[${valueKey}]: '${rawValue}'. The value must be a whole number of 0 or more.`,
+      `payload[${valueKey}]`,
       'meter_event_invalid_value',
     );
   }
 
   const identifier = stringParam(form, 'identifier');
-  if (identifier !== undefined && identifier.length > MAX_NAME_LENGTH) return tooLong('identifier');
+  if (identifier !== undefined && identifier.length > MAX_IDENTIFIER_LENGTH) return tooLong('identifier', MAX_IDENTIFIER_LENGTH);
   if (identifier === '') return invalidRequest('identifier must not be empty.', 'identifier');
 
   const timestamp = parseTimestamp(stringParam(form, 'timestamp'));
@@ -66,17 +81,17 @@ export function validateMeterEvent(form: FormObject, catalog: Catalog, nowMs: nu
     return invalidRequest(`Invalid integer: ${String(stringParam(form, 'timestamp'))}`, 'timestamp', 'parameter_invalid_integer');
   }
 
-  if (!catalog.meterForEvent(eventName)) {
+  if (!meter) {
     return invalidRequest(`No active meter was found for event name '${eventName}'.`, 'event_name', 'no_meter');
   }
-  if (!catalog.customer(customer)) {
-    return invalidRequest(`No such customer: '${customer}'`, 'payload[stripe_customer_id]', 'resource_missing');
+  if (customer && !catalog.customer(customer)) {
+    return invalidRequest(`No such customer: '${customer}'`, `payload[${customerKey}]`, 'resource_missing');
   }
   if (timestamp !== undefined) {
     const rangeError = checkTimestampRange(timestamp, Math.floor(nowMs / 1000));
     if (rangeError) return rangeError;
   }
-  return { eventName, customer, value, payload, identifier, timestamp };
+  return { eventName, customer: customer ?? '', value, payload, identifier, timestamp, ...(asyncError ? { asyncError } : {}) };
 }
 
 /** Stripe accepts events up to 35 days old and at most 5 minutes ahead of its clock. */
@@ -105,8 +120,8 @@ function parseTimestamp(raw: string | undefined): number | undefined | 'invalid'
   return /^-?\d+$/.test(raw) && Number.isSafeInteger(Number(raw)) ? Number(raw) : 'invalid';
 }
 
-function tooLong(param: string): ApiResponse {
-  return invalidRequest(`${param} is too long (maximum is ${MAX_NAME_LENGTH} characters).`, param, 'string_length_exceeds');
+function tooLong(param: string, max: number): ApiResponse {
+  return invalidRequest(`${param} is too long (maximum is ${max} characters).`, param, 'string_length_exceeds');
 }
 
 /** The "An event already exists" answer: the only signal that an earlier send was recorded. */

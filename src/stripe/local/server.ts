@@ -29,7 +29,7 @@ import { MeterEventLedger } from './ledger.js';
 import { duplicateIdentifier, meterEventBody, meterEventKeys, validateMeterEvent, type MeterEventInput } from './meter-events.js';
 import { SlidingWindowLimiter } from './rate-limiter.js';
 import { eventSummaries } from './summaries.js';
-import type { FailNextOptions, FaultRequest, LocalStripeOptions, MeterInfo, RecordedMeterEvent, RequestRecord } from './types.js';
+import type { FailNextOptions, FaultRequest, LocalStripeOptions, MeterInfo, MeterKeyOptions, RecordedMeterEvent, RequestRecord } from './types.js';
 import {
   canonicalParams,
   flatStrings,
@@ -150,8 +150,9 @@ export class LocalStripe implements ControlTarget {
     this.catalog.addCustomer(id);
   }
 
-  addMeter(eventName: string): string {
-    return this.catalog.addMeter(eventName);
+  /** A meter for `eventName`; `keys` are the payload keys it reads (Stripe's defaults otherwise). */
+  addMeter(eventName: string, keys: MeterKeyOptions = {}): string {
+    return this.catalog.addMeter(eventName, keys);
   }
 
   meters(): MeterInfo[] {
@@ -333,7 +334,7 @@ export class LocalStripe implements ControlTarget {
   // ---- meter events ---------------------------------------------------------------------------
 
   private async handleMeterEvent(res: ServerResponse, call: ApiCall, headers: Record<string, string>): Promise<void> {
-    const keys = meterEventKeys(call.form);
+    const keys = meterEventKeys(call.form, this.catalog);
     const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '');
     res.once('close', flight.leave);
 
@@ -358,7 +359,7 @@ export class LocalStripe implements ControlTarget {
     if (failure) return { response: failureResponse(failure), store: isStoredFailure(failure) };
     if (!this.limiter.tryAcquire()) return { response: rateLimited(), store: false };
     if (othersInFlight > 0 && this.options.enforcePerCustomerConcurrency !== false) {
-      return { response: concurrentCall(call.form), store: false };
+      return { response: concurrentCall(meterEventKeys(call.form, this.catalog)), store: false };
     }
     const now = this.now();
     const input = validateMeterEvent(call.form, this.catalog, now);
@@ -371,7 +372,7 @@ export class LocalStripe implements ControlTarget {
   }
 
   private recordMeterEvent(input: MeterEventInput, call: ApiCall, now: number): RecordedMeterEvent {
-    const asyncError = this.faults.takeAsyncError();
+    const asyncError = input.asyncError ?? this.faults.takeAsyncError();
     const event: RecordedMeterEvent = {
       identifier: input.identifier ?? randomUUID(),
       eventName: input.eventName,
@@ -510,8 +511,8 @@ function rateLimited(): ApiResponse {
   );
 }
 
-function concurrentCall(form: FormObject): ApiResponse {
-  const { customer, eventName } = meterEventKeys(form);
+function concurrentCall(keys: { customer: string | null; eventName: string | null }): ApiResponse {
+  const { customer, eventName } = keys;
   return stripeError(429, {
     type: 'rate_limit_error',
     code: 'rate_limit',

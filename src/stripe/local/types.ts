@@ -40,6 +40,12 @@ export interface WebhookTarget {
   secret: string;
 }
 
+/** The payload keys a meter reads the customer and the value from (Stripe's defaults: stripe_customer_id, value). */
+export interface MeterKeyOptions {
+  customerKey?: string;
+  valueKey?: string;
+}
+
 export interface MeterInfo {
   id: string;
   eventName: string;
