@@ -90,7 +90,7 @@ export function createRelayActivities(deps: RelayDeps) {
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
       const until = Date.now() + runForMs;
-      await notifier.start();
+      notifier.start();
       while (!stop.aborted && Date.now() < until) {
         const mark = notifier.mark();
         const { claimed: n, paceMs } = await relayBatch(claimedBy, totals);

@@ -3,7 +3,7 @@
  * usage errors carrying the command's help text.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util';
-import { UsageError } from './context.js';
+import { CommandLineError } from './context.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 
@@ -11,7 +11,7 @@ export function parse<O extends Options>(args: string[], options: O, help: strin
   try {
     return parseArgs({ args, options: { ...options, help: { type: 'boolean', short: 'h' } }, allowPositionals: true, strict: true });
   } catch (err) {
-    throw new UsageError((err as Error).message, help);
+    throw new CommandLineError((err as Error).message, help);
   }
 }
 
@@ -19,11 +19,11 @@ export function parse<O extends Options>(args: string[], options: O, help: strin
 export function intOption(value: string | undefined, name: string, min: number, max: number, fallback: number, help: string): number {
   if (value === undefined) return fallback;
   if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max) {
-    throw new UsageError(`--${name} must be a whole number from ${min} to ${max}`, help);
+    throw new CommandLineError(`--${name} must be a whole number from ${min} to ${max}`, help);
   }
   return Number(value);
 }
 
 export function noPositionals(positionals: string[], help: string): void {
-  if (positionals.length > 0) throw new UsageError(`unexpected argument: ${positionals[0]}`, help);
+  if (positionals.length > 0) throw new CommandLineError(`unexpected argument: ${positionals[0]}`, help);
 }

@@ -36,13 +36,13 @@ export const EXIT_FAILED = 1;
 export const EXIT_USAGE = 2;
 
 /** A mistake on the command line: printed with the command's usage, exit code 2. */
-export class UsageError extends Error {
+export class CommandLineError extends Error {
   constructor(
     message: string,
     readonly help?: string,
   ) {
     super(message);
-    this.name = 'UsageError';
+    this.name = 'CommandLineError';
   }
 }
 

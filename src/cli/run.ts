@@ -12,7 +12,7 @@ import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
 import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
-import { EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, type CliContext } from './context.js';
+import { EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandLineError, type CliContext } from './context.js';
 
 export type { CliContext, Output } from './context.js';
 export { EXIT_FAILED, EXIT_OK, EXIT_USAGE } from './context.js';
@@ -65,7 +65,7 @@ export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
   try {
     return await command.run(args, ctx);
   } catch (err) {
-    if (err instanceof UsageError) return usage(ctx, err.message, err.help ?? command.help);
+    if (err instanceof CommandLineError) return usage(ctx, err.message, err.help ?? command.help);
     if (err instanceof ConfigError) {
       ctx.err.write(`${err.message}\n`);
       return EXIT_USAGE;

@@ -22,7 +22,7 @@ import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLet
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS } from '../stripe/rules.js';
-import { formatDuration } from '../cli/format.js';
+import { formatDuration } from '../duration.js';
 
 /**
  * signalled / reopened: the event is on its way again. skipped: nothing to do (already in flight,

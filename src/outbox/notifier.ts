@@ -18,10 +18,18 @@ export class OutboxNotifier {
 
   constructor(private readonly databaseUrl: string) {}
 
-  /** Connects (idempotent). Failures are retried in the background; the caller is not blocked. */
-  start(): Promise<void> {
+  /**
+   * Starts listening (idempotent) and returns at once: connecting, and reconnecting with backoff
+   * while PostgreSQL is away, happen in the background. A relay must keep claiming (or failing
+   * and being retried) and heartbeating meanwhile; its polling covers what it does not hear.
+   */
+  start(): void {
     this.connecting ??= this.connect();
-    return this.connecting;
+  }
+
+  /** Whether the LISTEN connection is up now (tests, health). */
+  get listening(): boolean {
+    return this.client !== undefined;
   }
 
   private async connect(): Promise<void> {

@@ -1,26 +1,9 @@
-/**
- * `billing-outbox cancel <key>`: takes back a meter event Stripe has received (a meter event
- * adjustment of type `cancel`), the only correction Stripe offers, and only within 24 hours of
- * receiving the event.
- *
- * Decision, in order: the row must exist and be `sent` (anything else has nothing at Stripe to
- * cancel as far as we know); its `sent_at` must be less than 24 h ago (checked here so that a hopeless
- * call is not made; Stripe received the event at or before `sent_at`, so Stripe may still refuse a
- * little earlier, and that refusal is reported as such); then Stripe is asked; on success the row
- * becomes `cancelled` (guarded by `status = 'sent'`). Every outcome is recorded in operator_actions.
- */
-import Stripe from 'stripe';
+/** `billing-outbox cancel <key>`: cancel a sent event at Stripe (src/ops/cancel.ts decides). */
 import { ConfigError } from '../../config.js';
-import type { Queryable } from '../../db.js';
-import { scrub } from '../../log.js';
-import { findCancelCandidate, markCancelled, recordOperatorAction, type CancelCandidateRow } from '../../outbox/sql/operator.js';
-import { cancelMeterEvent, createStripeClient } from '../../stripe/client.js';
+import { cancelEvent } from '../../ops/cancel.js';
+import { createStripeClient } from '../../stripe/client.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext } from '../context.js';
-import { formatDuration } from '../format.js';
-
-/** Stripe accepts a cancel for 24 hours after it received the event. */
-export const CANCEL_WINDOW_MS = 24 * 3_600_000;
+import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 
 export const CANCEL_HELP = `Usage: billing-outbox cancel <key> [--by NAME] [--json]
 
@@ -42,124 +25,26 @@ Options:
 Exit code 0 when the event was cancelled; 1 when it was refused or failed; 2 on bad arguments.
 `;
 
-export type CancelOutcome = 'cancelled' | 'refused' | 'failed';
-
-export interface CancelResult {
-  key: string;
-  outcome: CancelOutcome;
-  message: string;
-  row: { status: string; eventName: string; quantity: number; tenantId: string; sentAt: string | null; cancelledAt: string | null } | null;
-}
-
-/** Why a row that is not `sent` cannot be cancelled. */
-function notSentReason(row: CancelCandidateRow): string {
-  switch (row.status) {
-    case 'cancelled':
-      return `already cancelled (at ${row.cancelled_at?.toISOString() ?? 'an unknown time'})`;
-    case 'rejected_async':
-      return `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}, at ${row.rejected_at?.toISOString() ?? 'an unknown time'}): it is not counted, there is nothing to cancel`;
-    case 'dead':
-      return 'it is a dead letter: as far as we know Stripe does not have it (check with `billing-outbox reconcile` if an attempt may have got through)';
-    default:
-      return `it is ${row.status}, not sent yet: only an event Stripe has acknowledged can be cancelled; wait until it is sent`;
-  }
-}
-
 export async function cancelCommand(args: string[], ctx: CliContext): Promise<number> {
   const { values, positionals } = parse(args, { by: { type: 'string' }, json: { type: 'boolean' } }, CANCEL_HELP);
   if (values.help) {
     ctx.out.write(CANCEL_HELP);
     return EXIT_OK;
   }
-  if (positionals.length !== 1) throw new UsageError(positionals.length === 0 ? 'cancel needs an event key (e.g. u:acme:req-42)' : 'cancel takes one key', CANCEL_HELP);
+  if (positionals.length !== 1) throw new CommandLineError(positionals.length === 0 ? 'cancel needs an event key (e.g. u:acme:req-42)' : 'cancel takes one key', CANCEL_HELP);
   const key = positionals[0]!;
   const actor = values.by ?? ctx.user ?? 'unknown';
-  if (actor.trim() === '' || actor.length > 200) throw new UsageError('--by must be 1 to 200 characters', CANCEL_HELP);
+  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CANCEL_HELP);
   const { stripe: stripeConfig } = ctx.config;
   if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
     throw new ConfigError(['STRIPE_API_KEY: is not set; cancel calls Stripe']);
   }
 
   const db = await ctx.db();
-  const result = await cancelKey(db, key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });
+  const result = await cancelEvent(db, key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });
   if (values.json) writeJson(ctx.out, result);
   else if (result.outcome === 'cancelled') ctx.out.write(`cancelled ${key}: ${result.message}\n`);
   else ctx.err.write(`billing-outbox: ${result.outcome} ${key}: ${result.message}\n`);
   return result.outcome === 'cancelled' ? EXIT_OK : EXIT_FAILED;
 }
 
-async function cancelKey(
-  db: Queryable,
-  key: string,
-  opts: { actor: string; now: number; stripe: () => Pick<Stripe, 'billing'> },
-): Promise<CancelResult> {
-  const row = await findCancelCandidate(db, key);
-  if (!row) return { key, outcome: 'failed', message: 'no outbox row with this key', row: null };
-
-  let result = await decide(db, row, opts);
-  try {
-    await recordOperatorAction(db, {
-      actor: opts.actor,
-      action: 'cancel',
-      key,
-      tenantId: row.tenant_id,
-      forced: false,
-      outcome: result.outcome,
-      detail: result.message,
-    });
-  } catch (err) {
-    // What happened at Stripe stands; an unrecorded action is still a failure the operator must see.
-    result = { ...result, outcome: 'failed', message: `${result.message} (and recording it in operator_actions failed: ${scrub((err as Error).message)})` };
-  }
-  return result;
-}
-
-async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
-  const key = row.idempotency_key;
-  const view = async (): Promise<CancelResult['row']> => {
-    const current = (await findCancelCandidate(db, key)) ?? row;
-    return {
-      status: current.status,
-      eventName: current.event_name,
-      quantity: current.quantity,
-      tenantId: current.tenant_id,
-      sentAt: current.sent_at?.toISOString() ?? null,
-      cancelledAt: current.cancelled_at?.toISOString() ?? null,
-    };
-  };
-  const done = async (outcome: CancelOutcome, message: string): Promise<CancelResult> => ({ key, outcome, message, row: await view() });
-
-  if (row.status !== 'sent') return done('refused', `not cancelled: ${notSentReason(row)}`);
-  if (!row.sent_at) return done('refused', 'not cancelled: the row is sent but has no sent_at, so the 24 h window cannot be checked');
-  const age = opts.now - row.sent_at.getTime();
-  if (age >= CANCEL_WINDOW_MS) {
-    return done(
-      'refused',
-      `not cancelled: sent ${formatDuration(age)} ago (${row.sent_at.toISOString()}); Stripe cancels an event only within 24 hours of ` +
-        'receiving it. Stripe was not called. The usage stays billed: correct it another way (e.g. a credit on the invoice).',
-    );
-  }
-
-  try {
-    await cancelMeterEvent(opts.stripe(), { eventName: row.event_name, identifier: key });
-  } catch (err) {
-    if (err instanceof Stripe.errors.StripeInvalidRequestError) {
-      const missing = err.code === 'resource_missing';
-      return done(
-        'refused',
-        `Stripe refused the cancel (${err.code ?? `HTTP ${err.statusCode ?? '?'}`}): ${err.message}` +
-          (missing ? ' Stripe has no such event: reconcile (billing-outbox reconcile) before anything else.' : ''),
-      );
-    }
-    // No answer, or an unexpected one: nothing changed on our side. A cancel may be repeated.
-    return done('failed', `could not reach a decision from Stripe: ${scrub((err as Error).message)}; the row is unchanged, try again`);
-  }
-  if (await markCancelled(db, key)) {
-    return done('cancelled', `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}; the row is cancelled`);
-  }
-  const current = await findCancelCandidate(db, key);
-  return done(
-    'cancelled',
-    `Stripe accepted the cancel, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`,
-  );
-}

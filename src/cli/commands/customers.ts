@@ -3,7 +3,7 @@ import { MAX_TENANT_ID_LENGTH, textProblem } from '../../outbox/validate.js';
 import { listBillingCustomers, upsertBillingCustomer } from '../../outbox/sql/customers.js';
 import { recordOperatorAction } from '../../outbox/sql/operator.js';
 import { noPositionals, parse } from '../args.js';
-import { EXIT_OK, UsageError, writeJson, type CliContext } from '../context.js';
+import { EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 
 export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <stripe_customer_id> [--by NAME] [--json]
@@ -28,13 +28,13 @@ export function validateTenant(tenant: string): string | undefined {
 export async function customersCommand(args: string[], ctx: CliContext): Promise<number> {
   const [sub, ...rest] = args;
   if (sub === undefined || sub === '--help' || sub === '-h' || sub === 'help') {
-    if (sub === undefined) throw new UsageError('customers needs a subcommand: set or list', CUSTOMERS_HELP);
+    if (sub === undefined) throw new CommandLineError('customers needs a subcommand: set or list', CUSTOMERS_HELP);
     ctx.out.write(CUSTOMERS_HELP);
     return EXIT_OK;
   }
   if (sub === 'set') return setCustomer(rest, ctx);
   if (sub === 'list') return listCustomers(rest, ctx);
-  throw new UsageError(`unknown customers subcommand: ${sub}`, CUSTOMERS_HELP);
+  throw new CommandLineError(`unknown customers subcommand: ${sub}`, CUSTOMERS_HELP);
 }
 
 async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
@@ -43,13 +43,13 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
     ctx.out.write(CUSTOMERS_HELP);
     return EXIT_OK;
   }
-  if (positionals.length !== 2) throw new UsageError('customers set needs <tenant> <stripe_customer_id>', CUSTOMERS_HELP);
+  if (positionals.length !== 2) throw new CommandLineError('customers set needs <tenant> <stripe_customer_id>', CUSTOMERS_HELP);
   const [tenant, customer] = positionals as [string, string];
   const problem = validateTenant(tenant);
-  if (problem) throw new UsageError(problem, CUSTOMERS_HELP);
-  if (!CUSTOMER_ID.test(customer)) throw new UsageError(`stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
+  if (problem) throw new CommandLineError(problem, CUSTOMERS_HELP);
+  if (!CUSTOMER_ID.test(customer)) throw new CommandLineError(`stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
   const actor = values.by ?? ctx.user ?? 'unknown';
-  if (actor.trim() === '' || actor.length > 200) throw new UsageError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
+  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
 
   const db = await ctx.db();
   const row = await upsertBillingCustomer(db, tenant, customer);

@@ -5,7 +5,7 @@ import { listOperatorActions } from '../../outbox/sql/operator.js';
 import { scrub } from '../../log.js';
 import { stateQuery, type UsageState } from '../../../workflows/shared.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, UsageError, workflowUiUrl, writeJson, type CliContext } from '../context.js';
+import { EXIT_FAILED, EXIT_OK, CommandLineError, workflowUiUrl, writeJson, type CliContext } from '../context.js';
 import { formatTable, iso } from '../format.js';
 
 export const INSPECT_HELP = `Usage: billing-outbox inspect <key> [--json]
@@ -92,8 +92,8 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
     return EXIT_OK;
   }
   const [key, ...extra] = positionals;
-  if (!key) throw new UsageError('inspect needs the event key (e.g. u:acme:req-42)', INSPECT_HELP);
-  if (extra.length > 0) throw new UsageError(`unexpected argument: ${extra[0]}`, INSPECT_HELP);
+  if (!key) throw new CommandLineError('inspect needs the event key (e.g. u:acme:req-42)', INSPECT_HELP);
+  if (extra.length > 0) throw new CommandLineError(`unexpected argument: ${extra[0]}`, INSPECT_HELP);
 
   const db = await ctx.db();
   const client = await ctx.temporal();

@@ -4,7 +4,7 @@ import { listBillingCustomers } from '../../outbox/sql/customers.js';
 import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../ops/reconcile.js';
 import { createStripeClient } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
+import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatTable } from '../format.js';
 
 export const RECONCILE_HELP = `Usage: billing-outbox reconcile --from T1 --to T2 [--tenant T] [--json]
@@ -43,10 +43,10 @@ arguments.
 const ISO_INSTANT = /^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2}))?$/;
 
 function instant(value: string | undefined, name: string): Date {
-  if (value === undefined) throw new UsageError(`--${name} is required`, RECONCILE_HELP);
+  if (value === undefined) throw new CommandLineError(`--${name} is required`, RECONCILE_HELP);
   const ms = ISO_INSTANT.test(value) ? Date.parse(value) : NaN;
   if (Number.isNaN(ms)) {
-    throw new UsageError(`--${name} must be an ISO 8601 time with a time zone (e.g. 2026-03-10T09:00:00Z) or a date (2026-03-10)`, RECONCILE_HELP);
+    throw new CommandLineError(`--${name} must be an ISO 8601 time with a time zone (e.g. 2026-03-10T09:00:00Z) or a date (2026-03-10)`, RECONCILE_HELP);
   }
   return new Date(ms);
 }
@@ -63,17 +63,17 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
   }
   noPositionals(positionals, RECONCILE_HELP);
   const asked = { from: instant(values.from, 'from'), to: instant(values.to, 'to') };
-  if (asked.from.getTime() > asked.to.getTime()) throw new UsageError('--from is after --to', RECONCILE_HELP);
+  if (asked.from.getTime() > asked.to.getTime()) throw new CommandLineError('--from is after --to', RECONCILE_HELP);
   const range = alignRange(asked.from, asked.to);
-  if (range.to.getTime() === range.from.getTime()) throw new UsageError('the range is empty: --to must be after --from', RECONCILE_HELP);
+  if (range.to.getTime() === range.from.getTime()) throw new CommandLineError('the range is empty: --to must be after --from', RECONCILE_HELP);
   if (range.to.getTime() - range.from.getTime() > MAX_RANGE_MS) {
-    throw new UsageError(
+    throw new CommandLineError(
       `the range ${range.from.toISOString()} to ${range.to.toISOString()} (whole hours) is longer than 31 days; reconcile it in parts`,
       RECONCILE_HELP,
     );
   }
   const tenantId = values.tenant;
-  if (tenantId !== undefined && tenantId.trim() === '') throw new UsageError('--tenant must not be empty', RECONCILE_HELP);
+  if (tenantId !== undefined && tenantId.trim() === '') throw new CommandLineError('--tenant must not be empty', RECONCILE_HELP);
 
   const { stripe: stripeConfig } = ctx.config;
   if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
@@ -81,7 +81,7 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
   }
   const db = await ctx.db();
   if (tenantId !== undefined && !(await listBillingCustomers(db)).some((c) => c.tenant_id === tenantId)) {
-    throw new UsageError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);
+    throw new CommandLineError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);
   }
   const report = await reconcile({ db, stripe: createStripeClient(stripeConfig) }, { ...range, tenantId });
   if (values.json) writeJson(ctx.out, report);

@@ -2,7 +2,7 @@
 import { countDeadLetters, listDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, UsageError, writeJson, type CliContext, type Output } from '../context.js';
+import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { ProgressBar } from '../format.js';
 import { DeadLetterRetrier, isProblem, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
 
@@ -64,16 +64,16 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
   }
   const force = values.force === true;
   const requestedBy = values.by ?? ctx.user ?? 'unknown';
-  if (requestedBy.trim() === '' || requestedBy.length > 200) throw new UsageError('--by must be 1 to 200 characters', RETRY_HELP);
+  if (requestedBy.trim() === '' || requestedBy.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', RETRY_HELP);
 
   if (!values['all-dead']) {
-    if (values.tenant !== undefined || values.code !== undefined) throw new UsageError('--tenant and --code go with --all-dead', RETRY_HELP);
+    if (values.tenant !== undefined || values.code !== undefined) throw new CommandLineError('--tenant and --code go with --all-dead', RETRY_HELP);
     if (positionals.length !== 1) {
-      throw new UsageError(positionals.length === 0 ? 'retry needs an event key, or --all-dead' : 'retry takes one key', RETRY_HELP);
+      throw new CommandLineError(positionals.length === 0 ? 'retry needs an event key, or --all-dead' : 'retry takes one key', RETRY_HELP);
     }
     return retryOne(positionals[0]!, { force, requestedBy, json: values.json === true }, ctx);
   }
-  if (positionals.length > 0) throw new UsageError('give either a key or --all-dead, not both', RETRY_HELP);
+  if (positionals.length > 0) throw new CommandLineError('give either a key or --all-dead, not both', RETRY_HELP);
   return retryAll({ tenantId: values.tenant, errorCode: values.code }, { force, requestedBy, yes: values.yes === true, json: values.json === true }, ctx);
 }
 
@@ -128,7 +128,7 @@ async function retryAll(
   if (total === 0) return report();
 
   if (!opts.yes) {
-    if (!ctx.confirm) throw new UsageError('retry --all-dead asks for confirmation; pass --yes when not running in a terminal', RETRY_HELP);
+    if (!ctx.confirm) throw new CommandLineError('retry --all-dead asks for confirmation; pass --yes when not running in a terminal', RETRY_HELP);
     const warning = opts.force ? ` WITH --force (no ${inHours(SAFE_RESEND_WINDOW_MS)} h duplicate guard)` : '';
     if (!(await ctx.confirm(`Retry ${total} dead letter${total === 1 ? '' : 's'}${filterText(filter)}${warning}? [y/N] `))) {
       ctx.err.write('billing-outbox: nothing retried\n');

@@ -1,0 +1,60 @@
+/**
+ * The LISTEN/NOTIFY notifier and the relay activity around it, when PostgreSQL's LISTEN connection
+ * cannot be made: the relay must go on claiming and heartbeating (its polling covers what it does
+ * not hear), not wait for the connection.
+ */
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createRelayActivities } from '../activities/relay.js';
+import { freePort } from '../src/embedded/postgres.js';
+import { OutboxNotifier } from '../src/outbox/notifier.js';
+import { connectTemporal } from '../src/temporal/worker.js';
+import { createTestDb, testConfig, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let temporal: Awaited<ReturnType<typeof connectTemporal>>;
+const config = testConfig();
+beforeAll(async () => {
+  db = await createTestDb();
+  temporal = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+});
+afterAll(async () => {
+  await temporal?.clientConnection.close();
+  await temporal?.connection.close();
+  await db?.drop();
+});
+
+it('start() returns at once while the database refuses connections, and wait() still times out', async () => {
+  // Nothing listens on this port: every connection attempt is refused.
+  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${await freePort()}/nothing`);
+  try {
+    expect(notifier.start()).toBeUndefined();
+    expect(notifier.listening).toBe(false);
+    await notifier.wait(50);
+    expect(notifier.listening).toBe(false);
+  } finally {
+    await notifier.close();
+  }
+});
+
+it('the relay activity keeps polling and heartbeating while its LISTEN connection is down', async () => {
+  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${await freePort()}/nothing`);
+  const { relayOutbox } = createRelayActivities({
+    db: db.pool,
+    client: temporal.client,
+    notifier,
+    config,
+    runForMs: 1_500,
+  });
+  const env = new MockActivityEnvironment();
+  let heartbeats = 0;
+  env.on('heartbeat', () => heartbeats++);
+  try {
+    // Bounded by runForMs: before the fix it never got past awaiting the connection.
+    const result = await env.run(relayOutbox, 'relay-test');
+    expect(result).toEqual({ claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0 });
+    expect(heartbeats).toBeGreaterThanOrEqual(2);
+  } finally {
+    await notifier.close();
+  }
+}, 20_000);
