@@ -46,7 +46,6 @@ export function createRelayActivities(deps: RelayDeps) {
   const runForMs = deps.runForMs ?? 60_000;
   const log = deps.log ?? (() => undefined);
 
-  /** Claims one batch, starts its workflows, marks the started ones dispatched. */
   // At most one second's worth of Stripe calls per batch: what is dispatched is what can be sent.
   const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(config.stripe.rateLimitPerSecond)));
 

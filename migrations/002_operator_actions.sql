@@ -9,7 +9,7 @@ CREATE TABLE operator_actions (
   at              timestamptz NOT NULL DEFAULT now(),
   -- The OS user running the CLI, or its --by option.
   actor           text NOT NULL CHECK (length(actor) BETWEEN 1 AND 200),
-  -- 'retry' or 'customers.set'.
+  -- 'retry', 'customers.set' or (since migration 003) 'cancel'.
   action          text NOT NULL,
   idempotency_key text,
   tenant_id       text,

@@ -5,6 +5,7 @@
  * offending variable; secret values (the Stripe key, database passwords) are never echoed back.
  */
 import { z } from 'zod';
+import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
 
@@ -150,9 +151,9 @@ export interface Config {
     /** Secret that verifies Stripe's webhook signatures; unset: the webhook route refuses all. */
     webhookSecret: string | undefined;
     /**
-     * Meter-event calls per second across every worker (a Temporal task-queue limit). Default:
-     * 900 with a live key (Stripe's live limit is 1,000/s), 20 otherwise (test mode allows 25
-     * operations/s).
+     * Meter-event calls per second across every worker, paced by the shared limiter in PostgreSQL
+     * (src/stripe/rate-limit.ts). Default: 900 with a live key (Stripe's live limit is 1,000/s),
+     * 20 otherwise (test mode allows 25 operations/s); see src/stripe/rules.ts.
      */
     rateLimitPerSecond: number;
   };
@@ -224,7 +225,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
-      rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? 900 : 20),
+      rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
     },
     temporalUiUrl: (c.TEMPORAL_UI_URL ?? 'http://localhost:8233').replace(/\/$/, ''),
     retry: {

@@ -129,7 +129,6 @@ describe("Stripe's limits", () => {
     const limited = requests.filter((r) => r.status === 429);
     const spanMs = requests.at(-1)!.at - requests[0]!.at;
     const callsPerSecond = ((requests.length - 1) / spanMs) * 1000;
-    console.log(JSON.stringify({ backlog: 5_000, requests: requests.length, rateLimited: limited.length, callsPerSecond: callsPerSecond.toFixed(2), rows: (await db.pool.query("SELECT status, count(*) FROM outbox WHERE idempotency_key LIKE 'usage_log:rl-%' GROUP BY 1")).rows, leases: (await db.pool.query('SELECT count(*) FROM meter_leases')).rows }));
 
     // Not a storm: at most 1% of calls refused (bursts at the start of a window), each one retried.
     expect(limited.length).toBeLessThanOrEqual(Math.ceil(requests.length / 100));

@@ -207,6 +207,28 @@ describe('the core pipeline', () => {
     expect(eventsFor(key)).toHaveLength(1);
   });
 
+  it("sends the customer and value under the payload keys of the event's own meter", async () => {
+    // A meter configured with its own keys: an event under the default keys would be answered 200
+    // and rejected later by Stripe (meter_event_no_customer_defined).
+    stripe.addMeter('gpu_seconds', { customerKey: 'account', valueKey: 'seconds' });
+    const usageId = randomUUID();
+    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 42, eventName: 'gpu_seconds' }));
+    const key = r.entry.idempotencyKey;
+    await waitStatus(key, 'sent');
+    const [event] = eventsFor(key);
+    expect(event).toMatchObject({ eventName: 'gpu_seconds', customer: 'cus_acme', value: 42, payload: { account: 'cus_acme', seconds: '42' } });
+    expect(event!.asyncError).toBeUndefined();
+  });
+
+  it('dead-letters an event whose meter does not exist at Stripe, with the reason, without sending it', async () => {
+    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1, eventName: 'no_such_meter' }));
+    const key = r.entry.idempotencyKey;
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_code).toBe('no_meter');
+    expect(dead.last_error_message).toMatch(/no active meter for event name "no_such_meter"/);
+    expect(stripe.requests().filter((req) => req.identifier === key)).toHaveLength(0);
+  });
+
   it('dead-letters usage older than Stripe\'s 35-day window before calling Stripe', async () => {
     const key = await enqueue('acme', 3, new Date(Date.now() - 36 * 86_400_000));
     const dead = await waitStatus(key, 'dead');

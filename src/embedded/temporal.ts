@@ -95,6 +95,7 @@ export async function startTemporalDevServer(opts: {
  * Without a local CLI (no Python to install the PyPI wheel, nothing on PATH), the Temporal SDK
  * downloads the same CLI itself: this works on a machine with internet access only.
  */
+// @temporalio/testing is a runtime dependency for this path (the Docker image installs without dev dependencies).
 async function startDownloadedDevServer(opts: {
   dbFile?: string;
   port: number;

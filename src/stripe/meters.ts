@@ -30,50 +30,75 @@ export interface MeterKeys {
 
 /**
  * The payload keys of each meter, read from Stripe's meter list and cached for the life of the
- * worker. An event name not in the cache makes it read the list again (a meter created since), at
- * most once per `refreshEveryMs` however many events ask: a wrong event name in a backlog must not
- * turn into one list call per event. Stripe does not let a meter's payload keys change, so an entry
- * never goes stale; a meter deactivated since is Stripe's to refuse (`archived_meter`).
+ * worker. Stripe does not let a meter's payload keys change, so an entry never goes stale (a meter
+ * deactivated since is Stripe's to refuse: `archived_meter`).
+ *
+ * An event name not in the cache is answered from a list read *after* it was asked about, so a
+ * meter created a moment ago is found and "no meter" always means Stripe said so. Reads are
+ * shared and paced (at most one per `minReloadIntervalMs`): a backlog naming a meter that does not
+ * exist costs one list call per interval, not one per event.
  */
 export class MeterCatalog {
   private byName = new Map<string, MeterKeys>();
-  private loading: Promise<void> | undefined;
-  private loadedAt = Number.NEGATIVE_INFINITY;
+  private inFlight: { startedAt: number; done: Promise<void> } | undefined;
+  private lastStartedAt = Number.NEGATIVE_INFINITY;
+  /** When the read behind the current cache started. */
+  private loadedFrom = Number.NEGATIVE_INFINITY;
 
   constructor(
     private readonly stripe: Pick<Stripe, 'billing'>,
-    private readonly opts: { refreshEveryMs?: number; now?: () => number } = {},
+    private readonly opts: { minReloadIntervalMs?: number; now?: () => number } = {},
   ) {}
+
+  private now(): number {
+    return (this.opts.now ?? Date.now)();
+  }
 
   /** The keys of the active meter for `eventName`; undefined when Stripe has no active meter for it. */
   async keysFor(eventName: string): Promise<MeterKeys | undefined> {
     const cached = this.byName.get(eventName);
     if (cached) return cached;
-    const now = this.opts.now ?? Date.now;
-    if (now() - this.loadedAt >= (this.opts.refreshEveryMs ?? 10_000)) await this.reload();
+    await this.readStartedAfter(this.now());
     return this.byName.get(eventName);
   }
 
-  /** Reads the meter list again; concurrent callers share one read. Errors reach every caller. */
-  private reload(): Promise<void> {
-    this.loading ??= (async () => {
-      try {
-        const meters = await metersByEventName(this.stripe);
-        const next = new Map<string, MeterKeys>();
-        for (const [name, meter] of meters) {
-          if (meter.status !== 'active') continue;
-          next.set(name, {
-            meterId: meter.id,
-            customerKey: meter.customer_mapping?.event_payload_key ?? 'stripe_customer_id',
-            valueKey: meter.value_settings?.event_payload_key ?? 'value',
-          });
-        }
-        this.byName = next;
-        this.loadedAt = (this.opts.now ?? Date.now)();
-      } finally {
-        this.loading = undefined;
+  /** Waits for a read of the meter list that started at or after `askedAt` (starting one if needed). */
+  private async readStartedAfter(askedAt: number): Promise<void> {
+    for (;;) {
+      if (this.inFlight && this.inFlight.startedAt >= askedAt) return this.inFlight.done;
+      if (!this.inFlight && this.loadedFrom >= askedAt) return;
+      if (this.inFlight) {
+        // Began before we asked: it may miss a meter created since. Wait for it, then read again.
+        await this.inFlight.done.catch(() => undefined);
+        continue;
       }
-    })();
-    return this.loading;
+      const pause = this.lastStartedAt + (this.opts.minReloadIntervalMs ?? 1_000) - this.now();
+      if (pause > 0) {
+        await new Promise((resolve) => setTimeout(resolve, pause));
+        continue;
+      }
+      const startedAt = this.now();
+      this.lastStartedAt = startedAt;
+      const done = this.read(startedAt).finally(() => {
+        if (this.inFlight?.done === done) this.inFlight = undefined;
+      });
+      this.inFlight = { startedAt, done };
+      return done;
+    }
+  }
+
+  private async read(startedAt: number): Promise<void> {
+    const meters = await metersByEventName(this.stripe);
+    const next = new Map<string, MeterKeys>();
+    for (const [name, meter] of meters) {
+      if (meter.status !== 'active') continue;
+      next.set(name, {
+        meterId: meter.id,
+        customerKey: meter.customer_mapping?.event_payload_key ?? 'stripe_customer_id',
+        valueKey: meter.value_settings?.event_payload_key ?? 'value',
+      });
+    }
+    this.byName = next;
+    this.loadedFrom = startedAt;
   }
 }

@@ -1,0 +1,46 @@
+/** The meter catalog against the local Stripe-compatible server, through the real `stripe` client. */
+import type Stripe from 'stripe';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createStripeClient } from '../src/stripe/client.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
+import { MeterCatalog } from '../src/stripe/meters.js';
+import { testConfig } from './helpers.js';
+
+let local: LocalStripe;
+let stripe: Stripe;
+let listCalls = 0;
+/** The real client, counting its meter-list calls. */
+let counted: Pick<Stripe, 'billing'>;
+
+beforeAll(async () => {
+  local = await LocalStripe.start({ meters: ['api_requests'] });
+  stripe = createStripeClient(testConfig({ STRIPE_API_BASE: local.url, STRIPE_API_KEY: 'sk_test_meters' }).stripe);
+  const list: Stripe['billing']['meters']['list'] = (...args: Parameters<Stripe['billing']['meters']['list']>) => {
+    listCalls++;
+    return stripe.billing.meters.list(...args);
+  };
+  counted = { billing: { ...stripe.billing, meters: Object.assign(Object.create(stripe.billing.meters) as object, { list }) } } as Pick<Stripe, 'billing'>;
+});
+afterAll(() => local?.close());
+
+it("reads each meter's payload keys, defaults and custom ones", async () => {
+  local.addMeter('gpu_seconds', { customerKey: 'account', valueKey: 'seconds' });
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 50 });
+  expect(await catalog.keysFor('api_requests')).toMatchObject({ customerKey: 'stripe_customer_id', valueKey: 'value' });
+  expect(await catalog.keysFor('gpu_seconds')).toMatchObject({ customerKey: 'account', valueKey: 'seconds' });
+});
+
+it('finds a meter created after the cache was filled: "no meter" always comes from a read made after the question', async () => {
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 200 });
+  expect(await catalog.keysFor('api_requests')).toBeDefined();
+  local.addMeter('created_later');
+  expect(await catalog.keysFor('created_later')).toMatchObject({ customerKey: 'stripe_customer_id' });
+});
+
+it('answers a burst of misses for a meter that does not exist with one list read', async () => {
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 60_000 });
+  const before = listCalls;
+  const answers = await Promise.all(Array.from({ length: 50 }, () => catalog.keysFor('does_not_exist')));
+  expect(answers.every((a) => a === undefined)).toBe(true);
+  expect(listCalls - before).toBe(1);
+});

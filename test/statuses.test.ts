@@ -1,0 +1,35 @@
+/**
+ * The statuses module is the one list; the schema spells it once more (a CHECK constraint and the
+ * claim's partial index cannot import TypeScript). This fails the moment the two disagree.
+ */
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { AT_STRIPE, AWAITING_RELAY, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
+import { createTestDb, type TestDb } from './helpers.js';
+
+let db: TestDb;
+beforeAll(async () => {
+  db = await createTestDb();
+});
+afterAll(() => db?.drop());
+
+const quoted = (definition: string) => [...definition.matchAll(/'([a-z_]+)'::text/g)].map((m) => m[1]!).sort();
+
+it("the schema's CHECK constraint allows exactly OUTBOX_STATUSES", async () => {
+  const { rows } = await db.pool.query<{ def: string }>(
+    `SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conname = 'outbox_status_check'`,
+  );
+  expect(rows).toHaveLength(1);
+  expect(quoted(rows[0]!.def)).toEqual([...OUTBOX_STATUSES].sort());
+});
+
+it("the claim's partial index covers exactly AWAITING_RELAY", async () => {
+  const { rows } = await db.pool.query<{ def: string }>(`SELECT indexdef AS def FROM pg_indexes WHERE indexname = 'outbox_claimable_idx'`);
+  expect(quoted(rows[0]!.def)).toEqual([...AWAITING_RELAY].sort());
+});
+
+it('the named sets partition the statuses the way the pipeline relies on', () => {
+  // Every status is either settled at Stripe, or unsettled: never both, never neither.
+  expect([...AT_STRIPE, ...UNSETTLED].sort()).toEqual([...OUTBOX_STATUSES].sort());
+  for (const s of UNBILLED) expect(AT_STRIPE).toContain(s);
+  for (const s of AWAITING_RELAY) expect(UNSETTLED).toContain(s);
+});
