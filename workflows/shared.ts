@@ -40,6 +40,11 @@ export interface UsageWorkflowInput {
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
    */
   rateLimitedSince?: number;
+  /**
+   * Deferrals (429s, pacing, a busy customer) one run waits out before continuing as new, besides
+   * whenever the server suggests it: each adds about a dozen history events. Default 200.
+   */
+  deferralsPerRun?: number;
 }
 
 export interface DeliverInput {

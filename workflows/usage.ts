@@ -35,6 +35,9 @@ import {
   type UsageWorkflowInput,
 } from './shared.js';
 
+/** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
+const DEFERRALS_PER_RUN = 200;
+
 /** Waiting for a busy (customer, meter): 100 ms doubling to 5 s, with jitter. */
 const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
 
@@ -115,7 +118,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    * customer is the backlog draining, and never dead-letters an event.
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
-    for (;;) {
+    for (let deferrals = 1; ; deferrals++) {
       await waitForTurn();
       const result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
       if (result.outcome !== 'deferred') return result;
@@ -132,7 +135,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       }
       await sleep(result.retryAfterMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
-      if (workflowInfo().continueAsNewSuggested) {
+      if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
         await continueAsNew<typeof usageWorkflow>({ ...input, force, ...(rateLimitedSince === undefined ? {} : { rateLimitedSince }) });
       }
     }

@@ -1,0 +1,195 @@
+/**
+ * The usage workflow's own logic, in milliseconds: Temporal's time-skipping test server runs the
+ * real workflow code with the activities replaced (as in Temporal's samples), so retry backoff,
+ * 429 budgets of an hour and continue-as-new take no wall-clock time. What crosses processes
+ * (PostgreSQL, Stripe, workers dying) is tested end to end in pipeline.test.ts and faults.test.ts.
+ */
+// First: installs the SDK runtime (quiet logging) before anything else touches it.
+import { workflowBundle } from './helpers.js';
+import { randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { ApplicationFailure } from '@temporalio/common';
+import { temporal } from '@temporalio/proto';
+import { TestWorkflowEnvironment } from '@temporalio/testing';
+import { Worker } from '@temporalio/worker';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
+import { PROJECT_ROOT } from '../src/embedded/temporal.js';
+import { ErrorTypes, retrySignal, SEARCH_ATTRIBUTES, stateQuery, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+
+let env: TestWorkflowEnvironment;
+
+beforeAll(async () => {
+  const recorded = path.join(PROJECT_ROOT, '.tools', 'temporal-test-server-path');
+  const local = existsSync(recorded) ? readFileSync(recorded, 'utf8').trim() : '';
+  env = await TestWorkflowEnvironment.createTimeSkipping(
+    local && existsSync(local) ? { server: { executable: { type: 'existing-path', path: local } } } : {},
+  );
+  // The workflow keeps OutboxStatus current; the test server must know the attribute like a real one.
+  await env.connection.operatorService.addSearchAttributes({
+    namespace: env.namespace ?? 'default',
+    searchAttributes: Object.fromEntries(SEARCH_ATTRIBUTES.map((k) => [k.name, temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD])),
+  });
+}, 120_000);
+
+afterAll(async () => {
+  await env?.teardown();
+});
+
+const RETRY = {
+  initialIntervalMs: 1_000,
+  backoffCoefficient: 2,
+  maximumIntervalMs: 60_000,
+  maximumAttempts: 4,
+  attemptTimeoutMs: 30_000,
+  maxRateLimitedMs: 10 * 60_000,
+};
+
+type Deliver = (input: DeliverInput) => Promise<DeliveryResult>;
+
+/** The workflow's activities, replaced: delivery by the test's own function, bookkeeping recorded. */
+function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: string }) => Promise<void> } = {}) {
+  const calls = { deliver: [] as DeliverInput[], dead: [] as { code: string; message: string }[], retrying: 0 };
+  const activities: Partial<DeliveryActivities> = {
+    async deliverUsage(input) {
+      calls.deliver.push(input);
+      return deliver(input);
+    },
+    async takeTurn() {
+      return true;
+    },
+    async markDead(input) {
+      calls.dead.push({ code: input.code, message: input.message });
+      await hooks.markDead?.(input);
+      return calls.deliver.length;
+    },
+    async markRetrying() {
+      calls.retrying++;
+    },
+  };
+  return { calls, activities };
+}
+
+async function withWorker<T>(activities: object, fn: (taskQueue: string) => Promise<T>): Promise<T> {
+  const taskQueue = `wf-${randomUUID()}`;
+  const worker = await Worker.create({ connection: env.nativeConnection, taskQueue, workflowBundle: workflowBundle(), activities });
+  return worker.runUntil(fn(taskQueue));
+}
+
+function start(taskQueue: string, input: Partial<UsageWorkflowInput> = {}) {
+  const key = `u:wf:${randomUUID()}`;
+  return env.client.workflow.start('usageWorkflow', {
+    taskQueue,
+    workflowId: key,
+    args: [{ key, tenantId: 'wf', retry: RETRY, ...input } satisfies UsageWorkflowInput],
+  });
+}
+
+const retryable = () => ApplicationFailure.create({ type: ErrorTypes.retryable, message: 'Stripe answered 500', details: ['http_500'] });
+const sent = async (): Promise<DeliveryResult> => ({ outcome: 'sent', attempts: 1 });
+
+it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    throw retryable();
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    // Backoff 1 s, 2 s, 4 s between the 4 attempts: skipped, not waited.
+    await env.sleep('1 minute');
+    expect(calls.deliver).toHaveLength(RETRY.maximumAttempts);
+    expect(calls.dead).toEqual([{ code: 'http_500', message: 'Stripe answered 500' }]);
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead', lastError: { code: 'http_500' } });
+    // Still open a day later: a dead letter waits for a human.
+    await env.sleep('1 day');
+    expect((await handle.describe()).status.name).toBe('RUNNING');
+    expect(calls.deliver).toHaveLength(RETRY.maximumAttempts);
+    await handle.terminate('test over');
+  });
+});
+
+it('does not drop a retry signal sent while the dead mark is still being written', async () => {
+  let markDeadStarted!: () => void;
+  const deadStarted = new Promise<void>((resolve) => (markDeadStarted = resolve));
+  let releaseMarkDead!: () => void;
+  const markDeadGate = new Promise<void>((resolve) => (releaseMarkDead = resolve));
+  let first = true;
+  const { calls, activities } = fakeActivities(
+    async () => {
+      if (first) {
+        first = false;
+        throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+      }
+      return sent();
+    },
+    {
+      markDead: async () => {
+        markDeadStarted();
+        await markDeadGate;
+      },
+    },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await deadStarted;
+    // The operator sees "dead" and signals before the row's bookkeeping has finished.
+    await handle.signal(retrySignal, { requestedBy: 'test' });
+    releaseMarkDead();
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.deliver).toHaveLength(2);
+    expect(calls.retrying).toBe(1);
+  });
+});
+
+it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", async () => {
+  const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', retryAfterMs: 60_000, attempts: 0 }));
+  await withWorker(activities, async (taskQueue) => {
+    // Three deferrals per run: the 10-minute budget spans four runs.
+    const handle = await start(taskQueue, { deferralsPerRun: 3 });
+    await env.sleep('30 minutes');
+    expect(calls.dead).toHaveLength(1);
+    expect(calls.dead[0]!.code).toBe('rate_limited');
+    expect(calls.dead[0]!.message).toMatch(/Stripe kept answering 429 for over 600 s/);
+    // About ten minutes of one call a minute: not one run's worth, not forever.
+    expect(calls.deliver.length).toBeGreaterThanOrEqual(10);
+    expect(calls.deliver.length).toBeLessThanOrEqual(13);
+    // It continued as new on the way: the run now open is not the one first started.
+    expect((await handle.describe()).runId).not.toBe(handle.firstExecutionRunId);
+    await handle.terminate('test over');
+  });
+});
+
+it('never dead-letters an event for waiting on our own pace or a busy customer', async () => {
+  const reasons = ['paced', 'customer_busy'] as const;
+  const { calls, activities } = fakeActivities(async () =>
+    calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % 2]!, retryAfterMs: 60_000, attempts: 0 },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    // 40 minutes of waiting, four times the 429 budget: still delivered.
+    const handle = await start(taskQueue, { deferralsPerRun: 7 });
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.dead).toEqual([]);
+  });
+});
+
+it('keeps the 24 h guard: a plain retry is refused again, a forced retry sends', async () => {
+  // As the real activity does once the first attempt is over 23 h old: refuse unless forced.
+  const { calls, activities } = fakeActivities(async ({ force }) => {
+    if (!force) {
+      throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
+    }
+    return sent();
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead', lastError: { code: 'identifier_window_expired' } });
+    await handle.signal(retrySignal, {});
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
+    await handle.signal(retrySignal, { force: true, requestedBy: 'ops' });
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.deliver.map((c) => c.force)).toEqual([false, false, true]);
+    expect(calls.dead.map((d) => d.code)).toEqual(['identifier_window_expired', 'identifier_window_expired']);
+  });
+});
