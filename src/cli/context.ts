@@ -5,7 +5,7 @@
  */
 import type { Client } from '@temporalio/client';
 import type { Config } from '../config.js';
-import type { Queryable } from '../db.js';
+import type pg from 'pg';
 
 export interface Output {
   write(chunk: string): unknown;
@@ -15,7 +15,7 @@ export interface Output {
 export interface CliContext {
   config: Config;
   /** The database; only called by commands that need it (so `--help` works without one). */
-  db(): Promise<Queryable>;
+  db(): Promise<pg.Pool>;
   /** A Temporal client on the configured namespace; only called by commands that need it. */
   temporal(): Promise<Client>;
   out: Output;

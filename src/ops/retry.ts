@@ -18,7 +18,15 @@ import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } 
 import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
-import { findOperatorRow, recordOperatorAction, reopenDeadLetter, restoreDeadLetter, type OperatorRow } from '../outbox/sql/operator.js';
+import {
+  findOperatorRow,
+  listDeadLetters,
+  recordOperatorAction,
+  reopenDeadLetter,
+  restoreDeadLetter,
+  type DeadLetterFilter,
+  type OperatorRow,
+} from '../outbox/sql/operator.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS } from '../stripe/rules.js';
@@ -79,6 +87,19 @@ function shellWord(value: string): string {
   return /^[A-Za-z0-9._:@/+=-]+$/.test(value) ? value : `'${value.replace(/'/g, `'\\''`)}'`;
 }
 
+/** Retries in flight at once in a bulk retry: each is a few round trips to Temporal and PostgreSQL. */
+const BULK_CONCURRENCY = 8;
+const DEFAULT_PAGE_SIZE = 500;
+
+/** Runs `fn` over `items` with at most `limit` calls in flight. */
+async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const lane = async () => {
+    while (next < items.length) await fn(items[next++]!);
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
+}
+
 export class DeadLetterRetrier {
   constructor(private readonly deps: RetrierDeps) {}
 
@@ -90,6 +111,24 @@ export class DeadLetterRetrier {
       return await this.retryRow(row, opts);
     } catch (err) {
       return { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
+    }
+  }
+
+  /**
+   * Retries every dead letter matching `filter`, page by page (keyset paging: retried rows leave
+   * `dead`, and rows that die again meanwhile, with ids below the cursor, are not revisited, so the
+   * run ends), a few at a time; `onResult` hears each outcome as it comes.
+   */
+  async retryAllDead(
+    filter: DeadLetterFilter,
+    opts: { force: boolean; requestedBy: string; pageSize?: number | undefined },
+    onResult: (result: RetryResult) => void,
+  ): Promise<void> {
+    for (let afterId = 0; ; ) {
+      const page = await listDeadLetters(this.deps.db, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
+      if (page.length === 0) return;
+      afterId = page.at(-1)!.id;
+      await forEachLimit(page, BULK_CONCURRENCY, async (row) => onResult(await this.retryRow(row, opts)));
     }
   }
 

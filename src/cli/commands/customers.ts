@@ -1,7 +1,7 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
-import { MAX_TENANT_ID_LENGTH, textProblem } from '../../outbox/validate.js';
-import { listBillingCustomers, upsertBillingCustomer } from '../../outbox/sql/customers.js';
-import { recordOperatorAction } from '../../outbox/sql/operator.js';
+import { MAX_TENANT_ID_LENGTH } from '../../outbox/validate.js';
+import { listBillingCustomers } from '../../outbox/sql/customers.js';
+import { mappingProblem, mapTenant } from '../../ops/customers.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
@@ -15,15 +15,6 @@ set    maps a tenant (1-${MAX_TENANT_ID_LENGTH} characters) to a Stripe customer
        --json prints {tenantId, stripeCustomerId, previousStripeCustomerId, created}
 list   every mapping; --json prints {customers: [{tenantId, stripeCustomerId, createdAt, updatedAt}]}
 `;
-
-// Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
-const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
-
-/** The same rule as recordUsage's tenant ids: these end up in Stripe, URLs, the Web UI and log lines. */
-export function validateTenant(tenant: string): string | undefined {
-  const problem = textProblem(tenant, MAX_TENANT_ID_LENGTH);
-  return problem && `tenant ${problem}`;
-}
 
 export async function customersCommand(args: string[], ctx: CliContext): Promise<number> {
   const [sub, ...rest] = args;
@@ -45,32 +36,21 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
   }
   if (positionals.length !== 2) throw new CommandLineError('customers set needs <tenant> <stripe_customer_id>', CUSTOMERS_HELP);
   const [tenant, customer] = positionals as [string, string];
-  const problem = validateTenant(tenant);
+  const problem = mappingProblem(tenant, customer);
   if (problem) throw new CommandLineError(problem, CUSTOMERS_HELP);
-  if (!CUSTOMER_ID.test(customer)) throw new CommandLineError(`stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(customer)}`, CUSTOMERS_HELP);
   const actor = values.by ?? ctx.user ?? 'unknown';
   if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
 
-  const db = await ctx.db();
-  const row = await upsertBillingCustomer(db, tenant, customer);
-  const created = row.previous_customer_id === null;
-  await recordOperatorAction(db, {
-    actor,
-    action: 'customers.set',
-    key: null,
-    tenantId: tenant,
-    forced: false,
-    outcome: created ? 'created' : 'updated',
-    detail: created ? `→ ${customer}` : `${row.previous_customer_id} → ${customer}`,
-  });
+  const result = await mapTenant(await ctx.db(), tenant, customer, actor);
+  const previous = result.previousStripeCustomerId;
   if (values.json) {
-    writeJson(ctx.out, { tenantId: tenant, stripeCustomerId: customer, previousStripeCustomerId: row.previous_customer_id, created });
-  } else if (created) {
+    writeJson(ctx.out, result);
+  } else if (result.created) {
     ctx.out.write(`tenant ${tenant} is billed as ${customer}\n`);
-  } else if (row.previous_customer_id === customer) {
+  } else if (previous === customer) {
     ctx.out.write(`tenant ${tenant} was already billed as ${customer}\n`);
   } else {
-    ctx.out.write(`tenant ${tenant} is now billed as ${customer} (was ${row.previous_customer_id})\n`);
+    ctx.out.write(`tenant ${tenant} is now billed as ${customer} (was ${previous})\n`);
   }
   return EXIT_OK;
 }

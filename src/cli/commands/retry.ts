@@ -1,5 +1,5 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
-import { countDeadLetters, listDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
+import { countDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
@@ -32,9 +32,6 @@ Options:
 Exit code 0 when every event was signalled, reopened or skipped; 1 when any was refused or failed.
 `;
 
-/** Retries in flight at once in a bulk retry: each is a few round trips to Temporal and PostgreSQL. */
-const BULK_CONCURRENCY = 8;
-const DEFAULT_PAGE_SIZE = 500;
 /** Problems kept for the --json report; the rest are counted, not listed (a bulk run can be huge). */
 const MAX_REPORTED_PROBLEMS = 10_000;
 
@@ -90,15 +87,6 @@ async function retryOne(key: string, opts: { force: boolean; requestedBy: string
   return isProblem(result) ? EXIT_FAILED : EXIT_OK;
 }
 
-/** Runs `fn` over `items` with at most `limit` calls in flight. */
-async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  const lane = async () => {
-    while (next < items.length) await fn(items[next++]!);
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
-}
-
 function filterText(filter: DeadLetterFilter): string {
   const parts = [filter.tenantId !== undefined && `tenant ${filter.tenantId}`, filter.errorCode !== undefined && `error code ${filter.errorCode}`];
   const text = parts.filter(Boolean).join(', ');
@@ -140,24 +128,15 @@ async function retryAll(
   const bar = ctx.err.isTTY ? new ProgressBar(ctx.err, total) : undefined;
   const say = (out: Output, line: string) => (bar ? bar.printAbove(line) : out.write(`${line}\n`));
   const label = () => `ok ${summary.signalled + summary.reopened}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`;
-  const pageSize = ctx.pageSize ?? DEFAULT_PAGE_SIZE;
-  // Keyset paging: retried rows leave `dead`, and rows that die again meanwhile (with ids below the
-  // cursor) are not revisited, so the run ends.
-  for (let afterId = 0; ; ) {
-    const page = await listDeadLetters(db, { ...filter, afterId, limit: pageSize });
-    if (page.length === 0) break;
-    afterId = page.at(-1)!.id;
-    await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
-      const result = await retry.retryRow(row, opts);
-      summary.matched++;
-      summary[result.outcome]++;
-      if (isProblem(result)) {
-        if (problems.length < MAX_REPORTED_PROBLEMS) problems.push({ key: result.key, outcome: result.outcome, message: result.message });
-        if (!opts.json) say(ctx.err, `billing-outbox: ${describe(result)}`);
-      }
-      bar?.update(summary.matched, label());
-    });
-  }
+  await retry.retryAllDead(filter, { ...opts, pageSize: ctx.pageSize }, (result) => {
+    summary.matched++;
+    summary[result.outcome]++;
+    if (isProblem(result)) {
+      if (problems.length < MAX_REPORTED_PROBLEMS) problems.push({ key: result.key, outcome: result.outcome, message: result.message });
+      if (!opts.json) say(ctx.err, `billing-outbox: ${describe(result)}`);
+    }
+    bar?.update(summary.matched, label());
+  });
   bar?.finish(summary.matched, label());
   return report();
 }

@@ -1,0 +1,47 @@
+/**
+ * Which Stripe customer a tenant is billed as. Usage already queued is sent to the customer mapped
+ * when it is delivered, so a remap also redirects the backlog (reconcile compares per customer).
+ */
+import type pg from 'pg';
+import { withTransaction } from '../db.js';
+import { upsertBillingCustomer } from '../outbox/sql/customers.js';
+import { recordOperatorAction } from '../outbox/sql/operator.js';
+import { MAX_TENANT_ID_LENGTH, textProblem } from '../outbox/validate.js';
+
+// Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
+const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
+
+/** Why this mapping cannot be stored, if it cannot: the tenant by recordUsage's rule, the id by Stripe's. */
+export function mappingProblem(tenantId: string, stripeCustomerId: string): string | undefined {
+  const tenant = textProblem(tenantId, MAX_TENANT_ID_LENGTH);
+  if (tenant) return `tenant ${tenant}`;
+  if (!CUSTOMER_ID.test(stripeCustomerId)) {
+    return `stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(stripeCustomerId)}`;
+  }
+  return undefined;
+}
+
+export interface MappingResult {
+  tenantId: string;
+  stripeCustomerId: string;
+  previousStripeCustomerId: string | null;
+  created: boolean;
+}
+
+/** Maps (or remaps) a tenant, and records who did it, in one transaction. Validate with mappingProblem first. */
+export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerId: string, actor: string): Promise<MappingResult> {
+  return withTransaction(pool, async (db) => {
+    const row = await upsertBillingCustomer(db, tenantId, stripeCustomerId);
+    const created = row.previous_customer_id === null;
+    await recordOperatorAction(db, {
+      actor,
+      action: 'customers.set',
+      key: null,
+      tenantId,
+      forced: false,
+      outcome: created ? 'created' : 'updated',
+      detail: created ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
+    });
+    return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created };
+  });
+}
