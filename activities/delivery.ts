@@ -81,7 +81,7 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
           return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
         }
         if (slot.waitMs > 0) await Context.current().sleep(slot.waitMs);
-        return await attempt(input);
+        return await attempt(input, Date.now());
       } finally {
         if (lease === 'acquired') await releaseMeterLease(db, holder);
       }
@@ -108,10 +108,22 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
   return activities;
 
   /**
+   * A call whose database work ran late (a stalled query, a starved process) would reach Stripe
+   * bunched with others that were late too: a burst over the account limit although every slot was
+   * paced. Past one interval late, it takes a new place in the pace instead.
+   */
+  async function keepPace(slotAt: number): Promise<void> {
+    const intervalMs = 1_000 / stripeCallsPerSecond;
+    if (Date.now() - slotAt <= intervalMs) return;
+    const again = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond });
+    if (again.waitMs > 0) await Context.current().sleep(again.waitMs);
+  }
+
+  /**
    * One call to Stripe: count it, send it, mark the row sent. Each failure is classified here,
    * where the call is made.
    */
-  async function attempt({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
+  async function attempt({ key, force = false }: DeliverInput, slotAt: number): Promise<DeliveryResult> {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
     const row = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
     if (!row) {
@@ -152,6 +164,7 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
         metrics?.stripeErrors.inc({ class: 'rejected' });
         throw fail(ErrorTypes.rejected, 'no_meter', message);
       }
+      await keepPace(slotAt);
       await sendMeterEvent(stripe, {
         eventName: row.event_name,
         keys,
