@@ -80,8 +80,9 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
           const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
           return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
         }
+        const slotAt = Date.now() + slot.waitMs;
         if (slot.waitMs > 0) await Context.current().sleep(slot.waitMs);
-        return await attempt(input, Date.now());
+        return await attempt(input, slotAt);
       } finally {
         if (lease === 'acquired') await releaseMeterLease(db, holder);
       }
