@@ -37,10 +37,13 @@ it('finds a meter created after the cache was filled: "no meter" always comes fr
   expect(await catalog.keysFor('created_later')).toMatchObject({ customerKey: 'stripe_customer_id' });
 });
 
-it('answers a burst of misses for a meter that does not exist with one list read', async () => {
-  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 60_000 });
+it('answers a burst of misses for a meter that does not exist with a read or two, not one per event', async () => {
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 1_000 });
   const before = listCalls;
+  // Asked over a few milliseconds: the first read answers those asked before it started, the next
+  // (a second later at the earliest) all the others.
   const answers = await Promise.all(Array.from({ length: 50 }, () => catalog.keysFor('does_not_exist')));
   expect(answers.every((a) => a === undefined)).toBe(true);
-  expect(listCalls - before).toBe(1);
+  expect(listCalls - before).toBeGreaterThanOrEqual(1);
+  expect(listCalls - before).toBeLessThanOrEqual(2);
 });
