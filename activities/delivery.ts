@@ -9,7 +9,8 @@ import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAtt
 import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
-import { acquireMeterLease, releaseMeterLease } from '../src/stripe/meter-lease.js';
+import type { OutboxNotifier } from '../src/outbox/notifier.js';
+import { releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog } from '../src/stripe/meters.js';
 import { reserveSlots } from '../src/stripe/rate-limit.js';
 import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from '../src/stripe/rules.js';
@@ -24,6 +25,12 @@ export interface DeliveryDeps {
   stripe: Pick<Stripe, 'billing'>;
   /** The payload keys of each meter (read from Stripe, cached). */
   meters: Pick<MeterCatalog, 'keysFor'>;
+  /** Wakes a delivery waiting for a lease when the holder hands it off (without it: polling). */
+  notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'wake'>;
+  /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
+  stopping?: AbortSignal;
+  /** How long a delivery waits in place for its (customer, meter) turn (config.lanes.turnWaitMs). */
+  turnWaitMs?: number;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
 }
@@ -50,8 +57,18 @@ const DEFAULT_RETRY_AFTER_MS = 1_000;
 
 /** Longest an activity waits in place for its call slot; a longer queue is waited out in the workflow. */
 const MAX_PACING_WAIT_MS = 1_000;
+/** A delivery that stepped aside from a busy (customer, meter) comes back this much later. */
+const BUSY_RETRY_MS = 250;
+/** A waiting delivery re-checks at least this often (an expired lease sends no hand-off). */
+const TURN_POLL_MS = 1_000;
+/** A waiter's place in the queue outlives its last check by this much, then lapses (a dead worker). */
+const WAITER_TTL_MS = 5_000;
+/** Heartbeats during an attempt; the activity's heartbeat timeout is a few of these. */
+const HEARTBEAT_EVERY_MS = 2_000;
 
-export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTimeoutMs, stripeCallsPerSecond }: DeliveryDeps) {
+export function createDeliveryActivities(deps: DeliveryDeps) {
+  const { db, stripe, meters, metrics, notifier, stopping, stripeTimeoutMs, stripeCallsPerSecond } = deps;
+  const turnWaitMs = deps.turnWaitMs ?? 10_000;
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
@@ -66,14 +83,17 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
      * type tells Temporal (and the workflow) whether another attempt can help.
      */
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
+      const ctx = Context.current();
       const info = activityInfo();
-      const holder = input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}`;
-      // Renew for the whole call: the Stripe timeout bounds it, plus room for our own queries.
-      const lease = await acquireMeterLease(db, input.key, holder, stripeTimeoutMs + LEASE_MARGIN_MS);
-      if (lease === 'busy') {
-        return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: 100 + Math.floor(Math.random() * 200), attempts: 0 };
-      }
+      const holder = input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`;
+      // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
+      // noticed by the heartbeat timeout, not only by the attempt's timeout.
+      const beat = setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
       try {
+        const turn = await waitForTurn(input.key, holder, ctx);
+        if (turn === 'gave_up') {
+          return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
+        }
         // Our place in the account-wide pace of Stripe calls.
         const slot = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
         if (slot.granted === 0) {
@@ -81,19 +101,27 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
           return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
         }
         const slotAt = Date.now() + slot.waitMs;
-        if (slot.waitMs > 0) await Context.current().sleep(slot.waitMs);
+        if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
         return await attempt(input, slotAt);
       } finally {
-        if (lease === 'acquired') await releaseMeterLease(db, holder);
+        clearInterval(beat);
+        // Hands the lease (or our place in its queue) to the next delivery of the pair: in this
+        // process at once, elsewhere by NOTIFY.
+        // If this fails (PostgreSQL away), the lease lapses by itself; the outcome stands.
+        const freed = await releaseTurn(db, holder).catch((err: unknown) => {
+          log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
+          return [];
+        });
+        for (const lane of freed) notifier?.wake(lane);
       }
     },
 
     /**
-     * Local activity of the workflow: waits for the event's (customer, meter) turn without spending
-     * a rate-limit token. True when the lease is now the workflow's (or there is nothing to lease).
+     * Workflows started before lanes took their turn in this local activity; kept so that their
+     * histories replay. New runs never schedule it.
      */
     async takeTurn(input: { key: string; holder: string; leaseMs: number }): Promise<boolean> {
-      return (await acquireMeterLease(db, input.key, input.holder, input.leaseMs)) !== 'busy';
+      return (await takeTurn(db, { ...input, waitTtlMs: 0 })).outcome !== 'busy';
     },
 
     /** After the last attempt: the row becomes a dead letter carrying the final error. */
@@ -107,6 +135,35 @@ export function createDeliveryActivities({ db, stripe, meters, metrics, stripeTi
     },
   };
   return activities;
+
+  /**
+   * Waits, inside the activity, for the (customer, meter) lease of `key`: woken by the holder's
+   * hand-off (or every second, to notice an expired lease), heartbeating. Gives up after
+   * `turnWaitMs`, or at once when the worker is shutting down, so that a waiting delivery
+   * neither holds a shutting-down worker nor runs into its attempt timeout; the workflow then
+   * comes back after a short timer, without spending a retry attempt.
+   */
+  async function waitForTurn(key: string, holder: string, ctx: Context): Promise<'acquired' | 'no_target' | 'gave_up'> {
+    const until = Date.now() + turnWaitMs;
+    const stop = stopping ? AbortSignal.any([ctx.cancellationSignal, stopping]) : ctx.cancellationSignal;
+    const lease = { key, holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS, waitTtlMs: WAITER_TTL_MS };
+    // The pair is known after the first try; from then on each try is preceded by the mark of its
+    // wait, so a hand-off between the try and the wait still wakes the wait at once.
+    let lane: string | undefined;
+    for (;;) {
+      const mark = lane === undefined ? undefined : notifier?.mark(lane);
+      const turn = await takeTurn(db, lease);
+      if (turn.outcome !== 'busy') return turn.outcome;
+      if (lane === undefined) {
+        lane = turn.lane!;
+        continue;
+      }
+      if (stop.aborted || Date.now() >= until) return 'gave_up';
+      if (notifier) await notifier.wait(Math.min(TURN_POLL_MS, until - Date.now()), stop, mark, lane);
+      else await ctx.sleep(TURN_POLL_MS);
+      ctx.heartbeat();
+    }
+  }
 
   /**
    * A call whose database work ran late (a stalled query, a starved process) would reach Stripe

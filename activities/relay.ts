@@ -9,7 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { Context } from '@temporalio/activity';
 import type { Client } from '@temporalio/client';
-import type { Queryable } from '../src/db.js';
+import type pg from 'pg';
 import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
@@ -18,10 +18,10 @@ import { reserveSlots } from '../src/stripe/rate-limit.js';
 import { startUsageWorkflow } from '../src/temporal/start-usage.js';
 
 export interface RelayDeps {
-  db: Queryable;
+  db: pg.Pool;
   client: Client;
   notifier: OutboxNotifier;
-  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe'>;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes'>;
   /** How long one relay activity runs before handing back to its workflow. */
   runForMs?: number;
   /** Aborted when this process is shutting down: relays stop claiming at once. */
@@ -57,7 +57,7 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs });
+    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs, laneMax: config.lanes.maxInFlight });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0 };

@@ -92,7 +92,7 @@ try {
       await Promise.all(
         Array.from({ length: claimers }, async () => {
           for (;;) {
-            const rows = await claimBatch(pool, { limit: 200, claimedBy: 'bench', claimId: randomUUID(), leaseMs: 60_000 });
+            const rows = await claimBatch(pool, { limit: 200, claimedBy: 'bench', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
             if (rows.length === 0) return;
             claimed += rows.length;
           }

@@ -8,6 +8,8 @@ import { z } from 'zod';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
+/** How long a delivery waits in place for its (customer, meter) turn before stepping aside. */
+const LANE_TURN_WAIT_MS = 10_000;
 
 /** A positive integer read from a string, with an inclusive range. */
 function int(min: number, max: number) {
@@ -101,6 +103,7 @@ const schema = z.object({
   RELAY_COUNT: int(1, 64).default(2),
   RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
+  LANE_MAX_IN_FLIGHT: int(1, 10_000).default(4),
   API_HOST: z.string().trim().min(1).default('127.0.0.1'),
   API_PORT: int(0, 65_535).default(8080),
   API_BODY_LIMIT_BYTES: int(256, 10_485_760).default(65_536),
@@ -130,7 +133,7 @@ export interface RetryConfig {
   backoffCoefficient: number;
   maximumIntervalMs: number;
   maximumAttempts: number;
-  /** STRIPE_TIMEOUT_MS plus room for the database work around the call. */
+  /** STRIPE_TIMEOUT_MS plus room for the database work around the call and the wait for the lane's turn. */
   attemptTimeoutMs: number;
   /** How long an event may be held back by Stripe's 429s before it is dead-lettered. */
   maxRateLimitedMs: number;
@@ -161,6 +164,12 @@ export interface Config {
   temporalUiUrl: string;
   retry: RetryConfig;
   relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
+  /**
+   * A lane is one tenant's events for one meter. At most `maxInFlight` of a lane's events are
+   * claimed or dispatched at once (the rest wait, pending); a delivery waits in place up to
+   * `turnWaitMs` for its (customer, meter) lease before stepping aside.
+   */
+  lanes: { maxInFlight: number; turnWaitMs: number };
   api: { host: string; port: number; bodyLimitBytes: number; tokens: ApiToken[] };
   /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
   workerMetricsPort: number | undefined;
@@ -233,9 +242,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT,
       maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS,
       maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS,
-      attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000,
+      // The call, the database work around it, and the wait for the (customer, meter) turn.
+      attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000 + LANE_TURN_WAIT_MS,
       maxRateLimitedMs: c.RETRY_MAX_RATE_LIMITED_MS,
     },
+    lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT, turnWaitMs: LANE_TURN_WAIT_MS },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,
       count: c.RELAY_COUNT,

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
+import { claimBatch, claimStatement, markDispatched } from '../src/outbox/sql/relay.js';
 import type { Queryable } from '../src/db.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
@@ -8,16 +8,18 @@ let db: TestDb;
 beforeAll(async () => {
   db = await createTestDb();
   await addCustomer(db.pool, 'acme', 'cus_acme');
+  await addCustomer(db.pool, 'globex', 'cus_globex');
 });
 afterAll(() => db?.drop());
+const row = async (key: string) => (await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key])).rows[0];
 // Each test starts with nothing claimable: what one leaves behind must not be claimed by the next.
-afterEach(() => db.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed')`));
+afterEach(() => db.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed', 'dispatched')`));
 
-async function seed(n: number, prefix: string): Promise<void> {
+async function seed(n: number, prefix: string, tenant = 'acme'): Promise<void> {
   await db.pool.query(
     `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT 'acme', 'api_requests', 1, now(), $2 || g FROM generate_series(1, $1) g`,
-    [n, prefix],
+     SELECT $3, 'api_requests', 1, now(), $2 || g FROM generate_series(1, $1) g`,
+    [n, prefix, tenant],
   );
 }
 
@@ -29,7 +31,7 @@ describe('claiming outbox rows', () => {
     await Promise.all(
       claimers.map(async (name) => {
         for (;;) {
-          const rows = await claimBatch(db.pool, { limit: 37, claimedBy: name, claimId: randomUUID(), leaseMs: 60_000 });
+          const rows = await claimBatch(db.pool, { limit: 37, claimedBy: name, claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
           if (rows.length === 0) return;
           for (const r of rows) claimedBy.set(r.id, [...(claimedBy.get(r.id) ?? []), name]);
         }
@@ -48,7 +50,7 @@ describe('claiming outbox rows', () => {
   it('claims oldest first and leaves dispatched, sent and dead rows alone', async () => {
     await seed(3, 'order:');
     await db.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'order:1'`);
-    const rows = await claimBatch(db.pool, { limit: 10, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000 });
+    const rows = await claimBatch(db.pool, { limit: 10, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
     expect(rows.map((r) => r.idempotency_key)).toEqual(['order:2', 'order:3']);
     await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'order:%' AND status <> 'dead'`);
   });
@@ -56,13 +58,13 @@ describe('claiming outbox rows', () => {
   it('gives a row back once its lease lapses, and the old claim can no longer mark it', async () => {
     await seed(1, 'lease:');
     const first = randomUUID();
-    const a = await claimBatch(db.pool, { limit: 10, claimedBy: 'crashed', claimId: first, leaseMs: 1000 });
+    const a = await claimBatch(db.pool, { limit: 10, claimedBy: 'crashed', claimId: first, leaseMs: 1000, laneMax: 1_000 });
     expect(a.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // Within the lease: nobody else can take it.
-    expect(await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), leaseMs: 1000 })).toEqual([]);
+    expect(await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), leaseMs: 1000, laneMax: 1_000 })).toEqual([]);
     await new Promise((r) => setTimeout(r, 1100));
     const second = randomUUID();
-    const b = await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: second, leaseMs: 60_000 });
+    const b = await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: second, leaseMs: 60_000, laneMax: 1_000 });
     expect(b.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // The crashed claimer comes back late: its guarded update finds the row no longer its own.
     expect(await markDispatched(db.pool, [a[0]!.id], first)).toBe(0);
@@ -76,7 +78,13 @@ describe('claiming outbox rows', () => {
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
        SELECT 'acme', 'api_requests', 1, now(), 'bulk-sent:' || g, 'sent' FROM generate_series(1, 50000) g`,
     );
-    await seed(5, 'plan:');
+    // A live backlog: 20 lanes of 1,000 pending rows each, one of them with rows in flight.
+    await db.pool.query(`INSERT INTO billing_customers SELECT 'plan-t' || g, 'cus_plan_' || g FROM generate_series(1, 20) g ON CONFLICT DO NOTHING`);
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
+       SELECT 'plan-t' || (1 + g % 20), 'api_requests', 1, now(), 'plan:' || g FROM generate_series(1, 20000) g`,
+    );
+    await db.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN ('plan:20', 'plan:40')`);
     await db.pool.query('ANALYZE outbox');
     // Capture exactly what claimBatch sends, and have PostgreSQL plan that (EXPLAIN does not run it).
     let sent: { text: string; values: unknown[] } | undefined;
@@ -86,13 +94,17 @@ describe('claiming outbox rows', () => {
         return Promise.resolve({ rows: [] });
       }) as unknown as Queryable['query'],
     };
-    await claimBatch(capture, { limit: 100, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000 });
+    await claimStatement(capture, { limit: 100, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000, laneMax: 4 });
     const { rows } = await db.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
     const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
-    // A partial index whose size follows the backlog (claimable rows, or every row not sent), never a
-    // scan of the sent rows.
-    expect(plan).toMatch(/Index Scan using (outbox_claimable_idx|outbox_status_idx) on outbox\b/);
-    expect(plan).not.toMatch(/Seq Scan/);
+    if (process.env.SHOW_PLAN) console.error(plan);
+    // Lanes found by a skip scan, each lane's room counted on its in-flight rows and its oldest rows
+    // read from its own index range: nothing reads the sent rows, nor the whole backlog.
+    expect(plan).toMatch(/Index Only Scan using outbox_lane_idx[^\n]*\n\s*Index Cond: \(ROW\(tenant_id, event_name\) > ROW/);
+    expect(plan).toMatch(/Index Scan using outbox_in_flight_idx/);
+    expect(plan).toMatch(/Index Scan using outbox_lane_idx on outbox \w+ [^\n]*\n\s*Index Cond: \(\(tenant_id = /);
+    expect(plan).not.toMatch(/Seq Scan|Bitmap Heap Scan/);
+
   });
 
   it('never waits on rows another claimer holds: it skips them', async () => {
@@ -108,7 +120,7 @@ describe('claiming outbox rows', () => {
       expect(locked.rows).toHaveLength(2);
       // A claimer that would wait fails here instead of hanging: the lock timeout makes waiting an error.
       await claimer.query(`SET lock_timeout = '2s'`);
-      const rows = await claimBatch(claimer, { limit: 10, claimedBy: 'second', claimId: randomUUID(), leaseMs: 60_000 });
+      const rows = await claimBatch(claimer, { limit: 10, claimedBy: 'second', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
       expect(rows.map((r) => r.idempotency_key).sort()).toEqual(['skip:3', 'skip:4']);
     } finally {
       await holder.query('ROLLBACK');
@@ -117,5 +129,31 @@ describe('claiming outbox rows', () => {
       claimer.release();
     }
     await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'skip:%'`);
+  });
+
+  it('keeps at most laneMax of a lane claimed or dispatched, oldest first, while other lanes flow', async () => {
+    await seed(10, 'hot:', 'acme');
+    await seed(3, 'other:', 'globex');
+    const claim = () => claimBatch(db.pool, { limit: 100, claimedBy: 'r', claimId: randomUUID(), leaseMs: 60_000, laneMax: 2 });
+    const keys = (rows: { idempotency_key: string }[]) => rows.map((r) => r.idempotency_key).sort();
+    const first = await claim();
+    expect(keys(first)).toEqual(['hot:1', 'hot:2', 'other:1', 'other:2']);
+    // hot:1 handed to its workflow: still in flight, so the hot lane has no room.
+    await markDispatched(db.pool, [first.find((r) => r.idempotency_key === 'hot:1')!.id], (await row('hot:1')).claim_id);
+    expect(await claim()).toEqual([]);
+    // hot:1 delivered: room for exactly one more, the oldest waiting.
+    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key = 'hot:1'`);
+    expect(keys(await claim())).toEqual(['hot:3']);
+    // A dead letter is not in flight.
+    await db.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'hot:2'`);
+    expect(keys(await claim())).toEqual(['hot:4']);
+  });
+
+  it('holds the lane limit when many claimers race: together they never exceed it', async () => {
+    await seed(500, 'race-lane:', 'acme');
+    const claimed = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => claimBatch(db.pool, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), leaseMs: 60_000, laneMax: 3 })),
+    );
+    expect(claimed.flat().map((r) => r.idempotency_key).sort()).toEqual(['race-lane:1', 'race-lane:2', 'race-lane:3']);
   });
 });

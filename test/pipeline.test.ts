@@ -169,7 +169,7 @@ describe('the core pipeline', () => {
       return r.entry.idempotencyKey;
     });
     const claimed = await waitFor('crash claim', async () => {
-      const rows = await claimBatch(db.pool, { limit: 1000, claimedBy: 'crashed-relay', claimId: randomUUID(), leaseMs: 1500 });
+      const rows = await claimBatch(db.pool, { limit: 1000, claimedBy: 'crashed-relay', claimId: randomUUID(), leaseMs: 1500, laneMax: config.lanes.maxInFlight });
       return rows.some((r) => r.idempotency_key === key) ? rows : undefined;
     }, 5_000, 10).catch(() => undefined);
     // Either the crashed claimer or the live relay got it first; both paths must end in one event.

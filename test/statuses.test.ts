@@ -3,7 +3,7 @@
  * claim's partial index cannot import TypeScript). This fails the moment the two disagree.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { AT_STRIPE, AWAITING_RELAY, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
+import { AT_STRIPE, AWAITING_RELAY, IN_FLIGHT, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
 import { createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -22,9 +22,11 @@ it("the schema's CHECK constraint allows exactly OUTBOX_STATUSES", async () => {
   expect(quoted(rows[0]!.def)).toEqual([...OUTBOX_STATUSES].sort());
 });
 
-it("the claim's partial index covers exactly AWAITING_RELAY", async () => {
-  const { rows } = await db.pool.query<{ def: string }>(`SELECT indexdef AS def FROM pg_indexes WHERE indexname = 'outbox_claimable_idx'`);
-  expect(quoted(rows[0]!.def)).toEqual([...AWAITING_RELAY].sort());
+it("the claim's partial indexes cover exactly AWAITING_RELAY and IN_FLIGHT", async () => {
+  const def = async (name: string) =>
+    (await db.pool.query<{ def: string }>(`SELECT indexdef AS def FROM pg_indexes WHERE indexname = $1`, [name])).rows[0]!.def;
+  expect(quoted(await def('outbox_lane_idx'))).toEqual([...AWAITING_RELAY].sort());
+  expect(quoted(await def('outbox_in_flight_idx'))).toEqual([...IN_FLIGHT].sort());
 });
 
 it('the named sets partition the statuses the way the pipeline relies on', () => {

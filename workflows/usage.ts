@@ -16,6 +16,7 @@ import {
   condition,
   continueAsNew,
   isCancellation,
+  patched,
   proxyActivities,
   proxyLocalActivities,
   setHandler,
@@ -35,6 +36,9 @@ import {
   type UsageWorkflowInput,
 } from './shared.js';
 
+/** Runs started before lanes took the (customer, meter) lease in a local activity; see `deliver`. */
+const LANES_PATCH = 'lanes-take-turn-in-activity';
+
 /** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
 const DEFERRALS_PER_RUN = 200;
 
@@ -45,6 +49,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const { attemptTimeoutMs, maxRateLimitedMs } = input.retry;
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
     startToCloseTimeout: attemptTimeoutMs,
+    // The attempt heartbeats throughout (waiting for its turn, and the call): a dead worker's
+    // attempt is retried elsewhere after this, not after the whole attempt timeout.
+    heartbeatTimeout: '10 seconds',
     retry: {
       initialInterval: input.retry.initialIntervalMs,
       backoffCoefficient: input.retry.backoffCoefficient,
@@ -58,9 +65,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     startToCloseTimeout: '30 seconds',
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   });
-  // A few quick tries only: while the database is unreachable the workflow waits on a durable
-  // timer (below) instead of in a local activity's retry loop, which would hold its worker's
-  // workflow task and keep a shutting-down worker from draining.
+  // Only for runs that started before lanes (see `lanes` below): they took their turn in this local
+  // activity. A few quick tries only: while the database is unreachable the workflow waits on a
+  // durable timer instead of in a local activity's retry loop.
   const { takeTurn } = proxyLocalActivities<DeliveryActivities>({
     startToCloseTimeout: '10 seconds',
     retry: { initialInterval: '500 milliseconds', maximumAttempts: 3 },
@@ -119,8 +126,16 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
     for (let deferrals = 1; ; deferrals++) {
-      await waitForTurn();
-      const result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
+      // Since lanes, the delivery activity waits for its (customer, meter) turn itself, woken by
+      // the previous call's hand-off: one activity per attempt, no local activity, no polling
+      // timers. A run whose history predates them keeps taking its turn here as it did.
+      let result: DeliveryResult;
+      if (patched(LANES_PATCH)) {
+        result = await deliverUsage({ key: input.key, force });
+      } else {
+        await waitForTurn();
+        result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
+      }
       if (result.outcome !== 'deferred') return result;
       if (result.reason === 'rate_limited') {
         rateLimitedSince ??= Date.now();

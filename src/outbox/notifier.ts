@@ -1,17 +1,32 @@
 /**
- * One LISTEN connection per process, shared by every relay in it: wakes idle relays as soon as new
- * outbox rows commit. Losing the connection only costs latency: relays also poll, and the listener
- * reconnects with backoff.
+ * One LISTEN connection per process, shared by everything in it that waits for PostgreSQL:
+ *
+ * - relays wait on OUTBOX_CHANNEL: new outbox rows committed, or a lane with room again (a
+ *   delivery finished);
+ * - deliveries waiting for a (customer, meter) lease wait on LANE_CHANNEL, each for its own pair's
+ *   hand-off (src/stripe/meter-lease.ts): the payload names the pair.
+ *
+ * Waiters wait on a *topic*: OUTBOX_TOPIC, or a lane id. Losing the connection only costs latency:
+ * every waiter also wakes on a timeout, and the listener reconnects with backoff.
  */
 import pg from 'pg';
+import { LANE_CHANNEL } from '../stripe/meter-lease.js';
 
 export const OUTBOX_CHANNEL = 'billing_outbox';
+/** The topic of OUTBOX_CHANNEL's notifications (lane ids are the topics of LANE_CHANNEL's). */
+export const OUTBOX_TOPIC = '';
 
 export class OutboxNotifier {
   private client: pg.Client | undefined;
-  private waiters = new Set<() => void>();
-  /** Counts notifications, so a waiter can tell it missed one that arrived before it waited. */
-  private seq = 0;
+  private waiters = new Map<string, Set<() => void>>();
+  /**
+   * When each topic was last woken (a process-wide counter), so a waiter can tell it missed a wake
+   * that came between its mark and its wait. Topics nobody waits on are dropped now and then;
+   * `floor` (the counter at the last drop) stands in for them, which can only wake a waiter early.
+   */
+  private seq = new Map<string, number>();
+  private counter = 0;
+  private floor = 0;
   private closed = false;
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
@@ -36,15 +51,16 @@ export class OutboxNotifier {
     while (!this.closed) {
       const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'billing-outbox-listen' });
       try {
-        client.on('notification', () => this.wakeAll());
+        client.on('notification', (n) => this.wake(n.channel === LANE_CHANNEL ? (n.payload ?? '') : OUTBOX_TOPIC));
         client.on('error', () => this.onLost(client));
         client.on('end', () => this.onLost(client));
         await client.connect();
         await client.query(`LISTEN ${OUTBOX_CHANNEL}`);
+        await client.query(`LISTEN ${LANE_CHANNEL}`);
         this.client = client;
         this.reconnectDelayMs = 100;
-        // Rows may have committed while we were not listening.
-        this.wakeAll();
+        // Rows may have committed, and leases been given back, while we were not listening.
+        this.wakeEveryone();
         return;
       } catch {
         await client.end().catch(() => undefined);
@@ -62,40 +78,54 @@ export class OutboxNotifier {
     this.connecting = this.connect();
   }
 
-  private wakeAll(): void {
-    this.seq++;
-    const waiters = [...this.waiters];
-    this.waiters.clear();
-    for (const wake of waiters) wake();
+  /** Wakes the waiters of `topic` now: a notification, or a hand-off within this process. */
+  wake(topic: string): void {
+    this.seq.set(topic, ++this.counter);
+    if (this.seq.size > 10_000) {
+      this.floor = this.counter;
+      for (const t of this.seq.keys()) if (!this.waiters.has(t)) this.seq.delete(t);
+    }
+    const waiting = this.waiters.get(topic);
+    if (!waiting) return;
+    this.waiters.delete(topic);
+    for (const wake of waiting) wake();
   }
 
-  /** A mark to pass to `wait`: take it before looking for work. */
-  mark(): number {
-    return this.seq;
+  private wakeEveryone(): void {
+    for (const topic of [...this.waiters.keys(), OUTBOX_TOPIC]) this.wake(topic);
+  }
+
+  /** A mark to pass to `wait`: take it before looking for work (or trying for a lease). */
+  mark(topic: string = OUTBOX_TOPIC): number {
+    return this.seq.get(topic) ?? this.floor;
   }
 
   /**
-   * Resolves on the next notification, after `timeoutMs`, or when `signal` aborts; at once if a
-   * notification arrived since `since` (taken with `mark()`).
+   * Resolves on the next notification of `topic`, after `timeoutMs`, or when `signal` aborts; at
+   * once if one arrived since `since` (taken with `mark(topic)`).
    */
-  wait(timeoutMs: number, signal?: AbortSignal, since = this.seq): Promise<void> {
+  wait(timeoutMs: number, signal?: AbortSignal, since?: number, topic: string = OUTBOX_TOPIC): Promise<void> {
     return new Promise((resolve) => {
-      if (signal?.aborted || since !== this.seq) return resolve();
+      if (signal?.aborted || this.closed || (since !== undefined && since !== this.mark(topic))) return resolve();
+      let waiting = this.waiters.get(topic);
+      if (!waiting) this.waiters.set(topic, (waiting = new Set()));
       const done = () => {
         clearTimeout(timer);
         signal?.removeEventListener('abort', done);
-        this.waiters.delete(done);
+        const set = this.waiters.get(topic);
+        set?.delete(done);
+        if (set?.size === 0) this.waiters.delete(topic);
         resolve();
       };
       const timer = setTimeout(done, timeoutMs);
       signal?.addEventListener('abort', done, { once: true });
-      this.waiters.add(done);
+      waiting.add(done);
     });
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    this.wakeAll();
+    this.wakeEveryone();
     const client = this.client;
     this.client = undefined;
     await client?.end().catch(() => undefined);

@@ -16,6 +16,9 @@ export type OutboxStatus = (typeof OUTBOX_STATUSES)[number];
 /** Waiting for a relay: a pending row, or a claimed one whose lease may lapse. */
 export const AWAITING_RELAY = ['pending', 'claimed'] as const satisfies readonly OutboxStatus[];
 
+/** Counted against a lane's LANE_MAX_IN_FLIGHT: handed (or about to be handed) to a workflow, not finished. */
+export const IN_FLIGHT = ['claimed', 'dispatched'] as const satisfies readonly OutboxStatus[];
+
 /** Stripe has (or had) the event: never sent again, never made dead. */
 export const AT_STRIPE = ['sent', 'rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
 

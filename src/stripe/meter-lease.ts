@@ -1,44 +1,107 @@
 /**
- * Stripe allows one concurrent meter-event call per customer per meter. This lease enforces it across
- * every worker process on every machine: a row per (Stripe customer, meter event name) in PostgreSQL,
- * taken before the call and given back after it. No connection is held while waiting or calling,
- * and a crashed holder's lease simply expires.
+ * Stripe allows one concurrent meter-event call per customer per meter. This lease enforces it
+ * across every worker process on every machine: a row per (Stripe customer, meter event name) in
+ * PostgreSQL, taken before the call and given back after it. No connection is held while waiting or
+ * calling, and a crashed holder's lease simply expires.
  *
- * The holder is one usage workflow run (`<workflowId>/<runId>`): it takes the lease in a local
- * activity before scheduling its Stripe call (so waiting costs no call slot), the delivery
- * activity renews it for the length of the call, and gives it back when the call is over.
+ * Waiting is a hand-off, not polling: a delivery that finds the lease taken queues in
+ * `meter_lease_waiters` and sleeps until the holder gives the lease back, which NOTIFYs the pair's
+ * waiters on LANE_CHANNEL (and wakes waiters in the same process at once). The oldest waiting
+ * delivery goes next: a delivery may take a free lease only when no older delivery of the same pair
+ * is waiting. A waiter's row expires by itself if its worker dies, so it never blocks the queue.
+ *
+ * The holder is one delivery attempt (`<workflowId>/<runId>/<attempt>`). Workflows started before
+ * lanes took the lease themselves (a local activity) and pass it as `leaseHolder`.
  */
 import type { Queryable } from '../db.js';
 
+/** Channel of lease hand-offs; the payload is the pair's lane id (`laneId`). */
+export const LANE_CHANNEL = 'billing_lane';
+
 export type LeaseOutcome = 'acquired' | 'busy' | 'no_target';
+
+/** What a delivery learns from trying to take its pair's lease. */
+export interface TurnResult {
+  outcome: LeaseOutcome;
+  /** The pair as a notification payload, to wait for its hand-off; null with `no_target`. */
+  lane: string | null;
+}
+
+/**
+ * A (customer, meter) pair as a NOTIFY payload and a wait topic: the two joined by U+001F, which
+ * neither can contain (event names are refused with control characters; customer ids are Stripe's).
+ * The SQL below builds the same string.
+ */
+export function laneId(stripeCustomerId: string, eventName: string): string {
+  return `${stripeCustomerId}\u001f${eventName}`;
+}
 
 /**
  * Takes (or renews) the lease of the customer and meter of the event `key` for `holder`, if it is
- * free, expired, or already the holder's. `no_target` when the event or its customer mapping does
- * not exist (the delivery activity then fails with the precise reason).
+ * free, expired or already the holder's, and no older delivery of the pair is waiting for it.
+ * Otherwise queues the delivery as waiting (for `waitTtlMs`, renewed by each try). `no_target`
+ * when the event or its customer mapping does not exist (the delivery then fails with the reason).
  */
-export async function acquireMeterLease(db: Queryable, key: string, holder: string, leaseMs: number): Promise<LeaseOutcome> {
-  const { rows } = await db.query<{ found: boolean; acquired: boolean }>(
+export async function takeTurn(
+  db: Queryable,
+  opts: { key: string; holder: string; leaseMs: number; waitTtlMs: number },
+): Promise<TurnResult> {
+  const { rows } = await db.query<{ customer: string | null; event_name: string | null; acquired: boolean }>(
     `WITH target AS (
-       SELECT c.stripe_customer_id, o.event_name
+       SELECT o.id, c.stripe_customer_id, o.event_name
          FROM outbox o JOIN billing_customers c ON c.tenant_id = o.tenant_id
         WHERE o.idempotency_key = $1::text
+     ), ahead AS (
+       SELECT 1 FROM meter_lease_waiters w JOIN target t
+           ON w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name
+        WHERE w.outbox_id < t.id AND w.expires_at > clock_timestamp() AND w.holder <> $2::text
+        LIMIT 1
      ), taken AS (
        INSERT INTO meter_leases (stripe_customer_id, event_name, holder, expires_at)
-       SELECT stripe_customer_id, event_name, $2::text, clock_timestamp() + $3::int * interval '1 millisecond' FROM target
+       SELECT stripe_customer_id, event_name, $2::text, clock_timestamp() + $3::int * interval '1 millisecond'
+         FROM target WHERE NOT EXISTS (SELECT 1 FROM ahead)
        ON CONFLICT (stripe_customer_id, event_name) DO UPDATE
          SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
          WHERE meter_leases.expires_at < clock_timestamp() OR meter_leases.holder = EXCLUDED.holder
        RETURNING 1
+     ), queued AS (
+       INSERT INTO meter_lease_waiters (stripe_customer_id, event_name, outbox_id, holder, expires_at)
+       SELECT stripe_customer_id, event_name, id, $2::text, clock_timestamp() + $4::int * interval '1 millisecond'
+         FROM target WHERE NOT EXISTS (SELECT 1 FROM taken)
+       ON CONFLICT (stripe_customer_id, event_name, outbox_id) DO UPDATE
+         SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+       RETURNING 1
+     ), served AS (
+       DELETE FROM meter_lease_waiters w USING target t
+        WHERE EXISTS (SELECT 1 FROM taken)
+          AND w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name AND w.outbox_id = t.id
+       RETURNING 1
      )
-     SELECT EXISTS (SELECT 1 FROM target) AS found, EXISTS (SELECT 1 FROM taken) AS acquired`,
-    [key, holder, leaseMs],
+     SELECT t.stripe_customer_id AS customer, t.event_name, EXISTS (SELECT 1 FROM taken) AS acquired
+       FROM (SELECT 1) AS one LEFT JOIN target t ON true`,
+    [opts.key, opts.holder, opts.leaseMs, opts.waitTtlMs],
   );
   const r = rows[0]!;
-  return !r.found ? 'no_target' : r.acquired ? 'acquired' : 'busy';
+  if (r.customer === null || r.event_name === null) return { outcome: 'no_target', lane: null };
+  return { outcome: r.acquired ? 'acquired' : 'busy', lane: laneId(r.customer, r.event_name) };
 }
 
-/** Gives back whatever lease `holder` has. */
-export async function releaseMeterLease(db: Queryable, holder: string): Promise<void> {
-  await db.query(`DELETE FROM meter_leases WHERE holder = $1::text`, [holder]);
+/**
+ * Gives back whatever lease `holder` has and leaves any queue it waits in, waking the next
+ * delivery of the pair (NOTIFY is delivered at commit). Returns the lanes it freed.
+ */
+export async function releaseTurn(db: Queryable, holder: string): Promise<string[]> {
+  const { rows } = await db.query<{ lane: string }>(
+    `WITH freed AS (
+       DELETE FROM meter_leases WHERE holder = $1::text RETURNING stripe_customer_id, event_name
+     ), left_queue AS (
+       DELETE FROM meter_lease_waiters WHERE holder = $1::text RETURNING stripe_customer_id, event_name
+     ), lanes AS (
+       SELECT DISTINCT stripe_customer_id || chr(31) || event_name AS lane
+         FROM (SELECT * FROM freed UNION ALL SELECT * FROM left_queue) AS x
+     )
+     SELECT lane, pg_notify($2::text, lane) FROM lanes`,
+    [holder, LANE_CHANNEL],
+  );
+  return rows.map((r) => r.lane);
 }

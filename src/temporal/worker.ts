@@ -60,6 +60,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     metrics: deps.metrics,
     stripeTimeoutMs: config.stripe.timeoutMs,
     stripeCallsPerSecond: config.stripe.rateLimitPerSecond,
+    turnWaitMs: config.lanes.turnWaitMs,
   });
   const worker = await Worker.create({
     connection: deps.connection,

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { OUTBOX_CHANNEL } from '../notifier.js';
 import { AT_STRIPE, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
 
@@ -73,14 +74,21 @@ export async function recordAttemptError(db: Queryable, key: string, code: strin
   );
 }
 
+/**
+ * The row is sent. Its lane has room again, so idle relays are woken (OUTBOX_CHANNEL, at commit) to
+ * claim the lane's next event, as they are for dead letters.
+ */
 export async function markSent(db: Queryable, key: string): Promise<number> {
   const { rows } = await db.query<{ attempt_count: number }>(
-    `UPDATE outbox
-        SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
-            claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
-      RETURNING attempt_count`,
-    [key, [...UNBILLED]],
+    `WITH sent AS (
+       UPDATE outbox
+          SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
+              claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
+        WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
+        RETURNING attempt_count
+     )
+     SELECT attempt_count, pg_notify($3::text, '') FROM sent`,
+    [key, [...UNBILLED], OUTBOX_CHANNEL],
   );
   return rows[0]?.attempt_count ?? 0;
 }
@@ -88,12 +96,15 @@ export async function markSent(db: Queryable, key: string): Promise<number> {
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
 export async function markDead(db: Queryable, key: string, code: string, message: string): Promise<number> {
   const { rows } = await db.query<{ attempt_count: number }>(
-    `UPDATE outbox
-        SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
-            claim_id = NULL, processing_deadline = NULL, updated_at = now()
-      WHERE idempotency_key = $1::text AND status <> ALL($4::text[])
-      RETURNING attempt_count`,
-    [key, code, message.slice(0, 1000), [...AT_STRIPE]],
+    `WITH dead AS (
+       UPDATE outbox
+          SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
+              claim_id = NULL, processing_deadline = NULL, updated_at = now()
+        WHERE idempotency_key = $1::text AND status <> ALL($4::text[])
+        RETURNING attempt_count
+     )
+     SELECT attempt_count, pg_notify($5::text, '') FROM dead`,
+    [key, code, message.slice(0, 1000), [...AT_STRIPE], OUTBOX_CHANNEL],
   );
   return rows[0]?.attempt_count ?? 0;
 }

@@ -2,8 +2,9 @@
  * The relay's statements: claim a batch of outbox rows under a lease, and hand them to Temporal.
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
+import type pg from 'pg';
 import type { Queryable } from '../../db.js';
-import { AWAITING_RELAY } from '../statuses.js';
+import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
 
 export interface ClaimedRow {
   id: number;
@@ -11,43 +12,99 @@ export interface ClaimedRow {
   tenant_id: string;
 }
 
+/** Claims serialise on this advisory lock for the milliseconds of the claim statement (see below). */
+const CLAIM_LOCK = 727_274_002;
+
 /**
- * Claims up to `limit` rows, oldest first, for one relay.
+ * Claims up to `limit` rows for one relay: the oldest claimable rows, but at most `laneMax` of
+ * any lane (tenant, event name) claimed or dispatched at once, counting what the lane already has
+ * in flight. A hot lane's backlog stays pending while other lanes' rows flow.
  *
- * Design: a CTE that picks candidates with `FOR UPDATE SKIP LOCKED` (concurrent claimers never see
- * each other's candidates and never wait on each other), then an `UPDATE … RETURNING` guarded by
- * the same "still claimable" condition, so a row is only ever taken while it is pending or its
- * previous lease has lapsed. One round trip per batch.
- * Rejected: a plain `UPDATE … WHERE id IN (SELECT … LIMIT n)` without SKIP LOCKED (claimers queue
- * behind each other's row locks and then find nothing: measured throughput collapses with 8
- * claimers); advisory locks per row (one lock call per row, and the locks outlive a crashed
- * session only until its connection drops, which hides nothing the lease does not already cover).
- * The partial index `outbox_claimable_idx` keeps the scan proportional to claimable rows, not to
- * the millions of sent ones (test/claim.test.ts checks the plan of this very statement). The
- * statuses arrive as a parameter, which pg plans with its value (an unnamed statement): the
- * planner then picks `outbox_claimable_idx` or `outbox_status_idx` (status <> 'sent'), both partial
- * and both sized by the backlog.
+ * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
+ * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
+ * flight is counted on `outbox_in_flight_idx`, and its oldest claimable rows up to its room are
+ * read from `outbox_lane_idx`; the oldest `limit` of those are locked with `FOR UPDATE SKIP
+ * LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
+ * `UPDATE … RETURNING` guarded by the same "still claimable" condition, so a row is only ever taken
+ * while pending or after its previous lease lapsed. Every index read is partial: sized by the
+ * backlog, not by the millions of sent rows (test/claim.test.ts checks the plan of this very
+ * statement).
+ *
+ * The lane limit needs one view of every claim: two relays counting a lane's room at the same
+ * time would both fill it. So the statement runs under a transaction-scoped advisory lock, taken
+ * before the statement's snapshot; claims wait on each other for the claim itself (milliseconds),
+ * never for the workflow starts that follow it.
+ *
+ * Rejected: lane by lane in the application (a round trip per lane); `DISTINCT ON (tenant, event)`
+ * over the backlog (reads every pending row each claim); a counter table per lane maintained on
+ * enqueue (a second write on the request path). Before lanes: a plain oldest-first claim, which
+ * dispatched a hot customer's whole backlog as workflows polling one lease.
  */
 export async function claimBatch(
+  db: pg.Pool | pg.PoolClient,
+  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number; laneMax: number },
+): Promise<ClaimedRow[]> {
+  const client = 'release' in db ? db : await db.connect();
+  try {
+    await client.query('BEGIN');
+    try {
+      await client.query('SELECT pg_advisory_xact_lock($1::bigint)', [CLAIM_LOCK]);
+      const rows = await claimStatement(client, opts);
+      await client.query('COMMIT');
+      return rows;
+    } catch (err) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw err;
+    }
+  } finally {
+    if (client !== db) (client as pg.PoolClient).release();
+  }
+}
+
+/** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
+export async function claimStatement(
   db: Queryable,
-  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number },
+  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number; laneMax: number },
 ): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
-    `WITH candidates AS (
-       SELECT id FROM outbox
-       WHERE status = ANY($5::text[]) AND (status = 'pending' OR processing_deadline < now())
-       ORDER BY id
-       LIMIT $1::int
-       FOR UPDATE SKIP LOCKED
+    `WITH RECURSIVE lanes AS (
+       (SELECT o.tenant_id, o.event_name FROM outbox o
+         WHERE o.status = ANY($5::text[])
+         ORDER BY o.tenant_id, o.event_name LIMIT 1)
+       UNION ALL
+       SELECT nxt.tenant_id, nxt.event_name
+         FROM lanes l, LATERAL (
+           SELECT o.tenant_id, o.event_name FROM outbox o
+            WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
+            ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
+     ), room AS (
+       SELECT l.tenant_id, l.event_name,
+              $6::int - (SELECT count(*) FROM outbox f
+                          WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
+                            AND f.status = ANY($7::text[])
+                            AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int AS free
+         FROM lanes l
+     ), candidates AS (
+       SELECT c.id FROM room r, LATERAL (
+         SELECT o.id FROM outbox o
+          WHERE o.tenant_id = r.tenant_id AND o.event_name = r.event_name
+            AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
+          -- The lane index's own order (oldest first within the lane): read from the lane's range,
+          -- never from a scan of the whole backlog in id order.
+          ORDER BY o.tenant_id, o.event_name, o.id LIMIT greatest(r.free, 0)) c
+       ORDER BY c.id LIMIT $1::int
+     ), locked AS (
+       SELECT o.id FROM outbox o WHERE o.id IN (SELECT id FROM candidates)
+        ORDER BY o.id FOR UPDATE SKIP LOCKED
      )
      UPDATE outbox o
         SET status = 'claimed', claimed_by = $2::text, claim_id = $3::uuid,
             processing_deadline = clock_timestamp() + $4::int * interval '1 millisecond', updated_at = now()
-       FROM candidates c
-      WHERE o.id = c.id
+       FROM locked k
+      WHERE o.id = k.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
      RETURNING o.id, o.idempotency_key, o.tenant_id`,
-    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs, [...AWAITING_RELAY]],
+    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
   );
   return rows;
 }

@@ -27,12 +27,27 @@ export interface StatusSummary {
  *   table's current size in pages, so it follows growth between analyses. Below that size (or
  *   when the table was never analysed: reltuples = -1) they are counted exactly. The exact count
  *   sits in a CASE branch, so PostgreSQL never runs it when the estimate is used.
- * - The oldest waiting row is the first entry of `outbox_claimable_idx` (ids follow commit order
- *   closely enough for an age): one index probe, not a sort.
+ * - The oldest waiting row is the oldest of the lanes' first rows (ids follow commit order closely
+ *   enough for an age), found as the claim finds them: a skip scan over `outbox_lane_idx`, one probe
+ *   per lane with a backlog, not a sort of the backlog.
  */
 export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
   const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; sent_estimated: boolean; oldest: number }>(
-    `WITH unsent AS (
+    `WITH RECURSIVE lanes AS (
+       (SELECT o.tenant_id, o.event_name FROM outbox o
+         WHERE o.status = ANY($2::text[]) ORDER BY o.tenant_id, o.event_name LIMIT 1)
+       UNION ALL
+       SELECT nxt.tenant_id, nxt.event_name
+         FROM lanes l, LATERAL (
+           SELECT o.tenant_id, o.event_name FROM outbox o
+            WHERE o.status = ANY($2::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
+            ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
+     ), heads AS (
+       SELECT h.id, h.created_at FROM lanes l, LATERAL (
+         SELECT o.id, o.created_at FROM outbox o
+          WHERE o.tenant_id = l.tenant_id AND o.event_name = l.event_name AND o.status = ANY($2::text[])
+          ORDER BY o.tenant_id, o.event_name, o.id LIMIT 1) h
+     ), unsent AS (
        SELECT status, count(*) AS n FROM outbox WHERE status <> 'sent' GROUP BY status
      ), size AS (
        SELECT CASE WHEN c.reltuples < 0 THEN -1
@@ -47,8 +62,7 @@ export async function statusSummary(db: Queryable, opts: { exactCountBelow?: num
                  ELSE greatest(0, round(s.estimate) - (SELECT COALESCE(sum(n), 0) FROM unsent))::bigint
             END AS sent,
             s.estimate >= $1::float8 AS sent_estimated,
-            COALESCE((SELECT extract(epoch FROM now() - o.created_at)::float8
-                        FROM outbox o WHERE o.status = ANY($2::text[]) ORDER BY o.id LIMIT 1), 0) AS oldest
+            COALESCE((SELECT extract(epoch FROM now() - h.created_at)::float8 FROM heads h ORDER BY h.id LIMIT 1), 0) AS oldest
        FROM size s`,
     [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY]],
   );

@@ -1,0 +1,86 @@
+/**
+ * Lanes on the real pipeline: a hot (tenant, meter) waits in PostgreSQL, not as workflows, while
+ * other lanes flow; within a lane the oldest go first; one call at a time per customer and meter.
+ */
+import { randomUUID } from 'node:crypto';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import type { Config } from '../src/config.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
+import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+
+let db: TestDb;
+let stripe: LocalStripe;
+let config: Config;
+let pipeline: TestPipeline;
+const LANE_MAX = 2;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_hot', 'cus_cold'] });
+  // Every call takes a while: if the lane let more than one call through, Stripe would see it.
+  stripe.setLatency(40);
+  await db.pool.query(`INSERT INTO billing_customers VALUES ('hot', 'cus_hot'), ('cold', 'cus_cold')`);
+  config = testConfig({
+    STRIPE_API_BASE: stripe.url,
+    STRIPE_API_KEY: 'sk_test_lanes',
+    STRIPE_RATE_LIMIT_PER_SECOND: '1000',
+    LANE_MAX_IN_FLIGHT: String(LANE_MAX),
+    RELAY_COUNT: '2',
+  });
+  pipeline = await startTestPipeline({ db, config });
+});
+
+afterAll(async () => {
+  await pipeline?.stop();
+  await stripe?.close();
+  await db?.drop();
+});
+
+/** Commits `n` usages of one tenant in one statement, as after an outage; returns their keys in commit order. */
+async function backlog(tenant: string, n: number): Promise<string[]> {
+  const prefix = `${tenant}-${randomUUID().slice(0, 8)}-`;
+  const { rows } = await db.pool.query<{ idempotency_key: string }>(
+    `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
+     SELECT $1, $2 || g, 'api_requests', 1, now(), 'u:' || $1 || ':' || $2 || g FROM generate_series(1, $3::int) g
+     RETURNING idempotency_key`,
+    [tenant, prefix, n],
+  );
+  return rows.map((r) => r.idempotency_key);
+}
+
+it('keeps a hot lane to LANE_MAX_IN_FLIGHT, lets another lane through, and drains the hot one oldest first', async () => {
+  const hot = await backlog('hot', 60);
+  // Sample what the hot lane has handed to Temporal while it drains.
+  let maxInFlight = 0;
+  let sampling = true;
+  const sampler = (async () => {
+    while (sampling) {
+      const { rows } = await db.pool.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND status IN ('claimed', 'dispatched')`,
+      );
+      maxInFlight = Math.max(maxInFlight, rows[0]!.n);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+
+  // The cold lane's single event, committed behind the hot backlog, does not wait for it.
+  await waitFor('the hot lane to start', async () => stripe.events().some((e) => hot.includes(e.identifier)));
+  const [cold] = await backlog('cold', 1);
+  await waitFor('the cold event', async () => stripe.events().some((e) => e.identifier === cold));
+  const hotSentBeforeCold = stripe.events().filter((e) => hot.includes(e.identifier)).length;
+  expect(hotSentBeforeCold).toBeLessThan(hot.length);
+
+  await waitFor('the hot lane to drain', async () => stripe.events().filter((e) => hot.includes(e.identifier)).length === hot.length, 60_000);
+  sampling = false;
+  await sampler;
+
+  expect(maxInFlight).toBeGreaterThan(0);
+  expect(maxInFlight).toBeLessThanOrEqual(LANE_MAX);
+  expect(stripe.maxConcurrencySeen('cus_hot', 'api_requests')).toBe(1);
+  expect(stripe.requests().filter((r) => r.status === 429)).toEqual([]);
+  // Oldest first: claimed in commit order and at most LANE_MAX in flight, so no event reaches
+  // Stripe more than LANE_MAX - 1 places away from its place in the backlog.
+  const order = stripe.events().filter((e) => hot.includes(e.identifier)).map((e) => hot.indexOf(e.identifier));
+  expect(new Set(order).size).toBe(hot.length);
+  for (const [i, rank] of order.entries()) expect(Math.abs(rank - i), `event ${rank} sent ${i}th`).toBeLessThan(LANE_MAX);
+}, 90_000);
