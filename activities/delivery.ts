@@ -5,14 +5,14 @@ import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/acti
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import { beginAttempt, findRowByKey, markDead, markRetrying, markSent, recordAttemptError } from '../src/outbox/sql/delivery.js';
+import { beginAttempt, findRowByKey, markDead, markRetrying, markSentAndHandOff, recordAttemptError, undoAttempt } from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog } from '../src/stripe/meters.js';
-import { reserveSlots } from '../src/stripe/rate-limit.js';
+import { reserveSlots, SlotPacer } from '../src/stripe/rate-limit.js';
 import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from '../src/stripe/rules.js';
 import { ErrorTypes, RATE_LIMIT_JITTER_MS, type DeferralReason, type DeliverInput } from '../workflows/shared.js';
 
@@ -26,7 +26,7 @@ export interface DeliveryDeps {
   /** The payload keys of each meter (read from Stripe, cached). */
   meters: Pick<MeterCatalog, 'keysFor'>;
   /** Wakes a delivery waiting for a lease when the holder hands it off (without it: polling). */
-  notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'wake'>;
+  notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>;
   /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
   stopping?: AbortSignal;
   /** How long a delivery waits in place for its (customer, meter) turn (config.lanes.turnWaitMs). */
@@ -57,6 +57,22 @@ const DEFAULT_RETRY_AFTER_MS = 1_000;
 
 /** Longest an activity waits in place for its call slot; a longer queue is waited out in the workflow. */
 const MAX_PACING_WAIT_MS = 1_000;
+/**
+ * A lease handed to the next waiting delivery is its for this long, time enough to begin its
+ * attempt (which extends it to cover the call); a waiter that died meanwhile loses it this soon.
+ */
+const HAND_OFF_LEASE_MS = 5_000;
+
+/** How late a paced call may go out before it takes a new slot (at least one interval). */
+const LATE_TOLERANCE_MS = 100;
+
+/** One attempt's hold on its (customer, meter) lease. */
+interface Turn {
+  holder: string;
+  /** The lease was handed on with the row's own update (markSentAndHandOff). */
+  handedOff: boolean;
+}
+
 /** A delivery that stepped aside from a busy (customer, meter) comes back this much later. */
 const BUSY_RETRY_MS = 250;
 /** A waiting delivery re-checks at least this often (an expired lease sends no hand-off). */
@@ -69,6 +85,7 @@ const HEARTBEAT_EVERY_MS = 2_000;
 export function createDeliveryActivities(deps: DeliveryDeps) {
   const { db, stripe, meters, metrics, notifier, stopping, stripeTimeoutMs, stripeCallsPerSecond } = deps;
   const turnWaitMs = deps.turnWaitMs ?? 10_000;
+  const pacer = new SlotPacer(db, { bucket: 'stripe_calls', perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
@@ -85,34 +102,34 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
       const ctx = Context.current();
       const info = activityInfo();
-      const holder = input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`;
+      const turn: Turn = {
+        holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`,
+        handedOff: false,
+      };
       // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
       // noticed by the heartbeat timeout, not only by the attempt's timeout.
       const beat = setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
       try {
-        const turn = await waitForTurn(input.key, holder, ctx);
-        if (turn === 'gave_up') {
-          return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
+        for (;;) {
+          const got = await waitForTurn(input.key, turn.holder, ctx);
+          if (got === 'gave_up') return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
+          const result = await attempt(input, turn, got === 'acquired', ctx);
+          // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
+          // the queue, nothing sent, nothing counted.
+          if (result !== 'lease_lost') return result;
         }
-        // Our place in the account-wide pace of Stripe calls.
-        const slot = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
-        if (slot.granted === 0) {
-          const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
-          return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
-        }
-        const slotAt = Date.now() + slot.waitMs;
-        if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
-        return await attempt(input, slotAt);
       } finally {
         clearInterval(beat);
-        // Hands the lease (or our place in its queue) to the next delivery of the pair: in this
-        // process at once, elsewhere by NOTIFY.
-        // If this fails (PostgreSQL away), the lease lapses by itself; the outcome stands.
-        const freed = await releaseTurn(db, holder).catch((err: unknown) => {
-          log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
-          return [];
-        });
-        for (const lane of freed) notifier?.wake(lane);
+        // Unless the row's update already did: hands the lease (or our place in its queue) to the
+        // next delivery of the pair, in this process at once, elsewhere by NOTIFY. If this fails
+        // (PostgreSQL away), the lease lapses by itself; the outcome stands.
+        if (!turn.handedOff) {
+          const handOffs = await releaseTurn(db, turn.holder, HAND_OFF_LEASE_MS).catch((err: unknown) => {
+            log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
+            return [];
+          });
+          for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
+        }
       }
     },
 
@@ -147,20 +164,31 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const until = Date.now() + turnWaitMs;
     const stop = stopping ? AbortSignal.any([ctx.cancellationSignal, stopping]) : ctx.cancellationSignal;
     const lease = { key, holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS, waitTtlMs: WAITER_TTL_MS };
-    // The pair is known after the first try; from then on each try is preceded by the mark of its
-    // wait, so a hand-off between the try and the wait still wakes the wait at once.
+    // The pair is known after the first try; from then on each try is preceded by the mark of the
+    // wait that follows it, so a hand-off between the try and the wait still wakes the wait.
     let lane: string | undefined;
+    let mark: number | undefined;
     for (;;) {
-      const mark = lane === undefined ? undefined : notifier?.mark(lane);
+      // Takes the lease if it is free (and nobody older waits), or joins (refreshes our place in) its queue.
       const turn = await takeTurn(db, lease);
       if (turn.outcome !== 'busy') return turn.outcome;
       if (lane === undefined) {
         lane = turn.lane!;
+        mark = notifier?.mark(lane);
         continue;
       }
-      if (stop.aborted || Date.now() >= until) return 'gave_up';
-      if (notifier) await notifier.wait(Math.min(TURN_POLL_MS, until - Date.now()), stop, mark, lane);
-      else await ctx.sleep(TURN_POLL_MS);
+      // Waits to be handed the lease by its holder (no query: the hand-off names us), at most until
+      // our place needs refreshing or a lapsed lease may need taking.
+      const retryAt = Date.now() + TURN_POLL_MS;
+      for (;;) {
+        if (stop.aborted || Date.now() >= until) return 'gave_up';
+        const left = Math.min(retryAt, until) - Date.now();
+        if (left <= 0) break;
+        if (notifier) await notifier.wait(left, stop, mark, lane);
+        else await ctx.sleep(left);
+        if (notifier?.handedTo(lane) === holder) return 'acquired';
+        mark = notifier?.mark(lane);
+      }
       ctx.heartbeat();
     }
   }
@@ -171,8 +199,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * paced. Past one interval late, it takes a new place in the pace instead.
    */
   async function keepPace(slotAt: number): Promise<void> {
-    const intervalMs = 1_000 / stripeCallsPerSecond;
-    if (Date.now() - slotAt <= intervalMs) return;
+    // A little lateness bunches a few calls, well within the headroom under Stripe's limit.
+    const toleranceMs = Math.max(1_000 / stripeCallsPerSecond, LATE_TOLERANCE_MS);
+    if (Date.now() - slotAt <= toleranceMs) return;
     const again = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond });
     if (again.waitMs > 0) await Context.current().sleep(again.waitMs);
   }
@@ -181,9 +210,38 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * One call to Stripe: count it, send it, mark the row sent. Each failure is classified here,
    * where the call is made.
    */
-  async function attempt({ key, force = false }: DeliverInput, slotAt: number): Promise<DeliveryResult> {
+  async function attempt({ key, force = false }: DeliverInput, turn: Turn, leased: boolean, ctx: Context): Promise<DeliveryResult | 'lease_lost'> {
+    /** Marks the row sent and hands the lease on, in one statement. */
+    const sent = async () => {
+      const { attempts, handOffs } = await markSentAndHandOff(db, key, turn.holder, HAND_OFF_LEASE_MS);
+      turn.handedOff = true;
+      for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
+      return attempts;
+    };
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
-    const row = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
+    // Our place in the account-wide pace of Stripe calls, reserved while the attempt begins: both
+    // are on the path between one call of a (customer, meter) and the next.
+    const [slot, begun] = await Promise.all([
+      pacer.take(),
+      beginAttempt(db, key, {
+        workflowId,
+        safeWindowMs: SAFE_RESEND_WINDOW_MS,
+        force,
+        // Extended to cover the call, and checked still ours: only then is the attempt begun.
+        ...(leased ? { lease: { holder: turn.holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS } } : {}),
+      }),
+    ]);
+    if (!begun.leaseHeld) return 'lease_lost';
+    const row = begun.row;
+    if (!slot.granted) {
+      // The account-wide queue is over a second long (rare: relays dispatch at the same pace): the
+      // workflow waits it out on a timer. The attempt was begun but no call made: not counted.
+      if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await undoAttempt(db, key, { wasFirst: row.attempt_count === 1 });
+      const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
+      return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
+    }
+    const slotAt = Date.now() + slot.waitMs;
+    if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
     if (!row) {
       const existing = await findRowByKey(db, key);
       if (!existing) {
@@ -235,7 +293,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       if (err instanceof ApplicationFailure) throw err;
       const failure = classifyStripeError(err);
       if (failure.kind === 'delivered') {
-        const attempts = await markSent(db, key);
+        const attempts = await sent();
         metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
         acknowledged(key, 'duplicate', attempts, row.created_at);
         return { outcome: 'duplicate', attempts };
@@ -257,7 +315,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
           throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
       }
     }
-    const attempts = await markSent(db, key);
+    const attempts = await sent();
     acknowledged(key, 'sent', attempts, row.created_at);
     return { outcome: 'sent', attempts };
   }

@@ -29,3 +29,47 @@ CREATE TABLE meter_lease_waiters (
   PRIMARY KEY (stripe_customer_id, event_name, outbox_id)
 );
 CREATE INDEX meter_lease_waiters_holder_idx ON meter_lease_waiters (holder);
+
+-- Hands the (customer, meter) leases `p_holder` holds, and its places in their queues, to the
+-- oldest delivery still waiting for each pair: that delivery holds the lease at once (for
+-- `p_handoff_ms`, which it extends when it makes its call) and is woken by a notification naming
+-- it, so it starts without asking again. Returns each pair given up (as a lane id, see
+-- src/stripe/meter-lease.ts) and who holds it now (null: nobody was waiting).
+CREATE FUNCTION meter_lease_hand_off(p_holder text, p_handoff_ms int, p_channel text)
+RETURNS TABLE (lane text, next_holder text) LANGUAGE plpgsql AS $$
+DECLARE
+  pair record;
+  nxt record;
+BEGIN
+  FOR pair IN
+    WITH freed AS (
+      DELETE FROM meter_leases l WHERE l.holder = p_holder RETURNING l.stripe_customer_id, l.event_name, true AS was_holder
+    ), left_queue AS (
+      DELETE FROM meter_lease_waiters w WHERE w.holder = p_holder RETURNING w.stripe_customer_id, w.event_name, false AS was_holder
+    )
+    SELECT x.stripe_customer_id, x.event_name, bool_or(x.was_holder) AS was_holder
+      FROM (SELECT * FROM freed UNION ALL SELECT * FROM left_queue) AS x
+     GROUP BY x.stripe_customer_id, x.event_name
+  LOOP
+    lane := pair.stripe_customer_id || chr(31) || pair.event_name;
+    next_holder := NULL;
+    IF pair.was_holder THEN
+      DELETE FROM meter_lease_waiters w
+       WHERE (w.stripe_customer_id, w.event_name, w.outbox_id) = (
+               SELECT v.stripe_customer_id, v.event_name, v.outbox_id FROM meter_lease_waiters v
+                WHERE v.stripe_customer_id = pair.stripe_customer_id AND v.event_name = pair.event_name
+                  AND v.expires_at > clock_timestamp()
+                ORDER BY v.outbox_id LIMIT 1 FOR UPDATE SKIP LOCKED)
+      RETURNING w.holder INTO nxt;
+      IF FOUND THEN
+        INSERT INTO meter_leases (stripe_customer_id, event_name, holder, expires_at)
+        VALUES (pair.stripe_customer_id, pair.event_name, nxt.holder, clock_timestamp() + p_handoff_ms * interval '1 millisecond')
+        ON CONFLICT (stripe_customer_id, event_name) DO NOTHING;
+        IF FOUND THEN next_holder := nxt.holder; END IF;
+      END IF;
+    END IF;
+    PERFORM pg_notify(p_channel, lane || chr(30) || coalesce(next_holder, ''));
+    RETURN NEXT;
+  END LOOP;
+END;
+$$;

@@ -104,6 +104,7 @@ const schema = z.object({
   RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
   LANE_MAX_IN_FLIGHT: int(1, 10_000).default(4),
+  WORKER_MAX_CONCURRENT_DELIVERIES: int(2, 100_000).default(500),
   API_HOST: z.string().trim().min(1).default('127.0.0.1'),
   API_PORT: int(0, 65_535).default(8080),
   API_BODY_LIMIT_BYTES: int(256, 10_485_760).default(65_536),
@@ -170,6 +171,13 @@ export interface Config {
    * `turnWaitMs` for its (customer, meter) lease before stepping aside.
    */
   lanes: { maxInFlight: number; turnWaitMs: number };
+  /**
+   * Deliveries one worker runs at once. A delivery's first attempt runs as a local activity, which
+   * holds a workflow task slot while it waits for its turn and calls Stripe, so this sets both
+   * limits (WORKER_MAX_CONCURRENT_DELIVERIES; measured: the SDK's default of 40 slots left the
+   * server handing out workflow tasks that waited for one, a third more of its CPU per event).
+   */
+  worker: { maxConcurrentDeliveries: number };
   api: { host: string; port: number; bodyLimitBytes: number; tokens: ApiToken[] };
   /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
   workerMetricsPort: number | undefined;
@@ -247,6 +255,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       maxRateLimitedMs: c.RETRY_MAX_RATE_LIMITED_MS,
     },
     lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT, turnWaitMs: LANE_TURN_WAIT_MS },
+    worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,
       count: c.RELAY_COUNT,

@@ -82,7 +82,7 @@ function start(taskQueue: string, input: Partial<UsageWorkflowInput> = {}) {
   return env.client.workflow.start('usageWorkflow', {
     taskQueue,
     workflowId: key,
-    args: [{ key, tenantId: 'wf', retry: RETRY, ...input } satisfies UsageWorkflowInput],
+    args: [{ key, tenantId: 'wf', retry: RETRY, lanes: true, ...input } satisfies UsageWorkflowInput],
   });
 }
 

@@ -36,6 +36,11 @@ export interface UsageWorkflowInput {
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
   /**
+   * Set on every run started since lanes: its delivery takes its (customer, meter) turn inside the
+   * delivery itself. Runs started before (absent) keep their old shape, so their histories replay.
+   */
+  lanes?: true;
+  /**
    * Workflow time (ms) of the first 429 of the delivery in progress, carried across
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
    */

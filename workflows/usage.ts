@@ -16,7 +16,6 @@ import {
   condition,
   continueAsNew,
   isCancellation,
-  patched,
   proxyActivities,
   proxyLocalActivities,
   setHandler,
@@ -36,29 +35,42 @@ import {
   type UsageWorkflowInput,
 } from './shared.js';
 
-/** Runs started before lanes took the (customer, meter) lease in a local activity; see `deliver`. */
-const LANES_PATCH = 'lanes-take-turn-in-activity';
-
 /** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
 const DEFERRALS_PER_RUN = 200;
 
 /** Waiting for a busy (customer, meter): 100 ms doubling to 5 s, with jitter. */
 const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
 
+const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend, ErrorTypes.deferredTooLong];
+
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
-  const { attemptTimeoutMs, maxRateLimitedMs } = input.retry;
+  const { attemptTimeoutMs, maxRateLimitedMs, maximumAttempts } = input.retry;
+  const retryPolicy = (attempts: number) => ({
+    initialInterval: input.retry.initialIntervalMs,
+    backoffCoefficient: input.retry.backoffCoefficient,
+    maximumInterval: input.retry.maximumIntervalMs,
+    maximumAttempts: attempts,
+    nonRetryableErrorTypes: [...NON_RETRYABLE],
+  });
+  // The first attempt of a delivery runs as a local activity, inside the workflow task that
+  // started the run: on the common path an event costs one workflow task (start, call, complete)
+  // instead of three. Anything but an answer (a failure that may pass, a deferral) goes on as a
+  // regular activity, under Temporal's retry policy and timers, with the attempts that are left.
+  const { deliverUsage: deliverInTask } = proxyLocalActivities<DeliveryActivities>({
+    startToCloseTimeout: attemptTimeoutMs,
+    retry: { maximumAttempts: 1 },
+  });
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
     startToCloseTimeout: attemptTimeoutMs,
     // The attempt heartbeats throughout (waiting for its turn, and the call): a dead worker's
     // attempt is retried elsewhere after this, not after the whole attempt timeout.
     heartbeatTimeout: '10 seconds',
-    retry: {
-      initialInterval: input.retry.initialIntervalMs,
-      backoffCoefficient: input.retry.backoffCoefficient,
-      maximumInterval: input.retry.maximumIntervalMs,
-      maximumAttempts: input.retry.maximumAttempts,
-      nonRetryableErrorTypes: [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend],
-    },
+    retry: retryPolicy(Math.max(1, maximumAttempts - 1)),
+  });
+  // Runs started before lanes: every attempt a regular activity, as they were scheduled then.
+  const { deliverUsage: deliverAsBefore } = proxyActivities<DeliveryActivities>({
+    startToCloseTimeout: attemptTimeoutMs,
+    retry: retryPolicy(maximumAttempts),
   });
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
   const { markDead, markRetrying } = proxyActivities<DeliveryActivities>({
@@ -125,16 +137,31 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    * customer is the backlog draining, and never dead-letters an event.
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
+    let inTask = true;
     for (let deferrals = 1; ; deferrals++) {
-      // Since lanes, the delivery activity waits for its (customer, meter) turn itself, woken by
-      // the previous call's hand-off: one activity per attempt, no local activity, no polling
-      // timers. A run whose history predates them keeps taking its turn here as it did.
+      // Since lanes, the delivery waits for its (customer, meter) turn itself, woken by the previous
+      // call's hand-off: no polling timers. A run started before (its input says so) keeps taking
+      // its turn here as it did, so that its history replays. (Not `patched()`: it would record a
+      // marker and upsert a search attribute in every run, two history events and a billable
+      // action per event for a branch only old runs take.)
       let result: DeliveryResult;
-      if (patched(LANES_PATCH)) {
-        result = await deliverUsage({ key: input.key, force });
+      if (input.lanes === true) {
+        if (inTask) {
+          inTask = false;
+          try {
+            result = await deliverInTask({ key: input.key, force });
+          } catch (err) {
+            // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
+            if (isFinal(err) || maximumAttempts <= 1) throw err;
+            await sleep(input.retry.initialIntervalMs);
+            continue;
+          }
+        } else {
+          result = await deliverUsage({ key: input.key, force });
+        }
       } else {
         await waitForTurn();
-        result = await deliverUsage({ key: input.key, force, leaseHolder: holder });
+        result = await deliverAsBefore({ key: input.key, force, leaseHolder: holder });
       }
       if (result.outcome !== 'deferred') return result;
       if (result.reason === 'rate_limited') {
@@ -161,7 +188,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       const result = await deliver();
       state.attempts = result.attempts;
       state.lastError = null;
-      setStatus('sent');
+      // Not upserted: a run that completes is a delivered event (ExecutionStatus "Completed"), and
+      // an upsert would cost every event one more history event and, on Temporal Cloud, one more
+      // billable action. OutboxStatus changes only while the run stays open (dead, retried).
+      state.status = 'sent';
       return state;
     } catch (err) {
       if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
@@ -178,6 +208,13 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     await markRetrying(input.key);
     setStatus('dispatched');
   }
+}
+
+/** Whether a delivery failure is one no retry can change (Stripe's refusal, a missing row, an unsafe resend). */
+function isFinal(err: unknown): boolean {
+  if (isCancellation(err)) return true;
+  const failure = err instanceof ActivityFailure ? err.cause : err;
+  return failure instanceof ApplicationFailure && (failure.nonRetryable || NON_RETRYABLE.includes(failure.type ?? ''));
 }
 
 /** The code and message the delivery activity attached to its last failure. */

@@ -572,14 +572,14 @@ async function runChecks(args: {
   try {
     // Visibility trails the workflows by a moment.
     do {
-      [sentInTemporal, deadInTemporal] = await Promise.all([temporalCount(stack, 'OutboxStatus="sent"'), temporalCount(stack, 'OutboxStatus="dead"')]);
+      [sentInTemporal, deadInTemporal] = await Promise.all([temporalCount(stack, 'WorkflowType="usageWorkflow" AND ExecutionStatus="Completed"'), temporalCount(stack, 'OutboxStatus="dead"')]);
       if (sentInTemporal === sent && deadInTemporal === dead) break;
       await new Promise((r) => setTimeout(r, 250));
     } while (Date.now() < until);
     checks.push(
       check(
         sentInTemporal === sent && deadInTemporal === 0,
-        `Temporal: OutboxStatus="sent" finds ${fmt(sentInTemporal)} workflows, OutboxStatus="dead" finds ${fmt(deadInTemporal)}`,
+        `Temporal: completed usage workflows ${fmt(sentInTemporal)} (each one a delivered event), OutboxStatus="dead" finds ${fmt(deadInTemporal)}`,
       ),
     );
   } catch (err) {

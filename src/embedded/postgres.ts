@@ -52,6 +52,8 @@ export async function startEmbeddedPostgres(opts: {
   database?: string;
   persistent?: boolean;
   onLog?: (line: string) => void;
+  /** More `-c name=value` settings (the benchmarks load pg_stat_statements). */
+  settings?: string[];
 }): Promise<EmbeddedPg> {
   const port = opts.port ?? (await freePort());
   const user = 'postgres';
@@ -66,7 +68,7 @@ export async function startEmbeddedPostgres(opts: {
     persistent: opts.persistent ?? true,
     // PostgreSQL refuses to run as root; the package then runs it as a `postgres` system user.
     createPostgresUser: process.getuid?.() === 0,
-    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200'],
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200', ...(opts.settings ?? []).flatMap((s) => ['-c', s])],
     onLog: opts.onLog ?? (() => undefined),
     onError: (e) => opts.onLog?.(String(e)),
   });

@@ -27,6 +27,7 @@ export class OutboxNotifier {
   private seq = new Map<string, number>();
   private counter = 0;
   private floor = 0;
+  private readonly handedTo_ = new Map<string, string>();
   private closed = false;
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
@@ -51,7 +52,12 @@ export class OutboxNotifier {
     while (!this.closed) {
       const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'billing-outbox-listen' });
       try {
-        client.on('notification', (n) => this.wake(n.channel === LANE_CHANNEL ? (n.payload ?? '') : OUTBOX_TOPIC));
+        client.on('notification', (n) => {
+          if (n.channel !== LANE_CHANNEL) return this.wake(OUTBOX_TOPIC);
+          // "<lane>\u001e<new holder>": the holder is empty when nobody was waiting.
+          const [lane = '', holder = ''] = (n.payload ?? '').split('\u001e');
+          this.handOff(lane, holder || undefined);
+        });
         client.on('error', () => this.onLost(client));
         client.on('end', () => this.onLost(client));
         await client.connect();
@@ -78,12 +84,27 @@ export class OutboxNotifier {
     this.connecting = this.connect();
   }
 
+  /**
+   * A lane's lease was given up, and handed to `holder` (if anyone was waiting): its waiters wake,
+   * and the one it was handed to learns it from `handedTo` without asking PostgreSQL.
+   */
+  handOff(lane: string, holder: string | undefined): void {
+    if (holder) this.handedTo_.set(lane, holder);
+    this.wake(lane);
+  }
+
+  /** Who the lease of `lane` was last handed to, as far as this process has heard. */
+  handedTo(lane: string): string | undefined {
+    return this.handedTo_.get(lane);
+  }
+
   /** Wakes the waiters of `topic` now: a notification, or a hand-off within this process. */
   wake(topic: string): void {
     this.seq.set(topic, ++this.counter);
     if (this.seq.size > 10_000) {
       this.floor = this.counter;
       for (const t of this.seq.keys()) if (!this.waiters.has(t)) this.seq.delete(t);
+      for (const t of this.handedTo_.keys()) if (!this.waiters.has(t)) this.handedTo_.delete(t);
     }
     const waiting = this.waiters.get(topic);
     if (!waiting) return;

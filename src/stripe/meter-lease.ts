@@ -46,8 +46,10 @@ export async function takeTurn(
   db: Queryable,
   opts: { key: string; holder: string; leaseMs: number; waitTtlMs: number },
 ): Promise<TurnResult> {
-  const { rows } = await db.query<{ customer: string | null; event_name: string | null; acquired: boolean }>(
-    `WITH target AS (
+  const { rows } = await db.query<{ customer: string | null; event_name: string | null; acquired: boolean }>({
+    // Named: prepared once per connection, parsed and planned once, not on every event.
+    name: 'billing-outbox/take-turn',
+    text: `WITH target AS (
        SELECT o.id, c.stripe_customer_id, o.event_name
          FROM outbox o JOIN billing_customers c ON c.tenant_id = o.tenant_id
         WHERE o.idempotency_key = $1::text
@@ -77,31 +79,38 @@ export async function takeTurn(
           AND w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name AND w.outbox_id = t.id
        RETURNING 1
      )
-     SELECT t.stripe_customer_id AS customer, t.event_name, EXISTS (SELECT 1 FROM taken) AS acquired
+     SELECT t.stripe_customer_id AS customer, t.event_name, EXISTS (SELECT 1 FROM taken) AS acquired,
+            -- Leases and places in the queue expire by themselves: losing one in a crash of
+            -- PostgreSQL is harmless, so the commit does not wait for the WAL flush.
+            set_config('synchronous_commit', 'off', true) AS async_commit
        FROM (SELECT 1) AS one LEFT JOIN target t ON true`,
-    [opts.key, opts.holder, opts.leaseMs, opts.waitTtlMs],
-  );
+    values: [opts.key, opts.holder, opts.leaseMs, opts.waitTtlMs],
+  });
   const r = rows[0]!;
   if (r.customer === null || r.event_name === null) return { outcome: 'no_target', lane: null };
   return { outcome: r.acquired ? 'acquired' : 'busy', lane: laneId(r.customer, r.event_name) };
 }
 
+/** A pair given up: its lane id, and the waiting delivery that holds its lease now (null: none waited). */
+export interface HandOff {
+  lane: string;
+  nextHolder: string | null;
+}
+
 /**
- * Gives back whatever lease `holder` has and leaves any queue it waits in, waking the next
- * delivery of the pair (NOTIFY is delivered at commit). Returns the lanes it freed.
+ * Gives back whatever lease `holder` has, handing each to the oldest delivery still waiting for it
+ * (which then holds it for `handOffMs`, and extends it when it calls), and leaves any queue it
+ * waits in; every pair's waiters are notified at commit (LANE_CHANNEL, payload: the lane id, U+001E,
+ * the new holder). The statement is migrations/006's `meter_lease_hand_off`, shared with the end
+ * of a successful delivery (markSentAndHandOff).
  */
-export async function releaseTurn(db: Queryable, holder: string): Promise<string[]> {
-  const { rows } = await db.query<{ lane: string }>(
-    `WITH freed AS (
-       DELETE FROM meter_leases WHERE holder = $1::text RETURNING stripe_customer_id, event_name
-     ), left_queue AS (
-       DELETE FROM meter_lease_waiters WHERE holder = $1::text RETURNING stripe_customer_id, event_name
-     ), lanes AS (
-       SELECT DISTINCT stripe_customer_id || chr(31) || event_name AS lane
-         FROM (SELECT * FROM freed UNION ALL SELECT * FROM left_queue) AS x
-     )
-     SELECT lane, pg_notify($2::text, lane) FROM lanes`,
-    [holder, LANE_CHANNEL],
-  );
-  return rows.map((r) => r.lane);
+export async function releaseTurn(db: Queryable, holder: string, handOffMs: number): Promise<HandOff[]> {
+  const { rows } = await db.query<{ lane: string; next_holder: string | null }>({
+    // Named: prepared once per connection, parsed and planned once, not on every event.
+    name: 'billing-outbox/release-turn',
+    text: `SELECT h.lane, h.next_holder, set_config('synchronous_commit', 'off', true)
+             FROM meter_lease_hand_off($1::text, $2::int, $3::text) h`,
+    values: [holder, handOffMs, LANE_CHANNEL],
+  });
+  return rows.map((r) => ({ lane: r.lane, nextHolder: r.next_holder }));
 }

@@ -36,8 +36,10 @@ export async function reserveSlots(
   opts: { bucket: Bucket; count: number; perSecond: number; maxWaitMs?: number },
 ): Promise<Reservation> {
   const intervalUs = Math.max(1, Math.round(1_000_000 / opts.perSecond));
-  const { rows } = await db.query<{ granted: number; wait_ms: number; span_end_ms: number }>(
-    `WITH cur AS (
+  const { rows } = await db.query<{ granted: number; wait_ms: number; span_end_ms: number }>({
+    // Named: prepared once per connection, parsed and planned once, not on every event.
+    name: 'billing-outbox/reserve-slots',
+    text: `WITH cur AS (
        SELECT GREATEST(next_slot, clock_timestamp()) AS slot, clock_timestamp() AS now
          FROM rate_limits WHERE bucket = $1::text FOR UPDATE
      ), grant_ AS (
@@ -53,12 +55,59 @@ export async function reserveSlots(
        RETURNING r.next_slot
      )
      SELECT g.granted,
+            -- Commits without waiting for the WAL flush: a reservation lost in a crash of
+            -- PostgreSQL costs a slot, nothing more, and the row lock is held that much shorter
+            -- (every reservation queues on it).
+            set_config('synchronous_commit', 'off', true) AS async_commit,
             GREATEST(0, extract(epoch FROM g.slot - g.now) * 1000)::float8 AS wait_ms,
             GREATEST(0, extract(epoch FROM (SELECT next_slot FROM moved) - g.now) * 1000)::float8 AS span_end_ms
        FROM grant_ g`,
-    [opts.bucket, opts.count, intervalUs, opts.maxWaitMs ?? null],
-  );
+    values: [opts.bucket, opts.count, intervalUs, opts.maxWaitMs ?? null],
+  });
   const r = rows[0];
   if (!r) throw new Error(`rate limit bucket ${opts.bucket} is missing: run the migrations`);
   return { granted: r.granted, waitMs: Math.ceil(r.wait_ms), spanEndMs: Math.ceil(r.span_end_ms) };
+}
+
+/**
+ * One process's side of the shared limiter: the deliveries of a worker that want a call slot at
+ * about the same moment are reserved together, in one statement (`count` = how many asked), and
+ * each gets its own slot of the span, one interval apart. At most one reservation per bucket is in
+ * flight per process; whoever asks meanwhile goes in the next. Without it every delivery queued on
+ * the bucket's row lock: measured here, 7 ms per reservation at 60 events/s, most of it waiting.
+ */
+export class SlotPacer {
+  private waiting: { resolve: (r: { granted: boolean; waitMs: number }) => void; reject: (e: unknown) => void }[] = [];
+  private inFlight = false;
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly opts: { bucket: Bucket; perSecond: number; maxWaitMs: number },
+  ) {}
+
+  /** A slot for one call: granted with how long to wait for it, or not granted and how long the queue is. */
+  take(): Promise<{ granted: boolean; waitMs: number }> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ resolve, reject });
+      if (!this.inFlight) void this.flush();
+    });
+  }
+
+  private async flush(): Promise<void> {
+    this.inFlight = true;
+    try {
+      while (this.waiting.length > 0) {
+        const batch = this.waiting.splice(0);
+        const intervalMs = 1_000 / this.opts.perSecond;
+        try {
+          const r = await reserveSlots(this.db, { bucket: this.opts.bucket, count: batch.length, perSecond: this.opts.perSecond, maxWaitMs: this.opts.maxWaitMs });
+          batch.forEach((w, i) => w.resolve(i < r.granted ? { granted: true, waitMs: r.waitMs + i * intervalMs } : { granted: false, waitMs: r.spanEndMs }));
+        } catch (err) {
+          for (const w of batch) w.reject(err);
+        }
+      }
+    } finally {
+      this.inFlight = false;
+    }
+  }
 }

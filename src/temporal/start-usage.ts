@@ -28,6 +28,7 @@ export function usageWorkflowStartOptions(
     key: row.idempotency_key,
     tenantId: row.tenant_id,
     retry: config.retry,
+    lanes: true,
     ...(opts.force ? { force: true } : {}),
   };
   return {
@@ -53,9 +54,17 @@ export async function startUsageWorkflow(
   client: Client,
   row: UsageEventRef,
   config: Pick<Config, 'retry' | 'temporal'>,
+  opts: { eager?: boolean } = {},
 ): Promise<boolean> {
   try {
-    await client.workflow.start('usageWorkflow', usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }));
+    await client.workflow.start('usageWorkflow', {
+      ...usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }),
+      // Eager start (`eager`: only for a client on a worker's own NativeConnection, as the relay's
+      // is): the server hands the run's first workflow task straight back in the start's answer,
+      // to that worker, saving a round trip through matching. The server may decline; then it is
+      // an ordinary start.
+      ...(opts.eager ? { requestEagerStart: true } : {}),
+    });
     return true;
   } catch (err) {
     if (err instanceof WorkflowExecutionAlreadyStartedError) return false;

@@ -51,7 +51,9 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     db: pool,
     stripe,
     meters: new MeterCatalog(stripe),
-    client,
+    // The relays start usage workflows on the worker's own connection, so that eager start can
+    // give the first workflow task to this worker directly.
+    client: new Client({ connection: deps.connection, namespace: config.temporal.namespace }),
     notifier,
     config,
     stopping: stopping.signal,
@@ -68,6 +70,10 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     taskQueue: config.temporal.taskQueue,
     activities,
     ...(deps.workflowBundle ? { workflowBundle: deps.workflowBundle } : { workflowsPath: WORKFLOWS_PATH }),
+    // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
+    // as long as it waits for its turn and calls Stripe: the slots bound concurrent deliveries.
+    maxConcurrentWorkflowTaskExecutions: config.worker.maxConcurrentDeliveries,
+    maxConcurrentLocalActivityExecutions: config.worker.maxConcurrentDeliveries,
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { LANE_CHANNEL, type HandOff } from '../../stripe/meter-lease.js';
 import { OUTBOX_CHANNEL } from '../notifier.js';
 import { AT_STRIPE, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
@@ -21,29 +22,64 @@ export interface AttemptRow {
 
 /**
  * Starts one delivery attempt: counts it (unless the row is already sent), stamps the first
- * attempt time, and reads what to send, in one statement. Takes nothing (returns undefined) when
- * the row is missing or when its first attempt is older than `safeWindowMs` and `force` is off:
- * resending then could be billed twice, so it is not even counted as an attempt.
+ * attempt time, and reads what to send, in one statement. No row when the row is missing or when
+ * its first attempt is older than `safeWindowMs` and `force` is off: resending then could be
+ * billed twice, so it is not even counted as an attempt.
+ *
+ * With `lease`, the attempt also extends that holder's (customer, meter) lease to cover the call,
+ * and begins only if the holder still has it (`leaseHeld`): a lease handed over briefly
+ * (src/stripe/meter-lease.ts) or one that lapsed is never called on.
  */
 export async function beginAttempt(
   db: Queryable,
   key: string,
-  opts: { workflowId: string; safeWindowMs: number; force: boolean },
-): Promise<AttemptRow | undefined> {
-  const { rows } = await db.query<AttemptRow>(
-    `UPDATE outbox o
-        SET attempt_count = o.attempt_count + CASE WHEN o.status = ANY($5::text[]) THEN 0 ELSE 1 END,
-            first_attempted_at = COALESCE(o.first_attempted_at, now()),
-            workflow_id = COALESCE(o.workflow_id, $2::text),
-            updated_at = now()
-      WHERE o.idempotency_key = $1::text
-        AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
-             OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
-      RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
-                (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`,
-    [key, opts.workflowId, opts.safeWindowMs, opts.force, [...AT_STRIPE]],
+  opts: { workflowId: string; safeWindowMs: number; force: boolean; lease?: { holder: string; leaseMs: number } },
+): Promise<{ leaseHeld: boolean; row: AttemptRow | undefined }> {
+  const { rows } = await db.query<AttemptRow & { lease_held: boolean; found: boolean }>({
+    // Named: prepared once per connection, parsed and planned once, not on every event.
+    name: 'billing-outbox/begin-attempt',
+    text: `WITH extended AS (
+       UPDATE meter_leases SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
+        WHERE holder = $6::text AND expires_at > clock_timestamp()
+       RETURNING 1
+     ), attempt AS (
+       UPDATE outbox o
+          SET attempt_count = o.attempt_count + CASE WHEN o.status = ANY($5::text[]) THEN 0 ELSE 1 END,
+              first_attempted_at = COALESCE(o.first_attempted_at, now()),
+              workflow_id = COALESCE(o.workflow_id, $2::text),
+              updated_at = now()
+        WHERE o.idempotency_key = $1::text
+          AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended))
+          AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
+               OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
+        RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
+                  (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
+     )
+     SELECT ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended)) AS lease_held, a.status IS NOT NULL AS found, a.*,
+            -- Bookkeeping only (the attempt count, the first attempt's time, the lease), on the
+            -- path of every call: the commit does not wait for the WAL flush. A crash of PostgreSQL
+            -- can lose the last fraction of a second of it, which at worst starts the 23 h resend
+            -- window that much later, well inside its hour of margin.
+            set_config('synchronous_commit', 'off', true) AS async_commit
+       FROM (SELECT 1) AS one LEFT JOIN attempt a ON true`,
+    values: [key, opts.workflowId, opts.safeWindowMs, opts.force, [...AT_STRIPE], opts.lease?.holder ?? null, opts.lease?.leaseMs ?? 0],
+  });
+  const r = rows[0]!;
+  const { lease_held, found, ...row } = r;
+  return { leaseHeld: lease_held, row: found ? (row as AttemptRow) : undefined };
+}
+
+/**
+ * Takes back an attempt begun but not made (our own pace put it off): the count goes down again,
+ * and the first attempt's time is cleared if this was the first.
+ */
+export async function undoAttempt(db: Queryable, key: string, opts: { wasFirst: boolean }): Promise<void> {
+  await db.query(
+    `UPDATE outbox SET attempt_count = greatest(attempt_count - 1, 0),
+            first_attempted_at = CASE WHEN $2::boolean THEN NULL ELSE first_attempted_at END, updated_at = now()
+      WHERE idempotency_key = $1::text AND status <> ALL($3::text[])`,
+    [key, opts.wasFirst, [...AT_STRIPE]],
   );
-  return rows[0];
 }
 
 export interface OutboxRow extends EntryRow {
@@ -91,6 +127,37 @@ export async function markSent(db: Queryable, key: string): Promise<number> {
     [key, [...UNBILLED], OUTBOX_CHANNEL],
   );
   return rows[0]?.attempt_count ?? 0;
+}
+
+/**
+ * `markSent` and the hand-off of the (customer, meter) lease to the next waiting delivery
+ * (src/stripe/meter-lease.ts `releaseTurn`) in one round trip: the common end of every delivery.
+ * Returns the attempts counted and the hand-offs made (NOTIFY at commit; the caller tells its own
+ * process's waiters at once).
+ */
+export async function markSentAndHandOff(
+  db: Queryable,
+  key: string,
+  holder: string,
+  handOffMs: number,
+): Promise<{ attempts: number; handOffs: HandOff[] }> {
+  const { rows } = await db.query<{ attempt_count: number | null; hand_offs: HandOff[] | null }>({
+    // Named: prepared once per connection, parsed and planned once, not on every event.
+    name: 'billing-outbox/mark-sent-and-hand-off',
+    text: `WITH sent AS (
+       UPDATE outbox
+          SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
+              claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
+        WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
+        RETURNING attempt_count
+     )
+     SELECT (SELECT attempt_count FROM sent) AS attempt_count,
+            (SELECT json_agg(json_build_object('lane', h.lane, 'nextHolder', h.next_holder))
+               FROM meter_lease_hand_off($3::text, $6::int, $5::text) h) AS hand_offs,
+            (SELECT pg_notify($4::text, '') FROM sent) AS relays`,
+    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LANE_CHANNEL, handOffMs],
+  });
+  return { attempts: rows[0]?.attempt_count ?? 0, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */

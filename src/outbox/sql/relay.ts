@@ -46,9 +46,11 @@ export async function claimBatch(
 ): Promise<ClaimedRow[]> {
   const client = 'release' in db ? db : await db.connect();
   try {
-    await client.query('BEGIN');
     try {
-      await client.query('SELECT pg_advisory_xact_lock($1::bigint)', [CLAIM_LOCK]);
+      // One round trip for all three (a constant, so no parameter is needed). A claim lost in a
+      // crash of PostgreSQL only puts its rows back to pending (their workflows, if started, refuse
+      // a second start): no need to wait for the WAL flush.
+      await client.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK})`);
       const rows = await claimStatement(client, opts);
       await client.query('COMMIT');
       return rows;
