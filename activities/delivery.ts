@@ -5,13 +5,24 @@ import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/acti
 import type Stripe from 'stripe';
 import type { Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import { beginAttempt, findRowByKey, markDead, markRetrying, markSentAndHandOff, recordAttemptError, undoAttempt } from '../src/outbox/sql/delivery.js';
+import {
+  beginAttempt,
+  findRowByKey,
+  markDead,
+  markDelivered,
+  markRetrying,
+  markSentAndHandOff,
+  recordAttemptError,
+  undoAttempt,
+  type AttemptRow,
+} from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
-import type { MeterCatalog } from '../src/stripe/meters.js';
+import type { MeterCatalog, MeterKeys } from '../src/stripe/meters.js';
+import type { MeterEventStream } from '../src/stripe/stream.js';
 import { reserveSlots, SlotPacer } from '../src/stripe/rate-limit.js';
 import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from '../src/stripe/rules.js';
 import { ErrorTypes, RATE_LIMIT_JITTER_MS, type DeferralReason, type DeliverInput } from '../workflows/shared.js';
@@ -29,6 +40,8 @@ export interface DeliveryDeps {
   notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>;
   /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
   stopping?: AbortSignal;
+  /** With STRIPE_METER_API=v2: the worker's batcher on Stripe's meter event stream (else v1 calls). */
+  stream?: MeterEventStream;
   /** How long a delivery waits in place for its (customer, meter) turn (config.lanes.turnWaitMs). */
   turnWaitMs?: number;
   /** This process's counters; nothing is recorded without it. */
@@ -83,7 +96,7 @@ const WAITER_TTL_MS = 5_000;
 const HEARTBEAT_EVERY_MS = 2_000;
 
 export function createDeliveryActivities(deps: DeliveryDeps) {
-  const { db, stripe, meters, metrics, notifier, stopping, stripeTimeoutMs, stripeCallsPerSecond } = deps;
+  const { db, stripe, meters, metrics, notifier, stopping, stream, stripeTimeoutMs, stripeCallsPerSecond } = deps;
   const turnWaitMs = deps.turnWaitMs ?? 10_000;
   const pacer = new SlotPacer(db, { bucket: 'stripe_calls', perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
   /** Counted once the row is marked sent, timed from its commit. */
@@ -100,6 +113,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
      * type tells Temporal (and the workflow) whether another attempt can help.
      */
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
+      if (stream) return attemptByStream(input, stream);
       const ctx = Context.current();
       const info = activityInfo();
       const turn: Turn = {
@@ -242,6 +256,65 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     const slotAt = Date.now() + slot.waitMs;
     if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
+    const ready = await readyToSend(key, row);
+    if ('outcome' in ready) return ready;
+    try {
+      await keepPace(slotAt);
+      await sendMeterEvent(stripe, {
+        eventName: ready.row.event_name,
+        keys: ready.keys,
+        stripeCustomerId: ready.customer,
+        quantity: ready.row.quantity,
+        identifier: key,
+        occurredAt: ready.row.occurred_at,
+      });
+    } catch (err) {
+      return failed(key, ready.row, err, sent);
+    }
+    const attempts = await sent();
+    acknowledged(key, 'sent', attempts, ready.row.created_at);
+    return { outcome: 'sent', attempts };
+  }
+
+  /**
+   * One attempt through the v2 meter event stream: no (customer, meter) turn (the stream has no
+   * such rule) and no per-event pace (the stream paces its requests); the event goes out in the
+   * worker's next batch, and the row becomes `accepted`: Stripe validates it later.
+   */
+  async function attemptByStream({ key, force = false }: DeliverInput, events: MeterEventStream): Promise<DeliveryResult> {
+    const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
+    const begun = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
+    const ready = await readyToSend(key, begun.row);
+    if ('outcome' in ready) return ready;
+    const accepted = async () => markDelivered(db, key, 'accepted');
+    try {
+      await events.send({
+        eventName: ready.row.event_name,
+        keys: ready.keys,
+        stripeCustomerId: ready.customer,
+        quantity: ready.row.quantity,
+        identifier: key,
+        occurredAt: ready.row.occurred_at,
+      });
+    } catch (err) {
+      return failed(key, ready.row, err, accepted);
+    }
+    const attempts = await accepted();
+    acknowledged(key, 'accepted', attempts, ready.row.created_at);
+    return { outcome: 'sent', attempts };
+  }
+
+  /**
+   * What stands between a begun attempt and the call: the row must exist and be inside the resend
+   * window (or forced), not already at Stripe, mapped to a customer, inside Stripe's timestamp
+   * window, and its meter must exist (its payload keys are read from Stripe). Each refusal is
+   * recorded on the row and thrown as a non-retryable failure; an event Stripe already has ends
+   * the attempt as `already_sent`.
+   */
+  async function readyToSend(
+    key: string,
+    row: AttemptRow | undefined,
+  ): Promise<DeliveryResult | { row: AttemptRow; customer: string; keys: MeterKeys }> {
     if (!row) {
       const existing = await findRowByKey(db, key);
       if (!existing) {
@@ -269,55 +342,53 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       metrics?.stripeErrors.inc({ class: 'unsafe' });
       throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
     }
-
+    // The keys this event's meter reads: a payload under other keys is accepted by Stripe and
+    // rejected later, so an unknown meter is a dead letter now, with its reason. (Reading the
+    // meter list can fail like any call to Stripe: classified as one.)
+    let keys: MeterKeys | undefined;
     try {
-      // The keys this event's meter reads: a payload under other keys is accepted by Stripe and
-      // rejected later, so an unknown meter is a dead letter now, with its reason.
-      const keys = await meters.keysFor(row.event_name);
-      if (!keys) {
-        const message = `Stripe has no active meter for event name ${JSON.stringify(row.event_name)}: create the meter, then retry`;
-        await recordAttemptError(db, key, 'no_meter', message);
-        metrics?.stripeErrors.inc({ class: 'rejected' });
-        throw fail(ErrorTypes.rejected, 'no_meter', message);
-      }
-      await keepPace(slotAt);
-      await sendMeterEvent(stripe, {
-        eventName: row.event_name,
-        keys,
-        stripeCustomerId: row.stripe_customer_id,
-        quantity: row.quantity,
-        identifier: key,
-        occurredAt: row.occurred_at,
-      });
+      keys = await meters.keysFor(row.event_name);
     } catch (err) {
-      if (err instanceof ApplicationFailure) throw err;
-      const failure = classifyStripeError(err);
-      if (failure.kind === 'delivered') {
-        const attempts = await sent();
-        metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
-        acknowledged(key, 'duplicate', attempts, row.created_at);
-        return { outcome: 'duplicate', attempts };
-      }
-      await recordAttemptError(db, key, failure.code, failure.message);
-      metrics?.stripeErrors.inc({ class: failure.kind });
-      log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
-      switch (failure.kind) {
-        case 'rejected':
-          throw fail(ErrorTypes.rejected, failure.code, failure.message);
-        case 'rate_limited':
-          return {
-            outcome: 'deferred',
-            reason: 'rate_limited',
-            retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),
-            attempts: row.attempt_count,
-          };
-        case 'retryable':
-          throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
-      }
+      return failed(key, row, err, async () => row.attempt_count);
     }
-    const attempts = await sent();
-    acknowledged(key, 'sent', attempts, row.created_at);
-    return { outcome: 'sent', attempts };
+    if (!keys) {
+      const message = `Stripe has no active meter for event name ${JSON.stringify(row.event_name)}: create the meter, then retry`;
+      await recordAttemptError(db, key, 'no_meter', message);
+      metrics?.stripeErrors.inc({ class: 'rejected' });
+      throw fail(ErrorTypes.rejected, 'no_meter', message);
+    }
+    return { row, customer: row.stripe_customer_id, keys };
+  }
+
+  /**
+   * A call that did not simply succeed, classified where it was made: Stripe already had it
+   * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
+   */
+  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number>): Promise<DeliveryResult> {
+    if (err instanceof ApplicationFailure) throw err;
+    const failure = classifyStripeError(err);
+    if (failure.kind === 'delivered') {
+      const attempts = await delivered();
+      metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
+      acknowledged(key, 'duplicate', attempts, row.created_at);
+      return { outcome: 'duplicate', attempts };
+    }
+    await recordAttemptError(db, key, failure.code, failure.message);
+    metrics?.stripeErrors.inc({ class: failure.kind });
+    log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
+    switch (failure.kind) {
+      case 'rejected':
+        throw fail(ErrorTypes.rejected, failure.code, failure.message);
+      case 'rate_limited':
+        return {
+          outcome: 'deferred',
+          reason: 'rate_limited',
+          retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),
+          attempts: row.attempt_count,
+        };
+      case 'retryable':
+        throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
+    }
   }
 }
 

@@ -15,6 +15,7 @@ import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/stripe/rate-limit.js';
+import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { startUsageWorkflow } from '../src/temporal/start-usage.js';
 
 export interface RelayDeps {
@@ -30,6 +31,9 @@ export interface RelayDeps {
   /** This process's claim histograms; nothing is recorded without it. */
   metrics?: RelayMetrics;
 }
+
+/** No lane limit (the v2 stream): more than any claim takes. */
+const LANES_UNLIMITED = 1_000_000;
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
 const MAX_IDLE_WAIT_MS = 5_000;
@@ -48,8 +52,13 @@ export function createRelayActivities(deps: RelayDeps) {
   const runForMs = deps.runForMs ?? 60_000;
   const log = deps.log ?? (() => undefined);
 
-  // At most one second's worth of Stripe calls per batch: what is dispatched is what can be sent.
-  const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(config.stripe.rateLimitPerSecond)));
+  // Events per second Stripe takes from us: a call each with v1; a request of up to 100 with v2.
+  const eventsPerSecond = config.stripe.rateLimitPerSecond * (config.stripe.meterApi === 'v2' ? MAX_STREAM_BATCH : 1);
+  // At most one second's worth per batch: what is dispatched is what can be sent.
+  const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(eventsPerSecond)));
+  // The lane limit exists for v1's one call at a time per customer and meter; the stream has no
+  // such rule, so a single busy customer may use the whole pipeline.
+  const laneMax = config.stripe.meterApi === 'v2' ? LANES_UNLIMITED : config.lanes.maxInFlight;
 
   /**
    * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it
@@ -59,11 +68,11 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs, laneMax: config.lanes.maxInFlight });
+    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0 };
-    const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: config.stripe.rateLimitPerSecond });
+    const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const inTemporal: number[] = [];
     outcomes.forEach((outcome, i) => {

@@ -3,11 +3,14 @@
  * dev server (both started here, embedded) with the local Stripe-compatible server. Each prints a
  * table and writes its figures to bench/results/. Compare figures from one run on one machine.
  *
- *   ceiling   bare workflow shapes vs billing-outbox draining the same number of events
+ *   request-path   a bare usage-insert transaction vs the same with recordUsage (≥ 10,000 each)
+ *   ceiling        bare workflow shapes vs billing-outbox draining the same number of events
+ *   drain          billing-outbox alone draining a backlog (--customers, --latency, --events)
  */
 import { parseArgs } from 'node:util';
 import { ceiling, drainOnce } from './ceiling.js';
 import { newReport, publish, startServices } from './harness.js';
+import { requestPath } from './request-path.js';
 
 const [name, ...rest] = process.argv.slice(2);
 const { values } = parseArgs({
@@ -30,6 +33,11 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       customers: num(values.customers),
       latencyMs: num(values.latency),
     });
+    await publish(report);
+  },
+  async 'request-path'(services) {
+    const report = newReport('request-path');
+    await requestPath(services, report, { events: Math.max(num(values.events), 10_000) });
     await publish(report);
   },
   async drain(services) {

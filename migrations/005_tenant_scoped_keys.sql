@@ -9,9 +9,9 @@
 ALTER TABLE usage_logs DROP CONSTRAINT usage_logs_pkey;
 ALTER TABLE usage_logs ADD PRIMARY KEY (tenant_id, id);
 
--- The outbox row names its usage, so a repeated recordUsage finds it by (tenant, usage id)
--- whatever form its key has. Old rows: the usage id is what follows the old prefix.
+-- The outbox row names its usage (for people: `inspect`, the Web UI). Old rows: the usage id is
+-- what follows the old prefix. No index: (tenant, usage id) is unique in usage_logs, and a repeated
+-- recordUsage finds its row by key (the key is derived from the pair; old rows by their old key).
 ALTER TABLE outbox ADD COLUMN usage_id text;
 UPDATE outbox SET usage_id = substr(idempotency_key, length('usage_log:') + 1)
  WHERE idempotency_key LIKE 'usage\_log:%';
-CREATE UNIQUE INDEX outbox_tenant_usage_idx ON outbox (tenant_id, usage_id);

@@ -89,6 +89,7 @@ const schema = z.object({
     .regex(/^whsec_[A-Za-z0-9_]+$/, 'must be a Stripe webhook signing secret (whsec_…)')
     .optional(),
   STRIPE_RATE_LIMIT_PER_SECOND: decimal(0.1, 10_000).optional(),
+  STRIPE_METER_API: z.enum(['v1', 'v2'], 'must be v1 (meter events) or v2 (the meter event stream)').default('v1'),
   TEMPORAL_UI_URL: z
     .string()
     .trim()
@@ -160,6 +161,12 @@ export interface Config {
      * 20 otherwise (test mode allows 25 operations/s); see src/stripe/rules.ts.
      */
     rateLimitPerSecond: number;
+    /**
+     * v1: one call per event to POST /v1/billing/meter_events (validated synchronously; one call at
+     * a time per customer and meter). v2: batches of up to 100 on the meter event stream
+     * (validated asynchronously; no per-customer rule; the rate limit counts requests).
+     */
+    meterApi: 'v1' | 'v2';
   };
   /** Base URL of the Temporal Web UI, for links (default http://localhost:8233). */
   temporalUiUrl: string;
@@ -243,6 +250,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       timeoutMs: c.STRIPE_TIMEOUT_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
       rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
+      meterApi: c.STRIPE_METER_API,
     },
     temporalUiUrl: (c.TEMPORAL_UI_URL ?? 'http://localhost:8233').replace(/\/$/, ''),
     retry: {

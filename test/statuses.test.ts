@@ -3,7 +3,7 @@
  * claim's partial index cannot import TypeScript). This fails the moment the two disagree.
  */
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { AT_STRIPE, AWAITING_RELAY, IN_FLIGHT, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
+import { AT_STRIPE, AWAITING_RELAY, DELIVERED, IN_FLIGHT, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
 import { createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -32,6 +32,7 @@ it("the claim's partial indexes cover exactly AWAITING_RELAY and IN_FLIGHT", asy
 it('the named sets partition the statuses the way the pipeline relies on', () => {
   // Every status is either settled at Stripe, or unsettled: never both, never neither.
   expect([...AT_STRIPE, ...UNSETTLED].sort()).toEqual([...OUTBOX_STATUSES].sort());
-  for (const s of UNBILLED) expect(AT_STRIPE).toContain(s);
+  for (const s of [...UNBILLED, ...DELIVERED]) expect(AT_STRIPE).toContain(s);
+  expect([...DELIVERED, ...UNBILLED].sort()).toEqual([...AT_STRIPE].sort());
   for (const s of AWAITING_RELAY) expect(UNSETTLED).toContain(s);
 });

@@ -14,7 +14,7 @@ import { parseErrorReport, recordErrorReport, WEBHOOK_PATH } from '../src/api/we
 import { DeadLetterRetrier } from '../src/ops/retry.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
-import { markSent } from '../src/outbox/sql/delivery.js';
+import { markDelivered } from '../src/outbox/sql/delivery.js';
 import { freePort } from '../src/embedded/postgres.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
@@ -273,7 +273,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await row(ours)).status).toBe('rejected_async');
     expect((await row(inFlight)).status).toBe('rejected_async');
     // The workflow's own bookkeeping arrives late and must leave the rejection in place.
-    await markSent(db.pool, inFlight);
+    await markDelivered(db.pool, inFlight);
     expect((await row(inFlight)).status).toBe('rejected_async');
     const recorded = (await reports()).filter((r) => events.some((e) => e.id === r.event_id));
     expect(recorded.reduce((n, r) => n + r.unmatched, 0)).toBe(1);

@@ -82,7 +82,7 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
   };
   const done = async (outcome: CancelOutcome, message: string): Promise<CancelResult> => ({ key, outcome, message, row: await view() });
 
-  if (row.status !== 'sent') return done('refused', `not cancelled: ${notSentReason(row)}`);
+  if (row.status !== 'sent' && row.status !== 'accepted') return done('refused', `not cancelled: ${notSentReason(row)}`);
   if (!row.sent_at) return done('refused', 'not cancelled: the row is sent but has no sent_at, so the 24 h window cannot be checked');
   const age = opts.now - row.sent_at.getTime();
   if (age >= CANCEL_WINDOW_MS) {

@@ -161,7 +161,7 @@ export class DeadLetterRetrier {
   private async decide(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
-    if (row.status === 'sent') return done('refused', 'already sent to Stripe; a sent event is never retried');
+    if (row.status === 'sent' || row.status === 'accepted') return done('refused', `already ${row.status} by Stripe; a delivered event is never retried`);
     // Stripe keeps the identifier of a rejected or cancelled event: a resend would only be told "already exists".
     if (row.status === 'rejected_async') {
       return done(

@@ -4,7 +4,7 @@
  */
 import type { Queryable } from '../db.js';
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
-import { idempotencyKeyFor } from './keys.js';
+import { idempotencyKeyFor, LEGACY_KEY_PREFIX } from './keys.js';
 import { findEntryByUsage, insertUsage, type EntryRow } from './sql/enqueue.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
@@ -49,7 +49,7 @@ export async function recordUsage(
   if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
-  const found = await findEntryByUsage(client, usage.tenantId, usage.usageId);
+  const found = await findEntryByUsage(client, usage.tenantId, { key, legacyKey: `${LEGACY_KEY_PREFIX}${usage.usageId}` });
   if (!found) {
     // The usage row exists without an outbox row: impossible through this function, and a
     // repeatable-read snapshot taken before the other transaction committed can also land here.

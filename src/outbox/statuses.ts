@@ -4,13 +4,17 @@
  * the workflow's search attribute all read them from here. The migrations' CHECK constraint spells
  * the same list; test/statuses.test.ts fails if the two ever differ.
  *
- *   pending ──claim──▶ claimed ──start workflow──▶ dispatched ──Stripe 200──▶ sent ──▶ rejected_async
- *      ▲                  │ (lease lapses)              │                        └──▶ cancelled
+ *   pending ──claim──▶ claimed ──start workflow──▶ dispatched ──Stripe 200──▶ sent | accepted ──▶ rejected_async
+ *      ▲                  │ (lease lapses)              │                                   └──▶ cancelled
  *      └──────────────────┘                             └──last attempt──▶ dead ──retry──▶ dispatched
+ *
+ * `sent`: Stripe's v1 meter-events endpoint answered 200, after its synchronous checks (customer,
+ * meter, timestamp). `accepted`: the v2 meter event stream took it for asynchronous processing,
+ * validation included; a rejection can only come later, by Stripe's error report.
  *
  * Pure data: importable from workflow code.
  */
-export const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'dead', 'rejected_async', 'cancelled'] as const;
+export const OUTBOX_STATUSES = ['pending', 'claimed', 'dispatched', 'sent', 'accepted', 'dead', 'rejected_async', 'cancelled'] as const;
 export type OutboxStatus = (typeof OUTBOX_STATUSES)[number];
 
 /** Waiting for a relay: a pending row, or a claimed one whose lease may lapse. */
@@ -19,8 +23,11 @@ export const AWAITING_RELAY = ['pending', 'claimed'] as const satisfies readonly
 /** Counted against a lane's LANE_MAX_IN_FLIGHT: handed (or about to be handed) to a workflow, not finished. */
 export const IN_FLIGHT = ['claimed', 'dispatched'] as const satisfies readonly OutboxStatus[];
 
+/** Stripe acknowledged the event (v1: sent; v2: accepted): billed unless it rejects it later. */
+export const DELIVERED = ['sent', 'accepted'] as const satisfies readonly OutboxStatus[];
+
 /** Stripe has (or had) the event: never sent again, never made dead. */
-export const AT_STRIPE = ['sent', 'rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
+export const AT_STRIPE = ['sent', 'accepted', 'rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
 
 /** Not settled: Stripe may or may not hold the event yet (reconciliation lists these, does not count them). */
 export const UNSETTLED = ['pending', 'claimed', 'dispatched', 'dead'] as const satisfies readonly OutboxStatus[];

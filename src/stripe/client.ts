@@ -9,10 +9,11 @@ import type { MeterKeys } from './meters.js';
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
 export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';
 
-export function createStripeClient(stripe: Config['stripe']): Stripe {
+/** A client for `stripe`'s base URL; `apiKey` instead of the configured key (a stream session's token). */
+export function createStripeClient(stripe: Config['stripe'], apiKey?: string): Stripe {
   const base = new URL(stripe.apiBase);
   const protocol = base.protocol === 'http:' ? 'http' : 'https';
-  return new Stripe(stripe.apiKey ?? LOCAL_TEST_KEY, {
+  return new Stripe(apiKey ?? stripe.apiKey ?? LOCAL_TEST_KEY, {
     host: base.hostname,
     port: base.port ? Number(base.port) : protocol === 'http' ? 80 : 443,
     protocol,

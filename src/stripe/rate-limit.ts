@@ -93,6 +93,16 @@ export class SlotPacer {
     });
   }
 
+  /** Waits for a slot however long the queue is (a stream request, carrying many events, is not put off). */
+  async waitForSlot(): Promise<void> {
+    for (;;) {
+      const slot = await this.take();
+      const waitMs = slot.granted ? slot.waitMs : Math.min(slot.waitMs, this.opts.maxWaitMs);
+      if (waitMs > 0) await new Promise((resolve) => setTimeout(resolve, waitMs));
+      if (slot.granted) return;
+    }
+  }
+
   private async flush(): Promise<void> {
     this.inFlight = true;
     try {

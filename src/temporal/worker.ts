@@ -14,7 +14,10 @@ import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
+import { createStripeClient } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
+import { SlotPacer } from '../stripe/rate-limit.js';
+import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -47,9 +50,16 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const stopping = new AbortController();
   const notifier = new OutboxNotifier(deps.databaseUrl);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
+  // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.
+  const requestPace = new SlotPacer(pool, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: 1_000 });
+  const stream =
+    config.stripe.meterApi === 'v2'
+      ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), { pace: () => requestPace.waitForSlot() })
+      : undefined;
   const activities = createActivities({
     db: pool,
     stripe,
+    stream,
     meters: new MeterCatalog(stripe),
     // The relays start usage workflows on the worker's own connection, so that eager start can
     // give the first workflow task to this worker directly.

@@ -15,7 +15,7 @@ Stripe sent. Stripe's reports name only a sample of the failed events: \`unmatch
 that could not be tied to a row, so more events may be affected than are marked rejected_async.
 
 Options:
-  --json   print {counts: {pending, claimed, dispatched, sent, dead, rejected_async, cancelled},
+  --json   print {counts: {pending, claimed, dispatched, sent, accepted, dead, rejected_async, cancelled},
            sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
            deadByErrorCode: [{code, count}], rejectedAsyncByErrorCode: [{code, count}],
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched}}
@@ -23,7 +23,7 @@ Options:
 
 export interface StatusReport {
   counts: Record<OutboxStatus, number>;
-  /** True when `counts.sent` is PostgreSQL's estimate (large tables) rather than a count. */
+  /** True when `counts.sent` is PostgreSQL's estimate of sent and accepted rows together (large tables), not a count. */
   sentEstimated: boolean;
   /** Null when nothing is waiting for a relay. */
   oldestPendingAgeSeconds: number | null;
@@ -86,7 +86,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
       [{ header: 'STATUS' }, { header: 'COUNT', align: 'right' }],
       OUTBOX_STATUSES.map((s) => [
         s,
-        s === 'sent' && report.sentEstimated ? `~${counts[s]}` : String(counts[s]),
+        (s === 'sent' || s === 'accepted') && report.sentEstimated ? (s === 'sent' ? `~${counts[s]} (sent + accepted)` : '~') : String(counts[s]),
       ]),
     ),
   );

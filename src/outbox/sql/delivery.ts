@@ -5,7 +5,7 @@
 import type { Queryable } from '../../db.js';
 import { LANE_CHANNEL, type HandOff } from '../../stripe/meter-lease.js';
 import { OUTBOX_CHANNEL } from '../notifier.js';
-import { AT_STRIPE, UNBILLED, type OutboxStatus } from '../statuses.js';
+import { AT_STRIPE, DELIVERED, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
 
 export interface AttemptRow {
@@ -111,26 +111,27 @@ export async function recordAttemptError(db: Queryable, key: string, code: strin
 }
 
 /**
- * The row is sent. Its lane has room again, so idle relays are woken (OUTBOX_CHANNEL, at commit) to
- * claim the lane's next event, as they are for dead letters.
+ * The row is delivered: `sent` (v1) or `accepted` (the v2 stream). Its lane has room again, so idle
+ * relays are woken (OUTBOX_CHANNEL, at commit) to claim the lane's next event, as they are for
+ * dead letters.
  */
-export async function markSent(db: Queryable, key: string): Promise<number> {
+export async function markDelivered(db: Queryable, key: string, status: (typeof DELIVERED)[number] = 'sent'): Promise<number> {
   const { rows } = await db.query<{ attempt_count: number }>(
     `WITH sent AS (
        UPDATE outbox
-          SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
+          SET status = $4::text, sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
         RETURNING attempt_count
      )
      SELECT attempt_count, pg_notify($3::text, '') FROM sent`,
-    [key, [...UNBILLED], OUTBOX_CHANNEL],
+    [key, [...UNBILLED], OUTBOX_CHANNEL, status],
   );
   return rows[0]?.attempt_count ?? 0;
 }
 
 /**
- * `markSent` and the hand-off of the (customer, meter) lease to the next waiting delivery
+ * `markDelivered` (as `sent`) and the hand-off of the (customer, meter) lease to the next waiting delivery
  * (src/stripe/meter-lease.ts `releaseTurn`) in one round trip: the common end of every delivery.
  * Returns the attempts counted and the hand-offs made (NOTIFY at commit; the caller tells its own
  * process's waiters at once).

@@ -29,8 +29,10 @@ export async function insertUsage(
   db: Queryable,
   usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string },
 ): Promise<{ tenantKnown: boolean; row: EntryRow | undefined }> {
-  const { rows } = await db.query<Partial<EntryRow> & { tenant_known: boolean }>(
-    `WITH tenant AS (
+  const { rows } = await db.query<Partial<EntryRow> & { tenant_known: boolean }>({
+    // Named: prepared once per connection of the application's pool, parsed and planned once.
+    name: 'billing-outbox/record-usage',
+    text: `WITH tenant AS (
        SELECT tenant_id FROM billing_customers WHERE tenant_id = $2::text
      ), usage AS (
        INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
@@ -46,17 +48,20 @@ export async function insertUsage(
      )
      SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
-    [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key],
-  );
+    values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key],
+  });
   const row = rows[0]!;
   return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as EntryRow) };
 }
 
-/** The outbox entry of one tenant's usage id (unique per tenant: migrations/005). */
-export async function findEntryByUsage(db: Queryable, tenantId: string, usageId: string): Promise<EntryRow | undefined> {
-  const { rows } = await db.query<EntryRow>(`SELECT ${ENTRY_COLUMNS} FROM outbox WHERE tenant_id = $1::text AND usage_id = $2::text`, [
-    tenantId,
-    usageId,
-  ]);
+/**
+ * The outbox entry of one tenant's usage id: by its key, or by the key it was written with before
+ * keys were scoped by tenant (migrations/005), when that row is this tenant's.
+ */
+export async function findEntryByUsage(db: Queryable, tenantId: string, keys: { key: string; legacyKey: string }): Promise<EntryRow | undefined> {
+  const { rows } = await db.query<EntryRow>(
+    `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = ANY($2::text[]) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
+    [tenantId, [keys.key, keys.legacyKey]],
+  );
   return rows[0];
 }

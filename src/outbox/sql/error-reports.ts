@@ -49,7 +49,7 @@ export interface RejectedSampleResult {
 
 /**
  * Marks the rows Stripe named in an error report `rejected_async`, while they are `sent`, or
- * `dispatched` (Stripe accepted the call but our `markSent` has not run yet; it will leave the
+ * `dispatched` (Stripe accepted the call but our `markDelivered` has not run yet; it will leave the
  * rejection alone). Cancelled or already rejected rows are left alone. Says for every
  * sample what its row was. One statement: the outer SELECT reads the rows as they were before the
  * UPDATE (a data-modifying CTE's effects are invisible to the rest of its statement).
@@ -64,7 +64,7 @@ export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]
           SET status = 'rejected_async', rejected_at = now(), last_error_code = s.code,
               last_error_message = s.message, updated_at = now()
          FROM s
-        WHERE o.idempotency_key = s.key AND o.status IN ('sent', 'dispatched')
+        WHERE o.idempotency_key = s.key AND o.status IN ('sent', 'accepted', 'dispatched')
        RETURNING o.idempotency_key
      )
      SELECT s.key, o.status AS status_before, o.tenant_id, (m.idempotency_key IS NOT NULL) AS marked

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import { DELIVERED } from '../statuses.js';
 
 /** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
 export interface OperatorRow {
@@ -138,14 +139,14 @@ export async function listOperatorActions(db: Queryable, key: string, limit: num
 
 /**
  * After Stripe accepted the cancellation: the row stops counting as billed. Guarded by
- * `status = 'sent'` so a row that moved meanwhile (rejected by Stripe's later validation, or
+ * delivered (`sent` or `accepted`) so a row that moved meanwhile (rejected by Stripe's later validation, or
  * cancelled by another operator) is not overwritten. Returns whether it was this call that did it.
  */
 export async function markCancelled(db: Queryable, key: string): Promise<boolean> {
   const result = await db.query(
     `UPDATE outbox SET status = 'cancelled', cancelled_at = now(), updated_at = now()
-      WHERE idempotency_key = $1::text AND status = 'sent'`,
-    [key],
+      WHERE idempotency_key = $1::text AND status = ANY($2::text[])`,
+    [key, [...DELIVERED]],
   );
   return (result.rowCount ?? 0) > 0;
 }

@@ -3,7 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { UNBILLED, UNSETTLED } from '../statuses.js';
+import { DELIVERED, UNBILLED, UNSETTLED } from '../statuses.js';
 
 
 export interface ReconcileWindowRow {
@@ -13,7 +13,7 @@ export interface ReconcileWindowRow {
   tenant_ids: string[];
   /** Unix seconds of the hour the rows' occurred_at falls in (Stripe's meter-event timestamp). */
   window_start: number;
-  /** What Stripe should count: the quantities of `sent` rows. */
+  /** What Stripe should count: the quantities of delivered rows (`sent` and `accepted`). */
   sent_quantity: number;
   sent_count: number;
   /** Rows Stripe may or may not hold (pending, claimed, dispatched, dead). */
@@ -24,7 +24,7 @@ export interface ReconcileWindowRow {
 
 /**
  * Our side of a reconciliation: per (Stripe customer, event name, hour of occurred_at), the sum of
- * the `sent` quantities, and how many rows of each other kind fall in the hour. Grouped by Stripe
+ * the delivered (`sent`, `accepted`) quantities, and how many rows of each other kind fall in the hour. Grouped by Stripe
  * customer, not tenant, because Stripe's summaries are per customer: two tenants billed as one
  * customer are compared together. With a tenant, every customer that tenant is billed as.
  *
@@ -41,18 +41,18 @@ export async function reconcileWindows(
   const { rows } = await db.query<ReconcileWindowRow>(
     `SELECT c.stripe_customer_id, o.event_name, array_agg(DISTINCT o.tenant_id ORDER BY o.tenant_id) AS tenant_ids,
             (floor(extract(epoch FROM o.occurred_at) / 3600) * 3600)::bigint AS window_start,
-            COALESCE(sum(o.quantity) FILTER (WHERE o.status = 'sent'), 0)::bigint AS sent_quantity,
-            count(*) FILTER (WHERE o.status = 'sent') AS sent_count,
+            COALESCE(sum(o.quantity) FILTER (WHERE o.status = ANY($6::text[])), 0)::bigint AS sent_quantity,
+            count(*) FILTER (WHERE o.status = ANY($6::text[])) AS sent_count,
             count(*) FILTER (WHERE o.status = ANY($4::text[])) AS unsettled_count,
             count(*) FILTER (WHERE o.status = ANY($5::text[])) AS excluded_count
        FROM outbox o
        JOIN billing_customers c ON c.tenant_id = o.tenant_id
       WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
-        AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> 'sent')
+        AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> ALL($6::text[]))
         AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM billing_customers b WHERE b.tenant_id = $3::text))
       GROUP BY c.stripe_customer_id, o.event_name, window_start
       ORDER BY c.stripe_customer_id, o.event_name, window_start`,
-    [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED]],
+    [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED], [...DELIVERED]],
   );
   return rows;
 }

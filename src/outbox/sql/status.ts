@@ -3,10 +3,10 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { AWAITING_RELAY, OUTBOX_STATUSES, type OutboxStatus } from '../statuses.js';
+import { AWAITING_RELAY, DELIVERED, OUTBOX_STATUSES, type OutboxStatus } from '../statuses.js';
 
 export interface StatusSummary {
-  /** Rows per status; `sent` is the planner's estimate when `sentEstimated`. */
+  /** Rows per status; when `sentEstimated`, `sent` is the planner's estimate of sent and accepted rows together. */
   counts: Record<OutboxStatus, number>;
   sentEstimated: boolean;
   /** Age of the oldest row still waiting for a relay (pending or claimed); 0 when there is none. */
@@ -17,22 +17,23 @@ export interface StatusSummary {
  * Outbox health for the metrics scrape and `status`, in one statement, without touching the sent
  * rows.
  *
- * - Rows in every status but `sent` are counted exactly, grouped, in one pass over the partial
- *   index `outbox_status_idx` (status <> 'sent'): its size follows the backlog, the dead letters
- *   and the rows Stripe rejected or we cancelled, not the table.
- * - Sent rows are nearly the whole table and grow without bound; counting them exactly is a full
- *   scan on every scrape (seconds with tens of millions of rows). Once the table's estimated size
- *   reaches `exactCountBelow` rows, `sent` = estimated table rows − unsent rows, where the estimate
- *   is the planner's own: pg_class.reltuples (refreshed by autovacuum/ANALYZE) scaled by the
- *   table's current size in pages, so it follows growth between analyses. Below that size (or
- *   when the table was never analysed: reltuples = -1) they are counted exactly. The exact count
- *   sits in a CASE branch, so PostgreSQL never runs it when the estimate is used.
+ * - Rows in every status but the delivered ones (`sent`, `accepted`) are counted exactly,
+ *   grouped, in one pass over the partial index `outbox_unsettled_idx`: its size follows the
+ *   backlog, the dead letters and the rows Stripe rejected or we cancelled, not the table.
+ * - Delivered rows are nearly the whole table and grow without bound; counting them exactly is a
+ *   full scan on every scrape (seconds with tens of millions of rows). Once the table's estimated
+ *   size reaches `exactCountBelow` rows, `sent` = estimated table rows − the other rows (`accepted`
+ *   included in it, reported 0; `sentEstimated` says so), where the estimate is the planner's own:
+ *   pg_class.reltuples (refreshed by autovacuum/ANALYZE) scaled by the table's current size in
+ *   pages, so it follows growth between analyses. Below that size (or when the table was never
+ *   analysed: reltuples = -1) both are counted exactly. The exact counts sit in a CASE branch, so
+ *   PostgreSQL never runs them when the estimate is used.
  * - The oldest waiting row is the oldest of the lanes' first rows (ids follow commit order closely
  *   enough for an age), found as the claim finds them: a skip scan over `outbox_lane_idx`, one probe
  *   per lane with a backlog, not a sort of the backlog.
  */
 export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
-  const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; sent_estimated: boolean; oldest: number }>(
+  const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; accepted: number; sent_estimated: boolean; oldest: number }>(
     `WITH RECURSIVE lanes AS (
        (SELECT o.tenant_id, o.event_name FROM outbox o
          WHERE o.status = ANY($2::text[]) ORDER BY o.tenant_id, o.event_name LIMIT 1)
@@ -48,7 +49,7 @@ export async function statusSummary(db: Queryable, opts: { exactCountBelow?: num
           WHERE o.tenant_id = l.tenant_id AND o.event_name = l.event_name AND o.status = ANY($2::text[])
           ORDER BY o.tenant_id, o.event_name, o.id LIMIT 1) h
      ), unsent AS (
-       SELECT status, count(*) AS n FROM outbox WHERE status <> 'sent' GROUP BY status
+       SELECT status, count(*) AS n FROM outbox WHERE status <> ALL($3::text[]) GROUP BY status
      ), size AS (
        SELECT CASE WHEN c.reltuples < 0 THEN -1
                    WHEN c.relpages = 0 THEN c.reltuples
@@ -61,14 +62,16 @@ export async function statusSummary(db: Queryable, opts: { exactCountBelow?: num
                  THEN (SELECT count(*) FROM outbox WHERE status = 'sent')
                  ELSE greatest(0, round(s.estimate) - (SELECT COALESCE(sum(n), 0) FROM unsent))::bigint
             END AS sent,
+            CASE WHEN s.estimate < $1::float8 THEN (SELECT count(*) FROM outbox WHERE status = 'accepted') ELSE 0 END AS accepted,
             s.estimate >= $1::float8 AS sent_estimated,
             COALESCE((SELECT extract(epoch FROM now() - h.created_at)::float8 FROM heads h ORDER BY h.id LIMIT 1), 0) AS oldest
        FROM size s`,
-    [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY]],
+    [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY], [...DELIVERED]],
   );
   const r = rows[0]!;
   const counts = Object.fromEntries(OUTBOX_STATUSES.map((status) => [status, Number(r.unsent?.[status] ?? 0)])) as Record<OutboxStatus, number>;
   counts.sent = r.sent;
+  counts.accepted = r.accepted;
   return { counts, sentEstimated: r.sent_estimated, oldestPendingAgeSeconds: r.oldest };
 }
 
