@@ -46,9 +46,13 @@ export const DEFAULT_TEST_RATE = 20;
 /** [limits] One concurrent meter-event call per customer per meter (the lane, src/stripe/meter-lease.ts). */
 export const CONCURRENT_CALLS_PER_CUSTOMER_METER = 1;
 
-/** [stream] Up to 100 events per request to the v2 meter event stream. */
+/** [stream] The v2 meter event stream takes "up to 100 events per request". */
 export const MAX_STREAM_BATCH = 100;
-/** [stream] A meter event session's token is valid for 15 minutes. */
+/**
+ * [stream] "Authentication tokens are only valid for 15 minutes": a meter event session's token
+ * (`expires_at`, ISO-8601) must be replaced before then, and on `TemporarySessionExpiredError`.
+ * No per-customer concurrency rule is documented for the stream.
+ */
 export const STREAM_SESSION_TTL_MS = 15 * 60_000;
 /** [stream] The stream deduplicates identifiers silently over a rolling 24 hours (no "already exists" answer). */
 export const STREAM_DEDUP_WINDOW_MS = DAY_MS;

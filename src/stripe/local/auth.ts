@@ -1,7 +1,9 @@
 /**
  * API-key check. Stripe takes the secret key as a Bearer token (what stripe-node sends) or as the
  * Basic-auth user name (what `curl -u sk_test_…:` sends), and answers 401 before anything else runs.
+ * The v2 meter event stream is the exception: it takes only a meter event session's token.
  */
+import type { MeterEventSession, MeterEventSessions } from './sessions.js';
 import { stripeError, type ApiResponse } from './wire.js';
 
 /** Returns the 401 to send, or undefined when the key is acceptable. */
@@ -15,6 +17,29 @@ export function checkApiKey(authorization: string | null, requiredKey: string | 
   }
   const accepted = requiredKey !== undefined ? key === requiredKey : /^(sk|rk)_test_\w/.test(key);
   return accepted ? undefined : unauthorized(`Invalid API Key provided: ${redact(key)}`);
+}
+
+/**
+ * The stream's check: the token of a live session, or a 401. The secret key is not a session token
+ * and is refused like any unknown token. An expired session gets the v2 error type stripe-node maps
+ * to `TemporarySessionExpiredError` (its other 401s fall back, by status, to StripeAuthenticationError).
+ */
+export function checkSessionToken(authorization: string | null, sessions: MeterEventSessions): MeterEventSession | ApiResponse {
+  const found = sessions.lookup(keyFrom(authorization));
+  if (found.kind === 'valid') return found.session;
+  if (found.kind === 'expired') {
+    return stripeError(401, {
+      type: 'temporary_session_expired',
+      code: 'billing_meter_event_session_expired',
+      message:
+        `The meter event session ${found.session.id} expired at ${new Date(found.session.expiresAt).toISOString()}. ` +
+        'Create a new session (POST /v2/billing/meter_event_session) and send with its authentication_token.',
+    });
+  }
+  return unauthorized(
+    'The meter event stream needs the authentication_token of a meter event session as a Bearer token ' +
+      '(create one with POST /v2/billing/meter_event_session); this token is not one.',
+  );
 }
 
 function keyFrom(authorization: string | null): string | undefined {

@@ -5,13 +5,14 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { WebhookDelivery } from './error-reports.js';
-import type { FaultRequest, MeterInfo, RecordedMeterEvent, RequestRecord } from './types.js';
+import type { FaultRequest, MeterInfo, RecordedMeterEvent, RequestRecord, StreamRequestRecord } from './types.js';
 import { headerValue, readBody } from './wire.js';
 
 /** The LocalStripe methods the control API drives. */
 export interface ControlTarget {
   events(): RecordedMeterEvent[];
   requests(): RequestRecord[];
+  streamRequests(): StreamRequestRecord[];
   meters(): MeterInfo[];
   webhookDeliveries(): WebhookDelivery[];
   maxConcurrencySeen(customer: string, eventName: string): number;
@@ -19,6 +20,7 @@ export interface ControlTarget {
   reset(): void;
   addCustomer(id: string): void;
   addMeter(eventName: string, keys?: { customerKey?: string; valueKey?: string }): string;
+  flushStream(): void;
   flushAsyncErrors(): Promise<void>;
   advanceClock(ms: number): number;
 }
@@ -49,6 +51,8 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
       return target.events();
     case 'GET /_local/requests':
       return target.requests();
+    case 'GET /_local/stream-requests':
+      return target.streamRequests();
     case 'GET /_local/meters':
       return target.meters();
     case 'GET /_local/webhook-deliveries':
@@ -69,6 +73,9 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
       return { ok: true };
     case 'POST /_local/meters':
       return { id: target.addMeter(requireString(body, 'eventName'), { customerKey: optionalString(body, 'customerKey'), valueKey: optionalString(body, 'valueKey') }) };
+    case 'POST /_local/flush-stream':
+      target.flushStream();
+      return { ok: true };
     case 'POST /_local/flush-async-errors':
       await target.flushAsyncErrors();
       return { ok: true };

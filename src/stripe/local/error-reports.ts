@@ -8,18 +8,24 @@
  * and the receiver fetches the full event — whose `data.reason` lists the failed identifiers —
  * from GET /v2/core/events/:id. stripe-node handles it with `stripe.parseEventNotification(…)` and
  * `notification.fetchEvent()`; `stripe.webhooks.constructEvent` refuses thin events by design.
+ *
+ * Failures of events whose event name has no meter (only the v2 stream accepts those) cannot be
+ * filed under a meter: they go out as `v1.billing.meter.no_meter_found`, the same shape without a
+ * related object.
  */
 import { createHmac } from 'node:crypto';
 import type { AsyncErrorInfo, WebhookTarget } from './types.js';
 import { newId } from './wire.js';
 
 export const ERROR_REPORT_EVENT = 'v1.billing.meter.error_report_triggered';
+export const NO_METER_EVENT = 'v1.billing.meter.no_meter_found';
 /** Real Stripe only promises a sample of the failed requests; here every one up to this cap. */
 const MAX_SAMPLES_PER_CODE = 100;
 const DELIVERY_TIMEOUT_MS = 5000;
 
 export interface FailedMeterEvent extends AsyncErrorInfo {
-  meterId: string;
+  /** null: no meter has the event's name. */
+  meterId: string | null;
   identifier: string;
   /** ms by the simulated clock */
   receivedAt: number;
@@ -28,12 +34,12 @@ export interface FailedMeterEvent extends AsyncErrorInfo {
 export interface ErrorReportEvent {
   id: string;
   object: 'v2.core.event';
-  type: typeof ERROR_REPORT_EVENT;
+  type: typeof ERROR_REPORT_EVENT | typeof NO_METER_EVENT;
   created: string;
   livemode: false;
   context: null;
   reason: null;
-  related_object: { id: string; type: 'billing.meter'; url: string };
+  related_object: { id: string; type: 'billing.meter'; url: string } | null;
   data: {
     developer_message_summary: string;
     reason: {
@@ -160,9 +166,9 @@ function thinNotification(event: ErrorReportEvent): Omit<ErrorReportEvent, 'data
   return thin;
 }
 
-/** One event per meter, its failures grouped by error code. */
+/** One event per meter (and one for events without a meter), its failures grouped by error code. */
 function buildReports(batch: FailedMeterEvent[], nowMs: number): ErrorReportEvent[] {
-  const byMeter = groupBy(batch, (failure) => failure.meterId);
+  const byMeter = groupBy(batch, (failure) => failure.meterId ?? '');
   return [...byMeter].map(([meterId, failures]) => {
     const byCode = groupBy(failures, (failure) => failure.code);
     const count = failures.length;
@@ -170,12 +176,12 @@ function buildReports(batch: FailedMeterEvent[], nowMs: number): ErrorReportEven
     return {
       id: newId('evt_local', 24),
       object: 'v2.core.event',
-      type: ERROR_REPORT_EVENT,
+      type: meterId ? ERROR_REPORT_EVENT : NO_METER_EVENT,
       created: new Date(nowMs).toISOString(),
       livemode: false,
       context: null,
       reason: null,
-      related_object: { id: meterId, type: 'billing.meter', url: `/v1/billing/meters/${meterId}` },
+      related_object: meterId ? { id: meterId, type: 'billing.meter', url: `/v1/billing/meters/${meterId}` } : null,
       data: {
         developer_message_summary: count === 1 ? 'There is 1 invalid event' : `There are ${count} invalid events`,
         reason: {

@@ -10,7 +10,7 @@
  */
 import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH } from '../rules.js';
 import type { Catalog } from './catalog.js';
-import type { RecordedMeterEvent } from './types.js';
+import type { AsyncErrorInfo, RecordedMeterEvent } from './types.js';
 import { flatStrings, invalidRequest, missingParam, objectParam, stringParam, unknownParams, type ApiResponse, type FormObject } from './wire.js';
 
 const PAST_LIMIT_SECONDS = MAX_EVENT_AGE_MS / 1000;
@@ -27,7 +27,7 @@ export interface MeterEventInput {
   /** Unix seconds; undefined means "now". */
   timestamp: number | undefined;
   /** Set when the payload does not carry its meter's keys: accepted now, rejected asynchronously. */
-  asyncError?: { code: string; message: string };
+  asyncError?: AsyncErrorInfo;
 }
 
 /** The fields the concurrency rule and the request log need, read before any validation. */
@@ -94,22 +94,28 @@ export function validateMeterEvent(form: FormObject, catalog: Catalog, nowMs: nu
   return { eventName, customer: customer ?? '', value, payload, identifier, timestamp, ...(asyncError ? { asyncError } : {}) };
 }
 
-/** Stripe accepts events up to 35 days old and at most 5 minutes ahead of its clock. */
+/** The v1 answer to a timestamp out of range: a 400 there, where the stream reports it later. */
 function checkTimestampRange(timestamp: number, nowSeconds: number): ApiResponse | undefined {
+  const problem = timestampRangeProblem(timestamp, nowSeconds);
+  return problem && invalidRequest(problem.message, 'timestamp', problem.code);
+}
+
+/** Stripe accepts events up to 35 days old and at most 5 minutes ahead of its clock. */
+export function timestampRangeProblem(timestamp: number, nowSeconds: number): AsyncErrorInfo | undefined {
   if (timestamp < nowSeconds - PAST_LIMIT_SECONDS) {
-    return invalidRequest(
-      `Timestamp ${timestamp} is more than 35 days in the past. Meter events must be sent within 35 days of their usage.`,
-      'timestamp',
-      'timestamp_too_far_in_past',
-    );
+    return {
+      code: 'timestamp_too_far_in_past',
+      message: `Timestamp ${timestamp} is more than 35 days in the past. Meter events must be sent within 35 days of their usage.`,
+    };
   }
   if (timestamp > nowSeconds + FUTURE_LIMIT_SECONDS) {
-    return invalidRequest(`Timestamp ${timestamp} is more than 5 minutes in the future.`, 'timestamp', 'timestamp_in_future');
+    return { code: 'timestamp_in_future', message: `Timestamp ${timestamp} is more than 5 minutes in the future.` };
   }
   return undefined;
 }
 
-function parseWholeNumber(raw: string): number | undefined {
+/** A meter value: a whole number of 0 or more, as digits. */
+export function parseWholeNumber(raw: string): number | undefined {
   if (!/^\d+$/.test(raw)) return undefined;
   const value = Number(raw);
   return Number.isSafeInteger(value) ? value : undefined;

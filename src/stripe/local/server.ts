@@ -2,23 +2,35 @@
  * A local Stripe-compatible HTTP server for tests and the embedded demo mode.
  *
  * The real `stripe` package talks to it through
- * `new Stripe(key, { host: '127.0.0.1', port, protocol: 'http' })`. It implements the part of the
- * API the billing pipeline uses — meter events, their adjustments and summaries, meters, customers,
- * and the asynchronous error report — with the behaviour the pipeline has to survive: identifier
- * deduplication for 24 hours, Idempotency-Key replay, rate limits, one concurrent call per customer
- * and meter, and injectable failures (errors, latency, lost responses, outages). Everything it
+ * `new Stripe(key, { host: '127.0.0.1', port, protocol: 'http' })`; a custom `host` redirects the
+ * package's meter-events base address (the v2 stream's) here too. It implements the part of the
+ * API the billing pipeline uses — meter events (v1, and the v2 meter event stream with its
+ * sessions), their adjustments and summaries, meters, customers, and the asynchronous error
+ * report — with the behaviour the pipeline has to survive: identifier deduplication for 24 hours,
+ * Idempotency-Key replay, rate limits, one concurrent call per customer and meter, expiring stream
+ * sessions, and injectable failures (errors, latency, lost responses, outages). Everything it
  * accepted can be read back, in process or through the control API (`control.ts`).
  *
  * Order of checks for POST /v1/billing/meter_events, as Stripe applies them:
  *   refuse (outage) → auth → Idempotency-Key replay → injected failure → rate limit →
  *   per-customer concurrency → parameter validation → identifier dedup → record,
  * then the (simulated) latency, then the answer — or a dropped connection.
+ *
+ * Order for POST /v2/billing/meter_event_stream (JSON, authenticated by a session's token):
+ *   refuse (outage) → session token (401; expired: `temporary_session_expired`) → injected
+ *   failure → rate limit → request shape (400 for the whole request: ≤ 100 events, each well
+ *   formed) → take the events, answer `{}`,
+ * then the latency, then the answer or a dropped connection. Later, per event in order: identifier
+ * dedup (silent) → meter → customer → value → timestamp window → record, a failure reported
+ * through the error report. No per-customer concurrency rule, and no Idempotency-Key replay: v2
+ * retries "don't repeat successful operations", which identifier dedup gives events that carry an
+ * identifier; an event sent without one is counted again on a resend here, the stricter outcome.
  */
 import { randomUUID } from 'node:crypto';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createAdjustment } from './adjustments.js';
-import { checkApiKey } from './auth.js';
+import { checkApiKey, checkSessionToken } from './auth.js';
 import { Catalog, type CustomerObject } from './catalog.js';
 import { InFlightTracker } from './concurrency.js';
 import { handleControl, type ControlTarget } from './control.js';
@@ -26,19 +38,32 @@ import { ErrorReporter, type WebhookDelivery } from './error-reports.js';
 import { FaultPlan, failureResponse, isStoredFailure } from './faults.js';
 import { IdempotencyStore } from './idempotency.js';
 import { MeterEventLedger } from './ledger.js';
+import { checkStreamEvent, parseStreamRequest, streamRequestKeys, type StreamEvent } from './meter-event-stream.js';
 import { duplicateIdentifier, meterEventBody, meterEventKeys, validateMeterEvent, type MeterEventInput } from './meter-events.js';
 import { SlidingWindowLimiter } from './rate-limiter.js';
+import { MeterEventSessions, sessionBody } from './sessions.js';
 import { eventSummaries } from './summaries.js';
-import type { FailNextOptions, FaultRequest, LocalStripeOptions, MeterInfo, MeterKeyOptions, RecordedMeterEvent, RequestRecord } from './types.js';
+import type {
+  FailNextOptions,
+  FaultRequest,
+  LocalStripeOptions,
+  MeterInfo,
+  MeterKeyOptions,
+  RecordedMeterEvent,
+  RequestRecord,
+  StreamRequestRecord,
+} from './types.js';
 import {
   canonicalParams,
   flatStrings,
   headerValue,
+  invalidRequest,
   json,
   list,
   newId,
   notFound,
   objectParam,
+  parseJsonBody,
   parseStripeForm,
   readBody,
   stringParam,
@@ -46,6 +71,7 @@ import {
   writeResponse,
   type ApiResponse,
   type FormObject,
+  type JsonBody,
 } from './wire.js';
 
 export type * from './types.js';
@@ -57,7 +83,10 @@ interface ApiCall {
   method: string;
   path: string;
   query: URLSearchParams;
+  /** v1 parameters (form-encoded); empty for v2. */
   form: FormObject;
+  /** v2 body (JSON); null for v1. */
+  json: JsonBody | null;
   authorization: string | null;
   idempotencyKey: string | null;
   requestId: string;
@@ -85,6 +114,13 @@ interface Route {
 }
 
 const METER_EVENTS_PATH = '/v1/billing/meter_events';
+const METER_EVENT_STREAM_PATH = '/v2/billing/meter_event_stream';
+
+/** Stream events answered 200 and waiting for Stripe's later validation. */
+interface PendingStreamRequest {
+  events: StreamEvent[];
+  call: ApiCall;
+}
 
 export class LocalStripe implements ControlTarget {
   private readonly server: http.Server;
@@ -96,8 +132,12 @@ export class LocalStripe implements ControlTarget {
   private readonly inFlight = new InFlightTracker();
   private readonly faults = new FaultPlan();
   private readonly reporter: ErrorReporter;
+  private readonly sessions: MeterEventSessions;
   private readonly routes: Route[];
   private requestLog: RequestRecord[] = [];
+  private streamLog: StreamRequestRecord[] = [];
+  private streamQueue: PendingStreamRequest[] = [];
+  private streamTimer: NodeJS.Timeout | undefined;
   private clockOffsetMs = 0;
   /** Resolvers of pending latency waits, so close() does not wait for them. */
   private readonly sleepers = new Set<() => void>();
@@ -117,6 +157,7 @@ export class LocalStripe implements ControlTarget {
     this.idempotency = new IdempotencyStore(() => this.now());
     this.limiter = new SlidingWindowLimiter(options.rateLimitPerSecond);
     this.reporter = new ErrorReporter(() => this.now(), options.webhook);
+    this.sessions = new MeterEventSessions(() => this.now());
     for (const eventName of options.meters ?? ['api_requests']) this.catalog.addMeter(eventName);
     for (const id of options.customers ?? []) this.catalog.addCustomer(id);
     this.routes = this.buildRoutes();
@@ -136,6 +177,7 @@ export class LocalStripe implements ControlTarget {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.clearStreamQueue();
     for (const wake of [...this.sleepers]) wake();
     const serverClosed = new Promise<void>((resolve, reject) => {
       this.server.close((error) => (error ? reject(error) : resolve()));
@@ -161,7 +203,8 @@ export class LocalStripe implements ControlTarget {
 
   /**
    * Moves the simulated clock forward (on top of `options.now`), e.g. by 25 hours to leave the
-   * identifier window. Returns the new time in ms. For processes that cannot pass `now`.
+   * identifier window, or by 16 minutes to expire stream sessions. Returns the new time in ms. For
+   * processes that cannot pass `now`.
    */
   advanceClock(ms: number): number {
     this.clockOffsetMs += ms;
@@ -180,7 +223,12 @@ export class LocalStripe implements ControlTarget {
     return this.requestLog.map((record) => ({ ...record }));
   }
 
-  /** Highest number of meter-event requests for the pair in flight at once, counted at arrival. */
+  /** Every request that reached POST /v2/billing/meter_event_stream, in arrival order. */
+  streamRequests(): StreamRequestRecord[] {
+    return this.streamLog.map((record) => ({ ...record, identifiers: [...record.identifiers] }));
+  }
+
+  /** Highest number of v1 meter-event requests for the pair in flight at once, counted at arrival (the stream is not counted). */
   maxConcurrencySeen(customer: string, eventName: string): number {
     return this.inFlight.maxSeen(customer, eventName);
   }
@@ -217,8 +265,20 @@ export class LocalStripe implements ControlTarget {
     this.faults.asyncErrorNext(count, code, message);
   }
 
-  /** Publishes pending error reports now and waits for their webhook deliveries. */
+  /** Runs the later validation of stream events now (recording them), instead of on its timer. */
+  flushStream(): void {
+    clearTimeout(this.streamTimer);
+    this.streamTimer = undefined;
+    const pending = this.streamQueue;
+    this.streamQueue = [];
+    for (const { events, call } of pending) {
+      for (const event of events) this.processStreamEvent(event, call);
+    }
+  }
+
+  /** Processes pending stream events, publishes pending error reports now and waits for their webhook deliveries. */
   flushAsyncErrors(): Promise<void> {
+    this.flushStream();
     return this.reporter.flush();
   }
 
@@ -231,10 +291,16 @@ export class LocalStripe implements ControlTarget {
     if (asyncErrorNext) this.asyncErrorNext(asyncErrorNext.count, asyncErrorNext.code, asyncErrorNext.message);
   }
 
-  /** Forgets events, requests, idempotency keys, faults, error reports and the clock offset; keeps customers and meters. */
+  /**
+   * Forgets events (pending stream events too), requests, idempotency keys, faults, error reports
+   * and the clock offset; keeps customers, meters and stream sessions (credentials a running
+   * pipeline may hold).
+   */
   reset(): void {
+    this.clearStreamQueue();
     this.ledger.reset();
     this.requestLog = [];
+    this.streamLog = [];
     this.idempotency.reset();
     this.limiter.reset();
     this.inFlight.reset();
@@ -291,18 +357,25 @@ export class LocalStripe implements ControlTarget {
       await this.handleMeterEvent(res, call, headers);
       return;
     }
+    if (call.method === 'POST' && call.path === METER_EVENT_STREAM_PATH) {
+      await this.handleStream(res, call, headers);
+      return;
+    }
     const response = checkApiKey(call.authorization, this.options.apiKey) ?? this.withIdempotency(call, () => this.dispatch(call)).response;
     writeResponse(res, response, headers);
   }
 
   private async readCall(req: IncomingMessage, url: URL): Promise<ApiCall> {
     const raw = await readBody(req);
-    const isForm = (headerValue(req, 'content-type') ?? '').includes('application/x-www-form-urlencoded');
+    // v2 bodies are JSON (stripe-node sends every /v2 call so), v1 bodies a form.
+    const isV2 = url.pathname.startsWith('/v2/');
+    const isForm = !isV2 && (headerValue(req, 'content-type') ?? '').includes('application/x-www-form-urlencoded');
     return {
       method: req.method ?? 'GET',
       path: url.pathname,
       query: url.searchParams,
       form: isForm ? parseStripeForm(raw) : {},
+      json: isV2 ? parseJsonBody(raw) : null,
       authorization: headerValue(req, 'authorization'),
       idempotencyKey: headerValue(req, 'idempotency-key'),
       requestId: newId('req'),
@@ -387,9 +460,9 @@ export class LocalStripe implements ControlTarget {
       requestId: call.requestId,
     };
     this.ledger.record(event);
-    const meter = this.catalog.meterForEvent(event.eventName);
-    if (asyncError && meter) {
-      this.reporter.add({ ...asyncError, meterId: meter.id, identifier: event.identifier, receivedAt: now });
+    if (asyncError) {
+      const meterId = this.catalog.meterForEvent(event.eventName)?.id ?? null;
+      this.reporter.add({ ...asyncError, meterId, identifier: event.identifier, receivedAt: now });
     }
     return event;
   }
@@ -411,13 +484,69 @@ export class LocalStripe implements ControlTarget {
     });
   }
 
+  // ---- the v2 meter event stream --------------------------------------------------------------
+
+  private async handleStream(res: ServerResponse, call: ApiCall, headers: Record<string, string>): Promise<void> {
+    const { response, sessionId } = this.executeStream(call);
+    const dropped = this.faults.takeDrop();
+    const error = errorOf(response);
+    this.streamLog.push({
+      at: call.arrivedAt,
+      requestId: call.requestId,
+      sessionId,
+      ...streamRequestKeys(call.json?.ok ? call.json.value : undefined),
+      status: response.status,
+      ...(error?.message !== undefined ? { errorMessage: error.message } : {}),
+      ...(error?.code !== undefined ? { errorCode: error.code } : {}),
+      dropped,
+    });
+
+    await this.sleep(this.faults.latencyMs);
+    if (dropped || this.closed) {
+      res.destroy();
+      return;
+    }
+    writeResponse(res, response, headers);
+  }
+
+  private executeStream(call: ApiCall): { response: ApiResponse; sessionId: string | null } {
+    const session = checkSessionToken(call.authorization, this.sessions);
+    if ('status' in session) return { response: session, sessionId: null };
+    const sessionId = session.id;
+    const failure = this.faults.takeFailure();
+    if (failure) return { response: failureResponse(failure), sessionId };
+    if (!this.limiter.tryAcquire()) return { response: rateLimited(), sessionId };
+    const events = call.json?.ok
+      ? parseStreamRequest(call.json.value)
+      : invalidRequest(`The request body is not valid JSON (${call.json?.error ?? 'no body'}).`);
+    if ('status' in events) return { response: events, sessionId };
+    this.streamQueue.push({ events, call });
+    this.streamTimer ??= setTimeout(() => this.flushStream(), this.options.streamProcessingDelayMs ?? 0);
+    // Received, not validated: the answer says nothing about any one event.
+    return { response: json({}), sessionId };
+  }
+
+  /** Stripe's later look at one stream event, as of its receipt. */
+  private processStreamEvent(event: StreamEvent, call: ApiCall): void {
+    const receivedAt = call.arrivedAt;
+    // No "already exists" on the stream: a repeated identifier is simply not counted again.
+    if (event.identifier !== undefined && this.ledger.isDuplicate(event.identifier, receivedAt)) return;
+    this.recordMeterEvent(checkStreamEvent(event, this.catalog, receivedAt), call, receivedAt);
+  }
+
+  private clearStreamQueue(): void {
+    clearTimeout(this.streamTimer);
+    this.streamTimer = undefined;
+    this.streamQueue = [];
+  }
+
   // ---- idempotency ----------------------------------------------------------------------------
 
   private withIdempotency(call: ApiCall, execute: () => Execution): Outcome {
     const key = call.idempotencyKey;
     if (call.method !== 'POST' || key === null) return { ...execute(), replayed: false };
     const endpoint = `${call.method} ${call.path}`;
-    const params = canonicalParams(call.form);
+    const params = call.json ? JSON.stringify(call.json) : canonicalParams(call.form);
     const found = this.idempotency.lookup(key, endpoint, params);
     if (found.kind !== 'new') return { response: found.response, replayed: found.kind === 'replay' };
     const result = execute();
@@ -474,6 +603,7 @@ export class LocalStripe implements ControlTarget {
         pattern: /^\/v1\/billing\/meter_event_adjustments$/,
         handle: (c) => createAdjustment(c.form, this.ledger, this.now()),
       },
+      { method: 'POST', pattern: /^\/v2\/billing\/meter_event_session$/, handle: () => json(sessionBody(this.sessions.create())) },
       { method: 'GET', pattern: /^\/v2\/core\/events$/, handle: (c) => this.listErrorReports(c.query) },
       {
         method: 'GET',
@@ -486,7 +616,7 @@ export class LocalStripe implements ControlTarget {
   /** GET /v2/core/events (v2 list shape); `object_id` filters by the related meter. */
   private listErrorReports(query: URLSearchParams): ApiResponse {
     const objectId = query.get('object_id');
-    const data = this.reporter.events().filter((event) => objectId === null || event.related_object.id === objectId);
+    const data = this.reporter.events().filter((event) => objectId === null || event.related_object?.id === objectId);
     return json({ data, next_page_url: null, previous_page_url: null });
   }
 }

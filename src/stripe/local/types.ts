@@ -23,13 +23,24 @@ export interface LocalStripeOptions {
    * `refuseFor` use real time: they are about the network, not the calendar.
    */
   now?: () => number;
-  /** Account-wide limit on meter-event requests per second (sliding 1 s window). Default: none. */
+  /**
+   * Account-wide limit on meter-event requests per second (sliding 1 s window). Default: none.
+   * One allowance for both endpoints: a v1 call and a v2 stream request (of up to 100 events) count
+   * one each.
+   */
   rateLimitPerSecond?: number;
   /**
    * Default true. Stripe allows one concurrent meter-event call per (customer, meter); a request
-   * that arrives while another for the same pair is in flight gets a 429.
+   * that arrives while another for the same pair is in flight gets a 429. v1 only: Stripe documents
+   * no such rule for the v2 stream, so stream requests neither obey nor count towards it.
    */
   enforcePerCustomerConcurrency?: boolean;
+  /**
+   * How long (real ms) events the v2 stream answered 200 wait before Stripe's later validation
+   * decides on them and they show up in `events()`. Default 0: the next turn of the event loop.
+   * `flushStream()` (and `flushAsyncErrors()`) process them at once.
+   */
+  streamProcessingDelayMs?: number;
   /** Where to POST asynchronous error reports (`v1.billing.meter.error_report_triggered`). */
   webhook?: WebhookTarget;
 }
@@ -77,7 +88,7 @@ export interface RecordedMeterEvent {
   requestId: string;
 }
 
-/** One request that reached POST /v1/billing/meter_events (refused connections never reach it). */
+/** One request that reached POST /v1/billing/meter_events (refused connections never reach it; stream requests: StreamRequestRecord). */
 export interface RequestRecord {
   /** Arrival time, ms by the `now` clock. */
   at: number;
@@ -94,6 +105,25 @@ export interface RequestRecord {
   /** Answered from the idempotency store (`idempotent-replayed: true`). */
   replayed: boolean;
   /** The response was lost on purpose (`dropAfterRecord`). */
+  dropped: boolean;
+}
+
+/** One request that reached POST /v2/billing/meter_event_stream (refused connections never reach it). */
+export interface StreamRequestRecord {
+  /** Arrival time, ms by the `now` clock. */
+  at: number;
+  requestId: string;
+  /** The meter event session whose token authenticated it; null when the token was not a session's. */
+  sessionId: string | null;
+  /** Events in the body as sent (also when the request was refused), 0 when there was no list. */
+  eventCount: number;
+  /** The identifier of each event as sent, in order; null where an event had none. */
+  identifiers: (string | null)[];
+  /** 200 means "received": each event's fate is decided later (see `events()`). */
+  status: number;
+  errorMessage?: string;
+  errorCode?: string;
+  /** The response was lost on purpose (`dropAfterRecord`); the events were still taken. */
   dropped: boolean;
 }
 

@@ -1,6 +1,8 @@
 /**
- * Stripe's wire format: form-encoded request bodies with bracketed keys, JSON responses, errors as
- * `{ error: { type, code?, message, param?, doc_url? } }`, and the ids and headers every answer has.
+ * Stripe's wire format: form-encoded request bodies with bracketed keys (v1; v2 sends JSON), JSON
+ * responses, errors as `{ error: { type, code?, message, param?, doc_url? } }` in both versions
+ * (stripe-node picks a v2 error class by `type`, then `code`, then falls back to v1's choice by
+ * status), and the ids and headers every answer has.
  */
 import { randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -45,6 +47,18 @@ function assignPath(root: FormObject, path: string[], value: string): void {
     }
   }
   node[last] = value;
+}
+
+/** A v2 request body: JSON. An empty body is an empty object (what a call without parameters sends). */
+export type JsonBody = { ok: true; value: unknown } | { ok: false; error: string };
+
+export function parseJsonBody(raw: string): JsonBody {
+  if (raw.trim() === '') return { ok: true, value: {} };
+  try {
+    return { ok: true, value: JSON.parse(raw) as unknown };
+  } catch (error) {
+    return { ok: false, error: error instanceof Error ? error.message : String(error) };
+  }
 }
 
 /** A string parameter, or undefined when absent or nested. */
