@@ -30,6 +30,11 @@ export function classifyStripeError(err: unknown): FailureClass {
   if (err instanceof Stripe.errors.StripeConnectionError || status === undefined) {
     return { kind: 'retryable', code: 'connection_error', message };
   }
+  // The v2 stream's session ran out (the batcher renews it and resends once; if the renewed one is
+  // refused too, the next attempt gets yet another).
+  if (err.type === 'TemporarySessionExpiredError' || err.code === 'billing_meter_event_session_expired') {
+    return { kind: 'retryable', code: 'billing_meter_event_session_expired', message };
+  }
   if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message)) {
     return { kind: 'delivered' };
   }
