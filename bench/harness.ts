@@ -222,7 +222,8 @@ export async function processCpuSeconds(match: RegExp): Promise<number> {
  */
 export async function cpuMeter(
   stripePid?: number,
-): Promise<(events: number) => Promise<{ temporalMs: number; postgresMs: number; workerMs: number; stripeMs?: number }>> {
+  others: Record<string, RegExp> = {},
+): Promise<(events: number) => Promise<Record<string, number>>> {
   const temporal = /server start-dev/;
   const postgres = /(^|\/)postgres( |:)/;
   const stripe = stripePid === undefined ? undefined : new RegExp(`--port 0 --meter`);
@@ -230,6 +231,7 @@ export async function cpuMeter(
     t: await processCpuSeconds(temporal),
     p: await processCpuSeconds(postgres),
     s: stripe ? await processCpuSeconds(stripe) : 0,
+    o: Object.fromEntries(await Promise.all(Object.entries(others).map(async ([k, re]) => [k, await processCpuSeconds(re)] as const))),
   });
   const before = await read();
   const w0 = process.cpuUsage();
@@ -242,6 +244,7 @@ export async function cpuMeter(
       postgresMs: per(after.p - before.p),
       workerMs: per((w.user + w.system) / 1e6),
       ...(stripe ? { stripeMs: per(after.s - before.s) } : {}),
+      ...Object.fromEntries(Object.keys(others).map((k) => [k, per((after.o[k] ?? 0) - (before.o[k] ?? 0))])),
     };
   };
 }

@@ -137,7 +137,7 @@ describe('status and dead', () => {
     expect(Object.keys(status.json).sort()).toEqual(
       ['counts', 'deadByErrorCode', 'errorReports', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute'].sort(),
     );
-    expect(Object.keys(status.json.counts as object).sort()).toEqual(['cancelled', 'claimed', 'dead', 'dispatched', 'pending', 'rejected_async', 'sent']);
+    expect(Object.keys(status.json.counts as object).sort()).toEqual(['accepted', 'cancelled', 'claimed', 'dead', 'dispatched', 'pending', 'rejected_async', 'sent']);
     expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
     expect(status.json.sentEstimated).toBe(false);
     expect(typeof status.json.sentLastHour).toBe('number');
