@@ -126,8 +126,9 @@ export async function startStripeProcess(opts: { customers: number; latencyMs: n
   return {
     url,
     pid: child.pid!,
+    /** Requests that reached Stripe: v1 meter-event calls and v2 stream requests. */
     async requestCount() {
-      return ((await control('/_local/requests')) as unknown[]).length;
+      return ((await control('/_local/requests')) as unknown[]).length + ((await control('/_local/stream-requests')) as unknown[]).length;
     },
     async stop() {
       if (child.exitCode !== null) return;
@@ -181,7 +182,7 @@ export async function commitBacklog(pool: pg.Pool, n: number, tenants: number, p
 }
 
 export async function countSent(pool: pg.Pool): Promise<number> {
-  const { rows } = await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'sent'`);
+  const { rows } = await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status IN ('sent', 'accepted')`);
   return rows[0]!.n;
 }
 

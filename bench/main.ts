@@ -5,12 +5,22 @@
  *
  *   request-path   a bare usage-insert transaction vs the same with recordUsage (≥ 10,000 each)
  *   ceiling        bare workflow shapes vs billing-outbox draining the same number of events
- *   drain          billing-outbox alone draining a backlog (--customers, --latency, --events)
+ *   drain          billing-outbox alone draining a backlog (--customers, --latency, --events, --api)
+ *   backlog        20,000 events with 1, 5 and 100 customers, v1 and v2
+ *   steady         a steady arrival rate swept upwards to the knee (--seconds per rate, --api)
+ *   workers        the same backlog drained by 1, 2 and 4 worker processes
+ *   claim          the claim with 1,000,000 sent rows and a live backlog: plan and latency
+ *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  */
 import { parseArgs } from 'node:util';
 import { ceiling, drainOnce } from './ceiling.js';
 import { newReport, publish, startServices } from './harness.js';
+import { backlog } from './backlog.js';
+import { claim } from './claim.js';
+import { peers } from './peers.js';
 import { requestPath } from './request-path.js';
+import { steady } from './steady.js';
+import { workers } from './workers.js';
 
 const [name, ...rest] = process.argv.slice(2);
 const { values } = parseArgs({
@@ -20,6 +30,8 @@ const { values } = parseArgs({
     starters: { type: 'string', default: '100' },
     customers: { type: 'string', default: '100' },
     latency: { type: 'string', default: '30' },
+    api: { type: 'string', default: 'v1' },
+    seconds: { type: 'string', default: '20' },
   },
 });
 const num = (v: string | undefined) => Number(v);
@@ -40,9 +52,45 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
     await requestPath(services, report, { events: Math.max(num(values.events), 10_000) });
     await publish(report);
   },
+  async backlog(services) {
+    const report = newReport('backlog');
+    await backlog(services, report, {
+      events: values.events === '2000' ? 20_000 : num(values.events),
+      latencyMs: num(values.latency),
+      customers: [1, 5, 100],
+      apis: ['v1', 'v2'],
+    });
+    await publish(report);
+  },
+  async steady(services) {
+    const report = newReport('steady');
+    await steady(services, report, {
+      rates: [10, 20, 30, 40, 50, 60, 70, 80, 90, 100],
+      seconds: num(values.seconds),
+      customers: num(values.customers),
+      latencyMs: num(values.latency),
+      api: values.api === 'v2' ? 'v2' : 'v1',
+    });
+    await publish(report);
+  },
+  async workers(services) {
+    const report = newReport('workers');
+    await workers(services, report, { counts: [1, 2, 4], events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency) });
+    await publish(report);
+  },
+  async claim(services) {
+    const report = newReport('claim');
+    await claim(services, report, { sentRows: 1_000_000, pending: 20_000, lanes: 100, claims: 200 });
+    await publish(report);
+  },
+  async peers(services) {
+    const report = newReport('peers');
+    await peers(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency) });
+    await publish(report);
+  },
   async drain(services) {
     const report = newReport('drain');
-    await drainOnce(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency) });
+    await drainOnce(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency), env: { STRIPE_METER_API: values.api === 'v2' ? 'v2' : 'v1' } });
     await publish(report);
   },
 };
