@@ -11,6 +11,7 @@
  *   workers        the same backlog drained by 1, 2 and 4 worker processes
  *   claim          the claim with 1,000,000 sent rows and a live backlog: plan and latency
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
+ *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
  */
 import { parseArgs } from 'node:util';
 import { ceiling, drainOnce } from './ceiling.js';
@@ -19,6 +20,7 @@ import { backlog } from './backlog.js';
 import { claim } from './claim.js';
 import { peers } from './peers.js';
 import { requestPath } from './request-path.js';
+import { soak } from './soak.js';
 import { steady } from './steady.js';
 import { workers } from './workers.js';
 
@@ -86,6 +88,11 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
   async peers(services) {
     const report = newReport('peers');
     await peers(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency) });
+    await publish(report);
+  },
+  async soak(services) {
+    const report = newReport('soak');
+    await soak(services, report, { seconds: values.seconds === '20' ? 600 : num(values.seconds), rate: 30, customers: num(values.customers), latencyMs: num(values.latency) });
     await publish(report);
   },
   async drain(services) {
