@@ -65,7 +65,12 @@ export async function topStatements(pool: pg.Pool, limit = 8): Promise<{ ms: num
 
 /** A new, migrated database with tenants t1…tN billed as cus_1…cus_N. */
 export async function freshDatabase(services: Services, tenants: number): Promise<{ url: string; pool: pg.Pool }> {
-  const url = await services.pg.createDatabase(`bench_${randomUUID().replace(/-/g, '').slice(0, 10)}`);
+  const name = `bench_${randomUUID().replace(/-/g, '').slice(0, 10)}`;
+  await services.pg.createDatabase(name);
+  // As the superuser: the benchmarks read pg_stat_statements, which only it may reset.
+  const admin = new URL(services.pg.adminUrl);
+  admin.pathname = `/${name}`;
+  const url = admin.toString();
   await migrate(url);
   const pool = createPool(url, 20);
   await pool.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
