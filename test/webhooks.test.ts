@@ -300,6 +300,21 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await reports()).find((r) => r.event_id === event.id)).toMatchObject({ matched: 1, unmatched: 4, error_count: 5 });
   });
 
+  it('refuses a signature dated in the future (it would stay replayable until then), and a signed event id that is not one', async () => {
+    const body = JSON.stringify({ id: `evt_${randomUUID()}`, object: 'v2.core.event', type: 'v1.billing.meter.created', created: new Date().toISOString() });
+    const inAnHour = Math.floor(Date.now() / 1000) + 3_600;
+    const future = await deliver(body, signatureHeader(body, SECRET, inAnHour));
+    expect(future.statusCode).toBe(400);
+    expect(future.json().error).toMatchObject({ code: 'invalid_signature', message: expect.stringContaining('future') });
+
+    // Correctly signed, but its id carries a NUL byte (PostgreSQL refuses it in text): a 400, not a
+    // 500 that Stripe would redeliver for days.
+    const nul = JSON.stringify({ id: 'evt_\u0000abc', object: 'v2.core.event', type: 'v1.billing.meter.error_report_triggered', created: new Date().toISOString() });
+    const res = await deliver(nul, signatureHeader(nul, SECRET));
+    expect(res.statusCode).toBe(400);
+    expect(res.json().error.code).toBe('invalid_event');
+  });
+
   it('acknowledges other Stripe events without acting on them, and keeps JSON parsing on the other routes', async () => {
     const body = JSON.stringify({ id: `evt_${randomUUID()}`, object: 'v2.core.event', type: 'v1.billing.meter.created', created: new Date().toISOString() });
     const res = await deliver(body, signatureHeader(body, SECRET));

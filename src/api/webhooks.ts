@@ -37,6 +37,10 @@ export const ERROR_REPORT_EVENT_TYPES: ReadonlySet<string> = new Set(['v1.billin
 
 /** A thin notification is a few hundred bytes; this only bounds what a misconfigured sender can make us read. */
 const WEBHOOK_BODY_LIMIT_BYTES = 256 * 1024;
+/** Clock skew allowed between Stripe's signature timestamp and ours, ahead of us. */
+const SIGNATURE_FUTURE_TOLERANCE_MS = 5 * 60_000;
+/** Stripe event ids: a prefix and letters, digits, underscores (hyphens allowed). */
+const EVENT_ID = /^[A-Za-z0-9_-]{1,255}$/;
 /** Stripe waits a limited time for the answer; fetching the full event must fit well inside it. */
 const FETCH_TIMEOUT_MS = 10_000;
 
@@ -180,6 +184,12 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       }
       const body = request.body;
       if (!Buffer.isBuffer(body) || body.length === 0) throw new ApiError(400, 'invalid_signature', 'the body is empty');
+      // Stripe's library refuses a signature older than its tolerance but not one from the future,
+      // which would stay "fresh" (replayable) until that future came: refused here.
+      const signedAt = Number(/(?:^|,)\s*t=(\d+)/.exec(signature)?.[1]);
+      if (!Number.isFinite(signedAt) || signedAt * 1000 > Date.now() + SIGNATURE_FUTURE_TOLERANCE_MS) {
+        throw new ApiError(400, 'invalid_signature', 'the Stripe-Signature timestamp is missing or in the future');
+      }
 
       let notification: Stripe.V2.Core.EventNotification;
       try {
@@ -196,6 +206,11 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       }
 
       const eventId = notification.id;
+      // Signed, but still from outside: an id that is not a plain event id (a NUL byte, which
+      // PostgreSQL refuses in text) is a bad request, not a 500 Stripe would redeliver for days.
+      if (typeof eventId !== 'string' || !EVENT_ID.test(eventId)) {
+        throw new ApiError(400, 'invalid_event', 'the event id is not a Stripe event id');
+      }
       const log = request.log.child({ stripeEventId: eventId, stripeEventType: notification.type });
       if (!ERROR_REPORT_EVENT_TYPES.has(notification.type)) {
         log.info('Stripe event ignored: not an error report');
