@@ -3,6 +3,7 @@
  * through `app.inject()`: status codes, error bodies, auth, and what reaches the logs.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
+import net, { type AddressInfo } from 'node:net';
 import type { Connection } from '@temporalio/client';
 import type { LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -11,6 +12,9 @@ import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.j
 import type { ApiToken, Config } from '../src/config.js';
 import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { LocalStripe } from '../src/stripe/local/server.js';
+import { MeterCatalog } from '../src/stripe/meters.js';
 import { addCustomer, createTestDb, testConfig, waitFor, type TestDb } from './helpers.js';
 
 const secret = (label: string) => `${label}_${randomBytes(24).toString('hex')}`;
@@ -74,7 +78,9 @@ const errorOf = (res: LightMyRequestResponse) => (res.json() as { error: { code:
 
 describe('POST /v1/usage', () => {
   it('records a new usage (201), and the same request again is a 200 with the same entry', async () => {
-    const body = usage({ quantity: 7, occurred_at: '2025-06-01T10:00:00.250Z' });
+    // An hour ago, to the millisecond.
+    const occurredAt = new Date(Math.floor(Date.now() / 3_600_000) * 3_600_000 - 3_600_000 + 250).toISOString();
+    const body = usage({ quantity: 7, occurred_at: occurredAt });
     const first = await post(body);
     expect(first.statusCode).toBe(201);
     const created = first.json();
@@ -85,7 +91,7 @@ describe('POST /v1/usage', () => {
       usage_id: body.usage_id,
       quantity: 7,
       event_name: 'api_requests',
-      occurred_at: '2025-06-01T10:00:00.250Z',
+      occurred_at: occurredAt,
       created: true,
     });
 
@@ -133,6 +139,7 @@ describe('POST /v1/usage', () => {
     ['occurred_at on a day that does not exist', { occurred_at: '2025-02-30T10:00:00Z' }, 'occurred_at', /RFC 3339/],
     ['occurred_at as a number', { occurred_at: 1748772000 }, 'occurred_at', /string/],
     ['an extra property', { ocurred_at: '2025-06-01T10:00:00Z' }, 'ocurred_at', /not a known field/],
+    ['occurred_at older than Stripe takes (35 days)', { occurred_at: new Date(Date.now() - 36 * 86_400_000).toISOString() }, 'occurred_at', /within the past 35 days/],
     ['tenant_id with surrounding spaces', { tenant_id: ' acme ' }, 'tenant_id', /leading or trailing spaces/],
     ['usage_id with a control character', { usage_id: 'a\u0007b' }, 'usage_id', /control/],
     ['usage_id with a lone surrogate (JSON escape)', { usage_id: 'a\ud800b' }, 'usage_id', /surrogate/],
@@ -251,6 +258,46 @@ describe('POST /v1/usage', () => {
       expect(res.statusCode).toBe(422);
       expect(errorOf(res).code).toBe('unknown_tenant');
     });
+  });
+});
+
+describe('at the door', () => {
+  it("refuses usage for a meter Stripe does not have (422), and lets usage in when Stripe cannot be asked", async () => {
+    const stripe = await LocalStripe.start({ meters: ['api_requests'] });
+    try {
+      const withMeters = buildApi({ config, db: db.pool, log, temporal, meters: new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe)) });
+      extraApps.push(withMeters);
+      await writesNothing(async () => {
+        const res = await post(usage({ event_name: 'no_such_meter' }), writer, {}, withMeters);
+        expect(res.statusCode).toBe(422);
+        expect(errorOf(res)).toMatchObject({ code: 'unknown_meter', message: expect.stringContaining('"no_such_meter"') });
+      });
+      expect((await post(usage({ event_name: 'api_requests' }), writer, {}, withMeters)).statusCode).toBe(201);
+      // Stripe away: the door cannot check, and does not lose usage for it (the worker checks again).
+      await stripe.close();
+      const res = await post(usage({ event_name: 'not_checked_now' }), writer, {}, withMeters);
+      expect(res.statusCode).toBe(201);
+    } finally {
+      await stripe.close();
+    }
+  });
+
+  it('closes a connection that promises a body and never sends it, and goes on serving', async () => {
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: db.pool, log, temporal });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = quick.server.address() as AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    await new Promise((resolve) => socket.once('connect', resolve));
+    let answer = '';
+    socket.on('data', (b: Buffer) => (answer += b.toString()));
+    const closed = new Promise((resolve) => socket.once('close', resolve));
+    // Ten bytes of a hundred promised, then nothing.
+    socket.write(`POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${writer.token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"tenant":`);
+    await closed;
+    expect(answer === '' || /^HTTP\/1\.1 408/.test(answer)).toBe(true);
+    const res = await fetch(`http://127.0.0.1:${port}/healthz`);
+    expect(res.status).toBe(200);
   });
 });
 

@@ -220,7 +220,13 @@ describe('counters after real deliveries', () => {
     await waitStatus(rejected, 'dead');
     expect(await errors('rejected')).toBe(1);
 
-    const tooOld = await enqueue('acme', 1, new Date(Date.now() - 40 * 86_400_000));
+    // recordUsage refuses usage this old at the door; a row can still age past the window while it waits.
+    const tooOld = `u:acme:aged-${randomUUID()}`;
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
+       VALUES ('acme', $2, 'api_requests', 1, now() - interval '40 days', $1)`,
+      [tooOld, tooOld.slice('u:acme:'.length)],
+    );
     await waitStatus(tooOld, 'dead');
     expect(await errors('unsafe')).toBe(1);
   });

@@ -5,6 +5,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
+import { isDatabaseUnavailable } from '../db.js';
 import { plainError } from './request-log.js';
 
 export interface FieldError {
@@ -78,13 +79,6 @@ export function validationFields(errors: AjvError[]): FieldError[] {
   return [...byField.values()];
 }
 
-// Connection-level failures: the database is away, not the request wrong. Node socket errors and
-// SQLSTATE classes 08 (connection exception) and 57P (operator intervention, e.g. shutdown).
-function databaseUnavailable(err: unknown): boolean {
-  const code = (err as { code?: unknown } | null)?.code;
-  if (typeof code !== 'string') return false;
-  return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(code) || /^(08|57P)/.test(code);
-}
 
 function toApiError(err: unknown): ApiError | undefined {
   if (err instanceof ApiError) return err;
@@ -111,7 +105,7 @@ function toApiError(err: unknown): ApiError | undefined {
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
     return new ApiError(fe.statusCode, 'bad_request', fe.message ?? 'bad request');
   }
-  if (databaseUnavailable(err)) {
+  if (isDatabaseUnavailable(err)) {
     return new ApiError(503, 'unavailable', 'the database is unavailable; retry with the same usage_id', undefined, { 'retry-after': '5' });
   }
   return undefined;

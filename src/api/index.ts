@@ -14,6 +14,7 @@ import { Registry } from 'prom-client';
 import type { ApiScope, ApiToken, Config } from '../config.js';
 import type { Logger } from '../log.js';
 import { createMetrics, type Metrics } from '../metrics.js';
+import type { MeterCatalog } from '../stripe/meters.js';
 import { authenticate, requireScope, TokenVerifier } from './auth.js';
 import { ApiError, errorHandler } from './errors.js';
 import { useStrictJson } from './json-body.js';
@@ -39,7 +40,7 @@ declare module 'fastify' {
 
 export interface ApiDeps {
   /** `stripe` whole: the webhook route verifies with its secret and fetches events with its client. */
-  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens'>; stripe: Config['stripe'] };
+  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens' | 'requestTimeoutMs' | 'keepAliveTimeoutMs'>; stripe: Config['stripe'] };
   db: pg.Pool;
   log: Logger;
   /** For /healthz (see temporalHealthConnection); without it Temporal is `not_configured`. */
@@ -48,6 +49,8 @@ export interface ApiDeps {
   metrics?: Pick<Metrics, 'render' | 'contentType'> & Partial<Pick<Metrics, 'asyncRejections'>>;
   /** For the webhook route (tests); by default a client built from `config.stripe`. */
   stripe?: WebhookStripe;
+  /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
+  meters?: Pick<MeterCatalog, 'keysFor'>;
   /** How long /healthz waits for each dependency (default 2 s). */
   healthTimeoutMs?: number;
 }
@@ -64,6 +67,12 @@ export function buildApi(deps: ApiDeps) {
     // Typed as Fastify's base logger so route modules take a plain FastifyInstance.
     loggerInstance: deps.log as FastifyBaseLogger,
     bodyLimit: deps.config.api.bodyLimitBytes,
+    // A client that promises more than it sends, or sends it slowly, must not hold a connection
+    // (and a slot of the pool behind it) forever: the whole request within requestTimeoutMs, an
+    // idle socket closed after it too, an idle kept-alive connection after keepAliveTimeoutMs.
+    requestTimeout: deps.config.api.requestTimeoutMs,
+    connectionTimeout: deps.config.api.requestTimeoutMs,
+    keepAliveTimeout: deps.config.api.keepAliveTimeoutMs,
     genReqId: (req) => {
       const incoming = req.headers['x-request-id'];
       return typeof incoming === 'string' && SANE_REQUEST_ID.test(incoming) ? incoming : randomUUID();
@@ -96,7 +105,7 @@ export function buildApi(deps: ApiDeps) {
     if (routeConfig.scope) requireScope(token, routeConfig.scope);
   });
 
-  registerUsageRoutes(app, { db: deps.db, defaultEventName: deps.config.stripe.meterEventName });
+  registerUsageRoutes(app, { db: deps.db, defaultEventName: deps.config.stripe.meterEventName, meters: deps.meters });
   registerWebhookRoutes(app, { db: deps.db, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
   app.get('/healthz', { config: { public: true } }, async (request, reply) => {

@@ -9,7 +9,9 @@ import { recordUsage } from '../outbox/enqueue.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from '../outbox/validate.js';
+import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';
+import { ApiError } from './errors.js';
 
 export interface UsageRequestBody {
   tenant_id: string;
@@ -60,7 +62,29 @@ function responseBody(entry: OutboxEntry, usageId: string, created: boolean): Us
   };
 }
 
-export function registerUsageRoutes(app: FastifyInstance, deps: { db: pg.Pool; defaultEventName: string }): void {
+/** How long the door waits for Stripe's meter list before letting the usage in unchecked. */
+const METER_CHECK_TIMEOUT_MS = 1_000;
+
+/**
+ * Whether Stripe has an active meter for `eventName`: false only when Stripe said so. If Stripe
+ * cannot be asked (away, slow), the usage is let in: the worker checks again before sending, and
+ * refusing usage because Stripe is down would lose it.
+ */
+async function meterMissing(meters: Pick<MeterCatalog, 'keysFor'>, eventName: string): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const unknown = new Promise<'unknown'>((resolve) => (timer = setTimeout(() => resolve('unknown'), METER_CHECK_TIMEOUT_MS)));
+  try {
+    const keys = await Promise.race([meters.keysFor(eventName).catch(() => 'unknown' as const), unknown]);
+    return keys === undefined;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export function registerUsageRoutes(
+  app: FastifyInstance,
+  deps: { db: pg.Pool; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined },
+): void {
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',
     { schema: { body: usageBodySchema }, config: { scope: 'usage:write' } },
@@ -71,6 +95,12 @@ export function registerUsageRoutes(app: FastifyInstance, deps: { db: pg.Pool; d
       const log = request.log.child({ idempotencyKey: idempotencyKeyFor(body.tenant_id, body.usage_id) });
       request.log = log;
       reply.log = log;
+
+      // Usage that names a meter Stripe does not have could never be billed: refused at the door.
+      const eventName = body.event_name ?? deps.defaultEventName;
+      if (deps.meters && (await meterMissing(deps.meters, eventName))) {
+        throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
+      }
 
       const { entry, created } = await withTransaction(deps.db, (client) =>
         recordUsage(

@@ -9,6 +9,8 @@ import { createPool, migrate, redactUrl } from '../db.js';
 import { createLogger } from '../log.js';
 import { runMain, untilSignal } from './run-main.js';
 import { createMetrics } from '../metrics.js';
+import { createStripeClient } from '../stripe/client.js';
+import { MeterCatalog } from '../stripe/meters.js';
 
 await runMain(async () => {
   const config = loadConfig();
@@ -25,7 +27,8 @@ await runMain(async () => {
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
   const temporal = temporalHealthConnection(temporalAddress);
   const metrics = createMetrics(undefined, { db: pool });
-  const app = buildApi({ config, db: pool, log, temporal, metrics });
+  const meters = new MeterCatalog(createStripeClient(config.stripe));
+  const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
 
   try {
     await app.listen({ host: config.api.host, port: config.api.port });

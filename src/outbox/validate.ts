@@ -5,12 +5,14 @@
  * Text is refused, not repaired: repairing (U+FFFD for a bad byte, dropping an invisible character)
  * can make two different usage ids equal, and the second usage would then be lost as a "duplicate".
  */
-import { MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE } from '../stripe/rules.js';
+import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE } from '../stripe/rules.js';
 import { InvalidUsageError } from './errors.js';
 
 /** Usage ids: the old key format left 90 characters after its prefix; kept so existing ids stay valid. */
 export const MAX_USAGE_ID_LENGTH = 90;
 export const MAX_TENANT_ID_LENGTH = 200;
+/** Usage older than Stripe's window minus this is refused: the time left to get it to Stripe. */
+const DOOR_MARGIN_MS = 3_600_000;
 export { MAX_EVENT_NAME_LENGTH, MAX_VALUE as MAX_QUANTITY };
 
 /**
@@ -82,9 +84,15 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
     if (!(input.occurredAt instanceof Date) || Number.isNaN(input.occurredAt.getTime())) {
       throw new InvalidUsageError('occurredAt', 'must be a valid Date');
     }
-    // Stripe takes usage stamped at most 5 minutes ahead; later than that it could never be reported.
+    // Stripe takes usage stamped at most 5 minutes ahead and 35 days back; outside that it could
+    // never be reported, so it is refused now rather than kept as a dead letter. The hour of margin
+    // is the time the pipeline may need to get it to Stripe.
     if (input.occurredAt.getTime() > now + MAX_EVENT_FUTURE_MS) {
       throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
+    }
+    if (input.occurredAt.getTime() < now - (MAX_EVENT_AGE_MS - DOOR_MARGIN_MS)) {
+      const days = Math.floor((now - input.occurredAt.getTime()) / 86_400_000);
+      throw new InvalidUsageError('occurredAt', `must be within the past 35 days (Stripe refuses older usage): this is ${days} days old`);
     }
     occurredAt = input.occurredAt;
   }
