@@ -2,8 +2,8 @@
  * Activities of the usage workflow: report one event to Stripe, and keep its outbox row current.
  */
 import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/activity';
-import type Stripe from 'stripe';
-import type { Queryable } from '../src/db.js';
+import Stripe from 'stripe';
+import { isDatabaseUnavailable, type Queryable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import {
   beginAttempt,
@@ -20,7 +20,7 @@ import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
-import { releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
+import { holdTurn, releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterKeys } from '../src/stripe/meters.js';
 import type { MeterEventStream } from '../src/stripe/stream.js';
 import { reserveSlots, SlotPacer } from '../src/stripe/rate-limit.js';
@@ -44,6 +44,12 @@ export interface DeliveryDeps {
   stream?: MeterEventStream;
   /** How long a delivery waits in place for its (customer, meter) turn (config.lanes.turnWaitMs). */
   turnWaitMs?: number;
+  /**
+   * After a v1 call that got no answer (the client's timeout, a dropped connection) the pair's lease
+   * is kept this long and handed to nobody: a second call for the pair must not reach Stripe while
+   * the first may still be in progress there (STRIPE_UNANSWERED_HOLD_MS).
+   */
+  unansweredHoldMs?: number;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
 }
@@ -84,7 +90,12 @@ interface Turn {
   holder: string;
   /** The lease was handed on with the row's own update (markSentAndHandOff). */
   handedOff: boolean;
+  /** The call's outcome is unknown (no answer): Stripe may still be working on it. */
+  unanswered?: boolean;
 }
+
+/** A delivery that found PostgreSQL away comes back this much later (plus up to a second). */
+const DATABASE_RETRY_MS = 2_000;
 
 /** A delivery that stepped aside from a busy (customer, meter) comes back this much later. */
 const BUSY_RETRY_MS = 250;
@@ -98,6 +109,7 @@ const HEARTBEAT_EVERY_MS = 2_000;
 export function createDeliveryActivities(deps: DeliveryDeps) {
   const { db, stripe, meters, metrics, notifier, stopping, stream, stripeTimeoutMs, stripeCallsPerSecond } = deps;
   const turnWaitMs = deps.turnWaitMs ?? 10_000;
+  const unansweredHoldMs = deps.unansweredHoldMs ?? 30_000;
   const pacer = new SlotPacer(db, { bucket: 'stripe_calls', perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
   /** Counted once the row is marked sent, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
@@ -113,37 +125,15 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
      * type tells Temporal (and the workflow) whether another attempt can help.
      */
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
-      if (stream) return attemptByStream(input, stream);
-      const ctx = Context.current();
-      const info = activityInfo();
-      const turn: Turn = {
-        holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`,
-        handedOff: false,
-      };
-      // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
-      // noticed by the heartbeat timeout, not only by the attempt's timeout.
-      const beat = setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
       try {
-        for (;;) {
-          const got = await waitForTurn(input.key, turn.holder, ctx);
-          if (got === 'gave_up') return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
-          const result = await attempt(input, turn, got === 'acquired', ctx);
-          // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
-          // the queue, nothing sent, nothing counted.
-          if (result !== 'lease_lost') return result;
-        }
-      } finally {
-        clearInterval(beat);
-        // Unless the row's update already did: hands the lease (or our place in its queue) to the
-        // next delivery of the pair, in this process at once, elsewhere by NOTIFY. If this fails
-        // (PostgreSQL away), the lease lapses by itself; the outcome stands.
-        if (!turn.handedOff) {
-          const handOffs = await releaseTurn(db, turn.holder, HAND_OFF_LEASE_MS).catch((err: unknown) => {
-            log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
-            return [];
-          });
-          for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
-        }
+        return await (stream ? attemptByStream(input, stream) : attemptWithTurn(input));
+      } catch (err) {
+        // PostgreSQL away (before the call, or after it when the row could not be marked): not the
+        // event's failure. The workflow waits and comes back without spending an attempt; a call
+        // made again is caught by Stripe's identifier dedup, and past 23 h by the resend guard.
+        if (!isDatabaseUnavailable(err)) throw err;
+        log.warn('database unavailable during delivery; waiting it out', { idempotencyKey: input.key, error: String(err) });
+        return { outcome: 'deferred', reason: 'database_unavailable', retryAfterMs: DATABASE_RETRY_MS + Math.floor(Math.random() * 1_000), attempts: 0 };
       }
     },
 
@@ -166,6 +156,44 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     },
   };
   return activities;
+
+  /** One v1 attempt: wait for the (customer, meter) turn, then pace, begin and make the call. */
+  async function attemptWithTurn(input: DeliverInput): Promise<DeliveryResult> {
+    const ctx = Context.current();
+    const info = activityInfo();
+    const turn: Turn = {
+      holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`,
+      handedOff: false,
+    };
+    // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
+    // noticed by the heartbeat timeout, not only by the attempt's timeout.
+    const beat = setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
+    try {
+      for (;;) {
+        const got = await waitForTurn(input.key, turn.holder, ctx);
+        if (got === 'gave_up') return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
+        const result = await attempt(input, turn, got === 'acquired', ctx);
+        // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
+        // the queue, nothing sent, nothing counted.
+        if (result !== 'lease_lost') return result;
+      }
+    } finally {
+      clearInterval(beat);
+      // Unless the row's update already did: hands the lease (or our place in its queue) to the
+      // next delivery of the pair, in this process at once, elsewhere by NOTIFY. If this fails
+      // (PostgreSQL away), the lease lapses by itself; the outcome stands. After a call that got no
+      // answer, nobody gets it until `unansweredHoldMs` have passed: Stripe may still be on it.
+      if (turn.unanswered) {
+        await holdTurn(db, turn.holder, unansweredHoldMs).catch(() => undefined);
+      } else if (!turn.handedOff) {
+        const handOffs = await releaseTurn(db, turn.holder, HAND_OFF_LEASE_MS).catch((err: unknown) => {
+          log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
+          return [];
+        });
+        for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
+      }
+    }
+  }
 
   /**
    * Waits, inside the activity, for the (customer, meter) lease of `key`: woken by the holder's
@@ -269,6 +297,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         occurredAt: ready.row.occurred_at,
       });
     } catch (err) {
+      if (err instanceof Stripe.errors.StripeConnectionError) turn.unanswered = true;
       return failed(key, ready.row, err, sent);
     }
     const attempts = await sent();

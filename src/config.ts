@@ -83,6 +83,7 @@ const schema = z.object({
     .max(100, 'must be at most 100 characters (Stripe limit)')
     .default('api_requests'),
   STRIPE_TIMEOUT_MS: int(100, 120_000).default(20_000),
+  STRIPE_UNANSWERED_HOLD_MS: int(0, 600_000).default(30_000),
   STRIPE_WEBHOOK_SECRET: z
     .string()
     .trim()
@@ -100,6 +101,7 @@ const schema = z.object({
   RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
   RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
   RETRY_MAX_RATE_LIMITED_MS: int(1_000, 86_400_000).default(3_600_000),
+  DEAD_LETTER_OPEN_DAYS: decimal(0.001, 365).default(7),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
   RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
@@ -109,6 +111,8 @@ const schema = z.object({
   API_HOST: z.string().trim().min(1).default('127.0.0.1'),
   API_PORT: int(0, 65_535).default(8080),
   API_BODY_LIMIT_BYTES: int(256, 10_485_760).default(65_536),
+  API_REQUEST_TIMEOUT_MS: int(100, 600_000).default(10_000),
+  API_KEEP_ALIVE_TIMEOUT_MS: int(100, 600_000).default(5_000),
   API_TOKENS: z
     .string()
     .trim()
@@ -139,6 +143,11 @@ export interface RetryConfig {
   attemptTimeoutMs: number;
   /** How long an event may be held back by Stripe's 429s before it is dead-lettered. */
   maxRateLimitedMs: number;
+  /**
+   * How long a dead letter's workflow stays open for a retry signal; then it closes, the row stays
+   * dead, and `billing-outbox retry` reopens it (DEAD_LETTER_OPEN_DAYS).
+   */
+  deadLetterOpenMs: number;
 }
 
 export interface Config {
@@ -153,6 +162,11 @@ export interface Config {
     isRealStripe: boolean;
     meterEventName: string;
     timeoutMs: number;
+    /**
+     * After a call that got no answer, how long its (customer, meter) stays closed to other calls:
+     * Stripe may still be processing it.
+     */
+    unansweredHoldMs: number;
     /** Secret that verifies Stripe's webhook signatures; unset: the webhook route refuses all. */
     webhookSecret: string | undefined;
     /**
@@ -185,7 +199,7 @@ export interface Config {
    * server handing out workflow tasks that waited for one, a third more of its CPU per event).
    */
   worker: { maxConcurrentDeliveries: number };
-  api: { host: string; port: number; bodyLimitBytes: number; tokens: ApiToken[] };
+  api: { host: string; port: number; bodyLimitBytes: number; requestTimeoutMs: number; keepAliveTimeoutMs: number; tokens: ApiToken[] };
   /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
   workerMetricsPort: number | undefined;
   /** Where `npm start` keeps embedded data (default: .data under the project). */
@@ -248,6 +262,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
+      unansweredHoldMs: c.STRIPE_UNANSWERED_HOLD_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
       rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
       meterApi: c.STRIPE_METER_API,
@@ -261,6 +276,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       // The call, the database work around it, and the wait for the (customer, meter) turn.
       attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000 + LANE_TURN_WAIT_MS,
       maxRateLimitedMs: c.RETRY_MAX_RATE_LIMITED_MS,
+      deadLetterOpenMs: Math.round(c.DEAD_LETTER_OPEN_DAYS * 86_400_000),
     },
     lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT, turnWaitMs: LANE_TURN_WAIT_MS },
     worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES },
@@ -270,7 +286,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       leaseMs: c.RELAY_LEASE_MS,
       pollIntervalMs: c.RELAY_POLL_INTERVAL_MS,
     },
-    api: { host: c.API_HOST, port: c.API_PORT, bodyLimitBytes: c.API_BODY_LIMIT_BYTES, tokens: c.API_TOKENS ?? [] },
+    api: {
+      host: c.API_HOST,
+      port: c.API_PORT,
+      bodyLimitBytes: c.API_BODY_LIMIT_BYTES,
+      requestTimeoutMs: c.API_REQUEST_TIMEOUT_MS,
+      keepAliveTimeoutMs: c.API_KEEP_ALIVE_TIMEOUT_MS,
+      tokens: c.API_TOKENS ?? [],
+    },
     workerMetricsPort: c.WORKER_METRICS_PORT,
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,

@@ -62,6 +62,19 @@ export async function migrate(databaseUrl: string, opts: { upTo?: string } = {})
   }
 }
 
+/**
+ * Whether `err` says the database is away rather than the statement wrong: Node socket errors,
+ * node-postgres's own connection errors, and SQLSTATE classes 08 (connection exception) and 57P
+ * (operator intervention, e.g. a shutdown).
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  const e = err as { code?: unknown; message?: unknown } | null;
+  if (typeof e?.code === 'string') {
+    return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code) || /^(08|57P)/.test(e.code);
+  }
+  return typeof e?.message === 'string' && /Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message);
+}
+
 /** Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. */
 export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();

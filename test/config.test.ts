@@ -16,7 +16,7 @@ describe('configuration', () => {
     const c = loadConfig({});
     expect(c.temporal).toEqual({ address: undefined, namespace: 'default', taskQueue: 'billing-outbox' });
     expect(c.stripe).toMatchObject({ apiBase: 'https://api.stripe.com', isRealStripe: true, meterEventName: 'api_requests' });
-    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 40_000, maxRateLimitedMs: 3_600_000 });
+    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 40_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 });
     expect(c.lanes).toEqual({ maxInFlight: 4, turnWaitMs: 10_000 });
     expect(c.relay.batchSize).toBeGreaterThan(0);
   });

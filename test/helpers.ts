@@ -74,6 +74,8 @@ export function testConfig(env: Record<string, string> = {}): Config {
     RETRY_MAXIMUM_ATTEMPTS: '4',
     RELAY_COUNT: '1',
     RELAY_POLL_INTERVAL_MS: '200',
+    // A lost answer keeps its (customer, meter) closed this long; short, so retries in tests come quickly.
+    STRIPE_UNANSWERED_HOLD_MS: '300',
     LOG_LEVEL: 'silent',
     ...env,
   });

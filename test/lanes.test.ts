@@ -84,3 +84,35 @@ it('keeps a hot lane to LANE_MAX_IN_FLIGHT, lets another lane through, and drain
   expect(new Set(order).size).toBe(hot.length);
   for (const [i, rank] of order.entries()) expect(Math.abs(rank - i), `event ${rank} sent ${i}th`).toBeLessThan(LANE_MAX);
 }, 90_000);
+
+it('keeps a (customer, meter) closed after a call that got no answer: no second call while Stripe may still be on the first', async () => {
+  // Stripe answers after 1.5 s; the client gives up after 0.5 s, while Stripe is still at work.
+  const slow = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_slow'] });
+  slow.setLatency(1_500);
+  await db.pool.query(`INSERT INTO billing_customers VALUES ('slow', 'cus_slow') ON CONFLICT DO NOTHING`);
+  const slowConfig = testConfig({
+    STRIPE_API_BASE: slow.url,
+    STRIPE_API_KEY: 'sk_test_lanes',
+    STRIPE_TIMEOUT_MS: '500',
+    STRIPE_UNANSWERED_HOLD_MS: '2000',
+    RETRY_MAXIMUM_ATTEMPTS: '20',
+  });
+  await pipeline.stop();
+  pipeline = await startTestPipeline({ db, config: slowConfig });
+  try {
+    const keys = await backlog('slow', 3);
+    // Every call goes unanswered at first; the events still arrive (Stripe had them: duplicates).
+    await new Promise((r) => setTimeout(r, 6_000));
+    slow.setLatency(0);
+    await waitFor('all three sent', async () => {
+      const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status = 'sent'`, [keys]);
+      return rows[0]!.n === 3;
+    }, 60_000);
+    // Stripe never saw two calls for the pair at once, nor had to refuse one as concurrent.
+    expect(slow.maxConcurrencySeen('cus_slow', 'api_requests')).toBe(1);
+    expect(slow.requests().filter((r) => r.status === 429)).toEqual([]);
+    for (const key of keys) expect(slow.events().filter((e) => e.identifier === key)).toHaveLength(1);
+  } finally {
+    await slow.close();
+  }
+}, 120_000);

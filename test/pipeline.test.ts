@@ -229,8 +229,15 @@ describe('the core pipeline', () => {
     expect(stripe.requests().filter((req) => req.identifier === key)).toHaveLength(0);
   });
 
-  it('dead-letters usage older than Stripe\'s 35-day window before calling Stripe', async () => {
-    const key = await enqueue('acme', 3, new Date(Date.now() - 36 * 86_400_000));
+  it('dead-letters usage that aged past Stripe\'s 35-day window in the outbox, before calling Stripe', async () => {
+    // recordUsage refuses such usage at the door; a row can still age past the window while it
+    // waits (a long outage): written here as it would be found then.
+    const key = `u:acme:aged-${randomUUID()}`;
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
+       VALUES ('acme', $2, 'api_requests', 3, now() - interval '36 days', $1)`,
+      [key, key.slice('u:acme:'.length)],
+    );
     const dead = await waitStatus(key, 'dead');
     expect(dead.last_error_code).toBe('timestamp_too_far_in_past');
     expect(dead.last_error_message).toMatch(/35-day/);

@@ -88,6 +88,31 @@ it('PostgreSQL restarted while events are in flight: all delivered once after it
   expectBilledOnce(after);
 }, 240_000);
 
+it('PostgreSQL away for longer than the whole delivery retry budget: nothing is dead-lettered, all delivered once', async () => {
+  // A pipeline whose retry policy gives up after about half a second of failures.
+  await pipeline.stop();
+  const short = testConfig({
+    TEMPORAL_ADDRESS: temporal.address,
+    STRIPE_API_BASE: stripe.url,
+    STRIPE_API_KEY: 'sk_test_restarts',
+    RETRY_MAXIMUM_ATTEMPTS: '3',
+    RETRY_INITIAL_INTERVAL_MS: '50',
+    RETRY_MAXIMUM_INTERVAL_MS: '200',
+  });
+  pipeline = await startTestPipeline({ db, config: short });
+  stripe.setLatency(300);
+  const keys = await enqueue(12, `long-${randomUUID()}`);
+  await waitFor('deliveries under way', async () => stripe.events().some((e) => e.identifier.includes('long-')), 30_000, 20);
+  await pg.stop();
+  // Ten times the retry budget.
+  await new Promise((r) => setTimeout(r, 5_000));
+  pg = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'restarts', port: pg.port });
+  stripe.setLatency(0);
+  // A dead letter would stay dead (nobody retries it here): every row sent means none was.
+  await waitFor('every event sent', () => allSent(keys), 120_000, 250);
+  expectBilledOnce(keys);
+}, 240_000);
+
 it('Temporal restarted with events queued and in flight: all delivered once after it is back', async () => {
   stripe.setLatency(300);
   const keys = await enqueue(30, `tp-${randomUUID()}`);

@@ -44,6 +44,7 @@ const RETRY = {
   maximumAttempts: 4,
   attemptTimeoutMs: 30_000,
   maxRateLimitedMs: 10 * 60_000,
+  deadLetterOpenMs: 7 * 86_400_000,
 };
 
 type Deliver = (input: DeliverInput) => Promise<DeliveryResult>;
@@ -104,7 +105,12 @@ it('runs the retry policy out, then the event is dead and waits for a retry sign
     await env.sleep('1 day');
     expect((await handle.describe()).status.name).toBe('RUNNING');
     expect(calls.deliver).toHaveLength(RETRY.maximumAttempts);
-    await handle.terminate('test over');
+    // ...for DEAD_LETTER_OPEN_DAYS, then the run ends as Failed (the row stays dead; the CLI reopens it).
+    await env.sleep('7 days');
+    const closed = await handle.describe();
+    expect(closed.status.name).toBe('FAILED');
+    const failure = await handle.result().catch((e: unknown) => e as { cause?: { message?: string; type?: string } });
+    expect(failure).toMatchObject({ cause: { type: 'DeadLetterClosed', message: expect.stringMatching(/not retried within 168 h/) } });
   });
 });
 
@@ -159,8 +165,8 @@ it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", a
   });
 });
 
-it('never dead-letters an event for waiting on our own pace or a busy customer', async () => {
-  const reasons = ['paced', 'customer_busy'] as const;
+it('never dead-letters an event for waiting on our own pace, a busy customer or our own database', async () => {
+  const reasons = ['paced', 'customer_busy', 'database_unavailable'] as const;
   const { calls, activities } = fakeActivities(async () =>
     calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % 2]!, retryAfterMs: 60_000, attempts: 0 },
   );

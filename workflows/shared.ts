@@ -26,6 +26,8 @@ export interface RetryPolicyInput {
   attemptTimeoutMs: number;
   /** How long Stripe may keep answering 429 before the event is dead-lettered (RETRY_MAX_RATE_LIMITED_MS). */
   maxRateLimitedMs: number;
+  /** How long a dead letter's run stays open waiting for a retry signal (DEAD_LETTER_OPEN_DAYS). */
+  deadLetterOpenMs?: number;
 }
 
 export interface UsageWorkflowInput {
@@ -66,9 +68,11 @@ export const RATE_LIMIT_JITTER_MS = 500;
 /**
  * Why a delivery was put off without spending a retry attempt: Stripe answered 429
  * (`rate_limited`, the only one bounded by RETRY_MAX_RATE_LIMITED_MS), our own account-wide pace
- * had no slot soon enough (`paced`), or another call held the (customer, meter) lease (`customer_busy`).
+ * had no slot soon enough (`paced`), another call held the (customer, meter) lease (`customer_busy`),
+ * or our own PostgreSQL was unreachable (`database_unavailable`: our outage must never dead-letter
+ * an event; its retries resume the delivery, and Stripe's dedup absorbs a call made again).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'customer_busy';
+export type DeferralReason = 'rate_limited' | 'paced' | 'customer_busy' | 'database_unavailable';
 
 export interface UsageState {
   status: OutboxStatus;
@@ -104,6 +108,8 @@ export const ErrorTypes = {
   deferredTooLong: 'DeferredTooLong',
   /** The outbox row or its billing customer is missing: nothing to send. */
   missing: 'OutboxRowMissing',
+  /** A dead letter's run closed after DEAD_LETTER_OPEN_DAYS without a retry signal (the row stays dead). */
+  deadLetterClosed: 'DeadLetterClosed',
   /** Sending now could bill twice (identifier window passed) or Stripe cannot take it (timestamp). */
   unsafeToSend: 'UnsafeToSend',
 } as const;

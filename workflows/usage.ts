@@ -96,9 +96,16 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     if (state.status === 'dead') requested = request;
   });
 
-  /** Waits for an operator's retry signal, or takes the one that arrived since the event died. */
-  const nextRetry = async (): Promise<RetryRequest> => {
-    await condition(() => requested !== undefined);
+  /**
+   * Waits for an operator's retry signal, or takes the one that arrived since the event died. A dead
+   * letter's run waits at most `deadLetterOpenMs`, then closes (undefined): the row stays dead, and
+   * `billing-outbox retry` reopens it with a new run, so open runs cannot pile up without bound.
+   * Runs started before lanes wait as they always did (a timer here would not replay).
+   */
+  const nextRetry = async (): Promise<RetryRequest | undefined> => {
+    const waitMs = input.lanes === true ? input.retry.deadLetterOpenMs : undefined;
+    if (waitMs === undefined) await condition(() => requested !== undefined);
+    else if (!(await condition(() => requested !== undefined, waitMs))) return undefined;
     const request = requested ?? {};
     requested = undefined;
     return request;
@@ -202,7 +209,18 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       setStatus('dead');
       state.attempts = await markDead({ key: input.key, ...state.lastError });
     }
-    force = (await nextRetry()).force === true;
+    const retry = await nextRetry();
+    if (!retry) {
+      // Nobody retried it in time: the run ends (as Failed, so no list counts it as delivered), the
+      // row stays dead, and the CLI reopens it if it is ever retried.
+      throw ApplicationFailure.create({
+        type: ErrorTypes.deadLetterClosed,
+        message: `dead letter not retried within ${Math.round((input.retry.deadLetterOpenMs ?? 0) / 3_600_000)} h; the row stays dead: billing-outbox retry '${input.key}' reopens it`,
+        details: [state.lastError?.code ?? 'dead'],
+        nonRetryable: true,
+      });
+    }
+    force = retry.force === true;
     // A new delivery: its 429s are counted afresh.
     rateLimitedSince = undefined;
     await markRetrying(input.key);

@@ -91,6 +91,20 @@ export async function takeTurn(
   return { outcome: r.acquired ? 'acquired' : 'busy', lane: laneId(r.customer, r.event_name) };
 }
 
+/**
+ * Keeps `holder`'s lease for `ms` more and hands it to nobody: after a call whose outcome is
+ * unknown (the client gave up waiting, the connection dropped), Stripe may still be processing it,
+ * and a second call for the pair must not start meanwhile. The lease then lapses by itself, and
+ * the waiting deliveries (which re-check every second) take it.
+ */
+export async function holdTurn(db: Queryable, holder: string, ms: number): Promise<void> {
+  await db.query(
+    `UPDATE meter_leases SET expires_at = greatest(expires_at, clock_timestamp() + $2::int * interval '1 millisecond')
+      WHERE holder = $1::text`,
+    [holder, ms],
+  );
+}
+
 /** A pair given up: its lane id, and the waiting delivery that holds its lease now (null: none waited). */
 export interface HandOff {
   lane: string;

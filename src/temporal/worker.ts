@@ -73,6 +73,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     stripeTimeoutMs: config.stripe.timeoutMs,
     stripeCallsPerSecond: config.stripe.rateLimitPerSecond,
     turnWaitMs: config.lanes.turnWaitMs,
+    unansweredHoldMs: config.stripe.unansweredHoldMs,
   });
   const worker = await Worker.create({
     connection: deps.connection,

@@ -2,8 +2,8 @@
  * Requests in flight per (customer, event name).
  *
  * Stripe allows one concurrent meter-event call per customer per meter. A request counts as in
- * flight from the moment its body has arrived until its response is finished (or its socket is
- * gone), so it stays in flight during any simulated latency. Requests that end up rejected count
+ * flight from the moment its body has arrived until its answer is due, even if the caller hung up
+ * (Stripe keeps working on it), so it stays in flight during any simulated latency. Requests that end up rejected count
  * too: they arrived at the same time, which is what a pipeline must avoid.
  *
  * With zero latency a request is answered in the same tick it arrives, so overlap is rare; set a

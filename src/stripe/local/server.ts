@@ -408,8 +408,9 @@ export class LocalStripe implements ControlTarget {
 
   private async handleMeterEvent(res: ServerResponse, call: ApiCall, headers: Record<string, string>): Promise<void> {
     const keys = meterEventKeys(call.form, this.catalog);
+    // Stripe keeps working on a call after its caller hangs up, so the call stays in flight until
+    // its answer is due, whether or not anyone is still listening.
     const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '');
-    res.once('close', flight.leave);
 
     const denied = checkApiKey(call.authorization, this.options.apiKey);
     const outcome: Outcome = denied
@@ -419,6 +420,7 @@ export class LocalStripe implements ControlTarget {
     this.logRequest(call, keys, outcome, dropped);
 
     await this.sleep(this.faults.latencyMs);
+    flight.leave();
     if (dropped || this.closed) {
       // A lost response: Stripe did the work, the caller never hears about it.
       res.destroy();
