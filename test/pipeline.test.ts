@@ -95,6 +95,17 @@ describe('the core pipeline', () => {
     expect(await client.workflow.getHandle(key).query(stateQuery)).toMatchObject({ status: 'sent' });
   });
 
+  it('treats a 200 with a malformed body as unknown: the resend finds the identifier taken → sent, one event', async () => {
+    stripe.garbleNext(1);
+    const key = await enqueue('globex', 11);
+    const sent = await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    const requests = stripe.requests().filter((r) => r.identifier === key);
+    expect(requests.map((r) => r.status)).toEqual([200, 400]);
+    expect(requests[1]!.errorMessage).toMatch(/^An event already exists with identifier /);
+    expect(sent.attempt_count).toBe(2);
+  });
+
   it('a single lost response is absorbed by the replayed answer: one event, one attempt', async () => {
     stripe.dropAfterRecord(1);
     const key = await enqueue('globex', 10);

@@ -99,6 +99,7 @@ function parseFaults(body: Record<string, unknown>): FaultRequest {
   }
   faults.latencyMs = optionalNumber(body, 'latencyMs');
   faults.dropAfterRecord = optionalNumber(body, 'dropAfterRecord');
+  faults.garbleNext = optionalNumber(body, 'garbleNext');
   faults.refuseForSeconds = optionalNumber(body, 'refuseForSeconds');
   if (body.asyncErrorNext !== undefined) {
     const asyncErrorNext = requireObject(body, 'asyncErrorNext');

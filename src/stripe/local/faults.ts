@@ -33,6 +33,7 @@ export interface InjectedFailure extends FailNextOptions {
 export class FaultPlan {
   private readonly failures = new CountedQueue<InjectedFailure>();
   private readonly drops = new CountedQueue<true>();
+  private readonly garbles = new CountedQueue<true>();
   private readonly asyncErrors = new CountedQueue<AsyncErrorInfo>();
   private refuseUntil = 0;
   latencyMs = 0;
@@ -52,6 +53,14 @@ export class FaultPlan {
 
   takeDrop(): boolean {
     return this.drops.take() ?? false;
+  }
+
+  garbleNext(count: number): void {
+    this.garbles.add(count, true);
+  }
+
+  takeGarble(): boolean {
+    return this.garbles.take() ?? false;
   }
 
   /** Real time, not the simulated clock: an outage lasts as long as the test waits. */
@@ -74,6 +83,7 @@ export class FaultPlan {
   reset(): void {
     this.failures.clear();
     this.drops.clear();
+    this.garbles.clear();
     this.asyncErrors.clear();
     this.refuseUntil = 0;
     this.latencyMs = 0;

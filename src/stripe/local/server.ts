@@ -68,6 +68,7 @@ import {
   readBody,
   stringParam,
   stripeError,
+  writeGarbled,
   writeResponse,
   type ApiResponse,
   type FormObject,
@@ -255,6 +256,14 @@ export class LocalStripe implements ControlTarget {
     this.faults.dropAfterRecord(count);
   }
 
+  /**
+   * The next `count` meter-event (or stream) requests are processed as usual, then answered 200
+   * with a body that is not valid JSON (a proxy cutting it short): the caller cannot tell what happened.
+   */
+  garbleNext(count: number): void {
+    this.faults.garbleNext(count);
+  }
+
   /** For `seconds` of real time, every API connection is cut before anything is processed. */
   refuseFor(seconds: number): void {
     this.faults.refuseFor(seconds);
@@ -283,10 +292,11 @@ export class LocalStripe implements ControlTarget {
   }
 
   applyFaults(request: FaultRequest): void {
-    const { failNext, latencyMs, dropAfterRecord, refuseForSeconds, asyncErrorNext } = request;
+    const { failNext, latencyMs, dropAfterRecord, garbleNext, refuseForSeconds, asyncErrorNext } = request;
     if (failNext) this.failNext(failNext.count, failNext.status, failNext);
     if (latencyMs !== undefined) this.setLatency(latencyMs);
     if (dropAfterRecord !== undefined) this.dropAfterRecord(dropAfterRecord);
+    if (garbleNext !== undefined) this.garbleNext(garbleNext);
     if (refuseForSeconds !== undefined) this.refuseFor(refuseForSeconds);
     if (asyncErrorNext) this.asyncErrorNext(asyncErrorNext.count, asyncErrorNext.code, asyncErrorNext.message);
   }
@@ -417,6 +427,7 @@ export class LocalStripe implements ControlTarget {
       ? { response: denied, replayed: false }
       : this.withIdempotency(call, () => this.executeMeterEvent(call, flight.othersInFlight));
     const dropped = this.faults.takeDrop();
+    const garbled = !dropped && this.faults.takeGarble();
     this.logRequest(call, keys, outcome, dropped);
 
     await this.sleep(this.faults.latencyMs);
@@ -426,6 +437,7 @@ export class LocalStripe implements ControlTarget {
       res.destroy();
       return;
     }
+    if (garbled) return writeGarbled(res);
     writeResponse(res, outcome.response, headers);
   }
 
@@ -491,6 +503,7 @@ export class LocalStripe implements ControlTarget {
   private async handleStream(res: ServerResponse, call: ApiCall, headers: Record<string, string>): Promise<void> {
     const { response, sessionId } = this.executeStream(call);
     const dropped = this.faults.takeDrop();
+    const garbled = !dropped && this.faults.takeGarble();
     const error = errorOf(response);
     this.streamLog.push({
       at: call.arrivedAt,
@@ -508,6 +521,7 @@ export class LocalStripe implements ControlTarget {
       res.destroy();
       return;
     }
+    if (garbled) return writeGarbled(res);
     writeResponse(res, response, headers);
   }
 

@@ -138,6 +138,7 @@ export interface FaultRequest {
   failNext?: { count: number; status: number } & FailNextOptions;
   latencyMs?: number;
   dropAfterRecord?: number;
+  garbleNext?: number;
   refuseForSeconds?: number;
   asyncErrorNext?: { count: number; code: string; message?: string };
 }

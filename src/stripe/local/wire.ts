@@ -200,6 +200,13 @@ export function writeResponse(res: ServerResponse, response: ApiResponse, header
   res.end(body);
 }
 
+/** A 200 whose body stops half-way through its JSON. */
+export function writeGarbled(res: ServerResponse): void {
+  const body = '{"object": "billing.meter_event", "event_na';
+  res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
 export function headerValue(req: IncomingMessage, name: string): string | null {
   const value = req.headers[name.toLowerCase()];
   if (Array.isArray(value)) return value[0] ?? null;
