@@ -145,6 +145,16 @@ describe('POST /v1/usage', () => {
     ['usage_id with a lone surrogate (JSON escape)', { usage_id: 'a\ud800b' }, 'usage_id', /surrogate/],
     ['usage_id with a right-to-left override', { usage_id: 'inv\u202egpj.exe' }, 'usage_id', /bidirectional/],
     ['tenant_id with a zero-width space', { tenant_id: 'ac\u200bme' }, 'tenant_id', /invisible/],
+    ['quantity 2^63', { quantity: 2 ** 63 }, 'quantity', /at most 999999999999999/],
+    ['quantity "NaN"', { quantity: 'NaN' }, 'quantity', /integer/],
+    ['quantity null', { quantity: null }, 'quantity', /integer/],
+    ['quantity true', { quantity: true }, 'quantity', /integer/],
+    ['empty event_name', { event_name: '' }, 'event_name', /empty/],
+    ['event_name over 100 characters', { event_name: 'e'.repeat(101) }, 'event_name', /at most 100/],
+    ['tenant_id over 200 characters', { tenant_id: 't'.repeat(201) }, 'tenant_id', /at most 200/],
+    ['tenant_id a number', { tenant_id: 42 }, 'tenant_id', /string/],
+    ['usage_id an array', { usage_id: ['a'] }, 'usage_id', /string/],
+    ['usage_id an object', { usage_id: { $ne: null } }, 'usage_id', /string/],
   ];
   for (const [what, change, field, message] of badFields) {
     it(`400 for ${what}, naming the field, writing nothing`, async () => {
@@ -166,6 +176,27 @@ describe('POST /v1/usage', () => {
       const res = await post({ usage_id: 'x', quantity: 0, extra: true });
       expect(res.statusCode).toBe(400);
       expect(errorOf(res).fields!.map((f) => f.field).sort()).toEqual(['extra', 'quantity', 'tenant_id']);
+    });
+  });
+
+  it('takes SQL and shell meta-characters as data: stored verbatim, nothing else touched', async () => {
+    for (const usageId of [`x'); DROP TABLE outbox; --${randomUUID()}`, `$(rm -rf /)\`id\`;|&${randomUUID()}`, `%s%n{0}\\${randomUUID()}`]) {
+      const res = await post(usage({ usage_id: usageId }));
+      expect(res.statusCode, res.body).toBe(201);
+      const { rows } = await db.pool.query('SELECT id FROM usage_logs WHERE tenant_id = $1 AND id = $2', ['acme', usageId]);
+      expect(rows).toEqual([{ id: usageId }]);
+    }
+    const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM outbox`);
+    expect(rows[0].n).toBeGreaterThan(0);
+  });
+
+  it('400 for NaN and Infinity written as bare JSON tokens', async () => {
+    await writesNothing(async () => {
+      for (const token of ['NaN', 'Infinity', '-Infinity']) {
+        const res = await post(`{"tenant_id":"acme","usage_id":"req-${randomUUID()}","quantity":${token}}`, writer, { 'content-type': 'application/json' });
+        expect(res.statusCode).toBe(400);
+        expect(errorOf(res).code).toBe('invalid_json');
+      }
     });
   });
 
