@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test command: tools, typecheck, lint, then the suite against real PostgreSQL and Temporal.
+# The test command: tools, typecheck, lint, the suite against real PostgreSQL and Temporal, then
+# two short seeded chaos runs (v1 and v2; every fault in the catalogue at least once each).
+# Arguments go to vitest; with arguments (a file, -t …) the chaos runs are skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -d node_modules ] || npm ci --no-audit --no-fund
@@ -7,3 +9,7 @@ bash scripts/tools.sh
 npx tsc --noEmit
 npx eslint .
 npx vitest run "$@"
+if [ "$#" -eq 0 ] && [ "${SKIP_CHAOS:-}" != "1" ]; then
+  npx tsx chaos/main.ts --seed 20261202 --events 2000 --duration 60 --stripe-api v1
+  npx tsx chaos/main.ts --seed 20261203 --events 1500 --duration 45 --stripe-api v2
+fi
