@@ -26,9 +26,10 @@ export async function workers(services: Services, report: Report, opts: { counts
             STRIPE_API_BASE: stripe.url,
             STRIPE_API_KEY: 'sk_test_bench',
             STRIPE_RATE_LIMIT_PER_SECOND: '5000',
-            LOG_LEVEL: 'warn',
+            LOG_LEVEL: 'error',
           },
-          stdio: ['ignore', 'pipe', 'inherit'],
+          // Output ignored: an unread pipe fills up and blocks the process on its next log line.
+          stdio: ['ignore', 'ignore', 'inherit'],
         });
         children.push(child);
       }
