@@ -17,6 +17,10 @@ export function createPool(databaseUrl: string, max = 10): pg.Pool {
   // An idle client losing its connection (server restart) must not crash the process; the pool
   // discards it and the next query opens a new one.
   pool.on('error', () => undefined);
+  // Nor may a checked-out client that loses it between two queries (inside a transaction): its
+  // 'error' event would have no listener and end the process. The next query on it fails, and the
+  // pool drops it when it is released (it is no longer queryable).
+  pool.on('connect', (client) => client.on('error', () => undefined));
   return pool;
 }
 

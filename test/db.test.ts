@@ -1,0 +1,43 @@
+/**
+ * The pool our processes use survives PostgreSQL cutting its connections, including a connection
+ * checked out in the middle of a transaction (whose 'error' event would otherwise end the process).
+ */
+import pg from 'pg';
+import { afterAll, beforeAll, expect, inject, it } from 'vitest';
+import { createPool, isDatabaseUnavailable } from '../src/db.js';
+import { createTestDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let admin: pg.Client;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+});
+
+afterAll(async () => {
+  await admin?.end();
+  await db?.drop();
+});
+
+it('a connection cut between two queries of a transaction fails that transaction, not the process', async () => {
+  const pool = createPool(db.url, 2);
+  try {
+    const client = await pool.connect();
+    await client.query('BEGIN');
+    const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    await admin.query('SELECT pg_terminate_backend($1)', [rows[0]!.pid]);
+    // The server's goodbye arrives while no query is running: an 'error' event on the client, with
+    // no listener of ours (an unhandled one would fail this run).
+    await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
+    await new Promise((r) => setTimeout(r, 200));
+    const next = await client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+    expect(isDatabaseUnavailable(next)).toBe(true);
+    client.release();
+    // The pool dropped the broken client and opens a new one.
+    expect((await pool.query<{ ok: number }>('SELECT 1 AS ok')).rows).toEqual([{ ok: 1 }]);
+  } finally {
+    await pool.end();
+  }
+});
