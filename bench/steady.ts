@@ -2,8 +2,9 @@
  * `npm run bench -- steady`: usage arriving at a steady rate (recordUsage in the application's
  * transactions, as the API does), swept upwards until the pipeline no longer keeps up. Per rate:
  * what was delivered per second, and commit → acknowledged by Stripe (the row's sent_at − created_at)
- * at p50/p95/p99. The knee is the last rate whose events were all delivered within the window
- * plus a few seconds and whose p99 stayed within a few times its p50.
+ * at p50/p95/p99. A rate is kept up with when its events were all delivered within the window
+ * plus a few seconds and commit → acknowledged stayed under a second at p99 (no queue building);
+ * the knee is the last such rate.
  */
 import { randomUUID } from 'node:crypto';
 import { withTransaction } from '../src/db.js';
@@ -55,7 +56,7 @@ export async function steady(
         [`${run}-%`],
       );
       const lat = rows.map((r) => Number(r.ms));
-      const keptUp = delivered >= total && pct(lat, 99) < Math.max(5 * pct(lat, 50), 1_000);
+      const keptUp = delivered >= total && pct(lat, 99) < 1_000;
       report.rows.push({
         offeredPerSecond: rate,
         arrivedPerSecond: Math.round((total / arrivalMs) * 10_000) / 10,
