@@ -226,6 +226,24 @@ describe('retry', () => {
     ]);
   });
 
+  it("refuses, even with --force, an event outside Stripe's 35-day window: nothing sent, the row still dead, cancel named", async () => {
+    const key = await deadAfterRetries();
+    await waitWorkflowDead(key);
+    // As after a long outage: the usage has aged past what Stripe takes while it waited.
+    await db.pool.query(`UPDATE outbox SET occurred_at = now() - interval '35 days' WHERE idempotency_key = $1`, [key]);
+    const before = requestsFor(key).length;
+    for (const argv of [['retry', key], ['retry', key, '--force']]) {
+      const refused = await cli(argv);
+      expect(refused.code).toBe(1);
+      expect(refused.err).toContain("outside Stripe's 35-day window");
+      expect(refused.err).toContain(`billing-outbox cancel ${key}`);
+    }
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect(requestsFor(key)).toHaveLength(before);
+    expect((await row(key)).status).toBe('dead');
+    expect((await client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
+  });
+
   it('reopens a dead letter whose workflow was terminated; a concurrent second retry starts no second run', async () => {
     const key = await deadAfterRetries();
     await terminate(key);

@@ -29,7 +29,7 @@ import {
 } from '../outbox/sql/operator.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
-import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS } from '../stripe/rules.js';
+import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 
 /**
@@ -174,6 +174,13 @@ export class DeadLetterRetrier {
     }
     if (row.status !== 'dead') return done('skipped', `not a dead letter (status ${row.status}): it is still in flight`);
     const now = this.deps.now();
+    // Not even --force helps: Stripe refuses usage older than its window, whatever the identifier.
+    if (tooOldToSend(row.occurred_at, now)) {
+      return done(
+        'refused',
+        `it occurred at ${row.occurred_at.toISOString()}, outside Stripe's 35-day window (less an hour for delivery): Stripe would refuse it, so no retry can bill it; cancel it with \`billing-outbox cancel ${key}\``,
+      );
+    }
     const fresh = withinResendWindow(row, now);
     if (!fresh && !opts.force) return done('refused', windowRefusal(row, now));
 

@@ -5,14 +5,12 @@
  * Text is refused, not repaired: repairing (U+FFFD for a bad byte, dropping an invisible character)
  * can make two different usage ids equal, and the second usage would then be lost as a "duplicate".
  */
-import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE } from '../stripe/rules.js';
+import { MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE, tooOldToSend } from '../stripe/rules.js';
 import { InvalidUsageError } from './errors.js';
 
 /** Usage ids: the old key format left 90 characters after its prefix; kept so existing ids stay valid. */
 export const MAX_USAGE_ID_LENGTH = 90;
 export const MAX_TENANT_ID_LENGTH = 200;
-/** Usage older than Stripe's window minus this is refused: the time left to get it to Stripe. */
-const DOOR_MARGIN_MS = 3_600_000;
 export { MAX_EVENT_NAME_LENGTH, MAX_VALUE as MAX_QUANTITY };
 
 /**
@@ -90,7 +88,7 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
     if (input.occurredAt.getTime() > now + MAX_EVENT_FUTURE_MS) {
       throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
     }
-    if (input.occurredAt.getTime() < now - (MAX_EVENT_AGE_MS - DOOR_MARGIN_MS)) {
+    if (tooOldToSend(input.occurredAt, now)) {
       const days = Math.floor((now - input.occurredAt.getTime()) / 86_400_000);
       throw new InvalidUsageError('occurredAt', `must be within the past 35 days (Stripe refuses older usage): this is ${days} days old`);
     }

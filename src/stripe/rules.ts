@@ -78,5 +78,16 @@ export function timestampProblem(occurredAt: Date, now: number): { code: string;
   return undefined;
 }
 
+/**
+ * Usage accepted at the door, or retried by an operator, must still be inside the 35-day window
+ * when it reaches Stripe: an hour of margin for the queue and the retries on the way.
+ */
+export const WINDOW_MARGIN_MS = HOUR_MS;
+
+/** True when usage this old would no longer be inside Stripe's window by the time it is sent. */
+export function tooOldToSend(occurredAt: Date, now: number): boolean {
+  return occurredAt.getTime() < now - (MAX_EVENT_AGE_MS - WINDOW_MARGIN_MS);
+}
+
 /** Hours, for messages: 23 for SAFE_RESEND_WINDOW_MS. */
 export const inHours = (ms: number): number => ms / HOUR_MS;
