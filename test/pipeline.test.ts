@@ -136,7 +136,17 @@ describe('the core pipeline', () => {
 
     // The workflow is still open, waiting for a human.
     const handle = client.workflow.getHandle(key);
-    expect((await handle.describe()).status.name).toBe('RUNNING');
+    const described = await handle.describe();
+    expect(described.status.name).toBe('RUNNING');
+    // The Web UI at a glance: the static summary says what the event is, the current details what
+    // went wrong and the exact command that retries it.
+    expect(await described.staticSummary()).toMatch(/^acme: 6 × api_requests at \d{4}-\d\d-\d\dT/);
+    const details = await waitFor('the dead letter described', async () => {
+      const metadata = await handle.query<{ currentDetails?: string }>('__temporal_workflow_metadata');
+      return metadata.currentDetails?.startsWith('**Dead letter**') ? metadata.currentDetails : undefined;
+    });
+    expect(details).toContain(dead.last_error_code!);
+    expect(details).toContain(`npm run cli -- retry '${key}'`);
     await handle.signal(retrySignal);
     const sent = await waitStatus(key, 'sent');
     expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);

@@ -18,6 +18,7 @@ import {
   isCancellation,
   proxyActivities,
   proxyLocalActivities,
+  setCurrentDetails,
   setHandler,
   sleep,
   upsertSearchAttributes,
@@ -59,8 +60,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const { deliverUsage: deliverInTask } = proxyLocalActivities<DeliveryActivities>({
     startToCloseTimeout: attemptTimeoutMs,
     retry: { maximumAttempts: 1 },
+    summary: 'Report to Stripe: first attempt, in the workflow task',
   });
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
+    summary: "Report to Stripe: again, on Temporal's retry policy",
     startToCloseTimeout: attemptTimeoutMs,
     // The attempt heartbeats throughout (waiting for its turn, and the call): a dead worker's
     // attempt is retried elsewhere after this, not after the whole attempt timeout.
@@ -73,10 +76,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     retry: retryPolicy(maximumAttempts),
   });
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
-  const { markDead, markRetrying } = proxyActivities<DeliveryActivities>({
+  const bookkeeping = {
     startToCloseTimeout: '30 seconds',
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
-  });
+  } as const;
+  const { markDead } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: 'Mark the outbox row dead' });
+  const { markRetrying } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
   // Only for runs that started before lanes (see `lanes` below): they took their turn in this local
   // activity. A few quick tries only: while the database is unreachable the workflow waits on a
   // durable timer instead of in a local activity's retry loop.
@@ -87,6 +92,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 
   const info = workflowInfo();
   const holder = `${info.workflowId}/${info.runId}`;
+  // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
+  const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
+  show([`**Delivering** to Stripe with identifier \`${input.key}\`.`]);
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: RetryRequest | undefined;
   let force = input.force === true;
@@ -182,6 +190,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
           });
         }
       }
+      show([
+        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.retryAfterMs).toISOString()}. Waiting spends no retry attempt.`,
+        `Identifier \`${input.key}\`.`,
+      ]);
       await sleep(result.retryAfterMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
@@ -208,6 +220,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       requested = undefined;
       setStatus('dead');
       state.attempts = await markDead({ key: input.key, ...state.lastError });
+      const closesAt = input.lanes === true && input.retry.deadLetterOpenMs !== undefined ? new Date(Date.now() + input.retry.deadLetterOpenMs) : undefined;
+      show([
+        `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,
+        `Fix the cause, then retry with the same identifier: \`npm run cli -- retry '${input.key}'\` (or signal \`retry\` here).`,
+        closesAt ? `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.` : '',
+      ].filter(Boolean));
     }
     const retry = await nextRetry();
     if (!retry) {
@@ -225,8 +243,17 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     rateLimitedSince = undefined;
     await markRetrying(input.key);
     setStatus('dispatched');
+    show([`**Retrying** at ${retry.requestedBy ? `${retry.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
   }
 }
+
+/** How the Web UI's current details say why a delivery waits. */
+const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reason'], string> = {
+  rate_limited: 'for Stripe: it answered 429 (rate limited)',
+  paced: "for a slot in the account's pace (STRIPE_RATE_LIMIT_PER_SECOND)",
+  customer_busy: 'for its turn: another call for this customer and meter is in flight',
+  database_unavailable: 'for our PostgreSQL, which is unreachable',
+};
 
 /** Whether a delivery failure is one no retry can change (Stripe's refusal, a missing row, an unsafe resend). */
 function isFinal(err: unknown): boolean {

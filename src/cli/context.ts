@@ -3,6 +3,7 @@
  * tests build it from their own database pool, Temporal client and string buffers, and call
  * `runCli` in-process.
  */
+import { webUiLinks } from '../temporal/web-ui.js';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../config.js';
 import type pg from 'pg';
@@ -48,7 +49,7 @@ export class CommandLineError extends Error {
 
 /** The event's page in the Temporal Web UI (TEMPORAL_UI_URL, default http://localhost:8233). */
 export function workflowUiUrl(uiBase: string, namespace: string, workflowId: string): string {
-  return `${uiBase}/namespaces/${encodeURIComponent(namespace)}/workflows/${encodeURIComponent(workflowId)}`;
+  return webUiLinks(uiBase, namespace).workflow(workflowId);
 }
 
 export function writeJson(out: Output, value: unknown): void {

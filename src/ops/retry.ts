@@ -230,7 +230,7 @@ export class DeadLetterRetrier {
     try {
       await client.workflow.start(
         'usageWorkflow',
-        usageWorkflowStartOptions({ idempotency_key: key, tenant_id: reopened.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE', force: opts.force }),
+        usageWorkflowStartOptions({ ...row, idempotency_key: key, tenant_id: reopened.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE', force: opts.force }),
       );
     } catch (err) {
       const restored = await restoreDeadLetter(db, key, reopened.previous_dead_at);

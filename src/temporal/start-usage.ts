@@ -7,10 +7,23 @@ import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/c
 import type { Config } from '../config.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
 
-/** What identifies the event to start: its outbox row's key and tenant. */
+/** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
 export interface UsageEventRef {
   idempotency_key: string;
   tenant_id: string;
+  event_name?: string;
+  quantity?: string | number;
+  occurred_at?: Date;
+}
+
+/**
+ * The run's static summary in the Web UI's list and page: tenant, quantity, meter, time. Set once at
+ * start (the run's current details tell what is happening now).
+ */
+export function usageSummary(row: UsageEventRef): string {
+  const what = row.quantity !== undefined && row.event_name ? `${row.quantity} × ${row.event_name}` : 'usage';
+  const when = row.occurred_at ? ` at ${row.occurred_at.toISOString()}` : '';
+  return `${row.tenant_id}: ${what}${when}`;
 }
 
 /**
@@ -41,6 +54,7 @@ export function usageWorkflowStartOptions(
       { key: OutboxStatusKey, value: 'dispatched' },
       { key: TenantIdKey, value: row.tenant_id },
     ],
+    staticSummary: usageSummary(row),
   };
 }
 

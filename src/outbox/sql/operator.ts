@@ -10,6 +10,8 @@ export interface OperatorRow {
   id: number;
   idempotency_key: string;
   tenant_id: string;
+  event_name: string;
+  quantity: string;
   status: string;
   attempt_count: number;
   last_error_code: string | null;
@@ -21,7 +23,7 @@ export interface OperatorRow {
   stripe_customer_id: string | null;
 }
 
-const OPERATOR_COLUMNS = `o.id, o.idempotency_key, o.tenant_id, o.status, o.attempt_count, o.last_error_code,
+const OPERATOR_COLUMNS = `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
   o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
   (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
 

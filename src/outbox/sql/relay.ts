@@ -10,6 +10,10 @@ export interface ClaimedRow {
   id: number;
   idempotency_key: string;
   tenant_id: string;
+  /** For the workflow's summary in the Web UI. */
+  event_name: string;
+  quantity: string;
+  occurred_at: Date;
 }
 
 /** Claims serialise on this advisory lock for the milliseconds of the claim statement (see below). */
@@ -105,7 +109,7 @@ export async function claimStatement(
        FROM locked k
       WHERE o.id = k.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
-     RETURNING o.id, o.idempotency_key, o.tenant_id`,
+     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at`,
     [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
   );
   return rows;
