@@ -5,6 +5,7 @@
  */
 import { buildApi, temporalHealthConnection } from '../api/index.js';
 import { loadConfig } from '../config.js';
+import { loadDotEnv } from '../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { createLogger } from '../log.js';
 import { runMain, untilSignal } from './run-main.js';
@@ -13,6 +14,7 @@ import { createStripeClient } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
 
 await runMain(async () => {
+  loadDotEnv();
   const config = loadConfig();
   const log = createLogger(config.logLevel);
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');

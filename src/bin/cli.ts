@@ -10,6 +10,7 @@ import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from '../config.js';
 import { createPool } from '../db.js';
 import { runCli } from '../cli/run.js';
+import { defaultDataDir, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
 
 const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
 
@@ -31,10 +32,27 @@ async function confirm(question: string): Promise<boolean> {
   }
 }
 
+/**
+ * With DATABASE_URL or TEMPORAL_ADDRESS unset, the stack `npm start` is running on this machine
+ * (its .data/endpoints.json, while its process lives) fills them in, and its Web UI's address.
+ */
+function withRunningStack(config: Config): Config {
+  if (config.databaseUrl && config.temporal.address) return config;
+  const running = readRunningStack(defaultDataDir(config.dataDir));
+  if (!running) return config;
+  return {
+    ...config,
+    databaseUrl: config.databaseUrl ?? running.databaseUrl,
+    temporal: { ...config.temporal, address: config.temporal.address ?? running.temporalAddress },
+    temporalUiUrl: process.env.TEMPORAL_UI_URL || !running.temporalUi ? config.temporalUiUrl : running.temporalUi,
+  };
+}
+
 async function main(): Promise<number> {
   let config: Config;
   try {
-    config = loadConfig();
+    loadDotEnv();
+    config = withRunningStack(loadConfig());
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
     process.stderr.write(`${err.message}\n`);
@@ -47,7 +65,9 @@ async function main(): Promise<number> {
       config,
       async db() {
         if (!config.databaseUrl) {
-          throw new ConfigError(['DATABASE_URL: is not set; it names the billing-outbox PostgreSQL database (postgres://user:password@host:5432/db)']);
+          throw new ConfigError([
+            'DATABASE_URL: is not set, and no `npm start` is running here to take it from (.data/endpoints.json); it names the billing-outbox PostgreSQL database (postgres://user:password@host:5432/db)',
+          ]);
         }
         pool ??= createPool(config.databaseUrl, 4);
         return pool;

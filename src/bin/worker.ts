@@ -5,6 +5,7 @@
  * process's registry followed by the Temporal SDK's worker metrics (exported on a loopback port).
  */
 import { loadConfig } from '../config.js';
+import { loadDotEnv } from '../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { freePort } from '../embedded/postgres.js';
 import { createLogger } from '../log.js';
@@ -15,6 +16,7 @@ import { createStripeClient } from '../stripe/client.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
 
 await runMain(async () => {
+  loadDotEnv();
   const config = loadConfig();
   const log = createLogger(config.logLevel);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;

@@ -18,6 +18,8 @@ import type Stripe from 'stripe';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
 import { ConfigError, type ApiToken, type Config } from '../config.js';
 import { createPool, migrate, redactUrl } from '../db.js';
+import { stopLeftovers } from './leftovers.js';
+import { describePortHolder } from './ports.js';
 import { freePort, startEmbeddedPostgres } from './postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
@@ -104,15 +106,24 @@ export interface StopOptions {
   stepTimeoutMs?: number;
 }
 
-/** `preferred` if nothing listens there now, else any free port (0: any free port). */
-async function portOr(preferred: number): Promise<number> {
+/**
+ * `preferred` if nothing listens there now, else any free port (0: any free port). A taken port is
+ * said loudly, with what holds it: often a server an earlier run left behind, which links and
+ * tools would otherwise reach instead of this run's.
+ */
+async function portOr(preferred: number, what: string, log: Logger): Promise<number> {
   if (!preferred) return freePort();
   const free = await new Promise<boolean>((resolve) => {
     const srv = net.createServer();
     srv.once('error', () => resolve(false));
     srv.listen(preferred, '127.0.0.1', () => srv.close(() => resolve(true)));
   });
-  return free ? preferred : freePort();
+  if (free) return preferred;
+  const port = await freePort();
+  const holder = await describePortHolder(preferred);
+  log.warn({ what, preferredPort: preferred, port, holder }, `${what}: port ${preferred} is taken; using ${port}`);
+  console.error(`billing-outbox: ${what} cannot have port ${preferred}: it is held by ${holder}. Using port ${port} instead; stop that process to get ${preferred} back.`);
+  return port;
 }
 
 /**
@@ -190,10 +201,13 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     if (missing.length > 0) throw new ConfigError(missing);
   }
 
+  // Servers an earlier run left on these files would hold their locks and ports.
+  if (!config.databaseUrl || !config.temporal.address) await stopLeftovers(dataDir, (line) => console.error(line));
+
   try {
     let databaseUrl = config.databaseUrl;
     if (!databaseUrl) {
-      const pg = await startEmbeddedPostgres({ dataDir: path.join(dataDir, 'pg'), port: await portOr(ports.postgres) });
+      const pg = await startEmbeddedPostgres({ dataDir: path.join(dataDir, 'pg'), port: await portOr(ports.postgres, 'embedded PostgreSQL', log) });
       onStop('embedded PostgreSQL', () => pg.stop());
       databaseUrl = pg.url;
       log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
@@ -223,7 +237,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
         }
         return server;
       };
-      const preferred = [await portOr(ports.temporal), await portOr(ports.temporalUi)] as const;
+      const preferred = [await portOr(ports.temporal, 'Temporal dev server', log), await portOr(ports.temporalUi, 'Temporal Web UI', log)] as const;
       let server: DevServer;
       try {
         server = await start(...preferred);
@@ -244,7 +258,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     const seededCustomers: Record<string, string> = {};
     if (!config.stripe.apiKey && config.stripe.isRealStripe) {
       const stripeServer = await LocalStripe.start({
-        port: await portOr(ports.localStripe),
+        port: await portOr(ports.localStripe, 'local Stripe', log),
         meters: [...new Set([config.stripe.meterEventName, ...LOCAL_METERS])],
         customers: Object.values(DEMO_CUSTOMERS),
       });
@@ -278,7 +292,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     const temporalHealth = temporalHealthConnection(temporalAddress);
     onStop('health connection', () => temporalHealth.close());
     const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
-    await api.listen({ host: config.api.host, port: await portOr(config.api.port) });
+    await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });
     onStop('API', () => api.close());
     const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
     if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /healthz only, every other route 401');

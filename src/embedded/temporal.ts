@@ -68,9 +68,10 @@ export async function startTemporalDevServer(opts: {
     uiUrl = `http://127.0.0.1:${uiPort}`;
   }
   // Its own process group: a Ctrl-C in the terminal reaches us, and we stop the server after the
-  // worker has drained, instead of the server vanishing under in-flight workflows.
-  const child = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
-  const killOnExit = () => child.kill('SIGKILL');
+  // worker has drained, instead of the server vanishing under in-flight workflows. Under a guard
+  // that stops it when this process is gone, however it went (even SIGKILL, which runs no hook).
+  const child = spawn('sh', ['-c', GUARD, 'temporal-guard', String(process.pid), cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const killOnExit = () => killGroup(child, 'SIGKILL');
   process.once('exit', killOnExit);
   child.once('exit', () => process.off('exit', killOnExit));
   const output: string[] = [];
@@ -84,7 +85,7 @@ export async function startTemporalDevServer(opts: {
   child.stderr.on('data', collect);
   const address = `127.0.0.1:${port}`;
   await waitForPort(port, 60_000, child).catch((err: Error) => {
-    child.kill('SIGKILL');
+    killGroup(child, 'SIGKILL');
     throw new Error(`temporal dev server did not start: ${err.message}\n${output.join('')}`);
   });
   return {
@@ -133,10 +134,33 @@ async function startDownloadedDevServer(opts: {
   };
 }
 
+/**
+ * Runs the server (`$2…`) and stops it when the process `$1` is gone, or when the guard is told to
+ * stop (TERM/INT), then waits for it and exits with its status. Polls once a second.
+ */
+const GUARD = [
+  'parent=$1; shift',
+  '"$@" &',
+  'server=$!',
+  "trap 'kill -TERM $server 2>/dev/null' TERM INT",
+  'while kill -0 "$parent" 2>/dev/null && kill -0 "$server" 2>/dev/null; do sleep 1 & wait $!; done',
+  'kill -TERM "$server" 2>/dev/null',
+  'wait "$server"',
+].join('\n');
+
+/** Signals a detached child's whole process group (the guard and the server under it). */
+function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  try {
+    if (child.pid) process.kill(-child.pid, signal);
+  } catch {
+    child.kill(signal);
+  }
+}
+
 export function stopChild(child: ChildProcess, graceMs = 10_000): Promise<void> {
   return new Promise((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) return resolve();
-    const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+    const timer = setTimeout(() => killGroup(child, 'SIGKILL'), graceMs);
     child.once('exit', () => {
       clearTimeout(timer);
       resolve();
