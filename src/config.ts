@@ -127,6 +127,10 @@ const schema = z.object({
     .pipe(z.array(apiToken, 'must be a JSON array of {"name","token","tenants","scopes"}'))
     .optional(),
   WORKER_METRICS_PORT: int(0, 65_535).optional(),
+  // Never less than Stripe's 35-day window plus a day: reconciliation (31 days at most) and a
+  // cancel (24 h) read delivered rows; pruning them earlier would blind both.
+  OUTBOX_RETENTION_DAYS: decimal(36, 36_500).default(45),
+  OUTBOX_PRUNE_INTERVAL_MS: int(1_000, 86_400_000).default(600_000),
   DATA_DIR: z.string().trim().min(1).optional(),
   TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -200,6 +204,11 @@ export interface Config {
    */
   worker: { maxConcurrentDeliveries: number };
   api: { host: string; port: number; bodyLimitBytes: number; requestTimeoutMs: number; keepAliveTimeoutMs: number; tokens: ApiToken[] };
+  /**
+   * Delivered (and cancelled) rows older than `olderThanMs` (by sent_at) are deleted, in batches,
+   * by every worker every `intervalMs`; dead and unfinished rows never are.
+   */
+  retention: { olderThanMs: number; intervalMs: number };
   /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
   workerMetricsPort: number | undefined;
   /** Where `npm start` keeps embedded data (default: .data under the project). */
@@ -294,6 +303,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       keepAliveTimeoutMs: c.API_KEEP_ALIVE_TIMEOUT_MS,
       tokens: c.API_TOKENS ?? [],
     },
+    retention: { olderThanMs: Math.round(c.OUTBOX_RETENTION_DAYS * 86_400_000), intervalMs: c.OUTBOX_PRUNE_INTERVAL_MS },
     workerMetricsPort: c.WORKER_METRICS_PORT,
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,

@@ -48,6 +48,11 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     labelNames: ['class'] as const,
     registers,
   });
+  const prunedRows = new Counter({
+    name: 'billing_outbox_pruned_rows_total',
+    help: 'Delivered and cancelled outbox rows deleted by this process after OUTBOX_RETENTION_DAYS.',
+    registers,
+  });
   const claimBatchSize = new Histogram({
     name: 'billing_outbox_relay_claim_batch_size',
     help: 'Rows taken by each non-empty relay claim (empty polls only show in the claim duration count).',
@@ -125,6 +130,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     eventsSent,
     stripeErrors,
     asyncRejections,
+    prunedRows,
     claimBatchSize,
     claimDuration,
     commitToAck,

@@ -9,6 +9,7 @@ import { CANCEL_HELP, cancelCommand } from './commands/cancel.js';
 import { CUSTOMERS_HELP, customersCommand } from './commands/customers.js';
 import { DEAD_HELP, deadCommand } from './commands/dead.js';
 import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
+import { PRUNE_HELP, pruneCommand } from './commands/prune.js';
 import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
@@ -31,6 +32,7 @@ const COMMANDS: Record<string, Command> = {
   reconcile: { summary: "compare sent usage with Stripe's meter event summaries, hour by hour", help: RECONCILE_HELP, run: reconcileCommand },
   cancel: { summary: 'cancel a sent event at Stripe (within 24 h of receipt)', help: CANCEL_HELP, run: cancelCommand },
   customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },
+  prune: { summary: 'delete delivered rows past OUTBOX_RETENTION_DAYS (workers do it on a timer)', help: PRUNE_HELP, run: pruneCommand },
 };
 
 export const MAIN_HELP = `Usage: billing-outbox <command> [options]

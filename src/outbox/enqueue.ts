@@ -51,9 +51,13 @@ export async function recordUsage(
   // Already recorded (possibly by a concurrent transaction that has just committed).
   const found = await findEntryByUsage(client, usage.tenantId, { key, legacyKey: `${LEGACY_KEY_PREFIX}${usage.usageId}` });
   if (!found) {
-    // The usage row exists without an outbox row: impossible through this function, and a
-    // repeatable-read snapshot taken before the other transaction committed can also land here.
-    throw new UsageError('usage_conflict', `usage ${JSON.stringify(usage.usageId)} exists but its outbox entry is not visible`, 'usageId');
+    // The usage row exists without an outbox row: its outbox row was delivered and pruned after
+    // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).
+    throw new UsageError(
+      'usage_conflict',
+      `usage ${JSON.stringify(usage.usageId)} was recorded before; its outbox entry is gone (delivered and pruned after OUTBOX_RETENTION_DAYS) or not visible to this transaction`,
+      'usageId',
+    );
   }
   const entry = toEntry(found, usage.usageId);
   const same =

@@ -13,6 +13,7 @@ import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared
 import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
+import { pruneDelivered } from '../ops/prune.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
 import { createStripeClient } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
@@ -88,7 +89,12 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });
-  const done = worker.run().finally(() => notifier.close());
+  const pruner = startPruner(deps, stopping.signal);
+  const done = worker.run().finally(async () => {
+    // However the worker ended (shutdown or a crash), the pruner's loop ends with it.
+    stopping.abort();
+    await Promise.all([notifier.close(), pruner]);
+  });
   await ensureRelays(client, config);
   deps.log?.info(
     { taskQueue: config.temporal.taskQueue, relays: config.relay.count, stripeCallsPerSecond: config.stripe.rateLimitPerSecond },
@@ -103,6 +109,33 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
       await done;
     },
   };
+}
+
+/**
+ * Retention: every OUTBOX_PRUNE_INTERVAL_MS (first one a minute after start), delivered rows past
+ * OUTBOX_RETENTION_DAYS are pruned in batches (src/ops/prune.ts). A failure is logged and tried
+ * again next time; the loop ends with the worker.
+ */
+async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void> {
+  const { config, pool, metrics, log } = deps;
+  const wait = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      signal.addEventListener('abort', () => {
+        clearTimeout(timer);
+        resolve();
+      }, { once: true });
+    });
+  await wait(Math.min(60_000, config.retention.intervalMs));
+  while (!signal.aborted) {
+    try {
+      const pruned = await pruneDelivered(pool, { olderThanMs: config.retention.olderThanMs, signal, onBatch: (n) => metrics?.prunedRows.inc(n) });
+      if (pruned > 0) log?.info({ pruned, olderThanDays: config.retention.olderThanMs / 86_400_000 }, 'pruned delivered outbox rows');
+    } catch (err) {
+      log?.warn({ err: String(err) }, 'pruning delivered outbox rows failed; trying again later');
+    }
+    await wait(config.retention.intervalMs);
+  }
 }
 
 /** Starts the relay workflows unless they are already running. Every worker calls this at boot. */

@@ -1,0 +1,40 @@
+/** `billing-outbox prune`: delete delivered rows past the retention age now (workers do it on a timer). */
+import { pruneDelivered } from '../../ops/prune.js';
+import { countPrunable, PRUNABLE } from '../../outbox/sql/retention.js';
+import { intOption, noPositionals, parse } from '../args.js';
+import { CommandLineError, EXIT_OK, writeJson, type CliContext } from '../context.js';
+
+export const PRUNE_HELP = `Usage: billing-outbox prune [--older-than-days N] [--dry-run] [--json]
+
+Deletes outbox rows that are ${PRUNABLE.join(', ')} and were sent more than N days ago (default
+OUTBOX_RETENTION_DAYS, 45; at least 36: Stripe's 35-day window, reconciliation and cancels read
+them), in batches that never block the relay. Dead, rejected and unfinished rows are never pruned,
+nor is the application's usage_logs table. Workers do this every OUTBOX_PRUNE_INTERVAL_MS.
+--dry-run counts what would go; --json prints {olderThanDays, pruned | wouldPrune}.
+`;
+
+export async function pruneCommand(args: string[], ctx: CliContext): Promise<number> {
+  const { values, positionals } = parse(args, { 'older-than-days': { type: 'string' }, 'dry-run': { type: 'boolean' }, json: { type: 'boolean' } }, PRUNE_HELP);
+  if (values.help) {
+    ctx.out.write(PRUNE_HELP);
+    return EXIT_OK;
+  }
+  noPositionals(positionals, PRUNE_HELP);
+  const configuredDays = ctx.config.retention.olderThanMs / 86_400_000;
+  const days = intOption(values['older-than-days'], 'older-than-days', 36, 36_500, Math.ceil(configuredDays), PRUNE_HELP);
+  if (values['older-than-days'] === undefined && !Number.isInteger(configuredDays)) {
+    throw new CommandLineError('OUTBOX_RETENTION_DAYS is fractional; pass --older-than-days', PRUNE_HELP);
+  }
+  const olderThanMs = days * 86_400_000;
+  const db = await ctx.db();
+  if (values['dry-run']) {
+    const wouldPrune = await countPrunable(db, olderThanMs);
+    if (values.json) writeJson(ctx.out, { olderThanDays: days, wouldPrune });
+    else ctx.out.write(`${wouldPrune} delivered row(s) sent more than ${days} days ago would be pruned\n`);
+    return EXIT_OK;
+  }
+  const pruned = await pruneDelivered(db, { olderThanMs });
+  if (values.json) writeJson(ctx.out, { olderThanDays: days, pruned });
+  else ctx.out.write(`pruned ${pruned} delivered row(s) sent more than ${days} days ago\n`);
+  return EXIT_OK;
+}

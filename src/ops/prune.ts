@@ -1,0 +1,31 @@
+/**
+ * Pruning delivered rows past OUTBOX_RETENTION_DAYS, batch by batch, pausing between batches so
+ * the hot path keeps the database. Run by every worker on a timer (SKIP LOCKED lets several run at
+ * once) and by `billing-outbox prune`.
+ */
+import type { Queryable } from '../db.js';
+import { pruneBatch } from '../outbox/sql/retention.js';
+
+export interface PruneOptions {
+  olderThanMs: number;
+  batchSize?: number;
+  /** Pause between batches (default 50 ms). */
+  pauseMs?: number;
+  /** Stops between batches when aborted. */
+  signal?: AbortSignal;
+  onBatch?: (deleted: number) => void;
+}
+
+/** Prunes until a batch comes back short; returns the rows deleted. */
+export async function pruneDelivered(db: Queryable, opts: PruneOptions): Promise<number> {
+  const batchSize = opts.batchSize ?? 2_000;
+  let total = 0;
+  for (;;) {
+    if (opts.signal?.aborted) return total;
+    const deleted = await pruneBatch(db, { olderThanMs: opts.olderThanMs, batchSize });
+    total += deleted;
+    if (deleted > 0) opts.onBatch?.(deleted);
+    if (deleted < batchSize) return total;
+    await new Promise((r) => setTimeout(r, opts.pauseMs ?? 50));
+  }
+}

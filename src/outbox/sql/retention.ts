@@ -1,0 +1,37 @@
+/**
+ * Retention: delivered rows leave the outbox once they are older than any window that still needs
+ * them. Only DELIVERED and cancelled rows go, by `sent_at` through `outbox_sent_at_idx`, in small
+ * batches whose rows are taken with SKIP LOCKED: a batch never waits on a row someone else holds
+ * and never blocks the relay's claim (which reads pending and claimed rows only). Dead, rejected
+ * and unfinished rows are never pruned. The application's own usage_logs table is not touched: it
+ * still answers a repeated usage id.
+ */
+import type { Queryable } from '../../db.js';
+import { DELIVERED } from '../statuses.js';
+
+export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;
+
+/** Deletes one batch of prunable rows sent more than `olderThanMs` ago; returns how many went. */
+export async function pruneBatch(db: Queryable, opts: { olderThanMs: number; batchSize: number }): Promise<number> {
+  const { rowCount } = await db.query({
+    name: 'billing-outbox/prune',
+    text: `DELETE FROM outbox WHERE id IN (
+             SELECT id FROM outbox
+              WHERE sent_at < now() - make_interval(secs => $1::double precision / 1000)
+                AND status = ANY($2::text[])
+              ORDER BY sent_at
+              LIMIT $3
+                FOR UPDATE SKIP LOCKED)`,
+    values: [opts.olderThanMs, PRUNABLE, opts.batchSize],
+  });
+  return rowCount ?? 0;
+}
+
+/** How many rows a prune would delete now (for `prune --dry-run`). */
+export async function countPrunable(db: Queryable, olderThanMs: number): Promise<number> {
+  const { rows } = await db.query<{ n: string }>(
+    `SELECT count(*) AS n FROM outbox WHERE sent_at < now() - make_interval(secs => $1::double precision / 1000) AND status = ANY($2::text[])`,
+    [olderThanMs, PRUNABLE],
+  );
+  return Number(rows[0]!.n);
+}
