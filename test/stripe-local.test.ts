@@ -203,6 +203,25 @@ describe('POST /v1/billing/meter_events', () => {
   });
 });
 
+describe('state across restarts', () => {
+  it('a snapshot brings back customers, meters and recorded events, and the identifier dedup with them', async () => {
+    const first = await startStripe({ meters: [METER_EVENT, 'tokens'] });
+    first.addCustomer('cus_added_later');
+    await clientFor(first).billing.meterEvents.create(usage('kept-1', 7));
+    const state = JSON.parse(JSON.stringify(first.snapshot())) as ReturnType<LocalStripe['snapshot']>;
+    await first.close();
+
+    const second = await startStripe({ state });
+    expect(second.events().map((e) => [e.identifier, e.value])).toEqual([['kept-1', 7]]);
+    expect(second.meters().map((m) => m.eventName).sort()).toEqual(['api_requests', 'tokens']);
+    const stripe = clientFor(second);
+    expect((await stripe.customers.list({ limit: 10 })).data.map((c) => c.id).sort()).toEqual([CUSTOMER, 'cus_added_later'].sort());
+    const error = await failureOf(stripe.billing.meterEvents.create(usage('kept-1', 7)));
+    expect(error.message).toBe('An event already exists with identifier kept-1.');
+    expect(second.events()).toHaveLength(1);
+  });
+});
+
 describe('Idempotency-Key', () => {
   it('replays a stored 500 for the same key even after the fault is over', async () => {
     const server = await startStripe();

@@ -9,7 +9,8 @@
  * then it migrates and runs a worker (relays + usage workflows) and the HTTP API, sharing one
  * metrics registry. `stop()` undoes all of it, newest first.
  */
-import { mkdir } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import type { Client } from '@temporalio/client';
@@ -26,7 +27,7 @@ import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
 import { createStripeClient, LOCAL_TEST_KEY } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
-import { LocalStripe } from '../stripe/local/server.js';
+import { LocalStripe, type LocalStripeState } from '../stripe/local/server.js';
 import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
 
@@ -257,13 +258,22 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     let localStripe: LocalStripe | undefined;
     const seededCustomers: Record<string, string> = {};
     if (!config.stripe.apiKey && config.stripe.isRealStripe) {
+      // Its account and recorded events live with the rest of the data folder, so that after a
+      // restart "Stripe" still agrees with the outbox (and its identifier dedup still holds).
+      const stateFile = path.join(dataDir, 'stripe-local.json');
+      const state = await loadLocalStripeState(stateFile, log);
       const stripeServer = await LocalStripe.start({
         port: await portOr(ports.localStripe, 'local Stripe', log),
         meters: [...new Set([config.stripe.meterEventName, ...LOCAL_METERS])],
         customers: Object.values(DEMO_CUSTOMERS),
+        ...(state ? { state } : {}),
       });
       localStripe = stripeServer;
-      onStop('local Stripe', () => stripeServer.close());
+      const saver = keepLocalStripeState(stripeServer, stateFile, log);
+      onStop('local Stripe', async () => {
+        await saver.stop();
+        await stripeServer.close();
+      });
       config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false } };
       for (const [tenant, customer] of Object.entries(DEMO_CUSTOMERS)) {
         // DO NOTHING: an operator's own mapping for one of these tenants is kept.
@@ -317,6 +327,44 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     await stop();
     throw err;
   }
+}
+
+async function loadLocalStripeState(file: string, log: Logger): Promise<LocalStripeState | undefined> {
+  if (!existsSync(file)) return undefined;
+  try {
+    const state = JSON.parse(await readFile(file, 'utf8')) as LocalStripeState;
+    if (state.version !== 1) throw new Error(`unknown version ${String(state.version)}`);
+    return state;
+  } catch (err) {
+    log.warn({ file, err: String(err) }, 'local Stripe: could not read its saved state; starting empty');
+    return undefined;
+  }
+}
+
+/** Saves the local Stripe's state every few seconds when it changed, and once more at stop. */
+function keepLocalStripeState(server: LocalStripe, file: string, log: Logger): { stop(): Promise<void> } {
+  let saved = '';
+  const save = async () => {
+    const snapshot = server.snapshot();
+    const signature = `${snapshot.events.length}/${snapshot.customers.length}/${snapshot.meters.length}`;
+    if (signature === saved) return;
+    const tmp = `${file}.tmp`;
+    await writeFile(tmp, JSON.stringify(snapshot), { mode: 0o600 });
+    await rename(tmp, file);
+    saved = signature;
+  };
+  let saving = Promise.resolve();
+  const timer = setInterval(() => {
+    saving = saving.then(save).catch((err: unknown) => log.warn({ err: String(err) }, 'local Stripe: could not save its state'));
+  }, 3_000);
+  timer.unref();
+  return {
+    async stop() {
+      clearInterval(timer);
+      await saving;
+      await save();
+    },
+  };
 }
 
 /** The warning `npm start` prints when usage goes to the local Stripe server. */

@@ -112,6 +112,15 @@ export class Catalog {
     return [...this.meters.values()];
   }
 
+  /** Puts back customers and meters saved by `listCustomers`/`listMeters` (ids kept). */
+  restore(customers: readonly CustomerObject[], meters: readonly MeterObject[]): void {
+    for (const c of [...customers].reverse()) this.customers.set(c.id, { ...c });
+    for (const m of meters) this.meters.set(m.id, { ...m });
+    const seq = (ids: string[], prefix: string) => Math.max(0, ...ids.map((id) => Number(id.slice(prefix.length))).filter(Number.isInteger));
+    this.customerSeq = Math.max(this.customerSeq, seq([...this.customers.keys()], 'cus_local_'));
+    this.meterSeq = Math.max(this.meterSeq, seq([...this.meters.keys()], 'mtr_local_'));
+  }
+
   meterInfos(): MeterInfo[] {
     return this.listMeters().map((m) => ({ id: m.id, eventName: m.event_name }));
   }

@@ -39,6 +39,10 @@ export class MeterEventLedger {
     event.cancelled = true;
   }
 
+  get count(): number {
+    return this.recorded.length;
+  }
+
   /** Copies, in acceptance order. */
   all(): RecordedMeterEvent[] {
     return this.recorded.map((event) => ({ ...event, payload: { ...event.payload } }));
@@ -47,6 +51,11 @@ export class MeterEventLedger {
   /** Events that count towards usage: neither cancelled nor rejected by the later validation. */
   billable(): readonly RecordedMeterEvent[] {
     return this.recorded.filter((event) => !event.cancelled && !event.asyncError);
+  }
+
+  /** Puts back events saved by `all()`, in their order (the identifier index is rebuilt). */
+  restore(events: readonly RecordedMeterEvent[]): void {
+    for (const event of events) this.record({ ...event, payload: { ...event.payload } });
   }
 
   reset(): void {

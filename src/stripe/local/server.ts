@@ -47,6 +47,7 @@ import type {
   FailNextOptions,
   FaultRequest,
   LocalStripeOptions,
+  LocalStripeState,
   MeterInfo,
   MeterKeyOptions,
   RecordedMeterEvent,
@@ -159,6 +160,10 @@ export class LocalStripe implements ControlTarget {
     this.limiter = new SlidingWindowLimiter(options.rateLimitPerSecond);
     this.reporter = new ErrorReporter(() => this.now(), options.webhook);
     this.sessions = new MeterEventSessions(() => this.now());
+    if (options.state) {
+      this.catalog.restore(options.state.customers, options.state.meters);
+      this.ledger.restore(options.state.events);
+    }
     for (const eventName of options.meters ?? ['api_requests']) this.catalog.addMeter(eventName);
     for (const id of options.customers ?? []) this.catalog.addCustomer(id);
     this.routes = this.buildRoutes();
@@ -306,6 +311,16 @@ export class LocalStripe implements ControlTarget {
    * and the clock offset; keeps customers, meters and stream sessions (credentials a running
    * pipeline may hold).
    */
+  /** The account and the recorded events, to start a later instance from (LocalStripeState). */
+  snapshot(): LocalStripeState {
+    return { version: 1, customers: this.catalog.listCustomers(), meters: this.catalog.listMeters(), events: this.ledger.all() };
+  }
+
+  /** Recorded events so far (cheap: for deciding whether a snapshot is due). */
+  get eventCount(): number {
+    return this.ledger.count;
+  }
+
   reset(): void {
     this.clearStreamQueue();
     this.ledger.reset();

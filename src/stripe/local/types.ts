@@ -2,6 +2,18 @@
  * Public types of the local Stripe server. `server.ts` re-exports all of them.
  */
 
+/**
+ * What a local Stripe keeps across restarts (`snapshot()`, then `state` when starting again):
+ * the account (customers, meters) and the meter events it recorded, so that after a restart it
+ * still agrees with an outbox that remembers what it sent, and its identifier dedup still holds.
+ */
+export interface LocalStripeState {
+  version: 1;
+  customers: import('./catalog.js').CustomerObject[];
+  meters: import('./catalog.js').MeterObject[];
+  events: RecordedMeterEvent[];
+}
+
 export interface LocalStripeOptions {
   /** 0 (default) picks an ephemeral port. */
   port?: number;
@@ -16,6 +28,8 @@ export interface LocalStripeOptions {
   meters?: string[];
   /** Customer ids that exist from the start. */
   customers?: string[];
+  /** A snapshot from an earlier run (see LocalStripeState), applied before `meters` and `customers`. */
+  state?: LocalStripeState;
   /**
    * Clock in ms (default Date.now). Every rule Stripe states in calendar time — the 24 h identifier
    * window, the 24 h cancel window, the 24 h idempotency-key lifetime, the 35-day / 5-minute
