@@ -7,7 +7,8 @@
 # No configuration or secret is baked in: everything comes from the environment at run time
 # (src/config.ts lists the variables).
 
-ARG NODE_IMAGE=node:20-bookworm-slim
+# Node.js 24 LTS (22 is supported too: package.json "engines").
+ARG NODE_IMAGE=node:24-bookworm-slim
 
 FROM ${NODE_IMAGE} AS deps
 WORKDIR /app

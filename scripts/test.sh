@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -d node_modules ] || npm ci --no-audit --no-fund
 bash scripts/tools.sh
+source scripts/node-lts.sh
 npx tsc --noEmit
 npx eslint .
 npx vitest run "$@"
