@@ -20,7 +20,7 @@ import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
-import { holdTurn, releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
+import { holdTurn, releaseTurn, renewTurn, takeTurn } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterKeys } from '../src/stripe/meters.js';
 import type { MeterEventStream } from '../src/stripe/stream.js';
 import { reserveSlots, SlotPacer } from '../src/stripe/rate-limit.js';
@@ -71,6 +71,8 @@ function fail(type: string, code: string, message: string): ApplicationFailure {
 
 /** Room for our own queries around the Stripe call while holding the lease. */
 const LEASE_MARGIN_MS = 5_000;
+/** Less than this left of the lease beyond the call's timeout, and it is renewed before the call. */
+const LEASE_RENEW_SLACK_MS = 2_000;
 /** When Stripe says 429 without Retry-After. */
 const DEFAULT_RETRY_AFTER_MS = 1_000;
 
@@ -263,6 +265,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
     // Our place in the account-wide pace of Stripe calls, reserved while the attempt begins: both
     // are on the path between one call of a (customer, meter) and the next.
+    const leaseMs = stripeTimeoutMs + LEASE_MARGIN_MS;
+    const leaseFrom = Date.now();
     const [slot, begun] = await Promise.all([
       pacer.take(),
       beginAttempt(db, key, {
@@ -270,7 +274,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         safeWindowMs: SAFE_RESEND_WINDOW_MS,
         force,
         // Extended to cover the call, and checked still ours: only then is the attempt begun.
-        ...(leased ? { lease: { holder: turn.holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS } } : {}),
+        ...(leased ? { lease: { holder: turn.holder, leaseMs } } : {}),
       }),
     ]);
     if (!begun.leaseHeld) return 'lease_lost';
@@ -286,6 +290,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
     const ready = await readyToSend(key, row);
     if ('outcome' in ready) return ready;
+    // The lease must outlast the call (and the pace's wait before it). If this process stalled since
+    // it was extended (a long GC pause, a starved CPU) it is renewed, checked still ours; a lapsed
+    // one is never called on: the attempt is undone and the delivery queues again.
+    if (leased && Date.now() + stripeTimeoutMs > leaseFrom + leaseMs - LEASE_RENEW_SLACK_MS && !(await renewTurn(db, turn.holder, leaseMs))) {
+      if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await undoAttempt(db, key, { wasFirst: row.attempt_count === 1 });
+      return 'lease_lost';
+    }
     try {
       await keepPace(slotAt);
       await sendMeterEvent(stripe, {

@@ -18,12 +18,22 @@ export async function runMain(fn: () => Promise<void>): Promise<void> {
   }
 }
 
-/** Resolves on the first SIGTERM or SIGINT. */
+/**
+ * Resolves on the first SIGTERM or SIGINT. Later ones are noted and ignored while the shutdown
+ * runs: Ctrl-C reaches the process twice (from the terminal's process group and relayed by tsx or
+ * npm), and a process with no handler left would die at the second one, halfway through stopping.
+ */
 export function untilSignal(): Promise<NodeJS.Signals> {
   return new Promise((resolve) => {
+    let first: NodeJS.Signals | undefined;
+    let firstAt = 0;
     const on = (sig: NodeJS.Signals) => {
-      process.off('SIGTERM', on);
-      process.off('SIGINT', on);
+      if (first) {
+        if (Date.now() - firstAt > 1_000) console.error(`billing-outbox: ${sig} again, still stopping (pid ${process.pid}); SIGKILL ends it at once`);
+        return;
+      }
+      first = sig;
+      firstAt = Date.now();
       resolve(sig);
     };
     process.on('SIGTERM', on);

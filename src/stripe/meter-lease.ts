@@ -92,6 +92,19 @@ export async function takeTurn(
 }
 
 /**
+ * Extends `holder`'s lease to `ms` from now, only if it still holds it unexpired: false means the
+ * lease lapsed (and may be another delivery's by now), so no call may be made under it.
+ */
+export async function renewTurn(db: Queryable, holder: string, ms: number): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `UPDATE meter_leases SET expires_at = clock_timestamp() + $2::int * interval '1 millisecond'
+      WHERE holder = $1::text AND expires_at > clock_timestamp()`,
+    [holder, ms],
+  );
+  return (rowCount ?? 0) > 0;
+}
+
+/**
  * Keeps `holder`'s lease for `ms` more and hands it to nobody: after a call whose outcome is
  * unknown (the client gave up waiting, the connection dropped), Stripe may still be processing it,
  * and a second call for the pair must not start meanwhile. The lease then lapses by itself, and

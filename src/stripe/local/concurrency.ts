@@ -10,23 +10,30 @@
  * latency (Stripe answers in tens of milliseconds) to make concurrency observable.
  */
 export class InFlightTracker {
-  private inFlight = new Map<string, number>();
+  /** Per pair, when each request still in flight is due to be answered (ms, monotonic clock). */
+  private inFlight = new Map<string, Set<{ due: number }>>();
   private peaks = new Map<string, number>();
-  /** Bumped by reset(), so requests that started before it do not decrement the new counts. */
-  private generation = 0;
 
-  /** Registers an arriving request. `othersInFlight` counts the requests already in flight. */
-  enter(customer: string, eventName: string): { othersInFlight: number; leave: () => void } {
+  /**
+   * Registers an arriving request whose answer is due in `latencyMs`. `othersInFlight` counts the
+   * requests of the pair whose answers were not yet due when this one arrived. Judged by the clock,
+   * not by when a timer of this process fires: a stalled process is not Stripe, and must not make
+   * two calls overlap that did not. `leave()` ends the request early (answered before its time).
+   */
+  enter(customer: string, eventName: string, latencyMs = 0): { othersInFlight: number; leave: () => void } {
     const pair = pairKey(customer, eventName);
-    const others = this.inFlight.get(pair) ?? 0;
-    this.inFlight.set(pair, others + 1);
+    const now = performance.now();
+    const flights = this.inFlight.get(pair) ?? new Set();
+    for (const f of flights) if (f.due <= now) flights.delete(f);
+    const others = flights.size;
+    const flight = { due: now + Math.max(0, latencyMs) };
+    // Answered in the same tick (no latency): in flight for that instant only.
+    if (latencyMs > 0) flights.add(flight);
+    this.inFlight.set(pair, flights);
     this.peaks.set(pair, Math.max(this.peaks.get(pair) ?? 0, others + 1));
-    const generation = this.generation;
-    let left = false;
     const leave = () => {
-      if (left || generation !== this.generation) return;
-      left = true;
-      this.inFlight.set(pair, (this.inFlight.get(pair) ?? 1) - 1);
+      flight.due = Math.min(flight.due, performance.now());
+      flights.delete(flight);
     };
     return { othersInFlight: others, leave };
   }
@@ -37,7 +44,6 @@ export class InFlightTracker {
   }
 
   reset(): void {
-    this.generation++;
     this.inFlight = new Map();
     this.peaks = new Map();
   }

@@ -435,7 +435,8 @@ export class LocalStripe implements ControlTarget {
     const keys = meterEventKeys(call.form, this.catalog);
     // Stripe keeps working on a call after its caller hangs up, so the call stays in flight until
     // its answer is due, whether or not anyone is still listening.
-    const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '');
+    const latencyMs = this.faults.latencyMs;
+    const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '', latencyMs);
 
     const denied = checkApiKey(call.authorization, this.options.apiKey);
     const outcome: Outcome = denied
@@ -445,7 +446,7 @@ export class LocalStripe implements ControlTarget {
     const garbled = !dropped && this.faults.takeGarble();
     this.logRequest(call, keys, outcome, dropped);
 
-    await this.sleep(this.faults.latencyMs);
+    await this.sleep(latencyMs);
     flight.leave();
     if (dropped || this.closed) {
       // A lost response: Stripe did the work, the caller never hears about it.
