@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { claimBatch, claimStatement, markDispatched } from '../src/outbox/sql/relay.js';
 import type { Queryable } from '../src/db.js';
-import { addCustomer, createTestDb, type TestDb } from './helpers.js';
+import { addCustomer, createTestDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 beforeAll(async () => {
@@ -62,7 +62,8 @@ describe('claiming outbox rows', () => {
     expect(a.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // Within the lease: nobody else can take it.
     expect(await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), leaseMs: 1000, laneMax: 1_000 })).toEqual([]);
-    await new Promise((r) => setTimeout(r, 1100));
+    // Time driven, not slept: the lease's deadline is moved into the past, as the clock would.
+    await db.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 millisecond' WHERE idempotency_key = 'lease:1'`);
     const second = randomUUID();
     const b = await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: second, leaseMs: 60_000, laneMax: 1_000 });
     expect(b.map((r) => r.idempotency_key)).toEqual(['lease:1']);
@@ -147,6 +148,40 @@ describe('claiming outbox rows', () => {
     // A dead letter is not in flight.
     await db.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'hot:2'`);
     expect(keys(await claim())).toEqual(['hot:4']);
+  });
+
+  it('the guarded update: a claim whose snapshot predates the commit of another claim takes none of its rows', async () => {
+    // Claims are serialized by an advisory lock (claimBatch), so this race needs the statement
+    // alone: a slow claimer (index scans off, 200,000 delivered rows to read) has its snapshot the
+    // moment its statement starts, and reaches the row locks long after a fast claimer took the same
+    // rows and committed. The lock it then gets is on rows already claimed: only the UPDATE's
+    // "still claimable" condition stops it from claiming them a second time.
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
+       SELECT 'globex', 'api_requests', 1, now(), 'guard-bulk:' || g, 'sent', now() FROM generate_series(1, 200000) g`,
+    );
+    await seed(20, 'guard:', 'globex');
+    const slow = await db.pool.connect();
+    try {
+      await slow.query(`BEGIN; SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_indexonlyscan = off`);
+      const { rows: me } = await slow.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+      const slowClaim = claimStatement(slow, { limit: 100, claimedBy: 'slow', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
+      // Its statement is running: its snapshot is taken (backend_xmin set), its scans under way.
+      await waitFor('the slow claim to be running', async () => {
+        const { rows } = await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND backend_xmin IS NOT NULL`, [me[0]!.pid]);
+        return rows.length > 0;
+      }, 10_000, 1);
+      const fast = await claimBatch(db.pool, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
+      const slowRows = await slowClaim;
+      await slow.query('COMMIT');
+      expect(fast.map((r) => r.idempotency_key).sort()).toEqual(Array.from({ length: 20 }, (_, i) => `guard:${i + 1}`).sort());
+      expect(slowRows).toEqual([]);
+      const { rows } = await db.pool.query(`SELECT DISTINCT claimed_by FROM outbox WHERE idempotency_key LIKE 'guard:%'`);
+      expect(rows).toEqual([{ claimed_by: 'fast' }]);
+    } finally {
+      slow.release();
+      await db.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'guard-bulk:%'`);
+    }
   });
 
   it('holds the lane limit when many claimers race: together they never exceed it', async () => {

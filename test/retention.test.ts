@@ -30,7 +30,8 @@ async function rows(spec: [status: string, ageDays: number | null][]): Promise<s
   for (const [status, ageDays] of spec) {
     const id = randomUUID();
     const key = `u:acme:${id}`;
-    const sent = ageDays === null || ['dead', 'pending', 'claimed', 'dispatched'].includes(status) ? null : ageDays;
+    // Every row carries a sent_at (as a row reopened after delivery does): only its status may keep it.
+    const sent = ageDays;
     await db.pool.query(
       `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at,
                            dead_at, claim_id, processing_deadline)

@@ -1,0 +1,180 @@
+/**
+ * The guarantee map: for each promise of the README's "What is guaranteed" table, the smallest
+ * change to the product code that breaks it, and the test that must then fail. `npm run mutants`
+ * (mutants/run.ts) applies each one in a scratch copy and runs only that test.
+ *
+ * Tried and left out, as equivalent: dropping the claim's advisory lock (relay.ts CLAIM_LOCK). With
+ * candidates always the oldest claimable rows of a lane, SKIP LOCKED and the guarded update, two
+ * unserialized claims were never seen to overfill a lane (8 racing claimers, and the reasoning in
+ * docs/testing.md); the lock stays as a second line, and no test pretends to prove it.
+ *
+ * A mutant names its text exactly: if the code moves on and `find` no longer occurs exactly once,
+ * the runner stops with an error instead of reporting a mutant that changed nothing.
+ */
+export interface Mutant {
+  id: string;
+  /** The README row (and the words in it) that the change breaks. */
+  guarantee: string;
+  file: string;
+  find: string;
+  replace: string;
+  /** The test file that must fail, and the test name pattern (vitest -t) within it. */
+  test: string;
+  name?: string;
+  /** In the quick subset run by CI (each is a short test). */
+  quick?: boolean;
+}
+
+export const MUTANTS: Mutant[] = [
+  {
+    id: 'enqueue-drops-outbox-row',
+    guarantee: 'Atomic enqueue: a committed transaction always leaves an event',
+    file: 'src/outbox/sql/enqueue.ts',
+    find: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage\n',
+    replace: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage WHERE false\n',
+    test: 'test/enqueue.test.ts',
+    name: 'writes the usage row and the outbox row',
+    quick: true,
+  },
+  {
+    id: 'enqueue-future-check-after-write',
+    guarantee: 'Not guaranteed / refusals: usage stamped more than 5 minutes ahead is refused at enqueue, before anything is written',
+    file: 'src/stripe/rules.ts',
+    find: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000;',
+    replace: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000 * 1_000;',
+    test: 'test/enqueue.test.ts',
+    quick: true,
+  },
+  {
+    id: 'enqueue-accepts-conflicting-duplicate',
+    guarantee: 'No duplicate enqueue: the same id with different values is refused',
+    file: 'src/outbox/enqueue.ts',
+    find: 'if (!same) throw new UsageConflictError(usage.usageId, entry);',
+    replace: 'if (same === undefined) throw new UsageConflictError(usage.usageId, entry);',
+    test: 'test/enqueue.test.ts',
+    name: 'refuses a usage id reused with different values',
+    quick: true,
+  },
+  {
+    id: 'claim-waits-on-locks',
+    guarantee: 'Claim: FOR UPDATE SKIP LOCKED, a claimer never waits on rows another holds',
+    file: 'src/outbox/sql/relay.ts',
+    find: 'ORDER BY o.id FOR UPDATE SKIP LOCKED',
+    replace: 'ORDER BY o.id FOR UPDATE',
+    test: 'test/claim.test.ts',
+    name: 'never waits on rows another claimer holds',
+    quick: true,
+  },
+  {
+    id: 'claim-without-guard',
+    guarantee: 'At-least-once / one claim: a row is only taken while pending or after its lease lapsed (the guarded update)',
+    file: 'src/outbox/sql/relay.ts',
+    find: "AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))",
+    replace: "AND (o.status = 'pending' OR o.status = 'claimed')",
+    test: 'test/claim.test.ts',
+    name: 'the guarded update',
+    quick: true,
+  },
+  {
+    id: 'stale-claim-marks',
+    guarantee: "At-least-once: a crashed relay's claimed rows come back when their lease lapses, and its old claim can no longer mark them",
+    file: 'src/outbox/sql/relay.ts',
+    find: "AND status = 'claimed' AND claim_id = $2::uuid",
+    replace: "AND status = 'claimed' AND ($2::uuid IS NOT NULL OR claim_id = $2::uuid)",
+    test: 'test/claim.test.ts',
+    name: 'gives a row back once its lease lapses',
+    quick: true,
+  },
+  {
+    id: 'lane-limit-ignored',
+    guarantee: 'Lanes: at most LANE_MAX_IN_FLIGHT events of one (tenant, meter) claimed or in flight',
+    file: 'src/outbox/sql/relay.ts',
+    find: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax,',
+    replace: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax * 1_000,',
+    test: 'test/claim.test.ts',
+    name: 'keeps at most laneMax',
+    quick: true,
+  },
+  {
+    id: 'second-run-per-event',
+    guarantee: 'One workflow per event: workflow id = idempotency key, REJECT_DUPLICATE',
+    file: 'src/temporal/start-usage.ts',
+    find: 'workflowId: row.idempotency_key,',
+    replace: 'workflowId: `${row.idempotency_key}/${Date.now()}`,',
+    test: 'test/pipeline.test.ts',
+    name: 'never starts a second run',
+  },
+  {
+    id: 'identifier-not-the-key',
+    guarantee: 'Effectively once at Stripe: every attempt sends the same identifier',
+    file: 'activities/delivery.ts',
+    find: '        identifier: key,\n        occurredAt: ready.row.occurred_at,',
+    replace: '        identifier: `${key}/${Date.now()}`,\n        occurredAt: ready.row.occurred_at,',
+    test: 'test/pipeline.test.ts',
+    name: 'treats a lost response after Stripe recorded the event as delivered',
+  },
+  {
+    id: 'duplicate-identifier-not-delivered',
+    guarantee: "Effectively once at Stripe: Stripe's duplicate-identifier 400 is treated as delivered",
+    file: 'src/stripe/errors.ts',
+    find: "if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message)) {",
+    replace: "if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message) && Math.random() > 2) {",
+    test: 'test/pipeline.test.ts',
+    name: 'treats a lost response after Stripe recorded the event as delivered',
+  },
+  {
+    id: 'resend-past-24h',
+    guarantee: 'The 24-hour bound: no resend once the first attempt is more than 23 h old, unless forced',
+    file: 'src/stripe/rules.ts',
+    find: 'export const SAFE_RESEND_WINDOW_MS = IDENTIFIER_WINDOW_MS - HOUR_MS;',
+    replace: 'export const SAFE_RESEND_WINDOW_MS = 100 * IDENTIFIER_WINDOW_MS;',
+    test: 'test/pipeline.test.ts',
+    name: 'refuses a retry past the 24 h identifier window',
+  },
+  {
+    id: 'two-calls-per-pair',
+    guarantee: "Stripe's limits: never two meter-event calls in flight for one (customer, meter), across every worker",
+    file: 'src/stripe/meter-lease.ts',
+    find: 'WHERE meter_leases.expires_at < clock_timestamp() OR meter_leases.holder = EXCLUDED.holder',
+    replace: 'WHERE true',
+    test: 'test/lanes.test.ts',
+    name: 'keeps a hot lane',
+  },
+  {
+    id: 'no-hold-after-unanswered-call',
+    guarantee: "Stripe's limits: after a call that got no answer, the pair stays closed (Stripe may still be on it)",
+    file: 'activities/delivery.ts',
+    find: '      if (turn.unanswered) {',
+    replace: '      if (turn.unanswered === undefined) {',
+    test: 'test/lanes.test.ts',
+    name: 'no answer',
+  },
+  {
+    id: 'too-old-sent',
+    guarantee: "Not guaranteed: usage older than Stripe's 35-day window is dead-lettered before any call",
+    file: 'src/stripe/rules.ts',
+    find: 'return occurredAt.getTime() < now - (MAX_EVENT_AGE_MS - WINDOW_MARGIN_MS);',
+    replace: 'return occurredAt.getTime() < now - 10 * MAX_EVENT_AGE_MS;',
+    test: 'test/pipeline.test.ts',
+    name: 'aged past Stripe',
+  },
+  {
+    id: 'dead-letters-pruned',
+    guarantee: 'At-least-once: nothing undelivered is deleted; dead letters wait for a human',
+    file: 'src/outbox/sql/retention.ts',
+    find: "export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;",
+    replace: "export const PRUNABLE = [...DELIVERED, 'cancelled', 'dead', 'rejected_async'] as const;",
+    test: 'test/retention.test.ts',
+    name: 'prunes only delivered and cancelled rows',
+    quick: true,
+  },
+  {
+    id: 'dead-letter-never-waits',
+    guarantee: 'At-least-once: after the final failure the row is dead and its workflow waits for a retry signal',
+    file: 'workflows/usage.ts',
+    find: 'else if (!(await condition(() => requested !== undefined, waitMs))) return undefined;',
+    replace: 'else return undefined;',
+    test: 'test/workflows.test.ts',
+    name: 'runs the retry policy out',
+  },
+];
