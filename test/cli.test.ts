@@ -211,6 +211,8 @@ describe('retry', () => {
     expect(refused.err).toContain('billing-outbox reconcile');
     expect(refused.err).toContain('cus_acme');
     expect(refused.out).toBe('');
+    // A negative: nothing may reach Stripe. No event marks "nothing happened", so a wrongly sent
+    // retry gets 1.5 s (several times a delivery here) to show up before the count is read.
     await new Promise((r) => setTimeout(r, 1_500));
     expect(requestsFor(key)).toHaveLength(before);
     expect((await row(key)).status).toBe('dead');
@@ -238,6 +240,7 @@ describe('retry', () => {
       expect(refused.err).toContain("outside Stripe's 35-day window");
       expect(refused.err).toContain(`billing-outbox cancel ${key}`);
     }
+    // A negative, as above: a wrongly sent retry gets a second to reach Stripe.
     await new Promise((r) => setTimeout(r, 1_000));
     expect(requestsFor(key)).toHaveLength(before);
     expect((await row(key)).status).toBe('dead');

@@ -31,6 +31,8 @@ it('a connection cut between two queries of a transaction fails that transaction
     // The server's goodbye arrives while no query is running: an 'error' event on the client, with
     // no listener of ours (an unhandled one would fail this run).
     await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
+    // The backend is gone; its socket's close reaches this process a moment later, with nothing to
+    // await for it (pg has no public event for it): the next query must find the client broken.
     await new Promise((r) => setTimeout(r, 200));
     const next = await client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
     expect(isDatabaseUnavailable(next)).toBe(true);

@@ -59,6 +59,7 @@ it('keeps a hot lane to LANE_MAX_IN_FLIGHT, lets another lane through, and drain
         `SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND status IN ('claimed', 'dispatched')`,
       );
       maxInFlight = Math.max(maxInFlight, rows[0]!.n);
+      // Sampling interval of the in-flight count.
       await new Promise((r) => setTimeout(r, 20));
     }
   })();

@@ -6,7 +6,7 @@
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createRelayActivities } from '../activities/relay.js';
-import { freePort } from '../src/embedded/postgres.js';
+import net from 'node:net';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { connectTemporal } from '../src/temporal/worker.js';
 import { createTestDb, testConfig, type TestDb } from './helpers.js';
@@ -24,9 +24,22 @@ afterAll(async () => {
   await db?.drop();
 });
 
+/**
+ * A port held for the test by a server that hangs up on every connection: no database there, and
+ * nothing else can take the port meanwhile (a port found free and let go could be).
+ */
+let refusing: net.Server;
+let refusingPort: number;
+beforeAll(async () => {
+  refusing = net.createServer((socket) => socket.destroy());
+  await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', resolve));
+  refusingPort = (refusing.address() as net.AddressInfo).port;
+});
+afterAll(() => new Promise<void>((resolve) => refusing.close(() => resolve())));
+
 it('start() returns at once while the database refuses connections, and wait() still times out', async () => {
-  // Nothing listens on this port: every connection attempt is refused.
-  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${await freePort()}/nothing`);
+  // Every connection to this port is hung up on at once.
+  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${refusingPort}/nothing`);
   try {
     expect(notifier.start()).toBeUndefined();
     expect(notifier.listening).toBe(false);
@@ -38,7 +51,7 @@ it('start() returns at once while the database refuses connections, and wait() s
 });
 
 it('the relay activity keeps polling and heartbeating while its LISTEN connection is down', async () => {
-  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${await freePort()}/nothing`);
+  const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${refusingPort}/nothing`);
   const { relayOutbox } = createRelayActivities({
     db: db.pool,
     client: temporal.client,

@@ -77,6 +77,7 @@ it('PostgreSQL restarted while events are in flight: all delivered once after it
   await waitFor('deliveries under way', async () => stripe.events().length >= 2, 30_000, 20);
   // A fast shutdown cuts every connection: the pool's, the LISTEN connection, activities mid-query.
   await pg.stop();
+  // The outage itself: three seconds with PostgreSQL down.
   await new Promise((r) => setTimeout(r, 3_000));
   pg = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'restarts', port: pg.port });
   stripe.setLatency(0);
@@ -119,6 +120,7 @@ it('Temporal restarted with events queued and in flight: all delivered once afte
   await waitFor('deliveries under way', async () => stripe.events().filter((e) => e.identifier.includes('tp-')).length >= 2, 30_000, 20);
   const port = Number(temporal.address.split(':')[1]);
   await temporal.stop();
+  // The outage itself: three seconds with Temporal down.
   await new Promise((r) => setTimeout(r, 3_000));
   temporal = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db'), port });
   stripe.setLatency(0);

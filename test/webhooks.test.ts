@@ -15,7 +15,7 @@ import { DeadLetterRetrier } from '../src/ops/retry.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { markDelivered } from '../src/outbox/sql/delivery.js';
-import { freePort } from '../src/embedded/postgres.js';
+import type { AddressInfo } from 'node:net';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
@@ -144,13 +144,16 @@ const cli = (argv: string[]) => runCliWithoutTemporal(argv, config, db);
 describe('POST /v1/stripe/webhooks', () => {
   it('delivered by Stripe over HTTP: the named sent rows become rejected_async with Stripe\'s code', async () => {
     // A second local Stripe that delivers its reports itself, to an API listening on a real port.
-    const port = await freePort();
-    const hooked = await LocalStripe.start({ customers: [CUSTOMER], webhook: { url: `http://127.0.0.1:${port}${WEBHOOK_PATH}`, secret: SECRET } });
+    // Its target is filled in once the API listens on a port of its own (port 0: no port picked
+    // beforehand that something else could take meanwhile); the reporter reads it when it delivers.
+    const target = { url: '', secret: SECRET };
+    const hooked = await LocalStripe.start({ customers: [CUSTOMER], webhook: target });
     extra.push(hooked);
     const liveConfig = testConfig({ STRIPE_API_BASE: hooked.url, STRIPE_API_KEY: STRIPE_KEY, STRIPE_WEBHOOK_SECRET: SECRET });
     const live = buildApi({ config: liveConfig, db: db.pool, log: createLogger('silent'), metrics: createMetrics(new Registry(), { db: db.pool }) });
     extra.push(live);
-    await live.listen({ host: '127.0.0.1', port });
+    await live.listen({ host: '127.0.0.1', port: 0 });
+    target.url = `http://127.0.0.1:${(live.server.address() as AddressInfo).port}${WEBHOOK_PATH}`;
     const client = createStripeClient(liveConfig.stripe);
 
     hooked.asyncErrorNext(2, 'meter_event_customer_not_found');
