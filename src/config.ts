@@ -217,6 +217,9 @@ export interface Config {
   logLevel: Parsed['LOG_LEVEL'];
 }
 
+/** Every environment variable the configuration reads. */
+export const CONFIG_VARIABLES: readonly string[] = Object.keys(schema.shape);
+
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
     super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);

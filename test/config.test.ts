@@ -1,5 +1,7 @@
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ConfigError, loadConfig } from '../src/config.js';
+import { CONFIG_VARIABLES, ConfigError, loadConfig } from '../src/config.js';
 
 function problems(env: Record<string, string>): string[] {
   try {
@@ -21,16 +23,61 @@ describe('configuration', () => {
     expect(c.relay.batchSize).toBeGreaterThan(0);
   });
 
-  it('reads every documented variable', () => {
-    const c = loadConfig({
+  it('reads every variable it knows, each one documented in the README and .env.example', () => {
+    // A valid value other than the default, for each variable.
+    const samples: Record<string, string> = {
+      NODE_ENV: 'production',
       DATABASE_URL: 'postgres://u:p@db:5432/x',
       TEMPORAL_ADDRESS: 'temporal:7233',
+      TEMPORAL_NAMESPACE: 'billing',
+      TEMPORAL_TASK_QUEUE: 'billing-2',
       STRIPE_API_KEY: 'sk_test_abc123',
       STRIPE_API_BASE: 'http://127.0.0.1:12111/',
+      STRIPE_METER_EVENT_NAME: 'tokens',
+      STRIPE_TIMEOUT_MS: '5000',
+      STRIPE_UNANSWERED_HOLD_MS: '1000',
+      STRIPE_WEBHOOK_SECRET: 'whsec_abc',
+      STRIPE_RATE_LIMIT_PER_SECOND: '50',
+      STRIPE_METER_API: 'v2',
+      TEMPORAL_UI_URL: 'http://ui.internal:8233',
+      RETRY_INITIAL_INTERVAL_MS: '2000',
       RETRY_BACKOFF_COEFFICIENT: '1.5',
+      RETRY_MAXIMUM_INTERVAL_MS: '60000',
+      RETRY_MAXIMUM_ATTEMPTS: '5',
+      RETRY_MAX_RATE_LIMITED_MS: '60000',
+      DEAD_LETTER_OPEN_DAYS: '2',
+      RELAY_BATCH_SIZE: '50',
       RELAY_COUNT: '3',
+      RELAY_LEASE_MS: '30000',
+      RELAY_POLL_INTERVAL_MS: '500',
+      LANE_MAX_IN_FLIGHT: '2',
+      WORKER_MAX_CONCURRENT_DELIVERIES: '100',
+      API_HOST: '0.0.0.0',
+      API_PORT: '9090',
+      API_BODY_LIMIT_BYTES: '1024',
+      API_REQUEST_TIMEOUT_MS: '2000',
+      API_KEEP_ALIVE_TIMEOUT_MS: '1000',
       API_TOKENS: JSON.stringify([{ name: 'app', token: 'x'.repeat(32), tenants: ['*'], scopes: ['usage:write'] }]),
-    });
+      WORKER_METRICS_PORT: '9464',
+      OUTBOX_RETENTION_DAYS: '60',
+      OUTBOX_PRUNE_INTERVAL_MS: '60000',
+      DATA_DIR: '/var/lib/billing-outbox',
+      TEMPORAL_CLI_PATH: '/usr/local/bin/temporal',
+      LOG_LEVEL: 'debug',
+    };
+    expect(Object.keys(samples).sort()).toEqual([...CONFIG_VARIABLES].sort());
+    const defaults = loadConfig({});
+    const readme = readFileSync(path.join(import.meta.dirname, '..', 'README.md'), 'utf8');
+    const example = readFileSync(path.join(import.meta.dirname, '..', '.env.example'), 'utf8');
+    // Production needs a Stripe key; the comparison keeps everything else equal.
+    const needs: Record<string, Record<string, string>> = { NODE_ENV: { STRIPE_API_KEY: 'sk_test_abc123' } };
+    for (const [name, value] of Object.entries(samples)) {
+      const base = needs[name] ?? {};
+      expect(loadConfig({ ...base, [name]: value }), `${name} is not read`).not.toEqual(name in needs ? loadConfig(base) : defaults);
+      expect(readme, `${name} is not in the README`).toContain(`\`${name}\``);
+      expect(example, `${name} is not in .env.example`).toMatch(new RegExp(`^#? ?${name}=`, 'm'));
+    }
+    const c = loadConfig(samples);
     expect(c.stripe).toMatchObject({ apiBase: 'http://127.0.0.1:12111', isRealStripe: false, apiKey: 'sk_test_abc123' });
     expect(c.retry.backoffCoefficient).toBe(1.5);
     expect(c.relay.count).toBe(3);
@@ -49,8 +96,8 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('RELAY_BATCH_SIZE:'))).toMatch(/whole number/);
     expect(p.find((l) => l.startsWith('RETRY_MAXIMUM_ATTEMPTS:'))).toMatch(/at least 1/);
     expect(p.find((l) => l.startsWith('TEMPORAL_ADDRESS:'))).toMatch(/host:port/);
-    expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toBeDefined();
-    expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toBeDefined();
+    expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toMatch(/http/);
+    expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
   });
 
   it('never echoes a secret value in its messages', () => {

@@ -32,7 +32,9 @@ it("reads each meter's payload keys, defaults and custom ones", async () => {
 
 it('finds a meter created after the cache was filled: "no meter" always comes from a read made after the question', async () => {
   const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 200 });
-  expect(await catalog.keysFor('api_requests')).toBeDefined();
+  expect(await catalog.keysFor('api_requests')).toMatchObject({ customerKey: 'stripe_customer_id', valueKey: 'value' });
+  // The cache is filled now, without the meter created next.
+  expect(await catalog.keysFor('created_later')).toBeUndefined();
   local.addMeter('created_later');
   expect(await catalog.keysFor('created_later')).toMatchObject({ customerKey: 'stripe_customer_id' });
 });
