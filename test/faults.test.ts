@@ -79,14 +79,19 @@ it('a worker process killed with SIGKILL mid-delivery loses nothing and bills no
 
   const keys = await enqueueMany(40, `kill-${randomUUID()}`);
   // Kill it once a few events are through and the rest are dispatched or in flight.
-  await waitFor('some deliveries', async () => stripe.events().length >= 3, 30_000, 20);
+  // The kill lands while Stripe is working on calls of the worker: checked, then killed in the same tick.
+  await waitFor('some deliveries, and calls in flight', async () => stripe.events().length >= 3 && stripe.callsInFlight() > 0, 30_000, 5);
+  const callsAtKill = stripe.callsInFlight();
   child.kill('SIGKILL');
+  expect(callsAtKill).toBeGreaterThan(0);
   await new Promise((r) => child.once('exit', r));
   // What the worker logged never holds the Stripe key or the database password.
   expect(output).not.toContain('sk_test_faults');
   expect(output).not.toContain(new URL(db.url).password);
   const atKill = await statusCounts(db.pool);
   expect(atKill.sent ?? 0).toBeLessThan(40);
+  // Events the killed worker had taken (dispatched, their workflows open) are left behind.
+  expect(atKill.dispatched ?? 0).toBeGreaterThan(0);
 
   stripe.setLatency(0);
   await pipeline.addWorker();

@@ -38,6 +38,14 @@ export class InFlightTracker {
     return { othersInFlight: others, leave };
   }
 
+  /** Requests of every pair whose answers are not yet due. */
+  totalNow(): number {
+    const now = performance.now();
+    let n = 0;
+    for (const flights of this.inFlight.values()) for (const f of flights) if (f.due > now) n++;
+    return n;
+  }
+
   /** The most requests for this pair that were in flight at once, counted at each arrival. */
   maxSeen(customer: string, eventName: string): number {
     return this.peaks.get(pairKey(customer, eventName)) ?? 0;

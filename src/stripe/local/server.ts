@@ -251,6 +251,11 @@ export class LocalStripe implements ControlTarget {
     this.faults.failNext(count, status, opts);
   }
 
+  /** Meter-event calls Stripe is working on right now (arrived, answer not yet due). */
+  callsInFlight(): number {
+    return this.inFlight.totalNow();
+  }
+
   /** Delay before answering each meter-event request (the request stays in flight meanwhile). */
   setLatency(ms: number): void {
     this.faults.latencyMs = ms;
