@@ -1,0 +1,85 @@
+/** How each Stripe failure is treated, pure: built as the `stripe` package builds its errors. */
+import Stripe from 'stripe';
+import { describe, expect, it } from 'vitest';
+import { classifyStripeError, parseRetryAfter } from '../../src/stripe/errors.js';
+
+type Raw = { message: string; statusCode?: number; code?: string; headers?: Record<string, string> };
+const invalid = (raw: Raw) => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', ...raw } as never);
+const api = (raw: Raw) => new Stripe.errors.StripeAPIError({ type: 'api_error', ...raw } as never);
+const rate = (raw: Raw) => new Stripe.errors.StripeRateLimitError({ type: 'rate_limit_error', ...raw } as never);
+const DUP = 'An event already exists with identifier u:acme:1.';
+
+describe('classifyStripeError', () => {
+  it("Stripe's duplicate-identifier 400 is delivered (an earlier attempt got through)", () => {
+    expect(classifyStripeError(invalid({ message: DUP, statusCode: 400 }))).toEqual({ kind: 'delivered' });
+  });
+
+  it('the same words elsewhere are not: another status, another error type, not at the start', () => {
+    expect(classifyStripeError(invalid({ message: DUP, statusCode: 404 })).kind).toBe('rejected');
+    expect(classifyStripeError(api({ message: DUP, statusCode: 400 })).kind).toBe('rejected');
+    expect(classifyStripeError(invalid({ message: `Oops. ${DUP}`, statusCode: 400 })).kind).toBe('rejected');
+  });
+
+  it('429: rate limited, with Retry-After when Stripe gives one', () => {
+    expect(classifyStripeError(rate({ message: 'slow down', statusCode: 429, headers: { 'retry-after': '2' } }))).toEqual({
+      kind: 'rate_limited',
+      code: 'rate_limited',
+      message: 'slow down',
+      retryAfterMs: 2000,
+    });
+    expect(classifyStripeError(rate({ message: 'm', statusCode: 429, code: 'lock_timeout' }))).toEqual({ kind: 'rate_limited', code: 'lock_timeout', message: 'm', retryAfterMs: undefined });
+  });
+
+  it('409 and every 5xx are retryable, with their code or the status', () => {
+    expect(classifyStripeError(invalid({ message: 'conflict', statusCode: 409, code: 'idempotency_key_in_use' }))).toEqual({ kind: 'retryable', code: 'idempotency_key_in_use', message: 'conflict' });
+    for (const statusCode of [500, 502, 503, 504, 599]) {
+      expect(classifyStripeError(api({ message: 'down', statusCode }))).toEqual({ kind: 'retryable', code: `http_${statusCode}`, message: 'down' });
+    }
+  });
+
+  it('any other 4xx is rejected at once, with its code or the status', () => {
+    expect(classifyStripeError(invalid({ message: "No such customer: 'cus_x'", statusCode: 400, code: 'resource_missing' }))).toEqual({
+      kind: 'rejected',
+      code: 'resource_missing',
+      message: "No such customer: 'cus_x'",
+    });
+    for (const statusCode of [400, 401, 402, 403, 404, 422, 499]) {
+      expect(classifyStripeError(invalid({ message: 'no', statusCode }))).toEqual({ kind: 'rejected', code: `http_${statusCode}`, message: 'no' });
+    }
+  });
+
+  it('no answer (connection error, timeout) is retryable', () => {
+    const conn = new Stripe.errors.StripeConnectionError({ message: 'Request aborted due to timeout being reached (500ms)', type: 'api_connection_error' } as never);
+    expect(classifyStripeError(conn)).toEqual({ kind: 'retryable', code: 'connection_error', message: 'Request aborted due to timeout being reached (500ms)' });
+    // A Stripe error without a status (no answer at all) counts as one too.
+    expect(classifyStripeError(api({ message: 'nothing' }))).toEqual({ kind: 'retryable', code: 'connection_error', message: 'nothing' });
+  });
+
+  it("the v2 stream's expired session is retryable, by type or by code", () => {
+    const byCode = invalid({ message: 'expired', statusCode: 401, code: 'billing_meter_event_session_expired' });
+    expect(classifyStripeError(byCode)).toEqual({ kind: 'retryable', code: 'billing_meter_event_session_expired', message: 'expired' });
+    const byType = Object.assign(invalid({ message: 'expired', statusCode: 401 }), { type: 'TemporarySessionExpiredError' });
+    expect(classifyStripeError(byType).kind).toBe('retryable');
+  });
+
+  it('anything that is not a Stripe error is retryable, with its message', () => {
+    expect(classifyStripeError(new Error('socket hang up'))).toEqual({ kind: 'retryable', code: 'unexpected_error', message: 'socket hang up' });
+    expect(classifyStripeError('boom')).toEqual({ kind: 'retryable', code: 'unexpected_error', message: 'boom' });
+  });
+});
+
+describe('parseRetryAfter', () => {
+  const NOW = Date.parse('2026-12-02T12:00:00Z');
+  it('reads seconds, whole or not, and HTTP dates', () => {
+    expect(parseRetryAfter('3', NOW)).toBe(3000);
+    expect(parseRetryAfter(' 1.5 ', NOW)).toBe(1500);
+    expect(parseRetryAfter('0', NOW)).toBe(0);
+    expect(parseRetryAfter('12', NOW)).toBe(12_000);
+    expect(parseRetryAfter('1.25', NOW)).toBe(1250);
+    expect(parseRetryAfter('Wed, 02 Dec 2026 12:00:10 GMT', NOW)).toBe(10_000);
+    expect(parseRetryAfter('Wed, 02 Dec 2026 11:59:00 GMT', NOW)).toBe(0);
+  });
+  it('ignores what it cannot read', () => {
+    for (const v of [undefined, '', 'soon', 'in a minute', '5s', 'x5']) expect(parseRetryAfter(v, NOW), String(v)).toBeUndefined();
+  });
+});

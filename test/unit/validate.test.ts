@@ -1,0 +1,127 @@
+/**
+ * Input validation, pure: every field's limits at their edges, every kind of hidden text, the time
+ * window with an injected clock. (The same refusals through PostgreSQL, with nothing written: test/enqueue.test.ts.)
+ */
+import { describe, expect, it } from 'vitest';
+import { InvalidUsageError } from '../../src/outbox/errors.js';
+import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, textProblem, validateUsage } from '../../src/outbox/validate.js';
+import { MAX_EVENT_NAME_LENGTH } from '../../src/stripe/rules.js';
+
+const NOW = Date.parse('2026-12-02T12:00:00Z');
+const MIN = 60_000;
+const DAY = 86_400_000;
+const ok = { usageId: 'u-1', tenantId: 'acme', quantity: 3 };
+
+function refusal(input: unknown, now = NOW): InvalidUsageError {
+  try {
+    validateUsage(input as never, 'api_requests', now);
+  } catch (err) {
+    expect(err).toBeInstanceOf(InvalidUsageError);
+    return err as InvalidUsageError;
+  }
+  throw new Error(`accepted: ${JSON.stringify(input)}`);
+}
+
+describe('validateUsage', () => {
+  it('accepts a plain usage, the default meter and no time', () => {
+    expect(validateUsage(ok, 'api_requests', NOW)).toEqual({ usageId: 'u-1', tenantId: 'acme', quantity: 3, eventName: 'api_requests', occurredAt: null });
+    expect(validateUsage({ ...ok, eventName: 'tokens' }, 'api_requests', NOW).eventName).toBe('tokens');
+  });
+
+  it('refuses what is not an object', () => {
+    for (const input of [null, undefined, 'usage', 3]) {
+      const e = refusal(input);
+      expect([e.field, e.reason, e.code]).toEqual(['input', 'must be an object', 'invalid_usage']);
+      expect(e.message).toBe('input: must be an object');
+    }
+  });
+
+  it('names the field at fault, first bad field first', () => {
+    expect(refusal({ ...ok, usageId: '' }).field).toBe('usageId');
+    expect(refusal({ ...ok, tenantId: 7 }).field).toBe('tenantId');
+    expect(refusal({ ...ok, eventName: ' x' }).field).toBe('eventName');
+    expect(refusal({ usageId: '', tenantId: '', quantity: 0 }).field).toBe('usageId');
+  });
+
+  it('quantity: a positive integer up to 15 digits', () => {
+    expect(validateUsage({ ...ok, quantity: 1 }, 'm', NOW).quantity).toBe(1);
+    expect(validateUsage({ ...ok, quantity: MAX_QUANTITY }, 'm', NOW).quantity).toBe(999_999_999_999_999);
+    for (const quantity of [0, -1, 1.5, Number.NaN, Infinity, '3', null, undefined, true]) {
+      const e = refusal({ ...ok, quantity });
+      expect([e.field, e.reason], String(quantity)).toEqual(['quantity', 'must be a positive integer']);
+    }
+    const big = refusal({ ...ok, quantity: MAX_QUANTITY + 1 });
+    expect([big.field, big.message]).toEqual(['quantity', 'quantity: must be at most 999999999999999 (Stripe accepts 15 digits)']);
+  });
+
+  it('lengths: usage id 90, tenant 200, event name 100, counted in characters', () => {
+    expect(validateUsage({ ...ok, usageId: 'x'.repeat(MAX_USAGE_ID_LENGTH) }, 'm', NOW).usageId).toHaveLength(90);
+    expect(refusal({ ...ok, usageId: 'x'.repeat(91) }).reason).toBe('must be at most 90 characters');
+    expect(validateUsage({ ...ok, tenantId: 't'.repeat(MAX_TENANT_ID_LENGTH) }, 'm', NOW).tenantId).toHaveLength(200);
+    expect(refusal({ ...ok, tenantId: 't'.repeat(201) }).reason).toBe('must be at most 200 characters');
+    expect(validateUsage({ ...ok, eventName: 'e'.repeat(MAX_EVENT_NAME_LENGTH) }, 'm', NOW).eventName).toHaveLength(100);
+    expect(refusal({ ...ok, eventName: 'e'.repeat(101) }).reason).toBe('must be at most 100 characters');
+  });
+
+  it('occurredAt: up to 5 minutes ahead, back to 35 days less the hour the pipeline needs', () => {
+    const at = (ms: number) => validateUsage({ ...ok, occurredAt: new Date(NOW + ms) }, 'm', NOW).occurredAt?.getTime();
+    expect(at(5 * MIN)).toBe(NOW + 5 * MIN);
+    const ahead = refusal({ ...ok, occurredAt: new Date(NOW + 5 * MIN + 1) });
+    expect([ahead.field, ahead.message]).toEqual(['occurredAt', 'occurredAt: must not be more than 5 minutes in the future']);
+    expect(at(-(34 * DAY + 23 * 60 * MIN))).toBe(NOW - (34 * DAY + 23 * 60 * MIN));
+    const old = refusal({ ...ok, occurredAt: new Date(NOW - (34 * DAY + 23 * 60 * MIN) - 1) });
+    expect([old.field, old.reason]).toEqual(['occurredAt', 'must be within the past 35 days (Stripe refuses older usage): this is 34 days old']);
+    expect(refusal({ ...ok, occurredAt: new Date(NOW - 40 * DAY) }).reason).toContain('this is 40 days old');
+    const invalidDate = refusal({ ...ok, occurredAt: new Date(Number.NaN) });
+    expect([invalidDate.field, invalidDate.reason]).toEqual(['occurredAt', 'must be a valid Date']);
+    expect(refusal({ ...ok, occurredAt: '2026-12-02T12:00:00Z' }).reason).toBe('must be a valid Date');
+  });
+});
+
+describe('textProblem', () => {
+  it('accepts ordinary text, accents, emoji and CJK', () => {
+    for (const s of ['acme', 'Zürich-1', 'user 42', 'ε', '東京', 'ok 😀', 'a:b%c']) expect(textProblem(s, 100), s).toBeUndefined();
+  });
+
+  it('refuses non-strings, empty text and outer spaces', () => {
+    expect(textProblem(3, 10)).toBe('must be a string');
+    expect(textProblem(undefined, 10)).toBe('must be a string');
+    for (const s of ['', ' a', 'a ', '\ta', ' ']) expect(textProblem(s, 10), JSON.stringify(s)).toBe('must be non-empty, without leading or trailing spaces');
+  });
+
+  it('refuses a lone surrogate (half a UTF-16 pair)', () => {
+    expect(textProblem('a\uD800b', 10)).toBe('must be valid Unicode text (it contains half of a UTF-16 surrogate pair)');
+    expect(textProblem('a\uDC00', 10)).toMatch(/surrogate/);
+  });
+
+  it('refuses hidden characters and names the code point', () => {
+    const cases: [string, string][] = [
+      ['a\u0000b', 'U+0000'],
+      ['a\nb', 'U+000A'],
+      ['a\u001Bb', 'U+001B'],
+      ['a\u007Fb', 'U+007F'],
+      ['a\u200Bb', 'U+200B'],
+      ['a\u202Eb', 'U+202E'],
+      ['a\u2066b', 'U+2066'],
+      ['a\uFEFFb', 'U+FEFF'],
+      ['a\u00ADb', 'U+00AD'],
+      ['a\u2028b', 'U+2028'],
+      ['a\u2029b', 'U+2029'],
+      ['a\uFDD0b', 'U+FDD0'],
+      ['a\uFDEFb', 'U+FDEF'],
+      ['a\uFFFDb', 'U+FFFD'],
+      ['a\uFFFEb', 'U+FFFE'],
+      ['a\uFFFFb', 'U+FFFF'],
+      ['a\u{1FFFE}b', 'U+1FFFE'],
+      ['a\u{10FFFF}b', 'U+10FFFF'],
+    ];
+    for (const [s, cp] of cases) {
+      expect(textProblem(s, 10), cp).toBe(`must not contain control, invisible or bidirectional-formatting characters (found ${cp})`);
+    }
+  });
+
+  it('checks the length before the characters, at the exact limit', () => {
+    expect(textProblem('abc', 3)).toBeUndefined();
+    expect(textProblem('abcd', 3)).toBe('must be at most 3 characters');
+  });
+});
