@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `npm run screenshots`: the Temporal Web UI as an operator sees it, by headless Chromium, from a
+# real `npm start` on embedded defaults (its own data folder, removed afterwards):
+#   docs/img/web-ui-list.png          the workflow list: a delivered event and a dead letter, with
+#                                     their summaries ("acme: 3 × api_requests at …")
+#   docs/img/web-ui-dead-letters.png  the ready-made "dead letters" view the banner prints
+#   docs/img/web-ui-dead-letter.png   a dead letter's page: its summary, and as current details
+#                                     Stripe's code and message and the exact retry command
+# Installs Chromium from Debian when it is missing and this runs as root. Not part of npm test.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
+if [ -z "$browser" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    browser="$(command -v chromium)"
+  else
+    echo "screenshots: Chromium is needed (Debian: apt-get install chromium)" >&2
+    exit 2
+  fi
+fi
+
+data="$(mktemp -d "${TMPDIR:-/tmp}/billing-outbox-screens-XXXXXX")"
+log="$data/npm-start.log"
+stop() {
+  if [ -n "${pid:-}" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -INT -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  rm -rf "$data"
+}
+trap stop EXIT
+
+export DATA_DIR="$data" API_PORT=0 LOG_LEVEL=warn
+unset DATABASE_URL TEMPORAL_ADDRESS STRIPE_API_KEY STRIPE_API_BASE API_TOKENS NODE_ENV
+setsid npm start >"$log" 2>&1 &
+pid=$!
+echo "screenshots: starting npm start (log: $log)"
+for _ in $(seq 1 240); do
+  grep -q 'billing-outbox is running' "$log" 2>/dev/null && [ -f "$data/endpoints.json" ] && break
+  kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+  sleep 0.5
+done
+field() { node -e "process.stdout.write(String(require('$data/endpoints.json')['$1'] ?? ''))"; }
+api="$(field api)"
+ui="$(field temporalUi)"
+token="$(cat "$data/api-token")"
+[ -n "$ui" ] || { echo "screenshots: no Web UI (TEMPORAL_ADDRESS set?)" >&2; exit 1; }
+
+post() {
+  curl -sf "$api/v1/usage" -H "Authorization: Bearer $token" -H 'content-type: application/json' -d "$1" >/dev/null
+}
+post '{"tenant_id":"acme","usage_id":"first-1","quantity":3}'
+npm run -s cli -- customers set umbrella cus_umbrella >/dev/null
+post '{"tenant_id":"umbrella","usage_id":"oops-1","quantity":5}'
+for _ in $(seq 1 120); do
+  npm run -s cli -- dead 2>/dev/null | grep -q 'u:umbrella:oops-1' && break
+  sleep 1
+done
+
+mkdir -p docs/img
+shot() {
+  "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1000 \
+    --virtual-time-budget=15000 --screenshot="$1" "$2" >/dev/null 2>&1
+  echo "screenshots: $1"
+}
+ns=default
+query() { node -e "process.stdout.write(encodeURIComponent(process.argv[1]))" "$1"; }
+shot docs/img/web-ui-list.png "$ui/namespaces/$ns/workflows?query=$(query 'WorkflowType="usageWorkflow"')"
+shot docs/img/web-ui-dead-letters.png "$ui/namespaces/$ns/workflows?query=$(query 'WorkflowType="usageWorkflow" AND OutboxStatus="dead" AND ExecutionStatus="Running"')"
+shot docs/img/web-ui-dead-letter.png "$ui/namespaces/$ns/workflows/$(query 'u:umbrella:oops-1')"
