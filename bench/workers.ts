@@ -33,7 +33,8 @@ export async function workers(services: Services, report: Report, opts: { counts
         });
         children.push(child);
       }
-      await commitBacklog(db.pool, 20, opts.customers, 'warmup');
+      // Keys unique to this run: workflow ids are the keys, and the Temporal server is shared by every run of the benchmark.
+      await commitBacklog(db.pool, 20, opts.customers, `warmup-${randomUUID().slice(0, 8)}`);
       await waitUntil('the workers to start', async () => (await countSent(db.pool)) >= 20, 120_000, 200);
       const cpu = await cpuMeter(stripe.pid, { workerProcessesMs: /src\/bin\/worker\.ts/ });
       const started = performance.now();
