@@ -22,6 +22,8 @@ if [ -z "$browser" ]; then
 fi
 
 data="$(mktemp -d "${TMPDIR:-/tmp}/billing-outbox-screens-XXXXXX")"
+# Readable by the user embedded PostgreSQL runs as when this runs as root.
+chmod 755 "$data"
 log="$data/npm-start.log"
 stop() {
   if [ -n "${pid:-}" ] && kill -0 "$pid" 2>/dev/null; then
@@ -60,13 +62,4 @@ for _ in $(seq 1 120); do
 done
 
 mkdir -p docs/img
-shot() {
-  "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1600,1000 \
-    --virtual-time-budget=15000 --screenshot="$1" "$2" >/dev/null 2>&1
-  echo "screenshots: $1"
-}
-ns=default
-query() { node -e "process.stdout.write(encodeURIComponent(process.argv[1]))" "$1"; }
-shot docs/img/web-ui-list.png "$ui/namespaces/$ns/workflows?query=$(query 'WorkflowType="usageWorkflow"')"
-shot docs/img/web-ui-dead-letters.png "$ui/namespaces/$ns/workflows?query=$(query 'WorkflowType="usageWorkflow" AND OutboxStatus="dead" AND ExecutionStatus="Running"')"
-shot docs/img/web-ui-dead-letter.png "$ui/namespaces/$ns/workflows/$(query 'u:umbrella:oops-1')"
+npx tsx scripts/screenshots.ts "$browser" "$ui" default u:umbrella:oops-1 docs/img
