@@ -1,6 +1,7 @@
 /**
  * Activities of the usage workflow: report one event to Stripe, and keep its outbox row current.
  */
+import { randomUUID } from 'node:crypto';
 import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/activity';
 import Stripe from 'stripe';
 import { isDatabaseUnavailable, type Queryable } from '../src/db.js';
@@ -164,7 +165,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const ctx = Context.current();
     const info = activityInfo();
     const turn: Turn = {
-      holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}`,
+      // One holder per execution of this activity, never reused: a later execution for the same
+      // event (the regular activity after the first try in the workflow task, both attempt 1) must
+      // not inherit, and so renew at once, the lease an unanswered call of an earlier one holds.
+      holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}/${randomUUID()}`,
       handedOff: false,
     };
     // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
