@@ -86,6 +86,15 @@ export const MUTANTS: Mutant[] = [
     quick: true,
   },
   {
+    id: 'dispatch-unpaced',
+    guarantee: "Stripe's limits: relays dispatch at the account pace, so a backlog waits in the outbox, not as workflows",
+    file: 'activities/relay.ts',
+    find: "const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });",
+    replace: "const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond * 100 });",
+    test: 'test/limits.test.ts',
+    name: 'account rate limit',
+  },
+  {
     id: 'lane-limit-ignored',
     guarantee: 'Lanes: at most LANE_MAX_IN_FLIGHT events of one (tenant, meter) claimed or in flight',
     file: 'src/outbox/sql/relay.ts',

@@ -120,11 +120,24 @@ describe("Stripe's limits", () => {
     const tenants = await customers(200, `rl-${randomUUID().slice(0, 6)}`);
     const prefix = `rl-${randomUUID()}-`;
     await backlog(5_000, tenants, prefix);
-    pipeline = await startTestPipeline({ db, config });
+    // Three workers share the one limit: two worker processes and one in this process.
+    pipeline = await startTestPipeline({ db, config, worker: false });
+    await Promise.all([workerProcess(config), workerProcess(config), pipeline.addWorker()]);
 
+    // The window's length is the measurement (calls over time), not a wait for something to happen.
     const windowMs = 25_000;
     await waitFor('the first call', async () => stripe!.requests().length > 0, 60_000);
     await new Promise((r) => setTimeout(r, windowMs));
+    // The relays dispatch at the same pace: the backlog stays pending in the outbox instead of
+    // becoming thousands of workflows waiting for a call slot. What left `pending` is at most what
+    // the pace allows since the first dispatch, plus a few seconds' worth (claimed, not yet paced).
+    const { rows: left } = await db.pool.query<{ n: number; seconds: number }>(
+      `SELECT count(*)::int AS n, extract(epoch FROM now() - min(dispatched_at))::float8 AS seconds
+         FROM outbox WHERE idempotency_key LIKE $1 AND status <> 'pending'`,
+      [`usage_log:${prefix}%`],
+    );
+    expect(left[0]!.n).toBeGreaterThan(50);
+    expect(left[0]!.n, `${left[0]!.n} dispatched in ${left[0]!.seconds} s`).toBeLessThanOrEqual(Math.ceil(8 * (left[0]!.seconds + 3)));
     const requests = stripe.requests();
     const limited = requests.filter((r) => r.status === 429);
     const spanMs = requests.at(-1)!.at - requests[0]!.at;
