@@ -159,6 +159,15 @@ export const MUTANTS: Mutant[] = [
     name: 'no answer',
   },
   {
+    id: 'lease-holder-reused',
+    guarantee: "Stripe's limits: an event's next try does not inherit the lease its unanswered first try holds",
+    file: 'activities/delivery.ts',
+    find: '/${info.attempt}/${randomUUID()}`,',
+    replace: '/${info.attempt}/${String(randomUUID).slice(0, 0)}`,',
+    test: 'test/lanes.test.ts',
+    name: 'next try after an unanswered',
+  },
+  {
     id: 'too-old-sent',
     guarantee: "Not guaranteed: usage older than Stripe's 35-day window is dead-lettered before any call",
     file: 'src/stripe/rules.ts',

@@ -117,3 +117,28 @@ it('keeps a (customer, meter) closed after a call that got no answer: no second 
     await slow.close();
   }
 }, 120_000);
+
+it("an event's next try after an unanswered first try waits out the hold: the first try's lease is not its own", async () => {
+  // One event alone in its lane, so nothing else orders the turns. Its first try (a local activity
+  // in the workflow task) gets no answer in time; the next (a regular activity, also attempt 1)
+  // comes 50 ms later (RETRY_INITIAL_INTERVAL_MS) while Stripe is still on the first call.
+  const slow = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_alone'] });
+  slow.setLatency(1_500);
+  await db.pool.query(`INSERT INTO billing_customers VALUES ('alone', 'cus_alone') ON CONFLICT DO NOTHING`);
+  await pipeline.stop();
+  pipeline = await startTestPipeline({
+    db,
+    config: testConfig({ STRIPE_API_BASE: slow.url, STRIPE_API_KEY: 'sk_test_lanes', STRIPE_TIMEOUT_MS: '500', STRIPE_UNANSWERED_HOLD_MS: '2000', RETRY_MAXIMUM_ATTEMPTS: '20' }),
+  });
+  try {
+    const [key] = await backlog('alone', 1);
+    await waitFor('the first call to go unanswered', async () => slow.requests().some((r) => r.identifier === key), 30_000, 20);
+    slow.setLatency(0);
+    await waitFor('the event sent', async () => (await db.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = $1 AND status = 'sent'`, [key])).rowCount === 1, 60_000);
+    expect(slow.maxConcurrencySeen('cus_alone', 'api_requests')).toBe(1);
+    expect(slow.requests().filter((r) => r.status === 429)).toEqual([]);
+    expect(slow.events().filter((e) => e.identifier === key)).toHaveLength(1);
+  } finally {
+    await slow.close();
+  }
+}, 120_000);
