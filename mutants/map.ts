@@ -168,6 +168,15 @@ export const MUTANTS: Mutant[] = [
     name: 'next try after an unanswered',
   },
   {
+    id: 'no-429-jitter',
+    guarantee: "Stripe's limits: a 429 is waited out (Retry-After plus jitter), so refused calls do not return as one burst",
+    file: 'activities/delivery.ts',
+    find: 'retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),',
+    replace: 'retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + 0 * RATE_LIMIT_JITTER_MS,',
+    test: 'test/pipeline.test.ts',
+    name: 'spreads the retries after a 429',
+  },
+  {
     id: 'too-old-sent',
     guarantee: "Not guaranteed: usage older than Stripe's 35-day window is dead-lettered before any call",
     file: 'src/stripe/rules.ts',

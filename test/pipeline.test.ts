@@ -353,4 +353,25 @@ describe('the core pipeline', () => {
     expect(requests[1]!.at - requests[0]!.at).toBeGreaterThanOrEqual(1_900);
     expect(Date.now() - started).toBeGreaterThanOrEqual(1_900);
   });
+
+  it('spreads the retries after a 429 (Retry-After plus jitter), so refused calls do not come back as one burst', async () => {
+    // Eight events refused with the same Retry-After: without jitter they would all come back one
+    // second later, together. With up to RATE_LIMIT_JITTER_MS (500 ms) each, eight waits fall
+    // within 100 ms of each other with probability ~1e-4.
+    stripe.failNext(8, 429, { retryAfterSeconds: 1 });
+    const keys = await Promise.all(Array.from({ length: 8 }, (_, i) => enqueue(i % 2 ? 'acme' : 'globex', 20 + i)));
+    for (const key of keys) await waitStatus(key, 'sent');
+    const waits = keys.map((key) => {
+      const requests = stripe.requests().filter((r) => r.identifier === key);
+      const refused = requests.find((r) => r.status === 429);
+      const accepted = requests.find((r) => r.status === 200);
+      return refused && accepted ? accepted.at - refused.at : undefined;
+    });
+    const measured = waits.filter((w): w is number => w !== undefined);
+    // Each of the eight got the 429 (the eight refused calls were theirs) and was sent once after it.
+    expect(measured).toHaveLength(8);
+    for (const key of keys) expect(eventsFor(key)).toHaveLength(1);
+    for (const w of measured) expect(w).toBeGreaterThanOrEqual(950);
+    expect(Math.max(...measured) - Math.min(...measured)).toBeGreaterThan(100);
+  });
 });
