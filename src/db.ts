@@ -8,12 +8,22 @@ import pg from 'pg';
 
 export type Queryable = Pick<pg.ClientBase, 'query'>;
 
-// bigint columns (quantities, ids) arrive as strings by default; every value we store fits in a
-// JS number (quantities are capped at Number.MAX_SAFE_INTEGER by recordUsage).
-pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+/**
+ * The type parsers of billing-outbox's own connections and statements: bigint columns (quantities,
+ * ids, counts) as numbers, since every value we store fits in one (quantities are capped at
+ * Number.MAX_SAFE_INTEGER by recordUsage); everything else as `pg` parses it. Given per pool or per
+ * query, never set on `pg.types`: that is the application's, and importing a library must not change
+ * how its own queries read bigint.
+ */
+export const pgTypes: pg.CustomTypesConfig = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+    oid === pg.types.builtins.INT8 && format !== 'binary'
+      ? (v: string) => Number(v)
+      : pg.types.getTypeParser(oid, format as 'text')) as pg.CustomTypesConfig['getTypeParser'],
+};
 
 export function createPool(databaseUrl: string, max = 10): pg.Pool {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max, application_name: 'billing-outbox' });
+  const pool = new pg.Pool({ connectionString: databaseUrl, max, application_name: 'billing-outbox', types: pgTypes });
   // An idle client losing its connection (server restart) must not crash the process; the pool
   // discards it and the next query opens a new one.
   pool.on('error', () => undefined);
@@ -34,7 +44,7 @@ const MIGRATION_LOCK = 727_274_001;
  * find nothing left to do. Returns the names it applied.
  */
 export async function migrate(databaseUrl: string, opts: { upTo?: string } = {}): Promise<string[]> {
-  const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate' });
+  const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate', types: pgTypes });
   await client.connect();
   try {
     await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);

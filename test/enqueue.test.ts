@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
 // Through the package's public entry point, as an application imports it.
 import {
   InvalidUsageError,
@@ -167,5 +168,25 @@ describe('usage ids are scoped by tenant', () => {
     for (const key of keys) expect(Buffer.byteLength(key, 'utf8')).toBeLessThanOrEqual(100);
     expect(keys[0]).toBe('u:a%3Ab:c');
     expect(keys[3]).toMatch(/^h:[0-9a-f]{64}$/);
+  });
+});
+
+describe('importing the package', () => {
+  it("leaves the application's own pg type parsing as it was", async () => {
+    // The package entry is already imported at the top of this file, as an application would.
+    expect(pg.types.getTypeParser(pg.types.builtins.INT8)('9007199254740993')).toBe('9007199254740993');
+    // The application's own connection still reads bigint as text; recordUsage on it reads numbers.
+    const app = new pg.Client({ connectionString: db.url });
+    await app.connect();
+    try {
+      expect((await app.query(`SELECT 9007199254740993::bigint AS big`)).rows[0].big).toBe('9007199254740993');
+      await app.query('BEGIN');
+      const first = await recordUsage(app, { usageId: 'u-app-parsers', tenantId: 'acme', quantity: 12 });
+      const again = await recordUsage(app, { usageId: 'u-app-parsers', tenantId: 'acme', quantity: 12 });
+      await app.query('COMMIT');
+      expect([first.entry.quantity, typeof first.entry.id, again.created, again.entry.quantity]).toEqual([12, 'number', false, 12]);
+    } finally {
+      await app.end();
+    }
   });
 });

@@ -2,7 +2,7 @@
  * The request path: the usage row and its outbox row, written in the caller's transaction.
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
-import type { Queryable } from '../../db.js';
+import { pgTypes, type Queryable } from '../../db.js';
 import type { OutboxStatus } from '../statuses.js';
 
 export interface EntryRow {
@@ -49,6 +49,8 @@ export async function insertUsage(
      SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
     values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key],
+    // The caller's connection: its parsers are the application's, so ours travel with the statement.
+    types: pgTypes,
   });
   const row = rows[0]!;
   return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as EntryRow) };
@@ -59,9 +61,10 @@ export async function insertUsage(
  * keys were scoped by tenant (migrations/005), when that row is this tenant's.
  */
 export async function findEntryByUsage(db: Queryable, tenantId: string, keys: { key: string; legacyKey: string }): Promise<EntryRow | undefined> {
-  const { rows } = await db.query<EntryRow>(
-    `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = ANY($2::text[]) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
-    [tenantId, [keys.key, keys.legacyKey]],
-  );
+  const { rows } = await db.query<EntryRow>({
+    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = ANY($2::text[]) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
+    values: [tenantId, [keys.key, keys.legacyKey]],
+    types: pgTypes,
+  });
   return rows[0];
 }
