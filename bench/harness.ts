@@ -16,7 +16,7 @@ import { createPool, migrate } from '../src/db.js';
 import { startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres.js';
 import { startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
 import { startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
 

@@ -11,7 +11,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { DELIVERED } from '../src/outbox/statuses.js';
-import type { RecordedMeterEvent } from '../src/stripe/local/types.js';
+import type { RecordedMeterEvent } from '../src/embedded/stripe/types.js';
 import { usageKey, type Load } from './load.js';
 import type { World } from './world.js';
 

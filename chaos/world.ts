@@ -17,7 +17,7 @@ import type pg from 'pg';
 import { createPool, migrate } from '../src/db.js';
 import { freePort, startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 
 export const METERS = ['api_requests', 'tokens'] as const;
 export const TASK_QUEUE = 'billing-outbox-chaos';

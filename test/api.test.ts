@@ -13,7 +13,7 @@ import type { ApiToken, Config } from '../src/config.js';
 import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
 import { addCustomer, createTestDb, testConfig, waitFor, type TestDb } from './helpers.js';
 

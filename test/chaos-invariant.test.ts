@@ -14,7 +14,7 @@ import { checkInvariant } from '../chaos/invariant.js';
 import { usageKey, type Usage } from '../chaos/load.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -14,7 +14,7 @@ import { runCli, type CliContext } from '../src/cli/run.js';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 

@@ -2,7 +2,7 @@
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createStripeClient } from '../src/stripe/client.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
 import { testConfig } from './helpers.js';
 

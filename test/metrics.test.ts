@@ -14,7 +14,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
 import { statusSummary } from '../src/outbox/sql/status.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };

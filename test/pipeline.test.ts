@@ -9,7 +9,7 @@ import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/s
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { retrySignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 

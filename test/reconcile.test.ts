@@ -15,7 +15,7 @@ import { findOperatorRow } from '../src/outbox/sql/operator.js';
 import type { ReconcileReport } from '../src/ops/reconcile.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
 import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
 const HOUR = 3_600_000;

@@ -13,7 +13,7 @@ import { createPool, migrate, withTransaction } from '../src/db.js';
 import { startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres.js';
 import { startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let tmp: string;

@@ -9,7 +9,7 @@ import { withTransaction } from '../src/db.js';
 import { createMetrics } from '../src/metrics.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { pruneDelivered } from '../src/ops/prune.js';
-import { LocalStripe } from '../src/stripe/local/server.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, startTestPipeline, testConfig, waitFor, type TestDb } from './helpers.js';
 
 const DAY = 86_400_000;

@@ -8,7 +8,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Stripe from 'stripe';
 import { afterEach, describe, expect, it } from 'vitest';
-import { LocalStripe, type LocalStripeOptions } from '../src/stripe/local/server.js';
+import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
 
 /** stripe 23 does not re-export the stream's parameter types; read them off the method. */
 type StreamEvent = Parameters<Stripe['v2']['billing']['meterEventStream']['create']>[0]['events'][number];

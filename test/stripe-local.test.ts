@@ -10,7 +10,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { afterEach, describe, expect, it } from 'vitest';
-import { LocalStripe, type LocalStripeOptions } from '../src/stripe/local/server.js';
+import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
 
 const HOUR = 60 * 60 * 1000;
 const DAY = 24 * HOUR;

@@ -21,7 +21,7 @@ import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
 import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
-import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/stripe/local/server.js';
+import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/embedded/stripe/server.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;

@@ -10,7 +10,7 @@
  * closes on SIGTERM/SIGINT. Drive it through the control API (`/_local/*`, see control.ts).
  */
 import { parseArgs } from 'node:util';
-import { LocalStripe, type LocalStripeOptions } from '../stripe/local/server.js';
+import { LocalStripe, type LocalStripeOptions } from '../embedded/stripe/server.js';
 
 const DEFAULT_PORT = 12111;
 

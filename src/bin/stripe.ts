@@ -4,7 +4,7 @@
  * here can reach the real Stripe: the control API answers loopback clients of the local server only.
  */
 import { loadDotEnv, defaultDataDir, readRunningStack } from '../embedded/local-files.js';
-import type { RecordedMeterEvent } from '../stripe/local/types.js';
+import type { RecordedMeterEvent } from '../embedded/stripe/types.js';
 
 const HELP = `npm run stripe -- <command>     (the local Stripe of a running \`npm start\`)
 

@@ -27,7 +27,7 @@ import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
 import { createStripeClient, LOCAL_TEST_KEY } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
-import { LocalStripe, type LocalStripeState } from '../stripe/local/server.js';
+import { LocalStripe, type LocalStripeState } from './stripe/server.js';
 import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
 

@@ -8,7 +8,7 @@
  * whose payload lacks the keys its meter reads (`customer_mapping.event_payload_key`,
  * `value_settings.event_payload_key`) is answered 200 and rejected later.
  */
-import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH } from '../rules.js';
+import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH } from '../../stripe/rules.js';
 import type { Catalog } from './catalog.js';
 import type { AsyncErrorInfo, RecordedMeterEvent } from './types.js';
 import { flatStrings, invalidRequest, missingParam, objectParam, stringParam, unknownParams, type ApiResponse, type FormObject } from './wire.js';

@@ -6,7 +6,7 @@
  * minutes", counted here by the server's simulated clock, so `advanceClock` expires them and a
  * pipeline's refresh path can be tested without waiting.
  */
-import { STREAM_SESSION_TTL_MS } from '../rules.js';
+import { STREAM_SESSION_TTL_MS } from '../../stripe/rules.js';
 import { newId } from './wire.js';
 
 export interface MeterEventSession {

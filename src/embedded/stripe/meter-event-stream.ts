@@ -12,7 +12,7 @@
  * failure surfaces only in an error report. There is no synchronous "already exists" either: an
  * identifier seen in the last 24 hours is silently not counted again (the server applies that).
  */
-import { MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH, MAX_STREAM_BATCH } from '../rules.js';
+import { MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH, MAX_STREAM_BATCH } from '../../stripe/rules.js';
 import type { Catalog } from './catalog.js';
 import { parseWholeNumber, timestampRangeProblem, type MeterEventInput } from './meter-events.js';
 import { invalidRequest, type ApiResponse } from './wire.js';
