@@ -8,14 +8,16 @@
  * unserialized claims were never seen to overfill a lane (8 racing claimers, and the reasoning in
  * docs/testing.md); the lock stays as a second line, and no test pretends to prove it.
  *
- * A mutant names its text exactly: if the code moves on and `find` no longer occurs exactly once,
- * the runner stops with an error instead of reporting a mutant that changed nothing.
+ * A mutant is anchored by its text, not by a file: `find` must occur exactly once in the whole
+ * product tree (src/, activities/, workflows/, migrations/), so moving code between modules keeps
+ * the mutant. If the code is changed so that the text occurs zero times or twice, or the named test
+ * is gone, the runner stops (exit 2) instead of reporting a mutant that changed nothing.
  */
 export interface Mutant {
   id: string;
   /** The README row (and the words in it) that the change breaks. */
   guarantee: string;
-  file: string;
+  /** Exact text of product code, found once in the whole product tree; `replace` takes its place. */
   find: string;
   replace: string;
   /** The test file that must fail, and the test name pattern (vitest -t) within it. */
@@ -29,7 +31,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-drops-outbox-row',
     guarantee: 'Atomic enqueue: a committed transaction always leaves an event',
-    file: 'src/outbox/sql/enqueue.ts',
     find: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage\n',
     replace: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage WHERE false\n',
     test: 'test/enqueue.test.ts',
@@ -39,7 +40,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-future-check-after-write',
     guarantee: 'Not guaranteed / refusals: usage stamped more than 5 minutes ahead is refused at enqueue, before anything is written',
-    file: 'src/stripe/rules.ts',
     find: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000;',
     replace: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000 * 1_000;',
     test: 'test/enqueue.test.ts',
@@ -48,7 +48,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-accepts-conflicting-duplicate',
     guarantee: 'No duplicate enqueue: the same id with different values is refused',
-    file: 'src/outbox/enqueue.ts',
     find: 'if (!same) throw new UsageConflictError(usage.usageId, entry);',
     replace: 'if (same === undefined) throw new UsageConflictError(usage.usageId, entry);',
     test: 'test/enqueue.test.ts',
@@ -58,7 +57,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'claim-waits-on-locks',
     guarantee: 'Claim: FOR UPDATE SKIP LOCKED, a claimer never waits on rows another holds',
-    file: 'src/outbox/sql/relay.ts',
     find: 'ORDER BY o.id FOR UPDATE SKIP LOCKED',
     replace: 'ORDER BY o.id FOR UPDATE',
     test: 'test/claim.test.ts',
@@ -68,7 +66,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'claim-without-guard',
     guarantee: 'At-least-once / one claim: a row is only taken while pending or after its lease lapsed (the guarded update)',
-    file: 'src/outbox/sql/relay.ts',
     find: "AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))",
     replace: "AND (o.status = 'pending' OR o.status = 'claimed')",
     test: 'test/claim.test.ts',
@@ -78,7 +75,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'stale-claim-marks',
     guarantee: "At-least-once: a crashed relay's claimed rows come back when their lease lapses, and its old claim can no longer mark them",
-    file: 'src/outbox/sql/relay.ts',
     find: "AND status = 'claimed' AND claim_id = $2::uuid",
     replace: "AND status = 'claimed' AND ($2::uuid IS NOT NULL OR claim_id = $2::uuid)",
     test: 'test/claim.test.ts',
@@ -88,7 +84,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'dispatch-unpaced',
     guarantee: "Stripe's limits: relays dispatch at the account pace, so a backlog waits in the outbox, not as workflows",
-    file: 'activities/relay.ts',
     find: "const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });",
     replace: "const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond * 100 });",
     test: 'test/limits.test.ts',
@@ -97,7 +92,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'lane-limit-ignored',
     guarantee: 'Lanes: at most LANE_MAX_IN_FLIGHT events of one (tenant, meter) claimed or in flight',
-    file: 'src/outbox/sql/relay.ts',
     find: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax,',
     replace: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax * 1_000,',
     test: 'test/claim.test.ts',
@@ -107,7 +101,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'second-run-per-event',
     guarantee: 'One workflow per event: workflow id = idempotency key, REJECT_DUPLICATE',
-    file: 'src/temporal/start-usage.ts',
     find: 'workflowId: row.idempotency_key,',
     replace: 'workflowId: `${row.idempotency_key}/${Date.now()}`,',
     test: 'test/pipeline.test.ts',
@@ -116,7 +109,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'identifier-not-the-key',
     guarantee: 'Effectively once at Stripe: every attempt sends the same identifier',
-    file: 'activities/delivery.ts',
     find: '      await keepPace(slotAt);\n      await sendMeterEvent(stripe, {\n        eventName: ready.row.event_name,\n        keys: ready.keys,\n        stripeCustomerId: ready.customer,\n        quantity: ready.row.quantity,\n        identifier: key,',
     replace: '      await keepPace(slotAt);\n      await sendMeterEvent(stripe, {\n        eventName: ready.row.event_name,\n        keys: ready.keys,\n        stripeCustomerId: ready.customer,\n        quantity: ready.row.quantity,\n        identifier: `${key}/${Date.now()}`,',
     test: 'test/pipeline.test.ts',
@@ -125,7 +117,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'duplicate-identifier-not-delivered',
     guarantee: "Effectively once at Stripe: Stripe's duplicate-identifier 400 is treated as delivered",
-    file: 'src/stripe/errors.ts',
     find: "if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message)) {",
     replace: "if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message) && Math.random() > 2) {",
     test: 'test/pipeline.test.ts',
@@ -134,7 +125,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'resend-past-24h',
     guarantee: 'The 24-hour bound: no resend once the first attempt is more than 23 h old, unless forced',
-    file: 'src/stripe/rules.ts',
     find: 'export const SAFE_RESEND_WINDOW_MS = IDENTIFIER_WINDOW_MS - HOUR_MS;',
     replace: 'export const SAFE_RESEND_WINDOW_MS = 100 * IDENTIFIER_WINDOW_MS;',
     test: 'test/pipeline.test.ts',
@@ -143,7 +133,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'two-calls-per-pair',
     guarantee: "Stripe's limits: never two meter-event calls in flight for one (customer, meter), across every worker",
-    file: 'src/stripe/meter-lease.ts',
     find: 'WHERE meter_leases.expires_at < clock_timestamp() OR meter_leases.holder = EXCLUDED.holder',
     replace: 'WHERE true',
     test: 'test/lanes.test.ts',
@@ -152,7 +141,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'no-hold-after-unanswered-call',
     guarantee: "Stripe's limits: after a call that got no answer, the pair stays closed (Stripe may still be on it)",
-    file: 'activities/delivery.ts',
     find: '      if (turn.unanswered) {',
     replace: '      if (turn.unanswered === undefined) {',
     test: 'test/lanes.test.ts',
@@ -161,7 +149,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'lease-holder-reused',
     guarantee: "Stripe's limits: an event's next try does not inherit the lease its unanswered first try holds",
-    file: 'activities/delivery.ts',
     find: '/${info.attempt}/${randomUUID()}`,',
     replace: '/${info.attempt}/${String(randomUUID).slice(0, 0)}`,',
     test: 'test/lanes.test.ts',
@@ -170,7 +157,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'no-429-jitter',
     guarantee: "Stripe's limits: a 429 is waited out (Retry-After plus jitter), so refused calls do not return as one burst",
-    file: 'activities/delivery.ts',
     find: 'retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),',
     replace: 'retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + 0 * RATE_LIMIT_JITTER_MS,',
     test: 'test/pipeline.test.ts',
@@ -179,7 +165,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'too-old-sent',
     guarantee: "Not guaranteed: usage older than Stripe's 35-day window is dead-lettered before any call",
-    file: 'src/stripe/rules.ts',
     find: 'if (age > MAX_EVENT_AGE_MS) {',
     replace: 'if (age > 10 * MAX_EVENT_AGE_MS) {',
     test: 'test/pipeline.test.ts',
@@ -188,7 +173,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'retry-outside-window',
     guarantee: "Not guaranteed: a retry cannot help usage outside Stripe's 35-day window, and is refused, even forced",
-    file: 'src/stripe/rules.ts',
     find: 'return occurredAt.getTime() < now - (MAX_EVENT_AGE_MS - WINDOW_MARGIN_MS);',
     replace: 'return occurredAt.getTime() < now - 10 * MAX_EVENT_AGE_MS;',
     test: 'test/cli.test.ts',
@@ -197,7 +181,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'dead-letters-pruned',
     guarantee: 'At-least-once: nothing undelivered is deleted; dead letters wait for a human',
-    file: 'src/outbox/sql/retention.ts',
     find: "export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;",
     replace: "export const PRUNABLE = [...DELIVERED, 'cancelled', 'dead', 'rejected_async'] as const;",
     test: 'test/retention.test.ts',
@@ -207,7 +190,6 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'dead-letter-never-waits',
     guarantee: 'At-least-once: after the final failure the row is dead and its workflow waits for a retry signal',
-    file: 'workflows/usage.ts',
     find: 'else if (!(await condition(() => requested !== undefined, waitMs))) return undefined;',
     replace: 'else return undefined;',
     test: 'test/workflows.test.ts',

@@ -1,11 +1,12 @@
 /**
- * `npm run mutants [-- --quick] [--only id,id] [--no-baseline] [--json FILE]`: breaks each
+ * `npm run mutants [-- --quick] [--only id,id] [--no-baseline] [--json FILE] [--check]`: breaks each
  * guarantee of mutants/map.ts on purpose, one at a time, in a scratch copy of the working tree, and
- * runs only the test that must notice. A mutant the test still passes on *survived*: the guarantee
+ * runs only the test that must notice (`--check`: only anchor the map and say where each text is). A mutant the test still passes on *survived*: the guarantee
  * has no test that can fail. Exits 1 on any survivor, 2 when the map no longer matches the code.
  *
  * First the baseline: each named test must pass on the unbroken copy, or "caught" would mean nothing.
- * The working tree itself is never touched (the copy is deleted at the end).
+ * The working tree itself is never touched (the copy is deleted at the end). A mutant is anchored by
+ * its text alone, found once anywhere in the product code (see `anchor`).
  */
 import { spawn } from 'node:child_process';
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
@@ -23,6 +24,7 @@ const { values } = parseArgs({
     only: { type: 'string' },
     'no-baseline': { type: 'boolean', default: false },
     json: { type: 'string' },
+    check: { type: 'boolean', default: false },
   },
   strict: true,
 });
@@ -30,6 +32,8 @@ const { values } = parseArgs({
 type Verdict = 'caught' | 'survived' | 'baseline failed';
 interface Result {
   id: string;
+  /** Where its text was found. */
+  file: string;
   guarantee: string;
   test: string;
   verdict: Verdict;
@@ -53,14 +57,37 @@ function fail(message: string): never {
   process.exit(2);
 }
 
-/** Every mutant's text occurs exactly once in its file, and the replacement differs. */
-function checkMap(list: Mutant[]): void {
+/** Where product code lives: a mutant's text is looked for in every file under these. */
+const PRODUCT_ROOTS = ['src', 'activities', 'workflows', 'migrations'];
+
+function productFiles(): string[] {
+  return execFileSync('git', ['ls-files', '--cached', '--others', '--exclude-standard', '-z', '--', ...PRODUCT_ROOTS], { cwd: ROOT, encoding: 'utf8' })
+    .split('\0')
+    .filter((f) => f && existsSync(path.join(ROOT, f)));
+}
+
+/**
+ * Anchors each mutant: its text must occur exactly once in the whole product tree (not in one named
+ * file, so moving code between modules keeps the mutant), the replacement must differ, and the test
+ * it names must exist with a test whose name contains its pattern. Returns the file each text is in.
+ * Any miss stops the run with exit 2: a mutant that changes nothing, or whose test is gone, would
+ * report a guarantee as tested when nothing was.
+ */
+function anchor(list: Mutant[]): Map<string, string> {
+  const files = productFiles().map((f) => ({ f, text: readFileSync(path.join(ROOT, f), 'utf8') }));
+  const where = new Map<string, string>();
   for (const m of list) {
-    const text = readFileSync(path.join(ROOT, m.file), 'utf8');
-    const count = text.split(m.find).length - 1;
-    if (count !== 1) fail(`${m.id}: its text occurs ${count} times in ${m.file} (the code moved on: update mutants/map.ts)`);
+    const hits = files.flatMap(({ f, text }) => Array(text.split(m.find).length - 1).fill(f) as string[]);
+    if (hits.length !== 1) {
+      fail(`${m.id}: its text occurs ${hits.length} times in the product tree${hits.length ? ` (${[...new Set(hits)].join(', ')})` : ''}: the code moved on, update mutants/map.ts`);
+    }
     if (m.find === m.replace) fail(`${m.id}: its replacement changes nothing`);
+    const testPath = path.join(ROOT, m.test);
+    if (!existsSync(testPath)) fail(`${m.id}: its test file ${m.test} does not exist`);
+    if (m.name && !readFileSync(testPath, 'utf8').includes(m.name)) fail(`${m.id}: no test in ${m.test} is named with "${m.name}"`);
+    where.set(m.id, hits[0]!);
   }
+  return where;
 }
 
 /** The working tree's tracked and new files (not ignored ones), with node_modules and .tools linked. */
@@ -101,7 +128,14 @@ function runTest(dir: string, test: string, name: string | undefined, log: strin
 
 async function main(): Promise<void> {
   const list = selected();
-  checkMap(list);
+  // The whole map is anchored on every run, the quick one in CI too: a stale mutant outside the
+  // subset must stop the run as well.
+  const where = anchor(MUTANTS);
+  if (values.check) {
+    console.log(`mutants: all ${MUTANTS.length} anchored`);
+    for (const m of MUTANTS) console.log(`  ${m.id.padEnd(38)} ${where.get(m.id)}`);
+    return;
+  }
   const dir = scratchCopy();
   console.log(`mutants: ${list.length} in ${dir}`);
   const results: Result[] = [];
@@ -122,7 +156,7 @@ async function main(): Promise<void> {
       if (baseline.get(target) === false) {
         verdict = 'baseline failed';
       } else {
-        const file = path.join(dir, m.file);
+        const file = path.join(dir, where.get(m.id)!);
         const original = readFileSync(file, 'utf8');
         writeFileSync(file, original.replace(m.find, m.replace));
         try {
@@ -132,7 +166,7 @@ async function main(): Promise<void> {
           writeFileSync(file, original);
         }
       }
-      const r = { id: m.id, guarantee: m.guarantee, test: `${m.test}${m.name ? ` -t "${m.name}"` : ''}`, verdict, seconds: Math.round((Date.now() - started) / 1000) };
+      const r = { id: m.id, file: where.get(m.id)!, guarantee: m.guarantee, test: `${m.test}${m.name ? ` -t "${m.name}"` : ''}`, verdict, seconds: Math.round((Date.now() - started) / 1000) };
       results.push(r);
       console.log(`  ${verdict.padEnd(15)} ${m.id} (${r.seconds} s)`);
       if (verdict !== 'caught') console.log(`    its log: ${path.join(dir, 'logs', `${m.id}.log`)}`);
