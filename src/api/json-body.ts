@@ -66,10 +66,22 @@ export function parseStrictJson(request: Pick<FastifyRequest, 'headers'>, body: 
   }
   if (text.trim() === '') throw new ApiError(400, 'invalid_json', 'the body is empty; send a JSON object');
   let value: unknown;
+  let inexact: { source: string; value: number } | undefined;
   try {
-    value = JSON.parse(text);
+    // A number is judged by its text, not by the double it parses to: `1.00000000000000001`,
+    // `0.99999999999999999`, `1e0` and `9007199254740993` all parse to a whole number that is not
+    // what was written. Refused rather than repaired, like every other input.
+    value = JSON.parse(text, (_key, v: unknown, context?: { source?: string }) => {
+      if (typeof v === 'number' && Number.isInteger(v) && context?.source !== undefined && context.source !== String(v)) {
+        inexact ??= { source: context.source, value: v };
+      }
+      return v;
+    });
   } catch {
     throw new ApiError(400, 'invalid_json', 'the body is not valid JSON');
+  }
+  if (inexact) {
+    throw new ApiError(400, 'inexact_number', `the number ${inexact.source} would be read as ${inexact.value}: write whole numbers as plain digits`);
   }
   const repeated = duplicateKey(text);
   if (repeated !== undefined) {
