@@ -2,8 +2,9 @@
  * What a usage must look like before anything is written. Shared by `recordUsage` and the HTTP API
  * (which reaches it through recordUsage), so a bad value is refused the same way from both sides.
  *
- * Text is refused, not repaired: repairing (U+FFFD for a bad byte, dropping an invisible character)
- * can make two different usage ids equal, and the second usage would then be lost as a "duplicate".
+ * Text is refused, not repaired: repairing (U+FFFD for a bad byte, dropping an invisible character,
+ * normalising) can make two different usage ids equal, and the second usage would then be lost as a
+ * "duplicate"; or leave the application's id and the outbox's different.
  */
 import { MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE, tooOldToSend } from '../stripe/rules.js';
 import { InvalidUsageError } from './errors.js';
@@ -14,17 +15,22 @@ export const MAX_TENANT_ID_LENGTH = 200;
 export { MAX_EVENT_NAME_LENGTH, MAX_VALUE as MAX_QUANTITY };
 
 /**
- * Characters that do not show as what they are:
+ * Characters that do not show as what they are, by Unicode's own properties rather than a hand list:
  * - Cc: control characters (NUL, newlines, escape sequences that repaint a terminal);
  * - Cf: format characters, among them the bidirectional controls (U+202A–U+202E, U+2066–U+2069)
- *   that reorder what the CLI and the Web UI display, and the invisible ones (zero-width space and
- *   joiners, U+FEFF, soft hyphen);
- * - Zl, Zp: line and paragraph separators;
- * - noncharacters (U+FDD0–U+FDEF, U+xFFFE, U+xFFFF), and U+FFFD: text that was already not valid
+ *   that reorder what the CLI and the Web UI display;
+ * - Default_Ignorable_Code_Point: what a renderer shows as nothing at all: zero-width space and
+ *   joiners, U+FEFF, soft hyphen, the Hangul fillers (U+115F, U+3164, U+FFA0), the combining
+ *   grapheme joiner (U+034F), variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF), tags;
+ * - White_Space other than the plain space: NBSP, the ideographic space, en/em spaces look like a
+ *   space and are not one; Zl and Zp (line and paragraph separators) are among them;
+ * - U+2800 (Braille pattern blank): a symbol by its category, blank by its glyph, and the one
+ *   commonly used as an "invisible" name that no property above catches;
+ * - noncharacters (U+FDD0–U+FDEF, U+xFFFE, U+xFFFF) and U+FFFD: text that was already not valid
  *   where it came from.
  * Lone surrogates (half a UTF-16 pair, not a character at all) are checked with isWellFormed().
  */
-const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u{FDD0}-\u{FDEF}\u{FFFD}\u{FFFE}\u{FFFF}\u{1FFFE}\u{1FFFF}\u{2FFFE}\u{2FFFF}\u{3FFFE}\u{3FFFF}\u{4FFFE}\u{4FFFF}\u{5FFFE}\u{5FFFF}\u{6FFFE}\u{6FFFF}\u{7FFFE}\u{7FFFF}\u{8FFFE}\u{8FFFF}\u{9FFFE}\u{9FFFF}\u{AFFFE}\u{AFFFF}\u{BFFFE}\u{BFFFF}\u{CFFFE}\u{CFFFF}\u{DFFFE}\u{DFFFF}\u{EFFFE}\u{EFFFF}\u{FFFFE}\u{FFFFF}\u{10FFFE}\u{10FFFF}]/u;
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\p{Zl}\p{Zp}\u2800\u{FDD0}-\u{FDEF}\u{FFFD}\u{FFFE}\u{FFFF}\u{1FFFE}\u{1FFFF}\u{2FFFE}\u{2FFFF}\u{3FFFE}\u{3FFFF}\u{4FFFE}\u{4FFFF}\u{5FFFE}\u{5FFFF}\u{6FFFE}\u{6FFFF}\u{7FFFE}\u{7FFFF}\u{8FFFE}\u{8FFFF}\u{9FFFE}\u{9FFFF}\u{AFFFE}\u{AFFFF}\u{BFFFE}\u{BFFFF}\u{CFFFE}\u{CFFFF}\u{DFFFE}\u{DFFFF}\u{EFFFE}\u{EFFFF}\u{FFFFE}\u{FFFFF}\u{10FFFE}\u{10FFFF}]|(?! )\p{White_Space}/u;
 
 /** Why `value` is not acceptable text for an id or a name, if it is not. */
 export function textProblem(value: unknown, max: number): string | undefined {
@@ -37,6 +43,10 @@ export function textProblem(value: unknown, max: number): string | undefined {
     const cp = hidden[0].codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0');
     return `must not contain control, invisible or bidirectional-formatting characters (found U+${cp})`;
   }
+  // `café` written as e + U+0301 and as é are one id to a reader and two to a database: two usages
+  // billed. Refused (not normalised) for the reason above: the application's own copy of the id
+  // would then differ from the one in the outbox.
+  if (value.normalize('NFC') !== value) return 'must be in Unicode normalization form C (NFC): normalize it with .normalize("NFC") before recording';
   return undefined;
 }
 

@@ -114,10 +114,34 @@ describe('textProblem', () => {
       ['a\uFFFFb', 'U+FFFF'],
       ['a\u{1FFFE}b', 'U+1FFFE'],
       ['a\u{10FFFF}b', 'U+10FFFF'],
+      // Default_Ignorable_Code_Point outside Cc/Cf: look-alike ids that would be billed apart.
+      ['a\u3164b', 'U+3164'],
+      ['a\u115Fb', 'U+115F'],
+      ['a\uFFA0b', 'U+FFA0'],
+      ['a\u034Fb', 'U+034F'],
+      ['a\uFE0Fb', 'U+FE0F'],
+      ['a\u{E0100}b', 'U+E0100'],
+      ['a\u2800b', 'U+2800'],
+      // White space that is not the plain space.
+      ['a\u00A0b', 'U+00A0'],
+      ['a\u3000b', 'U+3000'],
+      ['a\u2003b', 'U+2003'],
     ];
     for (const [s, cp] of cases) {
       expect(textProblem(s, 10), cp).toBe(`must not contain control, invisible or bidirectional-formatting characters (found ${cp})`);
     }
+  });
+
+  it('keeps visible text and the plain space', () => {
+    for (const ok of ['a b', 'café', '東京-42', 'ﾃｽﾄ', 'Ω', '👍🏽', 'e\u0301x'.normalize('NFC')]) expect(textProblem(ok, 20), ok).toBeUndefined();
+  });
+
+  it('refuses text not in NFC, so café written two ways cannot be two usages', () => {
+    const nfd = 'cafe\u0301';
+    expect(nfd.normalize('NFC')).toBe('café');
+    expect(textProblem(nfd, 10)).toBe('must be in Unicode normalization form C (NFC): normalize it with .normalize("NFC") before recording');
+    expect(textProblem('\u212B', 10)).toMatch(/NFC/); // ANGSTROM SIGN: NFC is U+00C5
+    expect(textProblem('café', 10)).toBeUndefined();
   });
 
   it('checks the length before the characters, at the exact limit', () => {
