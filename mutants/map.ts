@@ -90,6 +90,15 @@ export const MUTANTS: Mutant[] = [
     name: 'account rate limit',
   },
   {
+    id: 'rate-limit-slot-read-unlocked',
+    guarantee: "Stripe's limits: each call reserves a slot of its own in the shared account limiter, however many workers reserve at once",
+    find: 'FROM rate_limits WHERE bucket = $1::text FOR UPDATE',
+    replace: 'FROM rate_limits WHERE bucket = $1::text',
+    test: 'test/rate-limit.test.ts',
+    name: 'distinct slots',
+    quick: true,
+  },
+  {
     id: 'lane-limit-ignored',
     guarantee: 'Lanes: at most LANE_MAX_IN_FLIGHT events of one (tenant, meter) claimed or in flight',
     find: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax,',

@@ -1,0 +1,57 @@
+/**
+ * The account rate limiter's reservation (reserveSlots) under concurrency: reservations from several
+ * connections at once each get a slot of their own. Without the row lock on the read, two
+ * reservations read the same next_slot and both take it, and the account limit is exceeded.
+ */
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import type pg from 'pg';
+import { createPool } from '../src/db.js';
+import { reserveSlots } from '../src/stripe/rate-limit.js';
+import { createTestDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let pool: pg.Pool;
+beforeAll(async () => {
+  db = await createTestDb();
+  pool = createPool(db.url, 12);
+});
+afterAll(async () => {
+  await pool?.end();
+  await db?.drop();
+});
+
+it('gives concurrent reservations from eight connections eight distinct slots', async () => {
+  const perSecond = 10; // one slot every 100 ms
+  const racers = 8;
+  // Far enough ahead that clock_timestamp() never overtakes it during the test.
+  const start = (await pool.query<{ t: Date }>(`UPDATE rate_limits SET next_slot = now() + interval '60 seconds' WHERE bucket = 'dispatch' RETURNING next_slot AS t`)).rows[0]!.t;
+
+  // Hold the bucket's row until every racer is waiting, so that all of them start from the same
+  // committed state: the moment at which a read without the row lock would see a stale slot.
+  const holder = await pool.connect();
+  await holder.query('BEGIN');
+  await holder.query(`SELECT 1 FROM rate_limits WHERE bucket = 'dispatch' FOR UPDATE`);
+  const reservations = Array.from({ length: racers }, () => reserveSlots(pool, { bucket: 'dispatch', count: 1, perSecond }));
+  await waitFor(
+    'every racer blocked on the bucket row',
+    async () => {
+      const { rows } = await pool.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%rate_limits%'`,
+      );
+      return rows[0]!.n === racers;
+    },
+    10_000,
+    20,
+  );
+  await holder.query('COMMIT');
+  holder.release();
+  const granted = await Promise.all(reservations);
+
+  expect(granted.map((r) => r.granted)).toEqual(Array(racers).fill(1));
+  const end = (await pool.query<{ t: Date }>(`SELECT next_slot AS t FROM rate_limits WHERE bucket = 'dispatch'`)).rows[0]!.t;
+  // Eight slots taken, one interval each: the bucket moved on by exactly eight intervals.
+  expect(end.getTime() - start.getTime()).toBe(racers * 100);
+  // And every racer was told a different moment (100 ms apart, give or take the time between calls).
+  const waits = granted.map((r) => r.waitMs).sort((a, b) => a - b);
+  for (let i = 1; i < waits.length; i++) expect(waits[i]! - waits[i - 1]!).toBeGreaterThan(50);
+});
