@@ -309,6 +309,10 @@ describe('POST /v1/stripe/webhooks', () => {
     const future = await deliver(body, signatureHeader(body, SECRET, inAnHour));
     expect(future.statusCode).toBe(400);
     expect(future.json().error).toMatchObject({ code: 'invalid_signature', message: expect.stringContaining('future') });
+    // A present timestamp put before the future one the signature covers (Stripe's library reads the last).
+    const twoStamps = await deliver(body, `t=${Math.floor(Date.now() / 1000)},${signatureHeader(body, SECRET, inAnHour)}`);
+    expect(twoStamps.statusCode).toBe(400);
+    expect(twoStamps.json().error).toMatchObject({ code: 'invalid_signature', message: 'the Stripe-Signature timestamp is missing, repeated or in the future' });
 
     // Correctly signed, but its id carries a NUL byte (PostgreSQL refuses it in text): a 400, not a
     // 500 that Stripe would redeliver for days.

@@ -185,10 +185,13 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       const body = request.body;
       if (!Buffer.isBuffer(body) || body.length === 0) throw new ApiError(400, 'invalid_signature', 'the body is empty');
       // Stripe's library refuses a signature older than its tolerance but not one from the future,
-      // which would stay "fresh" (replayable) until that future came: refused here.
-      const signedAt = Number(/(?:^|,)\s*t=(\d+)/.exec(signature)?.[1]);
+      // which would stay "fresh" (replayable) until that future came: refused here. Exactly one
+      // timestamp: the library verifies against the last `t=`, so with two this check would read
+      // another one than the signature covers (`t=<now>,t=<next year>,v1=…`).
+      const stamps = [...signature.matchAll(/(?:^|,)\s*t=([^,]*)/g)].map((m) => m[1]!.trim());
+      const signedAt = stamps.length === 1 && /^\d+$/.test(stamps[0]!) ? Number(stamps[0]) : NaN;
       if (!Number.isFinite(signedAt) || signedAt * 1000 > Date.now() + SIGNATURE_FUTURE_TOLERANCE_MS) {
-        throw new ApiError(400, 'invalid_signature', 'the Stripe-Signature timestamp is missing or in the future');
+        throw new ApiError(400, 'invalid_signature', 'the Stripe-Signature timestamp is missing, repeated or in the future');
       }
 
       let notification: Stripe.V2.Core.EventNotification;
