@@ -388,6 +388,12 @@ describe('authentication and scopes', () => {
     const res = await app.inject({ method: 'GET', url: '/v1/nothing', headers: auth(writer) });
     expect(res.statusCode).toBe(404);
     expect(errorOf(res).code).toBe('not_found');
+    // A token pasted into the path comes back in neither the answer nor the log (checked below).
+    for (const headers of [auth(writer), {}]) {
+      const pasted = await app.inject({ method: 'GET', url: `/v1/${writer.token}?again=${writer.token}`, headers });
+      expect(pasted.body).not.toContain(writer.token);
+    }
+    expect(errorOf(await app.inject({ method: 'GET', url: `/v1/${writer.token}`, headers: auth(writer) })).message).toBe('no route for GET at this path');
   });
 });
 

@@ -90,7 +90,9 @@ export function buildApi(deps: ApiDeps) {
   app.decorateRequest('apiToken', null);
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler((request) => {
-    throw new ApiError(404, 'not_found', `no route ${request.method} ${request.url.split('?')[0]}`);
+    // The path is not echoed: whatever a client put in it (a token pasted in the wrong place) stays out
+    // of the answer and, through it, out of the log.
+    throw new ApiError(404, 'not_found', `no route for ${request.method} at this path`);
   });
 
   app.addHook('onRequest', async (request, reply) => {

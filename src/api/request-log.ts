@@ -4,7 +4,8 @@
  * Fastify's own lines hand pino the request and reply objects for pino's serializers, but
  * src/log.ts's scrubbing formatter JSON-round-trips every line's fields first: the request becomes
  * `{}` and stringifying a reply throws. So every line here is built from plain values, errors
- * included. Only the path is logged, never the query string, and never a header.
+ * included. Only the route is logged (its pattern, not the path sent), never the query string, and
+ * never a header.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { LogController } from 'fastify';
@@ -16,7 +17,11 @@ import pino from 'pino';
  */
 export const plainError = (err: unknown) => (err instanceof Error ? pino.stdSerializers.err(err) : { message: String(err) });
 
-const pathOf = (request: FastifyRequest) => request.url.split('?')[0];
+/**
+ * The route's own pattern, never the path the client sent: a client that puts a token (or any
+ * secret) in the path of a route that does not exist must not see it land in the log.
+ */
+const pathOf = (request: FastifyRequest) => request.routeOptions.url ?? '(no route)';
 
 export class RequestLogController extends LogController {
   constructor() {
