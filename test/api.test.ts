@@ -330,6 +330,34 @@ describe('at the door', () => {
     const res = await fetch(`http://127.0.0.1:${port}/healthz`);
     expect(res.status).toBe(200);
   });
+  it('ends a request whose body trickles in past the request timeout, however steadily it arrives', async () => {
+    const limitMs = 1_000;
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: limitMs } }, db: db.pool, log, temporal });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = quick.server.address() as AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    await new Promise((resolve) => socket.once('connect', resolve));
+    let answer = '';
+    socket.on('data', (b: Buffer) => (answer += b.toString()));
+    socket.on('error', () => undefined);
+    const started = Date.now();
+    let closedAfterMs = -1;
+    const closed = new Promise<void>((resolve) => socket.once('close', () => ((closedAfterMs = Date.now() - started), resolve())));
+    const body = JSON.stringify(usage()).padEnd(200, ' ');
+    socket.write(`POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${writer.token}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`);
+    // A byte every 100 ms never leaves the socket idle long enough for the idle timeout: only the
+    // request timeout can end it. Whole, the body would take 20 s; the trickle stops after 8.
+    for (let i = 0; i < body.length && closedAfterMs < 0 && Date.now() - started < 8_000; i++) {
+      socket.write(body[i]!);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    await closed;
+    expect(answer).not.toMatch(/^HTTP\/1\.1 201/);
+    // The limit plus one sweep of the server's connections (a tenth of the limit), with room for a slow machine.
+    expect(closedAfterMs).toBeGreaterThanOrEqual(limitMs);
+    expect(closedAfterMs).toBeLessThan(limitMs * 3);
+  });
 });
 
 describe('authentication and scopes', () => {
