@@ -3,14 +3,16 @@
  * own (random per data folder) and an application role that is not a superuser, and none of it in
  * production.
  */
-import { chmod, mkdtemp, rm, stat } from 'node:fs/promises';
+import { watch } from 'node:fs';
+import { chmod, mkdir, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { afterAll, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
-import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
+import { EmbeddedPostgresError, startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { startStack } from '../src/embedded/stack.js';
+import { startTemporalDevServer } from '../src/embedded/temporal.js';
 
 const dirs: string[] = [];
 afterAll(async () => {
@@ -43,6 +45,61 @@ it('gives every data folder its own passwords, kept readable by its owner only, 
   const password = (url: string) => new URL(url).password;
   expect(password(urls[0]!)).not.toBe(password(urls[1]!));
   expect(password(urls[0]!)).not.toBe('billing-outbox-local');
+}, 60_000);
+
+it("writes the superuser's password for initdb only where PostgreSQL's own user can read it", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
+  await chmod(dir, 0o755);
+  dirs.push(dir);
+  // Every file that appears in the system's temporary folder while the data folder is made.
+  const seen: string[] = [];
+  const watcher = watch(os.tmpdir(), (_event, name) => name && seen.push(String(name)));
+  const privateSeen: number[] = [];
+  const privateDir = path.join(dir, 'pg.init');
+  const probe = setInterval(() => void stat(privateDir).then((st) => privateSeen.push(st.mode & 0o777), () => undefined), 5);
+  try {
+    const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), persistent: false });
+    await server.stop();
+  } finally {
+    clearInterval(probe);
+    watcher.close();
+  }
+  expect(seen.filter((n) => n.startsWith('pg-password-'))).toEqual([]);
+  expect((await readdir(os.tmpdir())).filter((n) => n.startsWith('pg-password-'))).toEqual([]);
+  // The private folder existed (initdb took long enough to be seen), only its owner could enter it, and it is gone.
+  expect(privateSeen.length).toBeGreaterThan(0);
+  expect(new Set(privateSeen)).toEqual(new Set([0o700]));
+  expect(await readdir(dir)).not.toContain('pg.init');
+  expect(process.env.TMPDIR).toBe(undefined);
+}, 60_000);
+
+it.runIf(process.getuid?.() === 0)('says, when run by root, which folder PostgreSQL cannot enter and how to fix it', async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
+  dirs.push(dir);
+  // mkdtemp makes it 0700: like a root home folder.
+  const home = path.join(dir, 'home');
+  await mkdir(home, { mode: 0o700 });
+  const err = await startEmbeddedPostgres({ dataDir: path.join(home, 'app', '.data', 'pg'), persistent: false }).catch((e: unknown) => e);
+  expect(err).toBeInstanceOf(EmbeddedPostgresError);
+  expect((err as Error).message).toBe(
+    `embedded PostgreSQL cannot use ${path.join(home, 'app', '.data', 'pg')}: started by root, it runs as the system user "postgres", ` +
+      `which cannot enter ${home} (mode 700, owner uid 0). Use a data folder under a path every user can enter ` +
+      `(for example /var/tmp/billing-outbox), or let others enter that folder: chmod o+x ${home}`,
+  );
+});
+
+it("keeps the Temporal dev server's histories (tenants, quantities) readable by their owner only", async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
+  dirs.push(dir);
+  const dbFile = path.join(dir, 'temporal.db');
+  const server = await startTemporalDevServer({ dbFile });
+  try {
+    const files = (await readdir(dir)).filter((f) => f.startsWith('temporal.db'));
+    expect(files).toContain('temporal.db');
+    for (const f of files) expect({ f, mode: (await stat(path.join(dir, f))).mode & 0o777 }).toEqual({ f, mode: 0o600 });
+  } finally {
+    await server.stop();
+  }
 }, 60_000);
 
 it('refuses to run embedded PostgreSQL or Temporal when NODE_ENV=production, before starting anything', async () => {

