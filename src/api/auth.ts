@@ -8,6 +8,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest } from 'fastify';
 import type { ApiScope, ApiToken } from '../config.js';
+import { ALL_TENANTS } from '../outbox/validate.js';
 import { ApiError } from './errors.js';
 
 const digest = (value: string) => createHash('sha256').update(value, 'utf8').digest();
@@ -56,7 +57,7 @@ export function requireScope(token: ApiToken, scope: ApiScope): void {
 }
 
 export function requireTenant(token: ApiToken, tenantId: string): void {
-  if (!token.tenants.includes('*') && !token.tenants.includes(tenantId)) {
+  if (!token.tenants.includes(ALL_TENANTS) && !token.tenants.includes(tenantId)) {
     throw new ApiError(403, 'tenant_forbidden', `token "${token.name}" may not record usage for this tenant`);
   }
 }

@@ -6,14 +6,14 @@ import type pg from 'pg';
 import { withTransaction } from '../db.js';
 import { upsertBillingCustomer } from '../outbox/sql/customers.js';
 import { recordOperatorAction } from '../outbox/sql/operator.js';
-import { MAX_TENANT_ID_LENGTH, textProblem } from '../outbox/validate.js';
+import { tenantProblem } from '../outbox/validate.js';
 
 // Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
 const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
 
 /** Why this mapping cannot be stored, if it cannot: the tenant by recordUsage's rule, the id by Stripe's. */
 export function mappingProblem(tenantId: string, stripeCustomerId: string): string | undefined {
-  const tenant = textProblem(tenantId, MAX_TENANT_ID_LENGTH);
+  const tenant = tenantProblem(tenantId);
   if (tenant) return `tenant ${tenant}`;
   if (!CUSTOMER_ID.test(stripeCustomerId)) {
     return `stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(stripeCustomerId)}`;

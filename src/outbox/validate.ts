@@ -50,11 +50,21 @@ export function textProblem(value: unknown, max: number): string | undefined {
   return undefined;
 }
 
-function checkText(field: string, value: unknown, max: number): string {
-  const problem = textProblem(value, max);
+/** In an API token's tenant list: every tenant. Never a tenant's own id, so it can mean nothing else. */
+export const ALL_TENANTS = '*';
+
+/** Why `value` is not acceptable as a tenant id, if it is not. */
+export function tenantProblem(value: unknown): string | undefined {
+  if (value === ALL_TENANTS) return `must not be ${JSON.stringify(ALL_TENANTS)} (in API_TOKENS it stands for every tenant)`;
+  return textProblem(value, MAX_TENANT_ID_LENGTH);
+}
+
+function check(field: string, problem: string | undefined, value: unknown): string {
   if (problem) throw new InvalidUsageError(field, problem);
   return value as string;
 }
+
+const checkText = (field: string, value: unknown, max: number): string => check(field, textProblem(value, max), value);
 
 export interface UsageInput {
   /** The application's id for this unit of work, unique per tenant; recording it again is a no-op. */
@@ -80,7 +90,7 @@ export interface ValidUsage {
 export function validateUsage(input: UsageInput, defaultEventName: string, now = Date.now()): ValidUsage {
   if (typeof input !== 'object' || input === null) throw new InvalidUsageError('input', 'must be an object');
   const usageId = checkText('usageId', input.usageId, MAX_USAGE_ID_LENGTH);
-  const tenantId = checkText('tenantId', input.tenantId, MAX_TENANT_ID_LENGTH);
+  const tenantId = check('tenantId', tenantProblem(input.tenantId), input.tenantId);
   const eventName = checkText('eventName', input.eventName ?? defaultEventName, MAX_EVENT_NAME_LENGTH);
   const { quantity } = input;
   if (typeof quantity !== 'number' || !Number.isInteger(quantity) || quantity < 1) {

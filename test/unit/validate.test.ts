@@ -4,8 +4,9 @@
  */
 import { describe, expect, it } from 'vitest';
 import { InvalidUsageError } from '../../src/outbox/errors.js';
-import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, textProblem, validateUsage } from '../../src/outbox/validate.js';
+import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, tenantProblem, textProblem, validateUsage } from '../../src/outbox/validate.js';
 import { MAX_EVENT_NAME_LENGTH } from '../../src/stripe/rules.js';
+import { mappingProblem } from '../../src/ops/customers.js';
 
 const NOW = Date.parse('2026-12-02T12:00:00Z');
 const MIN = 60_000;
@@ -41,6 +42,16 @@ describe('validateUsage', () => {
     expect(refusal({ ...ok, tenantId: 7 }).field).toBe('tenantId');
     expect(refusal({ ...ok, eventName: ' x' }).field).toBe('eventName');
     expect(refusal({ usageId: '', tenantId: '', quantity: 0 }).field).toBe('usageId');
+  });
+
+  it('refuses "*" as a tenant (the all-tenants wildcard of API_TOKENS), and nothing else like it', () => {
+    const e = refusal({ ...ok, tenantId: '*' });
+    expect([e.field, e.message]).toEqual(['tenantId', 'tenantId: must not be "*" (in API_TOKENS it stands for every tenant)']);
+    expect(tenantProblem('*')).toBe('must not be "*" (in API_TOKENS it stands for every tenant)');
+    for (const t of ['**', 'a*', '*b']) expect(tenantProblem(t), t).toBeUndefined();
+    // The same rule for `customers set` (tried from outside: `customers set '*' cus_…` was stored).
+    expect(mappingProblem('*', 'cus_123')).toBe('tenant must not be "*" (in API_TOKENS it stands for every tenant)');
+    expect(tenantProblem('a'.repeat(MAX_TENANT_ID_LENGTH + 1))).toBe(`must be at most ${MAX_TENANT_ID_LENGTH} characters`);
   });
 
   it('quantity: a positive integer up to 15 digits', () => {
