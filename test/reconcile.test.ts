@@ -228,6 +228,10 @@ describe('billing-outbox reconcile', () => {
     await bad(['--from', at(1), '--to', at(1)], /range is empty/);
     await bad(['--from', 'yesterday', '--to', at(1)], /--from must be an ISO 8601 time/);
     await bad(['--from', '2026-03-10T09:00', '--to', at(1)], /--from must be an ISO 8601 time with a time zone/);
+    // Days that do not exist are refused, not rolled over into the next month (was: December 1).
+    for (const impossible of ['2026-11-31', '2026-02-29', '2026-11-31T10:00:00Z', '2026-11-30T24:00:00Z', '2026-11-31T01:00:00+02:00']) {
+      await bad(['--from', impossible, '--to', at(1)], /--from must be an ISO 8601 time/);
+    }
     await bad(['--to', at(1)], /--from is required/);
     await bad(['--from', at(0), '--to', at(1), '--tenant', 'no-such-tenant'], /no Stripe customer/);
     await bad(['--from', at(0), '--to', at(1), 'extra'], /unexpected argument/);

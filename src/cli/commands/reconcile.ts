@@ -42,10 +42,19 @@ arguments.
 // zone would be read in the local zone of whoever runs the command.
 const ISO_INSTANT = /^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2}))?$/;
 
+/** Whether the calendar date written at the start of `value` is the one `ms` falls on in `value`'s zone. */
+function sameCalendarDate(value: string, ms: number): boolean {
+  const zone = /(Z|[+-]\d{2}:\d{2})$/.exec(value)?.[1];
+  const offsetMin = !zone || zone === 'Z' ? 0 : (zone[0] === '-' ? -1 : 1) * (Number(zone.slice(1, 3)) * 60 + Number(zone.slice(4, 6)));
+  return new Date(ms + offsetMin * 60_000).toISOString().slice(0, 10) === value.slice(0, 10);
+}
+
 function instant(value: string | undefined, name: string): Date {
   if (value === undefined) throw new CommandLineError(`--${name} is required`, RECONCILE_HELP);
   const ms = ISO_INSTANT.test(value) ? Date.parse(value) : NaN;
-  if (Number.isNaN(ms)) {
+  // Date.parse rolls an impossible day over (2026-11-31 is December 1): the date written must be
+  // the date read back.
+  if (Number.isNaN(ms) || !sameCalendarDate(value, ms)) {
     throw new CommandLineError(`--${name} must be an ISO 8601 time with a time zone (e.g. 2026-03-10T09:00:00Z) or a date (2026-03-10)`, RECONCILE_HELP);
   }
   return new Date(ms);
