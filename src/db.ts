@@ -77,14 +77,24 @@ export async function migrate(databaseUrl: string, opts: { upTo?: string } = {})
 }
 
 /**
- * Whether `err` says the database is away rather than the statement wrong: Node socket errors,
- * node-postgres's own connection errors, and SQLSTATE classes 08 (connection exception) and 57P
- * (operator intervention, e.g. a shutdown).
+ * SQLSTATEs that say "not now" rather than "never": the same statement can succeed later.
+ * - 08 (connection exception), 57P (operator intervention: a shutdown, a restart);
+ * - 53 (insufficient resources: too many connections 53300, out of memory, disk full);
+ * - 40001 serialization failure, 40P01 deadlock (one side is chosen to fail, the retry succeeds);
+ * - 57014 query cancelled (statement_timeout under load), 55P03 lock not available (lock_timeout).
+ */
+const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03)$/;
+
+/**
+ * Whether `err` says the database is away or overloaded rather than the statement wrong: Node socket
+ * errors, node-postgres's own connection errors, and the SQLSTATEs above. A delivery that meets one
+ * waits and tries again without spending one of its attempts (twenty minutes of overload must not
+ * dead-letter every event in flight); the API answers 503.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown } | null;
   if (typeof e?.code === 'string') {
-    return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code) || /^(08|57P)/.test(e.code);
+    return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code) || TRANSIENT_SQLSTATE.test(e.code);
   }
   return typeof e?.message === 'string' && /Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message);
 }

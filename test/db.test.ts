@@ -43,3 +43,70 @@ it('a connection cut between two queries of a transaction fails that transaction
     await pool.end();
   }
 });
+
+it('takes overload for "not now": a statement timeout, a lock timeout, a deadlock, a serialization failure, too many connections', async () => {
+  const pool = createPool(db.url, 4);
+  const errorOf = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e as { code: string });
+  try {
+    const timeout = await errorOf(pool.query(`SET statement_timeout = 10; SELECT pg_sleep(1)`));
+    await pool.query('CREATE TABLE IF NOT EXISTS overload_probe (id int PRIMARY KEY, v int)');
+    await pool.query('INSERT INTO overload_probe VALUES (1, 0), (2, 0) ON CONFLICT DO NOTHING');
+
+    const a = await pool.connect();
+    const b = await pool.connect();
+    let lock: unknown;
+    let deadlock: unknown;
+    let serialization: unknown;
+    try {
+      await a.query('BEGIN');
+      await a.query('UPDATE overload_probe SET v = v + 1 WHERE id = 1');
+      lock = await errorOf(b.query(`SET lock_timeout = 10; UPDATE overload_probe SET v = v + 1 WHERE id = 1`));
+      await b.query('ROLLBACK').catch(() => undefined);
+      await b.query('SET lock_timeout = 0');
+      // Each holds one row and asks for the other's.
+      await b.query('BEGIN');
+      await b.query('UPDATE overload_probe SET v = v + 1 WHERE id = 2');
+      const first = errorOf(a.query('UPDATE overload_probe SET v = v + 1 WHERE id = 2'));
+      const second = errorOf(b.query('UPDATE overload_probe SET v = v + 1 WHERE id = 1'));
+      deadlock = (await first) ?? (await second);
+      await a.query('ROLLBACK');
+      await b.query('ROLLBACK');
+      // Two serializable transactions that each read what the other writes.
+      await a.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
+      await b.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
+      await a.query('SELECT sum(v) FROM overload_probe');
+      await b.query('SELECT sum(v) FROM overload_probe');
+      await a.query('UPDATE overload_probe SET v = v + 1 WHERE id = 1');
+      await b.query('UPDATE overload_probe SET v = v + 1 WHERE id = 2');
+      await a.query('COMMIT');
+      serialization = await errorOf(b.query('COMMIT'));
+    } finally {
+      await a.query('ROLLBACK').catch(() => undefined);
+      await b.query('ROLLBACK').catch(() => undefined);
+      a.release();
+      b.release();
+    }
+
+    // A role allowed one connection, asked for a second.
+    const role = `overload_${Math.random().toString(36).slice(2, 8)}`;
+    await admin.query(`CREATE ROLE ${role} LOGIN PASSWORD 'p' CONNECTION LIMIT 1`);
+    const url = new URL(db.url);
+    url.username = role;
+    url.password = 'p';
+    const one = new pg.Client({ connectionString: url.toString() });
+    await one.connect();
+    const two = new pg.Client({ connectionString: url.toString() });
+    const tooMany = await errorOf(two.connect());
+    await one.end();
+
+    const codes = [timeout, lock, deadlock, serialization, tooMany].map((e) => (e as { code?: string } | undefined)?.code);
+    expect(codes).toEqual(['57014', '55P03', '40P01', '40001', '53300']);
+    for (const e of [timeout, lock, deadlock, serialization, tooMany]) expect(isDatabaseUnavailable(e)).toBe(true);
+
+    // A statement that is wrong stays wrong: a duplicate key, a syntax error.
+    expect(isDatabaseUnavailable(await errorOf(pool.query('INSERT INTO overload_probe VALUES (1, 0)')))).toBe(false);
+    expect(isDatabaseUnavailable(await errorOf(pool.query('SELEC 1')))).toBe(false);
+  } finally {
+    await pool.end();
+  }
+});

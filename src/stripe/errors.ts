@@ -8,8 +8,9 @@ import Stripe from 'stripe';
  * How a failed call should be treated:
  * - `delivered`: Stripe already holds an event with this identifier (an earlier attempt got
  *   through and its answer was lost). Counts as success.
- * - `retryable`: connection errors, timeouts, 409, 5xx. Temporal backs off and tries again.
- * - `rate_limited`: 429. Retried after Retry-After when Stripe gives one.
+ * - `retryable`: connection errors, timeouts, 409, 5xx, a timestamp Stripe's clock sees in the future.
+ *   Temporal backs off and tries again.
+ * - `rate_limited`: 429, or a 400 with code `rate_limit`. Retried after Retry-After when Stripe gives one.
  * - `rejected`: any other 4xx. Sending it again cannot succeed; dead-letter it at once.
  */
 export type FailureClass =
@@ -18,7 +19,19 @@ export type FailureClass =
   | { kind: 'rate_limited'; code: string; message: string; retryAfterMs: number | undefined }
   | { kind: 'rejected'; code: string; message: string };
 
+/**
+ * Stripe's answer to an identifier it already holds: a 400 `invalid_request_error`. Stripe documents
+ * no code for it; `resource_already_exists` (Stripe's code for a create that meets an existing
+ * object) is taken when present, and the message, the one signal seen so far, otherwise.
+ */
+const DUPLICATE_CODE = 'resource_already_exists';
 const DUPLICATE_IDENTIFIER = /^An event already exists with identifier /;
+/**
+ * The event's timestamp is ahead of Stripe's clock: usage is refused at enqueue beyond 5 minutes
+ * ahead by the recording machine's clock, so this is clock skew, and time mends it. Retried, never
+ * dead-lettered for it at once.
+ */
+const TIMESTAMP_IN_FUTURE = 'timestamp_in_future';
 
 export function classifyStripeError(err: unknown): FailureClass {
   if (!(err instanceof Stripe.errors.StripeError)) {
@@ -35,15 +48,17 @@ export function classifyStripeError(err: unknown): FailureClass {
   if (err.type === 'TemporarySessionExpiredError' || err.code === 'billing_meter_event_session_expired') {
     return { kind: 'retryable', code: 'billing_meter_event_session_expired', message };
   }
-  if (status === 400 && err.type === 'StripeInvalidRequestError' && DUPLICATE_IDENTIFIER.test(message)) {
+  if (status === 400 && err.type === 'StripeInvalidRequestError' && (err.code === DUPLICATE_CODE || DUPLICATE_IDENTIFIER.test(message))) {
     return { kind: 'delivered' };
   }
-  if (status === 429) {
+  // The package raises StripeRateLimitError for a 429 and for a 400 whose code is `rate_limit`.
+  if (status === 429 || err instanceof Stripe.errors.StripeRateLimitError || err.code === 'rate_limit') {
     return { kind: 'rate_limited', code: err.code ?? 'rate_limited', message, retryAfterMs: parseRetryAfter(err.headers?.['retry-after']) };
   }
   if (status === 409 || status >= 500) {
     return { kind: 'retryable', code: err.code ?? `http_${status}`, message };
   }
+  if (err.code === TIMESTAMP_IN_FUTURE) return { kind: 'retryable', code: TIMESTAMP_IN_FUTURE, message };
   return { kind: 'rejected', code: err.code ?? `http_${status}`, message };
 }
 

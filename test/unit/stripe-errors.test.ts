@@ -14,6 +14,14 @@ describe('classifyStripeError', () => {
     expect(classifyStripeError(invalid({ message: DUP, statusCode: 400 }))).toEqual({ kind: 'delivered' });
   });
 
+  it('the duplicate answer is recognised by its code when Stripe gives one, by its message otherwise', () => {
+    expect(classifyStripeError(invalid({ message: 'Identifier taken.', statusCode: 400, code: 'resource_already_exists' }))).toEqual({ kind: 'delivered' });
+    expect(classifyStripeError(invalid({ message: DUP, statusCode: 400, code: 'resource_already_exists' }))).toEqual({ kind: 'delivered' });
+    // The code on another status or error type is not the duplicate answer.
+    expect(classifyStripeError(invalid({ message: 'x', statusCode: 404, code: 'resource_already_exists' })).kind).toBe('rejected');
+    expect(classifyStripeError(api({ message: 'x', statusCode: 400, code: 'resource_already_exists' })).kind).toBe('rejected');
+  });
+
   it('the same words elsewhere are not: another status, another error type, not at the start', () => {
     expect(classifyStripeError(invalid({ message: DUP, statusCode: 404 })).kind).toBe('rejected');
     expect(classifyStripeError(api({ message: DUP, statusCode: 400 })).kind).toBe('rejected');
@@ -28,6 +36,22 @@ describe('classifyStripeError', () => {
       retryAfterMs: 2000,
     });
     expect(classifyStripeError(rate({ message: 'm', statusCode: 429, code: 'lock_timeout' }))).toEqual({ kind: 'rate_limited', code: 'lock_timeout', message: 'm', retryAfterMs: undefined });
+  });
+
+  it("a 400 whose code is rate_limit is rate limited, as the package's StripeRateLimitError or as it arrives", () => {
+    // What the package builds for it (its Error.js: a 429, or a 400 with code rate_limit).
+    const built = Stripe.errors.StripeError.generate({ type: 'invalid_request_error', code: 'rate_limit', message: 'Too many requests', statusCode: 400 } as never);
+    expect(built).toBeInstanceOf(Stripe.errors.StripeRateLimitError);
+    expect(classifyStripeError(built)).toEqual({ kind: 'rate_limited', code: 'rate_limit', message: 'Too many requests', retryAfterMs: undefined });
+    expect(classifyStripeError(invalid({ message: 'Too many requests', statusCode: 400, code: 'rate_limit' })).kind).toBe('rate_limited');
+  });
+
+  it("a timestamp Stripe's clock sees in the future is retryable (clock skew: time mends it), not rejected", () => {
+    expect(classifyStripeError(invalid({ message: 'Timestamp is in the future', statusCode: 400, code: 'timestamp_in_future' }))).toEqual({
+      kind: 'retryable',
+      code: 'timestamp_in_future',
+      message: 'Timestamp is in the future',
+    });
   });
 
   it('409 and every 5xx are retryable, with their code or the status', () => {
