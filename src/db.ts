@@ -37,17 +37,34 @@ export function createPool(databaseUrl: string, max = 10): pg.Pool {
 const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', 'migrations');
 // Arbitrary constant: the advisory lock that serialises concurrent migrators.
 const MIGRATION_LOCK = 727_274_001;
+/**
+ * The first line of a migration that must run outside a transaction: `CREATE INDEX CONCURRENTLY`
+ * and `ALTER TABLE … VALIDATE CONSTRAINT` (after `ADD … NOT VALID`), which let the application go
+ * on writing while they run. Such a file holds plain statements, one per `;` at a line's end (no
+ * function bodies), each safe to run again: the file is recorded as applied only when all of them
+ * have succeeded, and a run cut short repeats it from the top.
+ */
+const NO_TRANSACTION = '-- billing-outbox: no transaction';
 
 /**
- * Applies every `migrations/NNN_*.sql` file not yet applied, each in its own transaction, in order.
- * Safe when several processes migrate at once: they queue on an advisory lock and the later ones
- * find nothing left to do. Returns the names it applied.
+ * Applies every `migrations/NNN_*.sql` file not yet applied, in order: each in its own transaction,
+ * or statement by statement when it starts with NO_TRANSACTION. Safe when several processes migrate
+ * at once: they take turns on an advisory lock and the later ones find nothing left to do. Returns
+ * the names it applied.
+ *
+ * Migrations must not block the application's inserts for the length of a table scan: indexes on
+ * the outbox are built CONCURRENTLY, new constraints added NOT VALID and validated apart (see
+ * docs/operations.md, "Upgrading"; test/migrate.test.ts records usage while one runs).
  */
 export async function migrate(databaseUrl: string, opts: { upTo?: string } = {}): Promise<string[]> {
   const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate', types: pgTypes });
   await client.connect();
   try {
-    await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
+    // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,
+    // and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot (a deadlock).
+    while (!(await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [MIGRATION_LOCK])).rows[0]!.ok) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
     await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
       name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
     const done = new Set((await client.query<{ name: string }>('SELECT name FROM schema_migrations')).rows.map((r) => r.name));
@@ -58,13 +75,22 @@ export async function migrate(databaseUrl: string, opts: { upTo?: string } = {})
       if (opts.upTo !== undefined && file > opts.upTo) break;
       if (done.has(file)) continue;
       const sql = await readFile(path.join(MIGRATIONS_DIR, file), 'utf8');
-      await client.query('BEGIN');
       try {
-        await client.query(sql);
-        await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
-        await client.query('COMMIT');
+        if (sql.startsWith(NO_TRANSACTION)) {
+          for (const statement of splitStatements(sql)) await client.query(statement);
+          await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
+        } else {
+          await client.query('BEGIN');
+          try {
+            await client.query(sql);
+            await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
+            await client.query('COMMIT');
+          } catch (err) {
+            await client.query('ROLLBACK');
+            throw err;
+          }
+        }
       } catch (err) {
-        await client.query('ROLLBACK');
         throw new Error(`migration ${file} failed: ${(err as Error).message}`, { cause: err });
       }
       applied.push(file);
@@ -74,6 +100,14 @@ export async function migrate(databaseUrl: string, opts: { upTo?: string } = {})
     await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
     await client.end();
   }
+}
+
+/** The statements of a NO_TRANSACTION migration: split at each `;` that ends a line, comments dropped. */
+function splitStatements(sql: string): string[] {
+  return sql
+    .split(/;[ \t]*$/m)
+    .map((s) => s.replace(/^[ \t]*--.*$/gm, '').trim())
+    .filter((s) => s !== '');
 }
 
 /**

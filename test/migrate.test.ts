@@ -4,6 +4,7 @@ import pg from 'pg';
 import { afterAll, expect, inject, it } from 'vitest';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createPool, migrate, withTransaction } from '../src/db.js';
+import { mapTenant } from '../src/ops/customers.js';
 import { databaseUrlFor } from './helpers.js';
 
 const name = `bo_migrate_${randomUUID().replace(/-/g, '').slice(0, 10)}`;
@@ -100,3 +101,71 @@ it('005 scopes usage ids by tenant and keeps the keys of rows already written', 
     await a.end();
   }
 });
+
+it('a migration leaves recordUsage writing while it builds its indexes over a big outbox', async () => {
+  // MIGRATE_TEST_ROWS=1000000 for the full-size run (docs/operations.md quotes it).
+  const rowCount = Number(process.env.MIGRATE_TEST_ROWS ?? 200_000);
+  const big = `bo_migrate_online_${randomUUID().replace(/-/g, '').slice(0, 8)}`;
+  const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${big}`);
+  await admin.end();
+  const url = databaseUrlFor(big);
+  const pool = createPool(url, 4);
+  try {
+    await migrate(url, { upTo: '007_stream.sql' });
+    await mapTenant(pool, 'acme', 'cus_acme', 'test');
+    // A delivered history: what a long-running deployment's outbox holds.
+    await pool.query(
+      `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
+       SELECT 'acme', 'old-' || g, 'api_requests', 1, now() - interval '1 day', 'u:acme:old-' || g, 'sent', now()
+         FROM generate_series(1, $1::int) AS g`,
+      [rowCount],
+    );
+    await pool.query('VACUUM ANALYZE outbox');
+
+    // Usage recorded one transaction after another for as long as the migration runs.
+    const latencies: { startedAt: number; ms: number }[] = [];
+    let migrating = true;
+    const recorder = (async () => {
+      for (let i = 0; migrating; i++) {
+        const startedAt = performance.now();
+        await withTransaction(pool, (c) => recordUsage(c, { usageId: `during-${i}`, tenantId: 'acme', quantity: 1 }));
+        latencies.push({ startedAt, ms: performance.now() - startedAt });
+      }
+    })();
+    const started = performance.now();
+    const applied = await migrate(url);
+    const took = performance.now() - started;
+    migrating = false;
+    await recorder;
+
+    expect(applied).toEqual(['008_online_indexes.sql']);
+    // Every recording that overlapped the migration, blocked ones included.
+    const during = latencies.filter((l) => l.startedAt < started + took && l.startedAt + l.ms > started);
+    const slowest = Math.max(...during.map((l) => l.ms));
+    console.log(`migrate over ${rowCount} rows: ${Math.round(took)} ms; ${during.length} usages recorded meanwhile, slowest ${slowest.toFixed(1)} ms`);
+    // Writes went on: commits all through the migration, none held for a large part of it (a
+    // transactional CREATE INDEX holds a SHARE lock: an insert waits for the whole build).
+    expect(during.length).toBeGreaterThanOrEqual(5);
+    expect(slowest).toBeLessThan(took / 2);
+
+    // Both indexes stand, valid, and serve the statements they were made for.
+    const { rows: indexes } = await pool.query<{ name: string; valid: boolean }>(
+      `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE c.relname IN ('meter_leases_holder_idx', 'outbox_window_idx') ORDER BY 1`,
+    );
+    expect(indexes).toEqual([{ name: 'meter_leases_holder_idx', valid: true }, { name: 'outbox_window_idx', valid: true }]);
+    const plan = (await pool.query(
+      `EXPLAIN SELECT idempotency_key FROM outbox WHERE tenant_id = 'acme' AND event_name = 'api_requests'
+          AND occurred_at >= now() - interval '2 hours' AND occurred_at < now() - interval '1 hour'`,
+    )).rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+    expect(plan).toContain('outbox_window_idx');
+  } finally {
+    await pool.end();
+    const a = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+    await a.connect();
+    await a.query(`DROP DATABASE IF EXISTS ${big} WITH (FORCE)`);
+    await a.end();
+  }
+}, 300_000);

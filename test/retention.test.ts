@@ -106,3 +106,22 @@ it('workers prune on their timer and count it; a pruned usage id is still refuse
     await stripe.close();
   }
 });
+
+it("removes the (customer, meter) leases and queue places that crashed workers left, and no live one", async () => {
+  // As a worker that died would leave them: held and waited for, expired two hours ago; and live ones.
+  await db.pool.query(
+    `INSERT INTO meter_leases (stripe_customer_id, event_name, holder, expires_at) VALUES
+       ('cus_dead', 'api_requests', 'crashed/1', now() - interval '2 hours'),
+       ('cus_live', 'api_requests', 'running/1', now() + interval '30 seconds'),
+       ('cus_recent', 'api_requests', 'expired-just-now/1', now() - interval '1 minute')`,
+  );
+  await db.pool.query(
+    `INSERT INTO meter_lease_waiters (stripe_customer_id, event_name, outbox_id, holder, expires_at) VALUES
+       ('cus_dead', 'api_requests', 1, 'crashed/2', now() - interval '2 hours'),
+       ('cus_live', 'api_requests', 2, 'running/2', now() + interval '30 seconds')`,
+  );
+  await pruneDelivered(db.pool, { olderThanMs: 45 * DAY });
+  const left = async (table: string) => (await db.pool.query<{ holder: string }>(`SELECT holder FROM ${table} ORDER BY holder`)).rows.map((r) => r.holder);
+  expect(await left('meter_leases')).toEqual(['expired-just-now/1', 'running/1']);
+  expect(await left('meter_lease_waiters')).toEqual(['running/2']);
+});

@@ -4,7 +4,7 @@
  * once) and by `billing-outbox prune`.
  */
 import type { Queryable } from '../db.js';
-import { pruneBatch } from '../outbox/sql/retention.js';
+import { pruneBatch, pruneExpiredLeases } from '../outbox/sql/retention.js';
 
 export interface PruneOptions {
   olderThanMs: number;
@@ -16,9 +16,16 @@ export interface PruneOptions {
   onBatch?: (deleted: number) => void;
 }
 
-/** Prunes until a batch comes back short; returns the rows deleted. */
+/** A lease past its expiry by this much is no worker's: an hour is far beyond any call or hold. */
+const LEASE_LEFTOVER_MS = 60 * 60_000;
+
+/**
+ * Prunes until a batch comes back short; returns the outbox rows deleted. Also removes the
+ * (customer, meter) leases that crashed workers left behind, expired over an hour ago.
+ */
 export async function pruneDelivered(db: Queryable, opts: PruneOptions): Promise<number> {
   const batchSize = opts.batchSize ?? 2_000;
+  await pruneExpiredLeases(db, LEASE_LEFTOVER_MS);
   let total = 0;
   for (;;) {
     if (opts.signal?.aborted) return total;

@@ -35,3 +35,22 @@ export async function countPrunable(db: Queryable, olderThanMs: number): Promise
   );
   return Number(rows[0]!.n);
 }
+
+/**
+ * (Customer, meter) leases and queue places that expired over `olderThanMs` ago: left by workers
+ * that died holding or waiting for them. An expired lease is free to the next taker anyway; its row
+ * only slows every look-up by holder, and the table grows with every crash. Returns how many went.
+ */
+export async function pruneExpiredLeases(db: Queryable, olderThanMs: number): Promise<number> {
+  const { rows } = await db.query<{ n: number }>({
+    name: 'billing-outbox/prune-expired-leases',
+    text: `WITH leases AS (
+             DELETE FROM meter_leases WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
+           ), waiters AS (
+             DELETE FROM meter_lease_waiters WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
+           )
+           SELECT ((SELECT count(*) FROM leases) + (SELECT count(*) FROM waiters))::int AS n`,
+    values: [olderThanMs],
+  });
+  return rows[0]!.n;
+}
