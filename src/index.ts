@@ -9,4 +9,5 @@ export { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError, 
 export { idempotencyKeyFor } from './outbox/keys.js';
 export { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from './outbox/validate.js';
 export { OUTBOX_STATUSES, type OutboxStatus } from './outbox/statuses.js';
-export { migrate, withTransaction, type Queryable } from './db.js';
+export { migrate, withTransaction } from './db.js';
+export type { TransactionClient } from './outbox/sql/enqueue.js';

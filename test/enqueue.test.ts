@@ -9,7 +9,7 @@ import {
   idempotencyKeyFor,
   UsageConflictError,
   withTransaction,
-  type Queryable,
+  type TransactionClient,
   type UsageInput,
 } from 'billing-outbox';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
@@ -117,7 +117,7 @@ describe('recordUsage', () => {
     // not only that none is visible after a rollback.
     const sent: string[] = [];
     const err = await withTransaction(db.pool, async (c) => {
-      const spy: Queryable = { query: ((text: string, values?: unknown[]) => (sent.push(text), c.query(text, values))) as Queryable['query'] };
+      const spy: TransactionClient = { query: (statement) => (sent.push(statement.text), c.query(statement)) };
       return recordUsage(spy, input);
     }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(InvalidUsageError);

@@ -2,10 +2,9 @@
  * The only thing billing-outbox does on the application's request path: record a usage and queue
  * its meter event, in the caller's own transaction, with no network call.
  */
-import type { Queryable } from '../db.js';
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { idempotencyKeyFor, LEGACY_KEY_PREFIX } from './keys.js';
-import { findEntryByUsage, insertUsage, type EntryRow } from './sql/enqueue.js';
+import { findEntryByUsage, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
 export interface RecordUsageResult {
@@ -14,15 +13,15 @@ export interface RecordUsageResult {
   created: boolean;
 }
 
-function toEntry(row: EntryRow, usageId: string): OutboxEntry {
+function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
   return {
-    id: row.id,
+    id: Number(row.id),
     idempotencyKey: row.idempotency_key,
     tenantId: row.tenant_id,
     usageId: row.usage_id ?? usageId,
     eventName: row.event_name,
-    quantity: row.quantity,
-    occurredAt: row.occurred_at,
+    quantity: Number(row.quantity),
+    occurredAt: row.occurred_at instanceof Date ? row.occurred_at : new Date(row.occurred_at),
     status: row.status,
   };
 }
@@ -30,7 +29,10 @@ function toEntry(row: EntryRow, usageId: string): OutboxEntry {
 /**
  * Records one usage and queues its meter event inside the caller's open transaction.
  *
- * - Pass a client on which you have run BEGIN; the rows commit or roll back with your work.
+ * - Pass a client on which you have run BEGIN; the rows commit or roll back with your work. A
+ *   node-postgres client works as it is; Kysely, Drizzle and Knex transactions through
+ *   `billing-outbox/kysely`, `/drizzle` and `/knex`; anything else that runs a statement with
+ *   positional parameters ($1…) and returns its rows through a `TransactionClient` of your own.
  * - A usage is identified by (tenantId, usageId): recording it again returns the existing entry
  *   with `created: false`; other tenants' ids are never seen.
  * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
@@ -38,7 +40,7 @@ function toEntry(row: EntryRow, usageId: string): OutboxEntry {
  *   input makes a query fail inside your transaction.
  */
 export async function recordUsage(
-  client: Queryable,
+  client: TransactionClient,
   input: UsageInput,
   options: { defaultEventName?: string } = {},
 ): Promise<RecordUsageResult> {
@@ -69,3 +71,4 @@ export async function recordUsage(
 }
 
 export type { UsageInput } from './validate.js';
+export type { TransactionClient } from './sql/enqueue.js';

@@ -2,8 +2,17 @@
  * The request path: the usage row and its outbox row, written in the caller's transaction.
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
-import { pgTypes, type Queryable } from '../../db.js';
 import type { OutboxStatus } from '../statuses.js';
+
+/**
+ * What the request path needs of the caller's transaction: run one statement with positional
+ * parameters ($1…) and return its rows. A node-postgres client is one as it is; src/adapters/ make
+ * one of a Kysely, Drizzle or Knex transaction. `name` asks for a prepared statement where the
+ * driver has them (node-postgres); others may ignore it.
+ */
+export interface TransactionClient {
+  query(statement: { text: string; values: unknown[]; name?: string }): Promise<{ rows: unknown[] }>;
+}
 
 export interface EntryRow {
   id: number;
@@ -17,6 +26,12 @@ export interface EntryRow {
   status: OutboxStatus;
 }
 
+/**
+ * An entry row as the caller's driver parsed it: bigint may arrive as text (node-postgres's
+ * default) and timestamptz as text (Drizzle's), by the application's settings, never ours.
+ */
+export type CallerEntryRow = Omit<EntryRow, 'id' | 'quantity' | 'occurred_at'> & { id: number | string; quantity: number | string; occurred_at: Date | string };
+
 const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, quantity, occurred_at, status';
 
 /**
@@ -26,10 +41,10 @@ const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, qua
  * which happened.
  */
 export async function insertUsage(
-  db: Queryable,
+  db: TransactionClient,
   usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string },
-): Promise<{ tenantKnown: boolean; row: EntryRow | undefined }> {
-  const { rows } = await db.query<Partial<EntryRow> & { tenant_known: boolean }>({
+): Promise<{ tenantKnown: boolean; row: CallerEntryRow | undefined }> {
+  const { rows } = (await db.query({
     // Named: prepared once per connection of the application's pool, parsed and planned once.
     name: 'billing-outbox/record-usage',
     text: `WITH tenant AS (
@@ -49,22 +64,20 @@ export async function insertUsage(
      SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
     values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key],
-    // The caller's connection: its parsers are the application's, so ours travel with the statement.
-    types: pgTypes,
-  });
+  })) as { rows: (Partial<CallerEntryRow> & { tenant_known: boolean })[] };
   const row = rows[0]!;
-  return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as EntryRow) };
+  return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as CallerEntryRow) };
 }
 
 /**
  * The outbox entry of one tenant's usage id: by its key, or by the key it was written with before
  * keys were scoped by tenant (migrations/005), when that row is this tenant's.
  */
-export async function findEntryByUsage(db: Queryable, tenantId: string, keys: { key: string; legacyKey: string }): Promise<EntryRow | undefined> {
-  const { rows } = await db.query<EntryRow>({
-    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = ANY($2::text[]) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
-    values: [tenantId, [keys.key, keys.legacyKey]],
-    types: pgTypes,
-  });
+export async function findEntryByUsage(db: TransactionClient, tenantId: string, keys: { key: string; legacyKey: string }): Promise<CallerEntryRow | undefined> {
+  const { rows } = (await db.query({
+    // Scalar parameters only: an array parameter means different things to different query builders.
+    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key IN ($2::text, $3::text) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
+    values: [tenantId, keys.key, keys.legacyKey],
+  })) as { rows: CallerEntryRow[] };
   return rows[0];
 }

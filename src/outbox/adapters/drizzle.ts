@@ -1,0 +1,26 @@
+/**
+ * recordUsage inside a Drizzle transaction (node-postgres or postgres.js driver):
+ *
+ *   await db.transaction(async (tx) => {
+ *     await tx.insert(jobs).values(job);
+ *     await recordUsage(fromDrizzle(tx), { tenantId, usageId: job.id, quantity: 1 });
+ *   });
+ */
+import { Param, sql, type SQL } from 'drizzle-orm';
+import type { TransactionClient } from '../sql/enqueue.js';
+
+/** The statement as Drizzle SQL: the text between placeholders raw, each `$n` its value as a parameter. */
+function toDrizzleSql(text: string, values: unknown[]): SQL {
+  const chunks = text.split(/\$(\d+)/);
+  return sql.join(chunks.map((chunk, i) => (i % 2 === 0 ? sql.raw(chunk) : new Param(values[Number(chunk) - 1]))));
+}
+
+export function fromDrizzle(db: { execute(query: SQL): PromiseLike<unknown> }): TransactionClient {
+  return {
+    async query({ text, values }) {
+      const result = await db.execute(toDrizzleSql(text, values));
+      // node-postgres answers a QueryResult, postgres.js the rows themselves.
+      return { rows: Array.isArray(result) ? result : (result as { rows: unknown[] }).rows };
+    },
+  };
+}

@@ -1,0 +1,25 @@
+/**
+ * recordUsage inside a Knex transaction (client `pg`):
+ *
+ *   await knex.transaction(async (trx) => {
+ *     await trx('jobs').insert(job);
+ *     await recordUsage(fromKnex(trx), { tenantId, usageId: job.id, quantity: 1 });
+ *   });
+ */
+import type { Knex } from 'knex';
+import type { TransactionClient } from '../sql/enqueue.js';
+
+export function fromKnex(db: Pick<Knex, 'raw'>): TransactionClient {
+  return {
+    async query({ text, values }) {
+      // Knex binds `?` in order: each `$n` becomes one, with its value (a `$n` used twice, twice).
+      const bindings: Knex.RawBinding[] = [];
+      const positional = text.replace(/\$(\d+)/g, (_, n: string) => {
+        bindings.push(values[Number(n) - 1] as Knex.RawBinding);
+        return '?';
+      });
+      const result = (await db.raw(positional, bindings)) as { rows: unknown[] };
+      return { rows: result.rows };
+    },
+  };
+}

@@ -1,0 +1,148 @@
+/**
+ * recordUsage inside the transactions of what applications use: node-postgres as it is, Kysely,
+ * Drizzle (node-postgres driver) and Knex through billing-outbox's adapters, each on its own pool
+ * with the driver's default type parsing (not ours). For each: a commit leaves one event, a rollback
+ * none, a repeat adds nothing, and bad input throws a UsageError before anything is written and
+ * leaves the transaction usable.
+ */
+import { randomUUID } from 'node:crypto';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { sql as drizzleSql } from 'drizzle-orm';
+import knexFactory from 'knex';
+import { Kysely, PostgresDialect, sql as kyselySql } from 'kysely';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { InvalidUsageError, recordUsage, UnknownTenantError, type TransactionClient } from '../src/index.js';
+import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
+import { fromKnex } from '../src/outbox/adapters/knex.js';
+import { fromKysely } from '../src/outbox/adapters/kysely.js';
+import { mapTenant } from '../src/ops/customers.js';
+import { createTestDb, type TestDb } from './helpers.js';
+
+let db: TestDb;
+beforeAll(async () => {
+  db = await createTestDb();
+  await mapTenant(db.pool, 'acme', 'cus_acme', 'test');
+});
+afterAll(() => db?.drop());
+
+/** One way to open a transaction: `fn` gets recordUsage's client and a way to run the application's own SQL. */
+interface Driver {
+  name: string;
+  transaction<T>(fn: (client: TransactionClient, own: (text: string) => Promise<unknown>) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+const drivers: [string, () => Driver][] = [
+  [
+    'node-postgres',
+    () => {
+    const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+    return {
+      name: 'node-postgres',
+      async transaction(fn) {
+        const client = await pool.connect();
+        try {
+          await client.query('BEGIN');
+          const result = await fn(client, (text) => client.query(text));
+          await client.query('COMMIT');
+          return result;
+        } catch (err) {
+          await client.query('ROLLBACK');
+          throw err;
+        } finally {
+          client.release();
+        }
+      },
+      close: () => pool.end(),
+    };
+  }],
+  [
+    'Kysely',
+    () => {
+    const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url, max: 2 }) }) });
+    return {
+      name: 'Kysely',
+      transaction: (fn) => kysely.transaction().execute((trx) => fn(fromKysely(trx), (text) => kyselySql.raw(text).execute(trx))),
+      close: () => kysely.destroy(),
+    };
+  }],
+  [
+    'Drizzle',
+    () => {
+    const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+    const orm = drizzle(pool);
+    return {
+      name: 'Drizzle',
+      transaction: (fn) => orm.transaction((tx) => fn(fromDrizzle(tx), (text) => tx.execute(drizzleSql.raw(text)))),
+      close: () => pool.end(),
+    };
+  }],
+  [
+    'Knex',
+    () => {
+    const knex = knexFactory({ client: 'pg', connection: db.url, pool: { min: 0, max: 2 } });
+    return {
+      name: 'Knex',
+      transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx), (text) => trx.raw(text))),
+      close: () => knex.destroy(),
+    };
+  }],
+];
+
+const eventsFor = async (usageId: string) =>
+  (await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND usage_id = $2', ['acme', usageId])).rows[0]!.n;
+
+describe.each(drivers)('%s', (_name, make) => {
+  let driver: Driver;
+  beforeAll(() => void (driver = make()));
+  afterAll(() => driver.close());
+
+  it('a commit leaves one event, with the values given', async () => {
+    const usageId = randomUUID();
+    const at = new Date('2026-12-01T08:00:00.250Z');
+    const { entry, created } = await driver.transaction((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 41, occurredAt: at }));
+    expect(created).toBe(true);
+    // Numbers and a Date whatever the driver's own parsing (bigint as text, Drizzle's timestamps as text).
+    expect(entry).toMatchObject({ tenantId: 'acme', usageId, quantity: 41, status: 'pending', eventName: 'api_requests' });
+    expect(typeof entry.id).toBe('number');
+    expect(entry.occurredAt).toEqual(at);
+    expect(await eventsFor(usageId)).toBe(1);
+  });
+
+  it('a rollback leaves none', async () => {
+    const usageId = randomUUID();
+    await expect(
+      driver.transaction(async (c) => {
+        await recordUsage(c, { tenantId: 'acme', usageId, quantity: 1 });
+        throw new Error('the application changed its mind');
+      }),
+    ).rejects.toThrow('changed its mind');
+    expect(await eventsFor(usageId)).toBe(0);
+  });
+
+  it('a repeat adds nothing and returns the first entry', async () => {
+    const usageId = randomUUID();
+    const first = await driver.transaction((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 3 }));
+    const again = await driver.transaction(async (c) => {
+      // Twice in one transaction too.
+      await recordUsage(c, { tenantId: 'acme', usageId, quantity: 3 });
+      return recordUsage(c, { tenantId: 'acme', usageId, quantity: 3 });
+    });
+    expect(again).toEqual({ created: false, entry: first.entry });
+    expect(await eventsFor(usageId)).toBe(1);
+  });
+
+  it('bad input throws a UsageError before anything is written, and the transaction goes on', async () => {
+    const usageId = randomUUID();
+    const afterwards = await driver.transaction(async (c, own) => {
+      await expect(recordUsage(c, { tenantId: 'acme', usageId, quantity: 0 })).rejects.toBeInstanceOf(InvalidUsageError);
+      await expect(recordUsage(c, { tenantId: 'nobody', usageId, quantity: 1 })).rejects.toBeInstanceOf(UnknownTenantError);
+      // The transaction is not aborted: the application's own statement and a good usage still run.
+      await own('SELECT 1');
+      return recordUsage(c, { tenantId: 'acme', usageId, quantity: 2 });
+    });
+    expect(afterwards.created).toBe(true);
+    expect(await eventsFor(usageId)).toBe(1);
+  });
+});
