@@ -1,5 +1,5 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
-import { countDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
+import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
@@ -99,7 +99,7 @@ async function retryAll(
   ctx: CliContext,
 ): Promise<number> {
   const db = await ctx.db();
-  const total = await countDeadLetters(db, filter);
+  const total = await countDead(db, filter);
   const summary: Summary = { matched: 0, signalled: 0, reopened: 0, skipped: 0, refused: 0, failed: 0 };
   const problems: Pick<RetryResult, 'key' | 'outcome' | 'message'>[] = [];
   const report = (): number => {
