@@ -263,12 +263,12 @@ describe('retry', () => {
     });
     expect(runs.map((r) => r.status).sort()).toEqual(['COMPLETED', 'TERMINATED']);
 
-    // Once sent, it is never retried.
+    // Once sent, it is never resent: nothing to retry.
     const again = await cli(['retry', key]);
-    expect(again.code).toBe(1);
-    expect(again.err).toMatch(/already sent/);
+    expect(again.code).toBe(0);
+    expect(again.out).toContain(`skipped ${key}: already delivered (status sent): nothing to retry`);
     expect(eventsFor(key)).toHaveLength(1);
-    expect((await actionsFor(key)).map((x) => x.outcome).sort()).toEqual(['refused', 'reopened', 'skipped']);
+    expect((await actionsFor(key)).map((x) => x.outcome).sort()).toEqual(['reopened', 'skipped', 'skipped']);
   });
 
   it('a forced reopen past the window: refused without --force (no new run), sent once with it', async () => {
@@ -307,12 +307,17 @@ describe('retry', () => {
     expect(await runsOf(key)).toHaveLength(1);
   });
 
-  it('refuses to retry a sent event, and fails for an unknown key', async () => {
+  it('a delivered event has nothing to retry (exit 0, nothing sent), and an unknown key fails', async () => {
     const key = await enqueue('acme', 2);
     await waitStatus(key, 'sent');
     const r = await cli(['retry', key]);
-    expect(r.code).toBe(1);
-    expect(r.err).toContain('already sent');
+    expect(r).toEqual({
+      code: 0,
+      out: `skipped ${key}: already delivered (status sent): nothing to retry\nfollow it: billing-outbox inspect ${key}\n`,
+      err: '',
+    });
+    const json = await cliJson(['retry', key]);
+    expect(json).toEqual({ code: 0, json: { key, outcome: 'skipped', forced: false, message: 'already delivered (status sent): nothing to retry' }, err: '' });
     expect(eventsFor(key)).toHaveLength(1);
 
     const unknown = await cli(['retry', `usage_log:${randomUUID()}`]);

@@ -11,8 +11,9 @@ export const RETRY_HELP = `Usage: billing-outbox retry <key> [--force] [--by NAM
 
 Sends dead letters to Stripe again, with the same identifier. An event whose workflow is still open
 is signalled; one whose workflow has closed (terminated, timed out, past retention) is reopened with
-a new run under the same workflow id. A sent event is never retried. Every retry is recorded in
-operator_actions (who, when, which event, forced or not, outcome).
+a new run under the same workflow id. A delivered (sent or accepted) event is never resent: it is
+skipped, with nothing to retry. Every retry is recorded in operator_actions (who, when, which event,
+forced or not, outcome).
 
 Events first attempted more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago are refused without --force: Stripe deduplicates
 identifiers for only 24 h, so a resend could bill twice. Check \`billing-outbox reconcile\` or Stripe's
