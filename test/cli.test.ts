@@ -473,3 +473,19 @@ describe('bin/billing-outbox.mjs', () => {
     expect((await bin(['bogus'], {})).code).toBe(2);
   });
 });
+
+describe('what a person reads', () => {
+  it('--help says DATABASE_URL and TEMPORAL_ADDRESS come from the running `npm start` when unset', async () => {
+    const r = await cli(['--help']);
+    expect(r.code).toBe(0);
+    expect(r.out).not.toContain('DATABASE_URL (required)');
+    expect(r.out).toContain(
+      [
+        'Environment: while `npm start` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default',
+        "to its own (read from .data/endpoints.json, or DATA_DIR's); otherwise DATABASE_URL must be set and",
+        'TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),',
+      ].join('\n'),
+    );
+  });
+
+});
