@@ -488,4 +488,24 @@ describe('what a person reads', () => {
     );
   });
 
+  it('`npm run stripe -- customers add` says which customers it added and which already existed', async () => {
+    const fresh = `cus_new_${randomUUID().slice(0, 8)}`;
+    const r = await new Promise<CliRun>((resolve, reject) => {
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', 'customers', 'add', fresh, 'cus_acme'], {
+        cwd: ROOT,
+        env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: stripe.url },
+      });
+      let out = '';
+      let err = '';
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      child.on('error', reject);
+      child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+    });
+    expect(r).toEqual({ code: 0, out: `customer ${fresh} added\ncustomer cus_acme already exists: nothing added\n`, err: '' });
+    const listed = (await (await fetch(`${stripe.url}/v1/customers?limit=100`, { headers: { authorization: 'Bearer sk_test_cli' } })).json()) as {
+      data: { id: string }[];
+    };
+    expect(listed.data.map((c) => c.id)).toContain(fresh);
+  });
 });
