@@ -11,7 +11,7 @@ import type pg from 'pg';
 import { withTransaction, type Queryable } from '../db.js';
 import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox/sql/error-reports.js';
 
-/** The full event, as much of it as we rely on: every field is checked, it comes from outside. */
+/** Stripe's full error-report event, as much of it as we rely on (read field by field by the webhook's parseErrorReport: it comes from outside). */
 export interface ErrorReport {
   eventId: string;
   type: string;
