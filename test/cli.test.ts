@@ -263,12 +263,12 @@ describe('retry', () => {
     });
     expect(runs.map((r) => r.status).sort()).toEqual(['COMPLETED', 'TERMINATED']);
 
-    // Once sent, it is never retried.
+    // Once sent, it is never resent: nothing to retry.
     const again = await cli(['retry', key]);
-    expect(again.code).toBe(1);
-    expect(again.err).toMatch(/already sent/);
+    expect(again.code).toBe(0);
+    expect(again.out).toContain(`skipped ${key}: already delivered (status sent): nothing to retry`);
     expect(eventsFor(key)).toHaveLength(1);
-    expect((await actionsFor(key)).map((x) => x.outcome).sort()).toEqual(['refused', 'reopened', 'skipped']);
+    expect((await actionsFor(key)).map((x) => x.outcome).sort()).toEqual(['reopened', 'skipped', 'skipped']);
   });
 
   it('a forced reopen past the window: refused without --force (no new run), sent once with it', async () => {
@@ -307,12 +307,17 @@ describe('retry', () => {
     expect(await runsOf(key)).toHaveLength(1);
   });
 
-  it('refuses to retry a sent event, and fails for an unknown key', async () => {
+  it('a delivered event has nothing to retry (exit 0, nothing sent), and an unknown key fails', async () => {
     const key = await enqueue('acme', 2);
     await waitStatus(key, 'sent');
     const r = await cli(['retry', key]);
-    expect(r.code).toBe(1);
-    expect(r.err).toContain('already sent');
+    expect(r).toEqual({
+      code: 0,
+      out: `skipped ${key}: already delivered (status sent): nothing to retry\nfollow it: billing-outbox inspect ${key}\n`,
+      err: '',
+    });
+    const json = await cliJson(['retry', key]);
+    expect(json).toEqual({ code: 0, json: { key, outcome: 'skipped', forced: false, message: 'already delivered (status sent): nothing to retry' }, err: '' });
     expect(eventsFor(key)).toHaveLength(1);
 
     const unknown = await cli(['retry', `usage_log:${randomUUID()}`]);
@@ -466,5 +471,41 @@ describe('bin/billing-outbox.mjs', () => {
     expect(badDb.code).toBe(1);
     if (password) expect(badDb.err).not.toContain(password);
     expect((await bin(['bogus'], {})).code).toBe(2);
+  });
+});
+
+describe('what a person reads', () => {
+  it('--help says DATABASE_URL and TEMPORAL_ADDRESS come from the running `npm start` when unset', async () => {
+    const r = await cli(['--help']);
+    expect(r.code).toBe(0);
+    expect(r.out).not.toContain('DATABASE_URL (required)');
+    expect(r.out).toContain(
+      [
+        'Environment: while `npm start` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default',
+        "to its own (read from .data/endpoints.json, or DATA_DIR's); otherwise DATABASE_URL must be set and",
+        'TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),',
+      ].join('\n'),
+    );
+  });
+
+  it('`npm run stripe -- customers add` says which customers it added and which already existed', async () => {
+    const fresh = `cus_new_${randomUUID().slice(0, 8)}`;
+    const r = await new Promise<CliRun>((resolve, reject) => {
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', 'customers', 'add', fresh, 'cus_acme'], {
+        cwd: ROOT,
+        env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: stripe.url },
+      });
+      let out = '';
+      let err = '';
+      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+      child.on('error', reject);
+      child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+    });
+    expect(r).toEqual({ code: 0, out: `customer ${fresh} added\ncustomer cus_acme already exists: nothing added\n`, err: '' });
+    const listed = (await (await fetch(`${stripe.url}/v1/customers?limit=100`, { headers: { authorization: 'Bearer sk_test_cli' } })).json()) as {
+      data: { id: string }[];
+    };
+    expect(listed.data.map((c) => c.id)).toContain(fresh);
   });
 });

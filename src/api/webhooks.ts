@@ -8,13 +8,9 @@
  *
  * Order: secret configured (else 503, so Stripe keeps redelivering until it is) → signature over
  * the raw body (else 400) → already processed? (200, nothing else) → fetch the full event from
- * Stripe (else 503: Stripe redelivers) → in one transaction, record the event id (the primary key
- * makes a concurrent redelivery wait and then do nothing) and move the named rows that are `sent`
- * (or `dispatched`: accepted by Stripe, not yet recorded as sent) to `rejected_async` → 200.
- *
- * Stripe's report names only a *sample* of the failed requests. `error_count` minus the samples
- * that name one of our rows is stored as `unmatched`: those events are affected too but cannot be
- * told apart here; reconciling the report's period (`billing-outbox reconcile`) finds them.
+ * Stripe (else 503: Stripe redelivers) → record it (src/ops/error-reports.ts: in one transaction,
+ * the event id, whose primary key makes a concurrent redelivery wait and then do nothing, and the
+ * named rows that are `sent` or `dispatched` moved to `rejected_async`) → 200.
  *
  * No bearer token (Stripe cannot send one): the signature is the authentication. The route has its
  * own raw-body parser, registered in an encapsulated scope so every other route keeps JSON only.
@@ -23,10 +19,9 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
-import { withTransaction } from '../db.js';
 import { scrub } from '../log.js';
 import type { Metrics } from '../metrics.js';
-import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox/sql/error-reports.js';
+import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
 import { createStripeClient } from '../stripe/client.js';
 import { ApiError } from './errors.js';
 
@@ -52,34 +47,6 @@ export interface WebhookDeps {
   /** Defaults to a client built from `config` (the local server's or Stripe's). */
   stripe?: WebhookStripe;
   metrics?: Partial<Pick<Metrics, 'asyncRejections'>>;
-}
-
-/** The full event, as much of it as we rely on: every field is checked, it comes from outside. */
-export interface ErrorReport {
-  eventId: string;
-  type: string;
-  meterId: string | null;
-  errorCount: number;
-  errorTypes: { code: string; errorCount: number; samples: { identifier: string; message: string }[] }[];
-  validationStart: string | null;
-  validationEnd: string | null;
-}
-
-export interface ErrorReportOutcome {
-  eventId: string;
-  /** True for a redelivery of an event already processed: nothing was changed. */
-  duplicate: boolean;
-  errorCount: number;
-  /** Samples naming one of our rows (any status). */
-  matched: number;
-  /** Rows moved from `sent` or `dispatched` to `rejected_async`. */
-  marked: string[];
-  /** Named rows in another status (not yet sent to Stripe, dead, already rejected or cancelled): left as they were. */
-  notSent: { key: string; status: string }[];
-  /** Sample identifiers that are not in our outbox. */
-  unknown: string[];
-  /** error_count minus matched: failed events Stripe did not name, or that are not ours. */
-  unmatched: number;
 }
 
 const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
@@ -112,47 +79,6 @@ export function parseErrorReport(event: unknown): ErrorReport {
     validationStart: str(data.validation_start) ?? null,
     validationEnd: str(data.validation_end) ?? null,
   };
-}
-
-/**
- * Records one error report, once: marks the named `sent`/`dispatched` rows `rejected_async` with Stripe's code
- * and message. A redelivered event changes nothing and says `duplicate`.
- */
-export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
-  const samples = new Map<string, RejectedSample>();
-  for (const type of report.errorTypes) {
-    for (const s of type.samples) {
-      if (samples.has(s.identifier)) continue;
-      const message = `${s.message || type.code} (rejected by Stripe after it accepted the event; error report ${report.eventId})`;
-      samples.set(s.identifier, { key: s.identifier, code: type.code, message });
-    }
-  }
-  return withTransaction(db, async (client) => {
-    const none: ErrorReportOutcome = {
-      eventId: report.eventId,
-      duplicate: true,
-      errorCount: report.errorCount,
-      matched: 0,
-      marked: [],
-      notSent: [],
-      unknown: [],
-      unmatched: 0,
-    };
-    if (!(await insertErrorReport(client, { eventId: report.eventId, meterId: report.meterId, errorCount: report.errorCount, report: raw }))) {
-      return none;
-    }
-    const results = await markRejectedAsync(client, [...samples.values()]);
-    const outcome: ErrorReportOutcome = { ...none, duplicate: false };
-    for (const r of results) {
-      if (r.status_before === null) outcome.unknown.push(r.key);
-      else if (r.marked) outcome.marked.push(r.key);
-      else outcome.notSent.push({ key: r.key, status: r.status_before });
-    }
-    outcome.matched = outcome.marked.length + outcome.notSent.length;
-    outcome.unmatched = Math.max(0, report.errorCount - outcome.matched);
-    await finishErrorReport(client, report.eventId, { matched: outcome.matched, unmatched: outcome.unmatched });
-    return outcome;
-  });
 }
 
 /** What is kept in stripe_error_reports.report: the event as Stripe sent it, without client helpers. */
@@ -219,7 +145,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
         log.info('Stripe event ignored: not an error report');
         return reply.code(200).send({ received: true, eventId, handled: false });
       }
-      if (await errorReportExists(deps.db, eventId)) {
+      if (await errorReportProcessed(deps.db, eventId)) {
         log.info('Stripe error report redelivered: already processed');
         return reply.code(200).send({ received: true, eventId, handled: true, duplicate: true });
       }

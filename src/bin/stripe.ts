@@ -10,7 +10,7 @@ const HELP = `npm run stripe -- <command>     (the local Stripe of a running \`n
 
   status                          where it is, its customers, meters and recorded events
   customers                       list the customers
-  customers add <cus_id>...       create customers with these ids
+  customers add <cus_id>...       create customers with these ids (those that exist are left as they are)
   meters                          list the meters (event name → id)
   meters add <event_name>         create an active meter
   events [--customer <cus_id>] [--last <n>]
@@ -40,11 +40,9 @@ async function main(argv: string[]): Promise<number> {
     if (!res.ok) throw new Error(json.error ?? `HTTP ${res.status}`);
     return json;
   };
-  const api = async <T>(route: string): Promise<T> => {
-    // Any test key is accepted by the local server unless it was started with one of its own.
-    const res = await fetch(`${base}/v1/${route}`, { headers: { authorization: 'Bearer sk_test_local' } });
-    return (await res.json()) as T;
-  };
+  // Any test key is accepted by the local server unless it was started with one of its own.
+  const get = (route: string) => fetch(`${base}/v1/${route}`, { headers: { authorization: 'Bearer sk_test_local' } });
+  const api = async <T>(route: string): Promise<T> => (await (await get(route)).json()) as T;
 
   switch (command) {
     case 'status': {
@@ -62,8 +60,12 @@ async function main(argv: string[]): Promise<number> {
         if (ids.length === 0) return usage('customers add needs at least one customer id (cus_…)');
         for (const id of ids) {
           if (!/^cus_[A-Za-z0-9_]+$/.test(id)) return usage(`not a customer id: ${JSON.stringify(id)} (cus_ followed by letters, digits or _)`);
-          await control('customers', { id });
-          console.log(`customer ${id} exists`);
+          // Adding is idempotent: ask first, so the answer says which of the two happened.
+          const found = await get(`customers/${encodeURIComponent(id)}`);
+          await found.arrayBuffer();
+          const existed = found.ok;
+          if (!existed) await control('customers', { id });
+          console.log(existed ? `customer ${id} already exists: nothing added` : `customer ${id} added`);
         }
         return 0;
       }

@@ -31,16 +31,7 @@ export function formatTable(columns: Column[], rows: string[][]): string {
   return [line(columns.map((c) => c.header)), ...cells.map(line)].join('\n') + '\n';
 }
 
-export { formatDuration } from '../duration.js';
-
-export function iso(date: Date | null | undefined): string | null {
-  return date ? date.toISOString() : null;
-}
-
-/** Whole seconds from `date` to `now`, or null. */
-export function ageSeconds(date: Date | null | undefined, now: number): number | null {
-  return date ? Math.max(0, Math.floor((now - date.getTime()) / 1000)) : null;
-}
+export { ageSeconds, formatDuration, iso } from '../duration.js';
 
 /**
  * A one-line progress bar redrawn in place with "\r". Only meant for a terminal: callers create it

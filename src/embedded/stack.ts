@@ -25,6 +25,7 @@ import { freePort, startEmbeddedPostgres } from './postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
+import { seedTenants } from '../ops/customers.js';
 import { createStripeClient, LOCAL_TEST_KEY } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
 import { LocalStripe, type LocalStripeState } from './stripe/server.js';
@@ -275,14 +276,9 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
         await stripeServer.close();
       });
       config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false } };
-      for (const [tenant, customer] of Object.entries(DEMO_CUSTOMERS)) {
-        // DO NOTHING: an operator's own mapping for one of these tenants is kept.
-        await pool.query(
-          `INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text) ON CONFLICT (tenant_id) DO NOTHING`,
-          [tenant, customer],
-        );
-        seededCustomers[tenant] = customer;
-      }
+      // An operator's own mapping for one of these tenants is kept.
+      await seedTenants(pool, DEMO_CUSTOMERS);
+      Object.assign(seededCustomers, DEMO_CUSTOMERS);
       log.warn({ stripe: stripeServer.url }, 'local Stripe-compatible server: nothing is billed');
     }
 

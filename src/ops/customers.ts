@@ -3,8 +3,8 @@
  * when it is delivered, so a remap also redirects the backlog (reconcile compares per customer).
  */
 import type pg from 'pg';
-import { withTransaction } from '../db.js';
-import { upsertBillingCustomer } from '../outbox/sql/customers.js';
+import { withTransaction, type Queryable } from '../db.js';
+import { insertBillingCustomerIfAbsent, listBillingCustomers, upsertBillingCustomer } from '../outbox/sql/customers.js';
 import { recordOperatorAction } from '../outbox/sql/operator.js';
 import { tenantProblem } from '../outbox/validate.js';
 
@@ -44,4 +44,37 @@ export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerI
     });
     return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created };
   });
+}
+
+/**
+ * Maps each tenant that has no mapping yet (the local stack's demo tenants); a tenant an operator
+ * mapped already keeps its customer. Not an operator action: nothing is recorded.
+ */
+export async function seedTenants(db: Queryable, customers: Readonly<Record<string, string>>): Promise<void> {
+  for (const [tenantId, stripeCustomerId] of Object.entries(customers)) {
+    await insertBillingCustomerIfAbsent(db, tenantId, stripeCustomerId);
+  }
+}
+
+export interface TenantMapping {
+  tenantId: string;
+  stripeCustomerId: string;
+  createdAt: string;
+  updatedAt: string;
+}
+
+/** Every tenant's mapping, by tenant. */
+export async function listMappings(db: Queryable): Promise<TenantMapping[]> {
+  const rows = await listBillingCustomers(db);
+  return rows.map((r) => ({
+    tenantId: r.tenant_id,
+    stripeCustomerId: r.stripe_customer_id,
+    createdAt: r.created_at.toISOString(),
+    updatedAt: r.updated_at.toISOString(),
+  }));
+}
+
+/** Whether the tenant is billed as some Stripe customer. */
+export async function isMapped(db: Queryable, tenantId: string): Promise<boolean> {
+  return (await listBillingCustomers(db)).some((c) => c.tenant_id === tenantId);
 }

@@ -4,7 +4,9 @@
  * once) and by `billing-outbox prune`.
  */
 import type { Queryable } from '../db.js';
-import { pruneBatch, pruneExpiredLeases } from '../outbox/sql/retention.js';
+import { countPrunable, pruneBatch, pruneExpiredLeases } from '../outbox/sql/retention.js';
+
+export { PRUNABLE } from '../outbox/sql/retention.js';
 
 export interface PruneOptions {
   olderThanMs: number;
@@ -35,4 +37,9 @@ export async function pruneDelivered(db: Queryable, opts: PruneOptions): Promise
     if (deleted < batchSize) return total;
     await new Promise((r) => setTimeout(r, opts.pauseMs ?? 50));
   }
+}
+
+/** How many rows a prune would delete now (`prune --dry-run`). */
+export async function countPrunableRows(db: Queryable, olderThanMs: number): Promise<number> {
+  return countPrunable(db, olderThanMs);
 }

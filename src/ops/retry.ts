@@ -1,8 +1,9 @@
 /**
  * Retrying one dead letter, safely. The decision, in order:
  *
- * 1. A `sent` row is never retried (Stripe has it; a resend past its dedup window would bill twice).
- *    A row that is not `dead` is still in flight: nothing to do.
+ * 1. A delivered row (`sent`, `accepted`) is never resent (Stripe has it; a resend past its dedup
+ *    window would bill twice): skipped, nothing to retry. A row that is not `dead` is still in
+ *    flight: nothing to do.
  * 2. If the first attempt is older than SAFE_RESEND_WINDOW_MS (23 h) and the operator did not force
  *    it, refuse: Stripe only deduplicates identifiers for 24 h, so it could not tell a resend from
  *    a new event. The operator reconciles first, then forces.
@@ -27,6 +28,7 @@ import {
   type DeadLetterFilter,
   type OperatorRow,
 } from '../outbox/sql/operator.js';
+import { DELIVERED } from '../outbox/statuses.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
@@ -161,7 +163,9 @@ export class DeadLetterRetrier {
   private async decide(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
-    if (row.status === 'sent' || row.status === 'accepted') return done('refused', `already ${row.status} by Stripe; a delivered event is never retried`);
+    // Nothing to do, not a refusal: the operator wants the event billed, and it is (a bulk retry also
+    // meets rows another operator's retry delivered since its page was read).
+    if ((DELIVERED as readonly string[]).includes(row.status)) return done('skipped', `already delivered (status ${row.status}): nothing to retry`);
     // Stripe keeps the identifier of a rejected or cancelled event: a resend would only be told "already exists".
     if (row.status === 'rejected_async') {
       return done(

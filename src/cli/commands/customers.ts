@@ -1,7 +1,6 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
 import { MAX_TENANT_ID_LENGTH } from '../../outbox/validate.js';
-import { listBillingCustomers } from '../../outbox/sql/customers.js';
-import { mappingProblem, mapTenant } from '../../ops/customers.js';
+import { listMappings, mappingProblem, mapTenant } from '../../ops/customers.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
@@ -62,13 +61,7 @@ async function listCustomers(args: string[], ctx: CliContext): Promise<number> {
     return EXIT_OK;
   }
   noPositionals(positionals, CUSTOMERS_HELP);
-  const rows = await listBillingCustomers(await ctx.db());
-  const customers = rows.map((r) => ({
-    tenantId: r.tenant_id,
-    stripeCustomerId: r.stripe_customer_id,
-    createdAt: r.created_at.toISOString(),
-    updatedAt: r.updated_at.toISOString(),
-  }));
+  const customers = await listMappings(await ctx.db());
   if (values.json) {
     writeJson(ctx.out, { customers });
     return EXIT_OK;

@@ -1,12 +1,9 @@
 /** `billing-outbox dead`: the dead letters, oldest first. */
-import type { Queryable } from '../../db.js';
-import { countDeadLetters, listDeadLetters, type OperatorRow } from '../../outbox/sql/operator.js';
-import { countRejectedAsync, listRejectedAsync } from '../../outbox/sql/error-reports.js';
+import { listDead, listRejected, type Listing, type RejectedItem } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext, type Output } from '../context.js';
-import { ageSeconds, formatDuration, formatTable, iso } from '../format.js';
-import { withinResendWindow } from '../../ops/retry.js';
+import { formatDuration, formatTable } from '../format.js';
 
 export const DEAD_HELP = `Usage: billing-outbox dead [--rejected] [--tenant T] [--limit N] [--json]
 
@@ -33,37 +30,6 @@ Options:
                safeToResend}]}
 `;
 
-export interface DeadLetterItem {
-  key: string;
-  tenantId: string;
-  attempts: number;
-  lastErrorCode: string | null;
-  lastErrorMessage: string | null;
-  createdAt: string;
-  firstAttemptedAt: string | null;
-  deadAt: string | null;
-  ageSeconds: number;
-  sinceFirstAttemptSeconds: number | null;
-  /** False once the first attempt is older than the safe resend window: retrying needs --force. */
-  safeToResend: boolean;
-}
-
-function toItem(row: OperatorRow, now: number): DeadLetterItem {
-  return {
-    key: row.idempotency_key,
-    tenantId: row.tenant_id,
-    attempts: row.attempt_count,
-    lastErrorCode: row.last_error_code,
-    lastErrorMessage: row.last_error_message,
-    createdAt: row.created_at.toISOString(),
-    firstAttemptedAt: iso(row.first_attempted_at),
-    deadAt: iso(row.dead_at),
-    ageSeconds: ageSeconds(row.created_at, now)!,
-    sinceFirstAttemptSeconds: ageSeconds(row.first_attempted_at, now),
-    safeToResend: withinResendWindow(row, now),
-  };
-}
-
 export async function deadCommand(args: string[], ctx: CliContext): Promise<number> {
   const { values, positionals } = parse(
     args,
@@ -77,11 +43,11 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   noPositionals(positionals, DEAD_HELP);
   const limit = intOption(values.limit, 'limit', 1, 10_000, 50, DEAD_HELP);
   const db = await ctx.db();
-  if (values.rejected) return listRejected(ctx.out, db, { tenantId: values.tenant, limit, json: values.json === true });
-  const now = ctx.now?.() ?? Date.now();
-  const filter = { tenantId: values.tenant };
-  const [total, rows] = await Promise.all([countDeadLetters(db, filter), listDeadLetters(db, { ...filter, afterId: 0, limit })]);
-  const items = rows.map((r) => toItem(r, now));
+  if (values.rejected) {
+    const listing = await listRejected(db, { tenantId: values.tenant, limit });
+    return printRejected(ctx.out, listing, { tenantId: values.tenant, json: values.json === true });
+  }
+  const { total, items } = await listDead(db, { tenantId: values.tenant, limit, now: ctx.now?.() ?? Date.now() });
   if (values.json) {
     writeJson(ctx.out, { total, items });
     return EXIT_OK;
@@ -122,35 +88,7 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   return EXIT_OK;
 }
 
-export interface RejectedItem {
-  key: string;
-  tenantId: string;
-  eventName: string;
-  quantity: number;
-  occurredAt: string;
-  sentAt: string | null;
-  rejectedAt: string | null;
-  errorCode: string | null;
-  errorMessage: string | null;
-}
-
-async function listRejected(
-  out: Output,
-  db: Queryable,
-  opts: { tenantId: string | undefined; limit: number; json: boolean },
-): Promise<number> {
-  const [total, rows] = await Promise.all([countRejectedAsync(db, opts), listRejectedAsync(db, opts)]);
-  const items: RejectedItem[] = rows.map((r) => ({
-    key: r.idempotency_key,
-    tenantId: r.tenant_id,
-    eventName: r.event_name,
-    quantity: r.quantity,
-    occurredAt: r.occurred_at.toISOString(),
-    sentAt: iso(r.sent_at),
-    rejectedAt: iso(r.rejected_at),
-    errorCode: r.last_error_code,
-    errorMessage: r.last_error_message,
-  }));
+function printRejected(out: Output, { total, items }: Listing<RejectedItem>, opts: { tenantId: string | undefined; json: boolean }): number {
   if (opts.json) {
     writeJson(out, { total, items });
     return EXIT_OK;

@@ -1,6 +1,5 @@
 /** `billing-outbox prune`: delete delivered rows past the retention age now (workers do it on a timer). */
-import { pruneDelivered } from '../../ops/prune.js';
-import { countPrunable, PRUNABLE } from '../../outbox/sql/retention.js';
+import { countPrunableRows, PRUNABLE, pruneDelivered } from '../../ops/prune.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { CommandLineError, EXIT_OK, writeJson, type CliContext } from '../context.js';
 
@@ -28,7 +27,7 @@ export async function pruneCommand(args: string[], ctx: CliContext): Promise<num
   const olderThanMs = days * 86_400_000;
   const db = await ctx.db();
   if (values['dry-run']) {
-    const wouldPrune = await countPrunable(db, olderThanMs);
+    const wouldPrune = await countPrunableRows(db, olderThanMs);
     if (values.json) writeJson(ctx.out, { olderThanDays: days, wouldPrune });
     else ctx.out.write(`${wouldPrune} delivered row(s) sent more than ${days} days ago would be pruned\n`);
     return EXIT_OK;

@@ -1,6 +1,6 @@
 /** `billing-outbox reconcile`: our sent usage against Stripe's meter event summaries, hour by hour. */
 import { ConfigError } from '../../config.js';
-import { listBillingCustomers } from '../../outbox/sql/customers.js';
+import { isMapped } from '../../ops/customers.js';
 import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../ops/reconcile.js';
 import { createStripeClient } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
@@ -89,7 +89,7 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
     throw new ConfigError(['STRIPE_API_KEY: is not set; reconcile reads the meter event summaries from Stripe']);
   }
   const db = await ctx.db();
-  if (tenantId !== undefined && !(await listBillingCustomers(db)).some((c) => c.tenant_id === tenantId)) {
+  if (tenantId !== undefined && !(await isMapped(db, tenantId))) {
     throw new CommandLineError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);
   }
   const report = await reconcile({ db, stripe: createStripeClient(stripeConfig) }, { ...range, tenantId });

@@ -1,5 +1,5 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
-import { countDeadLetters, type DeadLetterFilter } from '../../outbox/sql/operator.js';
+import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
@@ -11,8 +11,9 @@ export const RETRY_HELP = `Usage: billing-outbox retry <key> [--force] [--by NAM
 
 Sends dead letters to Stripe again, with the same identifier. An event whose workflow is still open
 is signalled; one whose workflow has closed (terminated, timed out, past retention) is reopened with
-a new run under the same workflow id. A sent event is never retried. Every retry is recorded in
-operator_actions (who, when, which event, forced or not, outcome).
+a new run under the same workflow id. A delivered (sent or accepted) event is never resent: it is
+skipped, with nothing to retry. Every retry is recorded in operator_actions (who, when, which event,
+forced or not, outcome).
 
 Events first attempted more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago are refused without --force: Stripe deduplicates
 identifiers for only 24 h, so a resend could bill twice. Check \`billing-outbox reconcile\` or Stripe's
@@ -99,7 +100,7 @@ async function retryAll(
   ctx: CliContext,
 ): Promise<number> {
   const db = await ctx.db();
-  const total = await countDeadLetters(db, filter);
+  const total = await countDead(db, filter);
   const summary: Summary = { matched: 0, signalled: 0, reopened: 0, skipped: 0, refused: 0, failed: 0 };
   const problems: Pick<RetryResult, 'key' | 'outcome' | 'message'>[] = [];
   const report = (): number => {

@@ -1,7 +1,6 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import { countByErrorCode, countRecentlySent, statusSummary } from '../../outbox/sql/status.js';
-import { OUTBOX_STATUSES, type OutboxStatus } from '../../outbox/statuses.js';
-import { errorReportTotals } from '../../outbox/sql/error-reports.js';
+import { outboxStatus } from '../../ops/status.js';
+import { OUTBOX_STATUSES } from '../../outbox/statuses.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';
@@ -21,25 +20,6 @@ Options:
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched}}
 `;
 
-export interface StatusReport {
-  counts: Record<OutboxStatus, number>;
-  /** True when `counts.sent` is PostgreSQL's estimate of sent and accepted rows together (large tables), not a count. */
-  sentEstimated: boolean;
-  /** Null when nothing is waiting for a relay. */
-  oldestPendingAgeSeconds: number | null;
-  sentLastMinute: number;
-  sentLastHour: number;
-  deadByErrorCode: { code: string | null; count: number }[];
-  /** Rows Stripe rejected after answering 200, by Stripe's error code. */
-  rejectedAsyncByErrorCode: { code: string | null; count: number }[];
-  /**
-   * Stripe's error reports (v1.billing.meter.error_report_triggered) received so far: failures
-   * Stripe counted, how many named one of our rows, and how many did not (not named in Stripe's
-   * sample, or not ours).
-   */
-  errorReports: { received: number; lastReceivedAt: string | null; errorCount: number; matched: number; unmatched: number };
-}
-
 /** Stripe only takes usage stamped within its window: these dead letters can never be delivered as they are. */
 const TIMESTAMP_CODE = /^timestamp_/;
 
@@ -50,32 +30,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   noPositionals(positionals, STATUS_HELP);
-  const db = await ctx.db();
-  const now = new Date(ctx.now?.() ?? Date.now());
-  const [summary, recent, dead, rejected, reports] = await Promise.all([
-    statusSummary(db),
-    countRecentlySent(db, now),
-    countByErrorCode(db, 'dead'),
-    countByErrorCode(db, 'rejected_async'),
-    errorReportTotals(db),
-  ]);
-  const waiting = summary.counts.pending + summary.counts.claimed;
-  const report: StatusReport = {
-    counts: summary.counts,
-    sentEstimated: summary.sentEstimated,
-    oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldestPendingAgeSeconds) : null,
-    sentLastMinute: recent.last_minute,
-    sentLastHour: recent.last_hour,
-    deadByErrorCode: dead,
-    rejectedAsyncByErrorCode: rejected,
-    errorReports: {
-      received: reports.reports,
-      lastReceivedAt: reports.last_received_at?.toISOString() ?? null,
-      errorCount: reports.error_count,
-      matched: reports.matched,
-      unmatched: reports.unmatched,
-    },
-  };
+  const report = await outboxStatus(await ctx.db(), new Date(ctx.now?.() ?? Date.now()));
   if (values.json) {
     writeJson(ctx.out, report);
     return EXIT_OK;

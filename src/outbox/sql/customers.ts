@@ -27,6 +27,18 @@ export async function upsertBillingCustomer(
   return rows[0]!;
 }
 
+/**
+ * Maps a tenant to a Stripe customer unless it is mapped already (an operator's own mapping is
+ * kept); returns whether it inserted.
+ */
+export async function insertBillingCustomerIfAbsent(db: Queryable, tenantId: string, stripeCustomerId: string): Promise<boolean> {
+  const result = await db.query(
+    `INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text) ON CONFLICT (tenant_id) DO NOTHING`,
+    [tenantId, stripeCustomerId],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
 export async function listBillingCustomers(db: Queryable): Promise<BillingCustomerRow[]> {
   const { rows } = await db.query<BillingCustomerRow>(
     'SELECT tenant_id, stripe_customer_id, created_at, updated_at FROM billing_customers ORDER BY tenant_id',

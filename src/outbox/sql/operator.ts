@@ -1,5 +1,6 @@
 /**
- * What operators read and change: dead letters, reopening one, cancellations, and the audit log.
+ * What operators read and change: dead letters, one event's row, reopening one, cancellations, and
+ * the audit log.
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
@@ -135,6 +136,36 @@ export async function listOperatorActions(db: Queryable, key: string, limit: num
     [key, limit],
   );
   return rows;
+}
+
+/** One event's row as `billing-outbox inspect` shows it. */
+export interface InspectedRow {
+  id: number;
+  idempotency_key: string;
+  tenant_id: string;
+  event_name: string;
+  quantity: number;
+  occurred_at: Date;
+  status: string;
+  attempt_count: number;
+  last_error_code: string | null;
+  last_error_message: string | null;
+  workflow_id: string | null;
+  created_at: Date;
+  first_attempted_at: Date | null;
+  dispatched_at: Date | null;
+  sent_at: Date | null;
+  dead_at: Date | null;
+}
+
+export async function findInspectedRow(db: Queryable, key: string): Promise<InspectedRow | undefined> {
+  const { rows } = await db.query<InspectedRow>(
+    `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
+            last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at
+       FROM outbox WHERE idempotency_key = $1::text`,
+    [key],
+  );
+  return rows[0];
 }
 
 // ---- Cancellation (src/ops/cancel.ts) ----

@@ -1,0 +1,131 @@
+/**
+ * One event as the database and its usage workflow see it, for `billing-outbox inspect`: the
+ * outbox row, the workflow's status (describe) and, while it runs, its own state (the state
+ * query), and the operator actions recorded for it.
+ */
+import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
+import type { Queryable } from '../db.js';
+import { iso } from '../duration.js';
+import { scrub } from '../log.js';
+import { findInspectedRow, listOperatorActions, type InspectedRow } from '../outbox/sql/operator.js';
+import { stateQuery, type UsageState } from '../../workflows/shared.js';
+
+/** How long to wait for a query answer: a query needs a worker, and none may be running. */
+const QUERY_TIMEOUT_MS = 5_000;
+/** Operator actions shown, newest first. */
+const ACTIONS_SHOWN = 20;
+
+export interface WorkflowView {
+  found: boolean;
+  status: WorkflowExecutionStatusName | null;
+  runId: string | null;
+  startTime: string | null;
+  closeTime: string | null;
+  /** The workflow's answer to the state query; only asked while it runs. */
+  state: UsageState | null;
+  stateError: string | null;
+}
+
+export interface EventRowView {
+  id: number;
+  key: string;
+  tenantId: string;
+  eventName: string;
+  quantity: number;
+  occurredAt: string | null;
+  status: string;
+  attempts: number;
+  lastErrorCode: string | null;
+  lastErrorMessage: string | null;
+  workflowId: string | null;
+  createdAt: string | null;
+  firstAttemptedAt: string | null;
+  dispatchedAt: string | null;
+  sentAt: string | null;
+  deadAt: string | null;
+}
+
+export interface OperatorActionView {
+  at: string | null;
+  actor: string;
+  action: string;
+  forced: boolean;
+  outcome: string;
+  detail: string | null;
+}
+
+export interface EventView {
+  key: string;
+  /** Null when no outbox row has this key. */
+  row: EventRowView | null;
+  workflow: WorkflowView;
+  /** Newest first. */
+  operatorActions: OperatorActionView[];
+}
+
+/** describe() and, for an open run, the state query. A missing workflow is an answer, not an error. */
+export async function viewWorkflow(client: Client, key: string): Promise<WorkflowView> {
+  const handle = client.workflow.getHandle(key);
+  let description;
+  try {
+    description = await handle.describe();
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) {
+      return { found: false, status: null, runId: null, startTime: null, closeTime: null, state: null, stateError: null };
+    }
+    throw err;
+  }
+  const view: WorkflowView = {
+    found: true,
+    status: description.status.name,
+    runId: description.runId,
+    startTime: iso(description.startTime),
+    closeTime: iso(description.closeTime),
+    state: null,
+    stateError: null,
+  };
+  if (view.status === 'RUNNING') {
+    try {
+      view.state = await client.withDeadline(Date.now() + QUERY_TIMEOUT_MS, () => handle.query(stateQuery));
+    } catch (err) {
+      view.stateError = `state query failed (is a worker running?): ${scrub((err as Error).message)}`;
+    }
+  }
+  return view;
+}
+
+function rowView(row: InspectedRow): EventRowView {
+  return {
+    id: row.id,
+    key: row.idempotency_key,
+    tenantId: row.tenant_id,
+    eventName: row.event_name,
+    quantity: row.quantity,
+    occurredAt: iso(row.occurred_at),
+    status: row.status,
+    attempts: row.attempt_count,
+    lastErrorCode: row.last_error_code,
+    lastErrorMessage: row.last_error_message,
+    workflowId: row.workflow_id,
+    createdAt: iso(row.created_at),
+    firstAttemptedAt: iso(row.first_attempted_at),
+    dispatchedAt: iso(row.dispatched_at),
+    sentAt: iso(row.sent_at),
+    deadAt: iso(row.dead_at),
+  };
+}
+
+/** The event with `key`: its row (if any), its workflow (found or not), and what operators did to it. */
+export async function inspectEvent(deps: { db: Queryable; client: Client }, key: string): Promise<EventView> {
+  const [row, workflow, actions] = await Promise.all([
+    findInspectedRow(deps.db, key),
+    viewWorkflow(deps.client, key),
+    listOperatorActions(deps.db, key, ACTIONS_SHOWN),
+  ]);
+  return {
+    key,
+    row: row ? rowView(row) : null,
+    workflow,
+    operatorActions: actions.map((a) => ({ at: iso(a.at), actor: a.actor, action: a.action, forced: a.forced, outcome: a.outcome, detail: a.detail })),
+  };
+}

@@ -1,0 +1,57 @@
+/**
+ * How the outbox is doing, at a glance: counts by status, the backlog's age, the send rate, dead
+ * letters and Stripe's later rejections by error code, and the error reports Stripe sent. Read by
+ * `billing-outbox status`; the metrics scrape reads the same summary statement on its own.
+ */
+import type { Queryable } from '../db.js';
+import { iso } from '../duration.js';
+import { errorReportTotals } from '../outbox/sql/error-reports.js';
+import { countByErrorCode, countRecentlySent, statusSummary } from '../outbox/sql/status.js';
+import type { OutboxStatus } from '../outbox/statuses.js';
+
+export interface StatusReport {
+  counts: Record<OutboxStatus, number>;
+  /** True when `counts.sent` is PostgreSQL's estimate of sent and accepted rows together (large tables), not a count. */
+  sentEstimated: boolean;
+  /** Null when nothing is waiting for a relay. */
+  oldestPendingAgeSeconds: number | null;
+  sentLastMinute: number;
+  sentLastHour: number;
+  deadByErrorCode: { code: string | null; count: number }[];
+  /** Rows Stripe rejected after answering 200, by Stripe's error code. */
+  rejectedAsyncByErrorCode: { code: string | null; count: number }[];
+  /**
+   * Stripe's error reports (v1.billing.meter.error_report_triggered) received so far: failures
+   * Stripe counted, how many named one of our rows, and how many did not (not named in Stripe's
+   * sample, or not ours).
+   */
+  errorReports: { received: number; lastReceivedAt: string | null; errorCount: number; matched: number; unmatched: number };
+}
+
+/** The outbox's state at `now` (the send rate is counted back from it). */
+export async function outboxStatus(db: Queryable, now: Date): Promise<StatusReport> {
+  const [summary, recent, dead, rejected, reports] = await Promise.all([
+    statusSummary(db),
+    countRecentlySent(db, now),
+    countByErrorCode(db, 'dead'),
+    countByErrorCode(db, 'rejected_async'),
+    errorReportTotals(db),
+  ]);
+  const waiting = summary.counts.pending + summary.counts.claimed;
+  return {
+    counts: summary.counts,
+    sentEstimated: summary.sentEstimated,
+    oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldestPendingAgeSeconds) : null,
+    sentLastMinute: recent.last_minute,
+    sentLastHour: recent.last_hour,
+    deadByErrorCode: dead,
+    rejectedAsyncByErrorCode: rejected,
+    errorReports: {
+      received: reports.reports,
+      lastReceivedAt: iso(reports.last_received_at),
+      errorCount: reports.error_count,
+      matched: reports.matched,
+      unmatched: reports.unmatched,
+    },
+  };
+}
