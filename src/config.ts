@@ -4,6 +4,7 @@
  * Every variable is documented in `.env.example`. A bad value stops the process with one line per
  * offending variable; secret values (the Stripe key, database passwords) are never echoed back.
  */
+import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
 
@@ -58,6 +59,14 @@ const schema = z.object({
     .regex(/^[^\s:/]+:\d{1,5}$/, 'must be host:port, e.g. localhost:7233')
     .optional(),
   TEMPORAL_NAMESPACE: nonEmpty('a Temporal namespace').default('default'),
+  // TLS to Temporal: on with any of the files, the server name or an API key (Temporal Cloud);
+  // TEMPORAL_TLS=true for TLS with the system's CAs alone, false to refuse it outright.
+  TEMPORAL_TLS: z.enum(['true', 'false'], { message: 'must be true or false' }).optional(),
+  TEMPORAL_TLS_CA_FILE: nonEmpty("a PEM file of the CA that signed the server's certificate").optional(),
+  TEMPORAL_TLS_CERT_FILE: nonEmpty("a PEM file of this client's certificate (mTLS)").optional(),
+  TEMPORAL_TLS_KEY_FILE: nonEmpty("a PEM file of this client's private key (mTLS)").optional(),
+  TEMPORAL_TLS_SERVER_NAME: nonEmpty('the name the server certificate is issued to').optional(),
+  TEMPORAL_API_KEY: nonEmpty('a Temporal Cloud API key').optional(),
   TEMPORAL_TASK_QUEUE: nonEmpty('a Temporal task queue').default('billing-outbox'),
   STRIPE_API_KEY: z
     .string()
@@ -154,10 +163,20 @@ export interface RetryConfig {
   deadLetterOpenMs: number;
 }
 
+/** How to reach Temporal: a self-hosted server (TLS, mTLS) or Temporal Cloud (mTLS or an API key). */
+export interface TemporalConfig {
+  address: string | undefined;
+  namespace: string;
+  taskQueue: string;
+  /** Undefined: plain gRPC. Files are PEM, read when connecting. */
+  tls: { caFile?: string; certFile?: string; keyFile?: string; serverName?: string } | undefined;
+  apiKey: string | undefined;
+}
+
 export interface Config {
   production: boolean;
   databaseUrl: string | undefined;
-  temporal: { address: string | undefined; namespace: string; taskQueue: string };
+  temporal: TemporalConfig;
   stripe: {
     /** Undefined outside production means "use the local Stripe-compatible server's test key". */
     apiKey: string | undefined;
@@ -227,16 +246,54 @@ export class ConfigError extends Error {
   }
 }
 
+function temporalTls(c: Parsed): TemporalConfig['tls'] {
+  const files = { caFile: c.TEMPORAL_TLS_CA_FILE, certFile: c.TEMPORAL_TLS_CERT_FILE, keyFile: c.TEMPORAL_TLS_KEY_FILE, serverName: c.TEMPORAL_TLS_SERVER_NAME };
+  const any = Object.values(files).some((v) => v !== undefined);
+  if (c.TEMPORAL_TLS === 'false') return undefined;
+  if (c.TEMPORAL_TLS !== 'true' && !any && c.TEMPORAL_API_KEY === undefined) return undefined;
+  return Object.fromEntries(Object.entries(files).filter(([, v]) => v !== undefined));
+}
+
+function temporalTlsProblems(c: Parsed): string[] {
+  const problems: string[] = [];
+  const files = ['TEMPORAL_TLS_CA_FILE', 'TEMPORAL_TLS_CERT_FILE', 'TEMPORAL_TLS_KEY_FILE'] as const;
+  if (c.TEMPORAL_TLS === 'false') {
+    for (const f of [...files, 'TEMPORAL_TLS_SERVER_NAME'] as const) if (c[f] !== undefined) problems.push(`${f}: is set while TEMPORAL_TLS=false`);
+  }
+  if ((c.TEMPORAL_TLS_CERT_FILE === undefined) !== (c.TEMPORAL_TLS_KEY_FILE === undefined)) {
+    problems.push('TEMPORAL_TLS_CERT_FILE: mTLS needs both TEMPORAL_TLS_CERT_FILE and TEMPORAL_TLS_KEY_FILE (one is missing)');
+  }
+  for (const f of files) {
+    const path = c[f];
+    if (path !== undefined && !existsSync(path)) problems.push(`${f}: no such file: ${path}`);
+  }
+  return problems;
+}
+
 /**
  * Reads the configuration from `env` (default: `process.env`). Empty strings count as unset, so
  * `FOO=` in a .env file means "use the default".
  */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const input: Record<string, string> = {};
+  const fileProblems: string[] = [];
   for (const key of Object.keys(schema.shape)) {
     const value = env[key];
-    if (value !== undefined && value.trim() !== '') input[key] = value;
+    const file = env[`${key}_FILE`];
+    const given = value !== undefined && value.trim() !== '';
+    if (file !== undefined && file.trim() !== '') {
+      // Secrets from files (Docker and Kubernetes secrets): FOO_FILE=/run/secrets/foo.
+      if (given) fileProblems.push(`${key}_FILE: ${key} is set too; set one of them`);
+      else {
+        try {
+          input[key] = readFileSync(file.trim(), 'utf8').trim();
+        } catch (err) {
+          fileProblems.push(`${key}_FILE: cannot read ${file.trim()} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+        }
+      }
+    } else if (given) input[key] = value;
   }
+  if (fileProblems.length > 0) throw new ConfigError(fileProblems);
   const result = schema.safeParse(input);
   if (!result.success) {
     const problems = result.error.issues.map((issue) => {
@@ -262,12 +319,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     if (names.has(t.name)) problems.push(`API_TOKENS: token name ${JSON.stringify(t.name)} is used twice`);
     names.add(t.name);
   }
+  problems.push(...temporalTlsProblems(c));
   if (problems.length > 0) throw new ConfigError(problems);
 
   return {
     production: c.NODE_ENV === 'production',
     databaseUrl: c.DATABASE_URL,
-    temporal: { address: c.TEMPORAL_ADDRESS, namespace: c.TEMPORAL_NAMESPACE, taskQueue: c.TEMPORAL_TASK_QUEUE },
+    temporal: {
+      address: c.TEMPORAL_ADDRESS,
+      namespace: c.TEMPORAL_NAMESPACE,
+      taskQueue: c.TEMPORAL_TASK_QUEUE,
+      tls: temporalTls(c),
+      apiKey: c.TEMPORAL_API_KEY,
+    },
     stripe: {
       apiKey: c.STRIPE_API_KEY,
       apiBase: c.STRIPE_API_BASE.replace(/\/$/, ''),

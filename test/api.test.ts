@@ -7,7 +7,6 @@ import net, { type AddressInfo } from 'node:net';
 import type { Connection } from '@temporalio/client';
 import type { LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { inject } from 'vitest';
 import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
 import type { ApiToken, Config } from '../src/config.js';
 import { createPool } from '../src/db.js';
@@ -36,7 +35,7 @@ beforeAll(async () => {
   await addCustomer(db.pool, 'acme', 'cus_acme');
   await addCustomer(db.pool, 'globex', 'cus_globex');
   config = testConfig({ API_TOKENS: JSON.stringify(TOKENS), API_BODY_LIMIT_BYTES: '1024', STRIPE_METER_EVENT_NAME: 'api_requests' });
-  temporal = temporalHealthConnection(inject('temporalAddress'));
+  temporal = temporalHealthConnection(config.temporal);
   app = buildApi({ config, db: db.pool, log, temporal });
   await app.ready();
 });
@@ -447,7 +446,7 @@ describe('GET /healthz', () => {
   });
 
   it('503 naming Temporal when it does not answer, and not_configured without a client', async () => {
-    const away = temporalHealthConnection('127.0.0.1:1');
+    const away = temporalHealthConnection({ ...config.temporal, address: '127.0.0.1:1' });
     const noTemporal = buildApi({ config, db: db.pool, log, temporal: away, healthTimeoutMs: 1_000 });
     extraApps.push(noTemporal);
     noTemporal.addHook('onClose', () => away.close());

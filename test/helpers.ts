@@ -126,7 +126,7 @@ export async function startTestPipeline(opts: {
   worker?: boolean;
 }): Promise<TestPipeline> {
   const { config, db } = opts;
-  const t = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+  const t = await connectTemporal(config.temporal);
   const workers: RunningWorker[] = [];
   const addWorker = async () => {
     const w = await startWorker({

@@ -16,7 +16,7 @@ let temporal: Awaited<ReturnType<typeof connectTemporal>>;
 const config = testConfig();
 beforeAll(async () => {
   db = await createTestDb();
-  temporal = await connectTemporal(config.temporal.address!, config.temporal.namespace);
+  temporal = await connectTemporal(config.temporal);
 });
 afterAll(async () => {
   await temporal?.clientConnection.close();

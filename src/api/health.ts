@@ -2,7 +2,9 @@
  * GET /healthz: can this process take usage (PostgreSQL) and are events moving on (Temporal)?
  * Unauthenticated, so it says which dependency failed and nothing more; the cause goes to the log.
  */
-import { Connection } from '@temporalio/client';
+import type { Connection } from '@temporalio/client';
+import type { TemporalConfig } from '../config.js';
+import { lazyHealthConnection } from '../temporal/connection.js';
 import type { Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 
@@ -44,8 +46,8 @@ async function probe(what: string, fn: () => Promise<void>, timeoutMs: number, l
  * the client's default retry interceptor. A probe wants one answer within its deadline, not
  * retries that outlive it (and that would fire on a channel closed at shutdown).
  */
-export function temporalHealthConnection(address: string): Connection {
-  return Connection.lazy({ address, interceptors: [] });
+export function temporalHealthConnection(temporal: TemporalConfig): Connection {
+  return lazyHealthConnection(temporal);
 }
 
 export async function checkHealth(

@@ -3,6 +3,7 @@
  * on API_HOST:API_PORT; on SIGTERM/SIGINT it stops accepting connections, lets in-flight requests
  * finish, then closes the pool. Run it next to any number of workers (`npm run worker`).
  */
+import { DEFAULT_TEMPORAL_ADDRESS } from '../temporal/connection.js';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
 import { loadConfig } from '../config.js';
 import { loadDotEnv } from '../embedded/local-files.js';
@@ -21,13 +22,13 @@ await runMain(async () => {
   if (config.api.tokens.length === 0) {
     throw new Error('API_TOKENS is not set: every route but /healthz needs a bearer token (see .env.example)');
   }
-  const temporalAddress = config.temporal.address ?? 'localhost:7233';
+  const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
   // Safe with workers migrating at the same time; the API may well be the first process up.
   await migrate(config.databaseUrl);
   const pool = createPool(config.databaseUrl);
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
-  const temporal = temporalHealthConnection(temporalAddress);
+  const temporal = temporalHealthConnection(config.temporal);
   const metrics = createMetrics(undefined, { db: pool });
   const meters = new MeterCatalog(createStripeClient(config.stripe));
   const app = buildApi({ config, db: pool, log, temporal, metrics, meters });

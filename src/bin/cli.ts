@@ -3,7 +3,8 @@
  * real database pool and Temporal client from the environment, lazily (so `--help` and usage
  * errors need neither), runs the command, closes them, and sets the exit code.
  */
-import { Client, Connection } from '@temporalio/client';
+import { Client, type Connection } from '@temporalio/client';
+import { connectClient } from '../temporal/connection.js';
 import { userInfo } from 'node:os';
 import { createInterface } from 'node:readline/promises';
 import type pg from 'pg';
@@ -12,7 +13,6 @@ import { createPool } from '../db.js';
 import { runCli } from '../cli/run.js';
 import { defaultDataDir, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
 
-const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
 
 function osUser(): string {
   try {
@@ -73,7 +73,7 @@ async function main(): Promise<number> {
         return pool;
       },
       async temporal() {
-        connecting ??= Connection.connect({ address: config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS });
+        connecting ??= connectClient(config.temporal);
         return new Client({ connection: await connecting, namespace: config.temporal.namespace });
       },
       out: process.stdout,

@@ -4,6 +4,7 @@
  * With WORKER_METRICS_PORT set, serves GET /metrics on API_HOST:WORKER_METRICS_PORT: this
  * process's registry followed by the Temporal SDK's worker metrics (exported on a loopback port).
  */
+import { DEFAULT_TEMPORAL_ADDRESS } from '../temporal/connection.js';
 import { loadConfig } from '../config.js';
 import { loadDotEnv } from '../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../db.js';
@@ -25,10 +26,10 @@ await runMain(async () => {
   if (!config.stripe.apiKey && config.stripe.isRealStripe) {
     throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
   }
-  const address = config.temporal.address ?? 'localhost:7233';
+  const address = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
   await migrate(config.databaseUrl);
   const pool = createPool(config.databaseUrl);
-  const { connection, client, clientConnection } = await connectTemporal(address, config.temporal.namespace);
+  const { connection, client, clientConnection } = await connectTemporal(config.temporal);
   const stripe = createStripeClient(config.stripe);
   const metrics = createMetrics(undefined, { db: pool, temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` });
   const running = await startWorker({ config, databaseUrl: config.databaseUrl, pool, stripe, connection, client, log, metrics });

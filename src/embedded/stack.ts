@@ -282,7 +282,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       log.warn({ stripe: stripeServer.url }, 'local Stripe-compatible server: nothing is billed');
     }
 
-    const { connection, client, clientConnection } = await connectTemporal(temporalAddress, config.temporal.namespace);
+    const { connection, client, clientConnection } = await connectTemporal({ ...config.temporal, address: temporalAddress });
     onStop('Temporal connections', async () => {
       await clientConnection.close();
       await connection.close();
@@ -295,7 +295,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     running.done.catch(() => undefined);
 
     // Stopped first (steps run in reverse): no new usage is taken while the worker drains.
-    const temporalHealth = temporalHealthConnection(temporalAddress);
+    const temporalHealth = temporalHealthConnection({ ...config.temporal, address: temporalAddress });
     onStop('health connection', () => temporalHealth.close());
     const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
     await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });

@@ -2,7 +2,7 @@
  * A billing-outbox worker: the relay workflows, the usage workflows and their activities, on one
  * Temporal task queue. Run as many as you like; they share the work through Temporal and PostgreSQL.
  */
-import { Client, Connection, WorkflowIdConflictPolicy } from '@temporalio/client';
+import { Client, WorkflowIdConflictPolicy } from '@temporalio/client';
 import { NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -152,10 +152,4 @@ export async function ensureRelays(client: Client, config: Config): Promise<void
   );
 }
 
-/** One gRPC connection for the client (starting workflows) and one native one for the worker. */
-export async function connectTemporal(address: string, namespace: string): Promise<{ connection: NativeConnection; client: Client; clientConnection: Connection }> {
-  const connection = await NativeConnection.connect({ address });
-  const clientConnection = await Connection.connect({ address });
-  const client = new Client({ connection: clientConnection, namespace });
-  return { connection, client, clientConnection };
-}
+export { connectTemporal } from './connection.js';

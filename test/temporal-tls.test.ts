@@ -1,0 +1,157 @@
+/**
+ * Temporal over TLS, for real: a TLS-terminating proxy (Node's `tls`) in front of the shared dev
+ * server, with certificates made here by openssl: TLS with a custom CA, mTLS with a client
+ * certificate the proxy requires, and clear messages for a wrong CA, a missing client certificate
+ * and incomplete settings.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import net, { type AddressInfo } from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import tls from 'node:tls';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { ConfigError, loadConfig } from '../src/config.js';
+import { connectClient, connectTemporal, TemporalConnectionError } from '../src/temporal/connection.js';
+import './provided.js';
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'billing-outbox-tls-'));
+const file = (name: string) => path.join(dir, name);
+const openssl = (...args: string[]) => execFileSync('openssl', args, { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+
+/** A CA, and a certificate it signs (server: for 127.0.0.1 and localhost; client: for a worker). */
+function makeCa(name: string) {
+  openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-days', '2', '-subj', `/CN=${name}`, '-keyout', file(`${name}.key`), '-out', file(`${name}.pem`));
+}
+function makeCert(name: string, ca: string, ext: string) {
+  openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-subj', `/CN=${name}`, '-keyout', file(`${name}.key`), '-out', file(`${name}.csr`));
+  writeFileSync(file(`${name}.ext`), ext);
+  openssl('x509', '-req', '-in', file(`${name}.csr`), '-CA', file(`${ca}.pem`), '-CAkey', file(`${ca}.key`), '-CAcreateserial', '-days', '2', '-extfile', file(`${name}.ext`), '-out', file(`${name}.pem`));
+}
+
+let proxy: tls.Server;
+let proxyAddress: string;
+const accepted: boolean[] = [];
+
+beforeAll(async () => {
+  makeCa('server-ca');
+  makeCa('client-ca');
+  makeCa('wrong-ca');
+  makeCert('server', 'server-ca', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n');
+  makeCert('worker', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+  makeCert('stranger', 'wrong-ca', 'extendedKeyUsage=clientAuth\n');
+  const [host, port] = inject('temporalAddress').split(':') as [string, string];
+  // Terminates TLS, requires a client certificate signed by client-ca, and passes the bytes on.
+  proxy = tls.createServer(
+    {
+      key: readFileSync(file('server.key')),
+      cert: readFileSync(file('server.pem')),
+      ca: readFileSync(file('client-ca.pem')),
+      requestCert: true,
+      rejectUnauthorized: true,
+      ALPNProtocols: ['h2'],
+    },
+    (socket) => {
+      accepted.push(socket.authorized);
+      const upstream = net.connect(Number(port), host);
+      socket.pipe(upstream).pipe(socket);
+      const end = () => (socket.destroy(), upstream.destroy());
+      socket.on('error', end);
+      upstream.on('error', end);
+    },
+  );
+  proxy.on('tlsClientError', () => undefined);
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  proxyAddress = `127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  await new Promise((resolve) => proxy?.close(resolve));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const configWith = (env: Record<string, string>) => loadConfig({ NODE_ENV: 'test', LOG_LEVEL: 'silent', TEMPORAL_ADDRESS: proxyAddress, ...env });
+
+describe('Temporal over TLS', () => {
+  it('connects the worker and the client with mTLS: a custom CA and a client certificate the server requires', async () => {
+    const config = configWith({
+      TEMPORAL_TLS_CA_FILE: file('server-ca.pem'),
+      TEMPORAL_TLS_CERT_FILE: file('worker.pem'),
+      TEMPORAL_TLS_KEY_FILE: file('worker.key'),
+    });
+    expect(config.temporal.tls).toEqual({ caFile: file('server-ca.pem'), certFile: file('worker.pem'), keyFile: file('worker.key') });
+    const { connection, client, clientConnection } = await connectTemporal(config.temporal);
+    try {
+      const info = await client.workflowService.getSystemInfo({});
+      expect(info.serverVersion).toMatch(/^\d+\.\d+/);
+      // The worker's native connection, through the same proxy.
+      expect((await connection.workflowService.getSystemInfo({})).serverVersion).toBe(info.serverVersion);
+      const described = await client.workflowService.describeNamespace({ namespace: config.temporal.namespace });
+      expect(described.namespaceInfo?.name).toBe('default');
+    } finally {
+      await clientConnection.close();
+      await connection.close();
+    }
+    expect(accepted.length).toBeGreaterThanOrEqual(2);
+    expect(accepted.every(Boolean)).toBe(true);
+  });
+
+  it('says what to check when the server certificate is signed by another CA', async () => {
+    const config = configWith({ TEMPORAL_TLS_CA_FILE: file('wrong-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('worker.pem'), TEMPORAL_TLS_KEY_FILE: file('worker.key') });
+    const err = await connectClient(config.temporal).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TemporalConnectionError);
+    expect((err as Error).message).toMatch(
+      new RegExp(`^cannot connect to Temporal at ${proxyAddress.replace(/\./g, '\\.')} over TLS \\(CA ${file('wrong-ca.pem').replace(/\./g, '\\.')}, client certificate .*worker\\.pem\\): .+; check TEMPORAL_TLS_CA_FILE`),
+    );
+  });
+
+  it('says what to check when the server requires a client certificate and none is given, or one it does not trust', async () => {
+    for (const env of <Record<string, string>[]>[
+      { TEMPORAL_TLS_CA_FILE: file('server-ca.pem') },
+      { TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('stranger.pem'), TEMPORAL_TLS_KEY_FILE: file('stranger.key') },
+    ]) {
+      const config = configWith(env);
+      const err = await connectTemporal(config.temporal).catch((e: unknown) => e);
+      expect(err, JSON.stringify(env)).toBeInstanceOf(TemporalConnectionError);
+      expect((err as Error).message).toContain('TEMPORAL_TLS_CERT_FILE and TEMPORAL_TLS_KEY_FILE (if the server requires a client certificate)');
+    }
+  });
+
+  it('without TLS settings, says that the server may speak TLS', async () => {
+    const err = await connectClient(configWith({}).temporal).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TemporalConnectionError);
+    expect((err as Error).message).toContain('without TLS');
+    expect((err as Error).message).toContain('set TEMPORAL_TLS=true');
+  });
+});
+
+describe('Temporal connection settings', () => {
+  const problems = (env: Record<string, string>) => {
+    try {
+      configWith(env);
+    } catch (err) {
+      expect(err).toBeInstanceOf(ConfigError);
+      return (err as ConfigError).problems;
+    }
+    throw new Error('accepted');
+  };
+
+  it('refuses incomplete or contradictory TLS settings, one line each', () => {
+    expect(problems({ TEMPORAL_TLS_CERT_FILE: file('worker.pem') })).toEqual([
+      'TEMPORAL_TLS_CERT_FILE: mTLS needs both TEMPORAL_TLS_CERT_FILE and TEMPORAL_TLS_KEY_FILE (one is missing)',
+    ]);
+    expect(problems({ TEMPORAL_TLS_CA_FILE: file('nope.pem') })).toEqual([`TEMPORAL_TLS_CA_FILE: no such file: ${file('nope.pem')}`]);
+    expect(problems({ TEMPORAL_TLS: 'false', TEMPORAL_TLS_CA_FILE: file('server-ca.pem') })).toEqual(['TEMPORAL_TLS_CA_FILE: is set while TEMPORAL_TLS=false']);
+    expect(problems({ TEMPORAL_TLS: 'yes' })).toEqual(['TEMPORAL_TLS: must be true or false']);
+  });
+
+  it('turns TLS on for an API key (Temporal Cloud), reads secrets from *_FILE, and never both', () => {
+    writeFileSync(file('api-key'), 'key-from-a-secret-file\n');
+    const cloud = configWith({ TEMPORAL_API_KEY_FILE: file('api-key'), TEMPORAL_NAMESPACE: 'acme.a1b2c' });
+    expect(cloud.temporal).toMatchObject({ apiKey: 'key-from-a-secret-file', tls: {}, namespace: 'acme.a1b2c' });
+    expect(configWith({ TEMPORAL_TLS: 'true' }).temporal.tls).toEqual({});
+    expect(configWith({}).temporal.tls).toBeUndefined();
+    expect(problems({ TEMPORAL_API_KEY: 'inline', TEMPORAL_API_KEY_FILE: file('api-key') })).toEqual(['TEMPORAL_API_KEY_FILE: TEMPORAL_API_KEY is set too; set one of them']);
+    expect(problems({ STRIPE_API_KEY_FILE: file('missing') })).toEqual([`STRIPE_API_KEY_FILE: cannot read ${file('missing')} (ENOENT)`]);
+  });
+});
