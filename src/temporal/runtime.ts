@@ -42,6 +42,13 @@ export function installTemporalRuntime(log: Logger | undefined, level: LogLevel 
   });
   Runtime.install({
     logger: sdkLog,
-    ...(prometheusBindAddress ? { telemetryOptions: { metrics: { prometheus: { bindAddress: prometheusBindAddress } } } } : {}),
+    telemetryOptions: {
+      // The SDK core's own lines (Rust) go through the same logger, so that they read like ours
+      // (JSON, or lines for a person on a terminal) and are scrubbed like ours. Its INFO lines
+      // are its start-up chatter: from WARN up unless debugging. Without a logger they go to the
+      // console as before.
+      ...(log ? { logging: { filter: { core: level === 'INFO' ? 'WARN' : level, other: 'ERROR' }, forward: {} } } : {}),
+      ...(prometheusBindAddress ? { metrics: { prometheus: { bindAddress: prometheusBindAddress } } } : {}),
+    },
   });
 }
