@@ -112,7 +112,8 @@ export class Load {
       // Pace: the n-th usage is due n/events of the way through the window.
       const due = started + this.issued * perEvent;
       if (Date.now() < due) await sleep(due - Date.now());
-      if (this.opts.signal?.aborted) return;
+      // Others may have issued the last usages meanwhile.
+      if (this.issued >= this.opts.events || this.opts.signal?.aborted) return;
       if (!this.burstDone && index === 0 && Date.now() - started > this.opts.windowMs / 3) {
         this.burstDone = true;
         await this.burst(rng);
