@@ -17,7 +17,7 @@
  * outage, and is checked through the outbox only. A live key is refused.
  */
 import { randomBytes } from 'node:crypto';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -30,6 +30,7 @@ import { Rng } from '../../chaos/rng.js';
 import { METERS } from '../../chaos/world.js';
 import { ConfigError, loadConfig, type ApiToken, type Config } from '../config.js';
 import { redactUrl } from '../db.js';
+import { writeEndpoints } from '../embedded/local-files.js';
 import { findTemporalCli } from '../embedded/temporal.js';
 import { mapTenant } from '../ops/customers.js';
 import { runMain } from './run-main.js';
@@ -439,8 +440,16 @@ await runMain(async () => {
     });
     if (interrupt.signal.aborted) throw new Interrupted();
     const customers = external ? await prepareStripeAccount(stack.stripe, stack.pool) : { ...stack.seededCustomers };
-    await writeFile(path.join(dataDir, 'endpoints.json'), JSON.stringify({ databaseUrl: stack.databaseUrl, temporalAddress: stack.temporalAddress }, null, 2), {
-      mode: 0o600,
+    // Where the CLI finds this run (DATA_DIR=<dataDir>), as it finds `npm start`'s.
+    await writeEndpoints(dataDir, {
+      pid: process.pid,
+      databaseUrl: stack.databaseUrl,
+      temporalAddress: stack.temporalAddress,
+      temporalUi: stack.temporalUi,
+      stripeApiBase: stack.config.stripe.apiBase,
+      localStripe: stack.localStripe?.url,
+      api: stack.apiUrl,
+      apiTokenFile: undefined,
     });
 
     out.line(`  Ready in ${seconds(Date.now() - startedAt)}.`);
@@ -573,8 +582,7 @@ function printWhereToLook(out: Output, stack: Stack, dataDir: string, config: Co
     out.line(`                    ${stack.temporalUi}/namespaces/${ns}/workflows?query=${encodeURIComponent('OutboxStatus="dead"')}`);
   }
   out.line(`                    or: ${cli} workflow list --address ${stack.temporalAddress} -q 'OutboxStatus="dead"'`);
-  out.line(`  The outbox (SQL): psql "$(node -p "require('${endpoints}').databaseUrl")"`);
-  out.line(`                    SELECT status, count(*), max(attempt_count) FROM outbox GROUP BY status;`);
-  out.line(`                    SELECT idempotency_key, tenant_id, attempt_count, last_error_code, last_error_message FROM outbox WHERE status = 'dead';`);
+  out.line(`  The outbox:       DATA_DIR=${dataDir} npm run cli -- status     (also: dead, inspect <key>)`);
+  out.line(`                    or psql "$(node -p "require('${endpoints}').databaseUrl")"`);
   if (stack.localStripe) out.line(`  Local Stripe:     ${stack.localStripe.url}/_local/events  (every meter event it recorded)`);
 }
