@@ -83,7 +83,8 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     activities,
     workflowBundle: deps.workflowBundle ?? (await bundleWorkflows(deps.log)),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
-    // as long as it waits for its turn and calls Stripe: the slots bound concurrent deliveries.
+    // as long as it waits for its turn (a second at most; longer waits are the regular
+    // activity's) and calls Stripe: the slots bound concurrent deliveries.
     maxConcurrentWorkflowTaskExecutions: config.worker.maxConcurrentDeliveries,
     maxConcurrentLocalActivityExecutions: config.worker.maxConcurrentDeliveries,
     shutdownGraceTime: '20 seconds',
