@@ -108,6 +108,14 @@ const TURN_POLL_MS = 1_000;
 const WAITER_TTL_MS = 5_000;
 /** Heartbeats during an attempt; the activity's heartbeat timeout is a few of these. */
 const HEARTBEAT_EVERY_MS = 2_000;
+/**
+ * The first attempt runs as a local activity, inside the workflow task that started the run
+ * (workflows/usage.ts). A local activity cannot heartbeat (the server has no record of it: the SDK
+ * answers `UnknownActivity` to each one), and whatever it waits keeps its workflow task open. So
+ * in the task a busy (customer, meter) is waited for this long at most, then the attempt steps
+ * aside (`customer_busy`) and the regular activity, which heartbeats, waits for the turn.
+ */
+const IN_TASK_TURN_WAIT_MS = 1_000;
 
 export function createDeliveryActivities(deps: DeliveryDeps) {
   const { db, stripe, meters, metrics, notifier, stopping, stream, stripeTimeoutMs, stripeCallsPerSecond } = deps;
@@ -172,8 +180,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       handedOff: false,
     };
     // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
-    // noticed by the heartbeat timeout, not only by the attempt's timeout.
-    const beat = setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
+    // noticed by the heartbeat timeout, not only by the attempt's timeout. Not in the workflow
+    // task: a local activity has no heartbeat (its workflow task is its liveness).
+    const beat = info.isLocal ? undefined : setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
     try {
       for (;;) {
         const got = await waitForTurn(input.key, turn.holder, ctx);
@@ -209,7 +218,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * comes back after a short timer, without spending a retry attempt.
    */
   async function waitForTurn(key: string, holder: string, ctx: Context): Promise<'acquired' | 'no_target' | 'gave_up'> {
-    const until = Date.now() + turnWaitMs;
+    const inTask = activityInfo().isLocal;
+    const until = Date.now() + (inTask ? Math.min(IN_TASK_TURN_WAIT_MS, turnWaitMs) : turnWaitMs);
     const stop = stopping ? AbortSignal.any([ctx.cancellationSignal, stopping]) : ctx.cancellationSignal;
     const lease = { key, holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS, waitTtlMs: WAITER_TTL_MS };
     // The pair is known after the first try; from then on each try is preceded by the mark of the
@@ -237,7 +247,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         if (notifier?.handedTo(lane) === holder) return 'acquired';
         mark = notifier?.mark(lane);
       }
-      ctx.heartbeat();
+      if (!inTask) ctx.heartbeat();
     }
   }
 

@@ -4,12 +4,12 @@
  */
 import { rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { AWAITING_RELAY, IN_FLIGHT } from '../src/outbox/statuses.js';
 import { runFaults, type AppliedFault } from './faults.js';
+import { waitForDrain } from './drain.js';
 import { checkInvariant, type InvariantTable } from './invariant.js';
 import { Load, type LoadCounts } from './load.js';
 import { Rng } from './rng.js';
-import { sleep, World } from './world.js';
+import { World } from './world.js';
 
 export interface ChaosOptions {
   seed: number;
@@ -40,8 +40,6 @@ export interface ChaosResult {
   drainSeconds: number;
   totalSeconds: number;
 }
-
-const UNFINISHED = [...new Set<string>([...AWAITING_RELAY, ...IN_FLIGHT])];
 
 export async function runChaos(opts: ChaosOptions): Promise<ChaosResult> {
   const say = opts.say ?? (() => undefined);
@@ -88,24 +86,18 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosResult> {
   }
 }
 
-/** Waits until no row is pending, claimed or dispatched (and the v2 stream has decided on all). */
+/** Waits until no row is pending, claimed or dispatched, saying where it stands every 10 s. */
 async function drain(world: World, timeoutMs: number, say: (line: string) => void): Promise<void> {
-  const until = Date.now() + timeoutMs;
   let lastSaid = 0;
-  for (;;) {
-    const { rows } = await world.pool
-      .query<{ status: string; n: number }>(`SELECT status, count(*)::int AS n FROM outbox GROUP BY status`)
-      .catch(() => ({ rows: [] as { status: string; n: number }[] }));
-    const unfinished = rows.filter((r) => UNFINISHED.includes(r.status)).reduce((s, r) => s + r.n, 0);
-    if (rows.length > 0 && unfinished === 0) return;
-    if (Date.now() > until) {
-      say(`drain: gave up after ${timeoutMs / 1000} s with ${unfinished} rows unfinished`);
-      return;
-    }
-    if (Date.now() - lastSaid > 10_000) {
+  let unfinished = 0;
+  const drained = await waitForDrain(world.pool, {
+    timeoutMs,
+    onProgress: (p) => {
+      unfinished = p.unfinished;
+      if (Date.now() - lastSaid < 10_000) return;
       lastSaid = Date.now();
-      say(`drain: ${rows.map((r) => `${r.status} ${r.n}`).join(', ')}`);
-    }
-    await sleep(500);
-  }
+      say(`drain: ${Object.entries(p.counts).filter(([, n]) => n > 0).map(([status, n]) => `${status} ${n}`).join(', ')}`);
+    },
+  });
+  if (!drained) say(`drain: gave up after ${timeoutMs / 1000} s with ${unfinished} rows unfinished`);
 }

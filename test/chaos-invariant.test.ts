@@ -1,7 +1,8 @@
 /**
  * The chaos runner's invariant check must be able to fail: each way of getting billing wrong is
  * staged here by hand (a lost event, one recorded twice, a wrong value, an event nobody committed,
- * an acknowledged usage that was not committed, a secret in a log) and the check must name it.
+ * an acknowledged usage that was not committed, a secret in a log) and the check must name it;
+ * the demo uses the same check, also without Stripe's record (a real account).
  * The runs themselves (`npm run chaos`) are in scripts/test.sh.
  */
 import { randomUUID } from 'node:crypto';
@@ -110,4 +111,20 @@ it('names an unsettled row, an acknowledged usage that was not committed, a roll
   expect(text).toContain('usage t1/ghost was acknowledged and is not committed');
   expect(text).toContain('usage t1/rolled was rolled back and is committed');
   expect(text).toContain('worker-0.log contains a secret');
+});
+
+it("gives the totals per (customer, meter), and without Stripe's record still names what the database shows", async () => {
+  const keys = await commit({ id: 'a', quantity: 5 }, { id: 'b', quantity: 7 });
+  await bill(keys.get('a')!, 5);
+  await bill(keys.get('b')!, 7);
+  const read = await checkInvariant(observed(), noLoad);
+  expect(read.violations).toEqual([]);
+  expect(read.pairs).toEqual([{ customer: 'cus_1', eventName: 'api_requests', events: 2, committed: 12, recorded: 12 }]);
+
+  // The demo against a real Stripe account: only the database's side can be checked.
+  await db.pool.query(`UPDATE outbox SET status = 'dead', last_error_code = 'x', last_error_message = 'y' WHERE idempotency_key = $1`, [keys.get('b')]);
+  const { table, violations, pairs } = await checkInvariant({ ...observed(), stripe: undefined }, noLoad);
+  expect(table).toMatchObject({ stripeRead: false, committed: 2, recorded: 0, dead: 1, lost: 0, doubleBilled: 0 });
+  expect(pairs).toEqual([{ customer: 'cus_1', eventName: 'api_requests', events: 2, committed: 12, recorded: undefined }]);
+  expect(violations).toEqual([`${keys.get('b')} is dead (x: y)`]);
 });

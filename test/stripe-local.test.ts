@@ -614,6 +614,35 @@ describe('customers, meters and the control API', () => {
     expect(server.meters()).toHaveLength(2);
   });
 
+  it('`npm run stripe -- status` shows queued failures and `heal` ends them with the outage and the latency', async () => {
+    const server = await startStripe();
+    const stripe = clientFor(server);
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const cli = (...args: string[]) =>
+      new Promise<string>((resolve, reject) => {
+        const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', ...args], {
+          cwd: root,
+          env: { ...process.env, LOCAL_STRIPE_URL: server.url },
+          stdio: ['ignore', 'pipe', 'inherit'],
+        });
+        let out = '';
+        child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+        child.once('error', reject);
+        child.once('exit', (code) => (code === 0 ? resolve(out) : reject(new Error(`exit ${code}: ${out}`))));
+      });
+
+    server.failNext(3, 503);
+    server.setLatency(50);
+    server.refuseFor(60);
+    expect(await cli('status')).toMatch(/faults: every connection refused for [\d.]+ s more; every meter-event call answered 50 ms late; the next 3 meter-event calls answer 503/);
+    expect(await cli('heal')).toMatch(/^healed: no outage, no latency, no queued failures \(ended: .*the next 3 meter-event calls answer 503\)/);
+    expect(server.faultState()).toEqual({ refusingForMs: 0, latencyMs: 0, failNext: [], dropAfterRecord: 0, garbleNext: 0, asyncErrorNext: [] });
+    expect(await cli('status')).toContain('faults: none, it answers normally');
+    // Healed means the very next call is answered normally, not the fourth.
+    await stripe.billing.meterEvents.create(usage('after-heal', 1));
+    expect(server.requests().map((r) => r.status)).toEqual([200]);
+  });
+
   it('runs standalone: prints its URL, serves the client, exits on SIGTERM', async () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
     const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe-local.ts', '--port', '0', '--customer', CUSTOMER], {

@@ -4,11 +4,11 @@
  * here can reach the real Stripe: the control API answers loopback clients of the local server only.
  */
 import { loadDotEnv, defaultDataDir, readRunningStack } from '../embedded/local-files.js';
-import type { RecordedMeterEvent } from '../embedded/stripe/types.js';
+import type { FaultState, RecordedMeterEvent } from '../embedded/stripe/types.js';
 
 const HELP = `npm run stripe -- <command>     (the local Stripe of a running \`npm start\`)
 
-  status                          where it is, its customers, meters and recorded events
+  status                          where it is, its customers, meters, recorded events and faults
   customers                       list the customers
   customers add <cus_id>...       create customers with these ids (those that exist are left as they are)
   meters                          list the meters (event name → id)
@@ -18,7 +18,7 @@ const HELP = `npm run stripe -- <command>     (the local Stripe of a running \`n
   outage <seconds>                refuse every connection for that long (0 ends it)
   fail <count> <status>           answer the next <count> meter-event calls with <status> (429, 500, …)
   latency <ms>                    answer every meter-event call that late
-  heal                            no outage, no latency
+  heal                            no outage, no latency, no queued failures: Stripe answers normally
 
 Its state (customers, meters, recorded events) is kept in .data/stripe-local.json across restarts.`;
 
@@ -46,12 +46,16 @@ async function main(argv: string[]): Promise<number> {
 
   switch (command) {
     case 'status': {
-      const [customers, meters, events] = await Promise.all([
-        api<{ data: { id: string }[] }>('customers?limit=100'),
+      const [customers, meters, events, faults] = await Promise.all([
+        // Through the API, which an outage refuses like any other client's call.
+        api<{ data: { id: string }[] }>('customers?limit=100').catch(() => undefined),
         control<{ id: string; eventName: string }[]>('meters'),
         control<RecordedMeterEvent[]>('events'),
+        control<FaultState>('faults'),
       ]);
-      console.log(`local Stripe at ${base}: ${customers.data.length} customers, ${meters.length} meters, ${events.length} meter events recorded`);
+      console.log(`local Stripe at ${base}: ${customers ? customers.data.length : '?'} customers, ${meters.length} meters, ${events.length} meter events recorded`);
+      const inForce = describeFaults(faults);
+      console.log(inForce.length > 0 ? `faults: ${inForce.join('; ')} (\`npm run stripe -- heal\` ends them all)` : 'faults: none, it answers normally');
       return 0;
     }
     case 'customers': {
@@ -123,13 +127,28 @@ async function main(argv: string[]): Promise<number> {
       console.log(`meter-event calls answered after ${ms} ms`);
       return 0;
     }
-    case 'heal':
-      await control('faults', { refuseForSeconds: 0, latencyMs: 0 });
-      console.log('no outage, no latency');
+    case 'heal': {
+      const before = describeFaults(await control<FaultState>('faults'));
+      await control('heal', {});
+      console.log(`healed: no outage, no latency, no queued failures${before.length > 0 ? ` (ended: ${before.join('; ')})` : ' (there were none)'}`);
       return 0;
+    }
     default:
       return usage(`unknown command: ${command}`);
   }
+}
+
+/** Each fault in force or queued, as a phrase. */
+function describeFaults(f: FaultState): string[] {
+  const calls = (n: number) => `${n} meter-event call${n === 1 ? '' : 's'}`;
+  return [
+    f.refusingForMs > 0 && `every connection refused for ${(f.refusingForMs / 1000).toFixed(1)} s more`,
+    f.latencyMs > 0 && `every meter-event call answered ${f.latencyMs} ms late`,
+    ...f.failNext.map((q) => `the next ${calls(q.count)} answer ${q.status}`),
+    f.dropAfterRecord > 0 && `the next ${calls(f.dropAfterRecord)} recorded, then their connection dropped`,
+    f.garbleNext > 0 && `the next ${calls(f.garbleNext)} answered with a malformed body`,
+    ...f.asyncErrorNext.map((q) => `the next ${q.count} accepted event(s) reported failed later (${q.code})`),
+  ].filter((s): s is string => typeof s === 'string');
 }
 
 function usage(message: string): number {

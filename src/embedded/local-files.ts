@@ -11,7 +11,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { PROJECT_ROOT } from './temporal.js';
 
@@ -42,7 +42,10 @@ export function loadDotEnv(file = path.resolve('.env')): boolean {
 
 export async function writeEndpoints(dataDir: string, endpoints: Endpoints): Promise<string> {
   const file = path.join(dataDir, 'endpoints.json');
-  await writeFile(file, JSON.stringify(endpoints, null, 2), { mode: 0o600 });
+  // Whole or not at all: a reader (the CLI, a test waiting for the file) never sees it half written.
+  const tmp = `${file}.${process.pid}.tmp`;
+  await writeFile(tmp, JSON.stringify(endpoints, null, 2), { mode: 0o600 });
+  await rename(tmp, file);
   return file;
 }
 

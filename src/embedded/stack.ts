@@ -65,7 +65,10 @@ export interface StackOptions {
    * taken falls back to a free one. Default: PREFERRED_PORTS.
    */
   ports?: Partial<StackPorts>;
-  /** Logs errors only, the Temporal SDK's included: for a program that prints its own progress. */
+  /**
+   * Logs errors only, the Temporal SDK's included: for a program that prints its own progress. The
+   * SDK core's warnings still reach the console (each is a bug to fix).
+   */
   quiet?: boolean;
   /** Default: a logger at LOG_LEVEL (at `error` when quiet). */
   log?: Logger;
@@ -176,7 +179,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
   const ports: StackPorts = { ...PREFERRED_PORTS, ...opts.ports };
   // The SDK's own worker metrics, on loopback only: the API's GET /metrics appends them.
   const sdkMetricsAddress = `127.0.0.1:${await freePort()}`;
-  installTemporalRuntime(log, opts.quiet ? 'ERROR' : sdkLogLevel(config.logLevel), sdkMetricsAddress);
+  installTemporalRuntime(log, opts.quiet ? 'ERROR' : sdkLogLevel(config.logLevel), sdkMetricsAddress, !opts.quiet);
   const dataDir = path.resolve(opts.dataDir ?? config.dataDir ?? path.join(PROJECT_ROOT, '.data'));
   await mkdir(dataDir, { recursive: true, mode: 0o755 });
 

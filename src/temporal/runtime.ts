@@ -26,8 +26,10 @@ export function sdkLogLevel(level: string): LogLevel {
 /**
  * `prometheusBindAddress` (host:port) turns on the SDK's own Prometheus exporter (worker and
  * connection metrics: task slots, poll latencies, schedule-to-start, …) at http://host:port/metrics.
+ * `forwardCoreLogs: false` leaves the SDK core's warnings on the console whatever `level` says: a
+ * program that logs errors only (the demo) still shows them, since each one is a bug to fix.
  */
-export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN', prometheusBindAddress?: string): void {
+export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN', prometheusBindAddress?: string, forwardCoreLogs = true): void {
   if (installed) return;
   installed = true;
   const sdkLog = new DefaultLogger(level, ({ level: l, message, meta }) => {
@@ -42,6 +44,13 @@ export function installTemporalRuntime(log: Logger | undefined, level: LogLevel 
   });
   Runtime.install({
     logger: sdkLog,
-    ...(prometheusBindAddress ? { telemetryOptions: { metrics: { prometheus: { bindAddress: prometheusBindAddress } } } } : {}),
+    telemetryOptions: {
+      // The SDK core's own lines (Rust) go through the same logger, so that they read like ours
+      // (JSON, or lines for a person on a terminal) and are scrubbed like ours. Its INFO lines
+      // are its start-up chatter: from WARN up unless debugging. Without a logger they go to the
+      // console as before.
+      ...(log && forwardCoreLogs ? { logging: { filter: { core: level === 'INFO' ? 'WARN' : level, other: 'ERROR' }, forward: {} } } : {}),
+      ...(prometheusBindAddress ? { metrics: { prometheus: { bindAddress: prometheusBindAddress } } } : {}),
+    },
   });
 }

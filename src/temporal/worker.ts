@@ -3,7 +3,7 @@
  * Temporal task queue. Run as many as you like; they share the work through Temporal and PostgreSQL.
  */
 import { Client, WorkflowIdConflictPolicy } from '@temporalio/client';
-import { NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
+import { bundleWorkflowCode, DefaultLogger, NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
@@ -81,9 +81,10 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     namespace: config.temporal.namespace,
     taskQueue: config.temporal.taskQueue,
     activities,
-    ...(deps.workflowBundle ? { workflowBundle: deps.workflowBundle } : { workflowsPath: WORKFLOWS_PATH }),
+    workflowBundle: deps.workflowBundle ?? (await bundleWorkflows(deps.log)),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
-    // as long as it waits for its turn and calls Stripe: the slots bound concurrent deliveries.
+    // as long as it waits for its turn (a second at most; longer waits are the regular
+    // activity's) and calls Stripe: the slots bound concurrent deliveries.
     maxConcurrentWorkflowTaskExecutions: config.worker.maxConcurrentDeliveries,
     maxConcurrentLocalActivityExecutions: config.worker.maxConcurrentDeliveries,
     shutdownGraceTime: '20 seconds',
@@ -109,6 +110,22 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
       await done;
     },
   };
+}
+
+/**
+ * Bundles the workflows for the sandbox, as Worker.create would from `workflowsPath`, but with the
+ * bundler's INFO lines at debug: they are webpack's whole output, a kilobyte and a half of module
+ * list on every start. Its warnings and errors stay warnings and errors (a failed bundle throws).
+ */
+async function bundleWorkflows(log: Logger | undefined): Promise<{ code: string }> {
+  const logger = new DefaultLogger('TRACE', ({ level, message, meta }) => {
+    const fields = { ...meta, sdk: 'temporal' };
+    if (level === 'ERROR') log?.error(fields, message);
+    else if (level === 'WARN') log?.warn(fields, message);
+    else log?.debug(fields, message);
+  });
+  const { code } = await bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger });
+  return { code };
 }
 
 /**

@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { WebhookDelivery } from './error-reports.js';
-import type { FaultRequest, MeterInfo, RecordedMeterEvent, RequestRecord, StreamRequestRecord } from './types.js';
+import type { FaultRequest, FaultState, MeterInfo, RecordedMeterEvent, RequestRecord, StreamRequestRecord } from './types.js';
 import { headerValue, readBody } from './wire.js';
 
 /** The LocalStripe methods the control API drives. */
@@ -17,6 +17,8 @@ export interface ControlTarget {
   webhookDeliveries(): WebhookDelivery[];
   maxConcurrencySeen(customer: string, eventName: string): number;
   applyFaults(request: FaultRequest): void;
+  faultState(): FaultState;
+  heal(): void;
   reset(): void;
   addCustomer(id: string): void;
   addMeter(eventName: string, keys?: { customerKey?: string; valueKey?: string }): string;
@@ -62,8 +64,13 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
       const eventName = query.get('eventName') ?? '';
       return { customer, eventName, maxConcurrencySeen: target.maxConcurrencySeen(customer, eventName) };
     }
+    case 'GET /_local/faults':
+      return target.faultState();
     case 'POST /_local/faults':
       target.applyFaults(parseFaults(body));
+      return { ok: true };
+    case 'POST /_local/heal':
+      target.heal();
       return { ok: true };
     case 'POST /_local/reset':
       target.reset();

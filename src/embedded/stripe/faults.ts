@@ -2,7 +2,7 @@
  * Injected failures: the ways Stripe, or the network in front of it, lets a pipeline down.
  */
 import { performance } from 'node:perf_hooks';
-import type { AsyncErrorInfo, FailNextOptions } from './types.js';
+import type { AsyncErrorInfo, FailNextOptions, FaultState } from './types.js';
 import { stripeError, type ApiResponse } from './wire.js';
 
 /** A FIFO of "the next N requests get X"; later calls queue behind earlier ones. */
@@ -23,6 +23,15 @@ class CountedQueue<T> {
 
   clear(): void {
     this.batches = [];
+  }
+
+  /** What is still queued, oldest first. */
+  list(): { remaining: number; item: T }[] {
+    return this.batches.map((b) => ({ ...b }));
+  }
+
+  total(): number {
+    return this.batches.reduce((n, b) => n + b.remaining, 0);
   }
 }
 
@@ -80,6 +89,19 @@ export class FaultPlan {
     return this.asyncErrors.take();
   }
 
+  /** The faults in force and still queued, as `npm run stripe -- status` shows them. */
+  state(): FaultState {
+    return {
+      refusingForMs: Math.max(0, Math.ceil(this.refuseUntil - performance.now())),
+      latencyMs: this.latencyMs,
+      failNext: this.failures.list().map(({ remaining, item }) => ({ count: remaining, status: item.status })),
+      dropAfterRecord: this.drops.total(),
+      garbleNext: this.garbles.total(),
+      asyncErrorNext: this.asyncErrors.list().map(({ remaining, item }) => ({ count: remaining, code: item.code })),
+    };
+  }
+
+  /** No outage, no latency, and nothing queued: Stripe answers normally from the next call on. */
   reset(): void {
     this.failures.clear();
     this.drops.clear();

@@ -46,6 +46,7 @@ import { eventSummaries } from './summaries.js';
 import type {
   FailNextOptions,
   FaultRequest,
+  FaultState,
   LocalStripeOptions,
   LocalStripeState,
   MeterInfo,
@@ -301,6 +302,16 @@ export class LocalStripe implements ControlTarget {
     return this.reporter.flush();
   }
 
+  /** The faults in force and still queued. */
+  faultState(): FaultState {
+    return this.faults.state();
+  }
+
+  /** Stripe answering normally again: no outage, no latency, no queued failure, drop, garble or error report. */
+  heal(): void {
+    this.faults.reset();
+  }
+
   applyFaults(request: FaultRequest): void {
     const { failNext, latencyMs, dropAfterRecord, garbleNext, refuseForSeconds, asyncErrorNext } = request;
     if (failNext) this.failNext(failNext.count, failNext.status, failNext);
@@ -311,11 +322,6 @@ export class LocalStripe implements ControlTarget {
     if (asyncErrorNext) this.asyncErrorNext(asyncErrorNext.count, asyncErrorNext.code, asyncErrorNext.message);
   }
 
-  /**
-   * Forgets events (pending stream events too), requests, idempotency keys, faults, error reports
-   * and the clock offset; keeps customers, meters and stream sessions (credentials a running
-   * pipeline may hold).
-   */
   /** The account and the recorded events, to start a later instance from (LocalStripeState). */
   snapshot(): LocalStripeState {
     return { version: 1, customers: this.catalog.listCustomers(), meters: this.catalog.listMeters(), events: this.ledger.all() };
@@ -326,6 +332,11 @@ export class LocalStripe implements ControlTarget {
     return this.ledger.count;
   }
 
+  /**
+   * Forgets events (pending stream events too), requests, idempotency keys, faults, error reports
+   * and the clock offset; keeps customers, meters and stream sessions (credentials a running
+   * pipeline may hold).
+   */
   reset(): void {
     this.clearStreamQueue();
     this.ledger.reset();

@@ -148,6 +148,17 @@ export interface FailNextOptions {
 }
 
 /** JSON body of `POST /_local/faults`; every field is optional and applied in turn. */
+/** The faults in force, and those queued for the next calls (`failNext` and the like, oldest first). */
+export interface FaultState {
+  /** How much longer every API connection is refused. */
+  refusingForMs: number;
+  latencyMs: number;
+  failNext: { count: number; status: number }[];
+  dropAfterRecord: number;
+  garbleNext: number;
+  asyncErrorNext: { count: number; code: string }[];
+}
+
 export interface FaultRequest {
   failNext?: { count: number; status: number } & FailNextOptions;
   latencyMs?: number;

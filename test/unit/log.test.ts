@@ -1,0 +1,32 @@
+/** The console a person reads: a JSON log line made readable, nothing hidden, secrets still scrubbed. */
+import { describe, expect, it } from 'vitest';
+import { createLogger, formatForHumans } from '../../src/log.js';
+
+const time = Date.UTC(2026, 11, 3, 9, 30, 5, 123);
+
+describe('formatForHumans', () => {
+  it('says time, level and message, then every other field as key=value', () => {
+    const line = JSON.stringify({ level: 40, time, pid: 1, hostname: 'h', service: 'billing-outbox', msg: 'port taken', port: 8233, holder: 'temporal (pid 7)', ok: true });
+    expect(formatForHumans(line, false)).toBe('09:30:05.123 WARN  port taken  port=8233 holder="temporal (pid 7)" ok=true');
+  });
+
+  it("puts an error's message among the fields and its stack below", () => {
+    const line = JSON.stringify({ level: 50, time, msg: 'failed', err: { type: 'Error', message: 'boom', stack: 'Error: boom\n    at x' } });
+    expect(formatForHumans(line, false).split('\n')).toEqual(['09:30:05.123 ERROR failed  err=boom', '    Error: boom', '        at x']);
+  });
+
+  it('colours only when asked, and passes a line that is not JSON through', () => {
+    const line = JSON.stringify({ level: 30, time, msg: 'ready' });
+    expect(formatForHumans(line, false)).toBe('09:30:05.123 INFO  ready');
+    expect(formatForHumans(line, true)).toContain('\x1b[32mINFO \x1b[0m');
+    expect(formatForHumans('not json\n', false)).toBe('not json');
+  });
+
+  it('reads what createLogger wrote, scrubbed', () => {
+    const lines: string[] = [];
+    const log = createLogger('info', { write: (l: string) => void lines.push(l) });
+    log.info({ url: 'postgres://u:hunter2@db/x', nested: { a: 1 } }, 'connected');
+    const text = formatForHumans(lines[0]!, false);
+    expect(text).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO {2}connected {2}url=postgres:\/\/u:\*\*\*@db\/x nested=\{"a":1\}$/);
+  });
+});
