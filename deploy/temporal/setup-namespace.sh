@@ -10,9 +10,16 @@
 # the right type is skipped, and losing a race with a concurrent run counts as success. An
 # attribute that exists with another type is an error: the worker could not use it.
 #
+# TEMPORAL_SETUP=skip ends it at once, for a namespace made elsewhere (Temporal Cloud).
+#
 # Usable outside compose too, against any Temporal with the `temporal` CLI on PATH:
 #   TEMPORAL_ADDRESS=host:7233 TEMPORAL_NAMESPACE=billing sh deploy/temporal/setup-namespace.sh
 set -eu
+
+if [ "${TEMPORAL_SETUP:-}" = "skip" ]; then
+  echo "temporal-setup: TEMPORAL_SETUP=skip: the namespace and its search attributes are managed elsewhere"
+  exit 0
+fi
 
 address="${TEMPORAL_ADDRESS:-temporal:7233}"
 namespace="${TEMPORAL_NAMESPACE:-default}"

@@ -1,0 +1,44 @@
+/**
+ * The compose file passes every setting the worker and the API read on to them: a variable missing
+ * there is silently dropped (a deployment that picks STRIPE_METER_API=v2 stays on v1).
+ */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { expect, it } from 'vitest';
+import { CONFIG_VARIABLES } from '../src/config.js';
+
+const compose = readFileSync(path.join(import.meta.dirname, '..', 'docker-compose.yml'), 'utf8');
+
+/** The variables a service's environment names (its own lines and the shared block it merges). */
+function variablesOf(block: string): Set<string> {
+  return new Set([...block.matchAll(/^ {2,6}([A-Z][A-Z0-9_]*):/gm)].map((m) => m[1]!));
+}
+
+function section(start: RegExp, indent: string): string {
+  const from = compose.search(start);
+  expect(from, String(start)).toBeGreaterThanOrEqual(0);
+  const rest = compose.slice(from);
+  const firstLine = rest.indexOf('\n') + 1;
+  const end = rest.slice(firstLine).search(new RegExp(`^${indent}\\S`, 'm'));
+  return end < 0 ? rest : rest.slice(0, firstLine + end);
+}
+
+/** Only for `npm start`'s embedded stack on a developer's machine, never in a deployment. */
+const LOCAL_ONLY = new Set(['DATA_DIR', 'TEMPORAL_CLI_PATH']);
+
+it('passes every variable src/config.ts reads to the worker and the API (secrets also as *_FILE)', () => {
+  const shared = variablesOf(section(/^x-billing-environment:/m, ''));
+  const api = new Set([...shared, ...variablesOf(section(/^ {2}api:/m, '  '))]);
+  const worker = new Set([...shared, ...variablesOf(section(/^ {2}worker:/m, '  '))]);
+  const wanted = CONFIG_VARIABLES.filter((v) => !LOCAL_ONLY.has(v));
+  // The API's own settings go to the API; the worker's metrics port to the worker.
+  const apiOnly = ['API_TOKENS', 'API_BODY_LIMIT_BYTES', 'API_REQUEST_TIMEOUT_MS', 'API_KEEP_ALIVE_TIMEOUT_MS', 'API_PORT'];
+  expect(wanted.filter((v) => !apiOnly.includes(v) && v !== 'WORKER_METRICS_PORT' && !worker.has(v)), 'missing for the worker').toEqual([]);
+  expect(wanted.filter((v) => v !== 'WORKER_METRICS_PORT' && !api.has(v)), 'missing for the API').toEqual([]);
+  expect(worker.has('WORKER_METRICS_PORT')).toBe(true);
+  for (const secret of ['STRIPE_API_KEY', 'STRIPE_WEBHOOK_SECRET', 'TEMPORAL_API_KEY']) expect(shared.has(`${secret}_FILE`), secret).toBe(true);
+  expect(api.has('API_TOKENS_FILE')).toBe(true);
+  // And nothing it passes is unknown to the application (a typo would be dropped silently too).
+  const known = new Set([...CONFIG_VARIABLES, ...CONFIG_VARIABLES.map((v) => `${v}_FILE`)]);
+  expect([...api, ...worker].filter((v) => !known.has(v))).toEqual([]);
+});
