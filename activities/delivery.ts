@@ -140,14 +140,6 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       }
     },
 
-    /**
-     * Workflows started before lanes took their turn in this local activity; kept so that their
-     * histories replay. New runs never schedule it.
-     */
-    async takeTurn(input: { key: string; holder: string; leaseMs: number }): Promise<boolean> {
-      return (await takeTurn(db, { ...input, waitTtlMs: 0 })).outcome !== 'busy';
-    },
-
     /** After the last attempt: the row becomes a dead letter carrying the final error. */
     async markDead(input: { key: string; code: string; message: string }): Promise<number> {
       return markDead(db, input.key, input.code, input.message);
@@ -168,7 +160,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // One holder per execution of this activity, never reused: a later execution for the same
       // event (the regular activity after the first try in the workflow task, both attempt 1) must
       // not inherit, and so renew at once, the lease an unanswered call of an earlier one holds.
-      holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}/${randomUUID()}`,
+      holder: `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}/${randomUUID()}`,
       handedOff: false,
     };
     // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is

@@ -57,9 +57,6 @@ function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: st
       calls.deliver.push(input);
       return deliver(input);
     },
-    async takeTurn() {
-      return true;
-    },
     async markDead(input) {
       calls.dead.push({ code: input.code, message: input.message });
       await hooks.markDead?.(input);
@@ -83,7 +80,7 @@ function start(taskQueue: string, input: Partial<UsageWorkflowInput> = {}) {
   return env.client.workflow.start('usageWorkflow', {
     taskQueue,
     workflowId: key,
-    args: [{ key, tenantId: 'wf', retry: RETRY, lanes: true, ...input } satisfies UsageWorkflowInput],
+    args: [{ key, tenantId: 'wf', retry: RETRY, ...input } satisfies UsageWorkflowInput],
   });
 }
 

@@ -27,7 +27,7 @@ export interface RetryPolicyInput {
   /** How long Stripe may keep answering 429 before the event is dead-lettered (RETRY_MAX_RATE_LIMITED_MS). */
   maxRateLimitedMs: number;
   /** How long a dead letter's run stays open waiting for a retry signal (DEAD_LETTER_OPEN_DAYS). */
-  deadLetterOpenMs?: number;
+  deadLetterOpenMs: number;
 }
 
 export interface UsageWorkflowInput {
@@ -37,11 +37,6 @@ export interface UsageWorkflowInput {
   retry: RetryPolicyInput;
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
-  /**
-   * Set on every run started since lanes: its delivery takes its (customer, meter) turn inside the
-   * delivery itself. Runs started before (absent) keep their old shape, so their histories replay.
-   */
-  lanes?: true;
   /**
    * Workflow time (ms) of the first 429 of the delivery in progress, carried across
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
@@ -58,8 +53,6 @@ export interface DeliverInput {
   key: string;
   /** Operator override of the identifier-window guard (see RetryRequest.force). */
   force?: boolean;
-  /** The workflow run holding this event's (customer, meter) lease (see src/stripe/meter-lease.ts). */
-  leaseHolder?: string;
 }
 
 /** Stripe's Retry-After is honoured, plus up to this much jitter so waiters do not stampede. */

@@ -4,8 +4,8 @@
  */
 import type { Queryable } from '../db.js';
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
-import { idempotencyKeyFor, LEGACY_KEY_PREFIX } from './keys.js';
-import { findEntryByUsage, insertUsage, type EntryRow } from './sql/enqueue.js';
+import { idempotencyKeyFor } from './keys.js';
+import { findEntryByKey, insertUsage, type EntryRow } from './sql/enqueue.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
 export interface RecordUsageResult {
@@ -49,7 +49,7 @@ export async function recordUsage(
   if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
-  const found = await findEntryByUsage(client, usage.tenantId, { key, legacyKey: `${LEGACY_KEY_PREFIX}${usage.usageId}` });
+  const found = await findEntryByKey(client, usage.tenantId, key);
   if (!found) {
     // The usage row exists without an outbox row: its outbox row was delivered and pruned after
     // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).
