@@ -25,14 +25,15 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
+import type { DeliveryActivities } from '../activities/delivery.js';
 import {
   ErrorTypes,
   OutboxStatusKey,
-  retrySignal,
+  reopenSignal,
   stateQuery,
+  type DeliveryResult,
   type OutboxStatus,
-  type RetryRequest,
+  type ReopenRequest,
   type UsageState,
   type UsageWorkflowInput,
 } from './shared.js';
@@ -63,9 +64,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
     summary: "Report to Stripe: again, on Temporal's retry policy",
     startToCloseTimeout: attemptTimeoutMs,
-    // The attempt heartbeats throughout (waiting for its turn, and the call): a dead worker's
+    // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
     // attempt is retried elsewhere after this, not after the whole attempt timeout.
-    heartbeatTimeout: '10 seconds',
+    heartbeatTimeout: input.retry.heartbeatTimeoutMs,
     retry: retryPolicy(Math.max(1, maximumAttempts - 1)),
   });
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
@@ -74,16 +75,16 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   } as const;
   const { markDead } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: 'Mark the outbox row dead' });
-  const { markRetrying } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
+  const { markReopened } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
 
   // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
   const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
   show([`**Delivering** to Stripe with identifier \`${input.key}\`.`]);
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
-  let requested: RetryRequest | undefined;
+  let requested: ReopenRequest | undefined;
   let force = input.force === true;
   setHandler(stateQuery, () => state);
-  setHandler(retrySignal, (request: RetryRequest = {}) => {
+  setHandler(reopenSignal, (request: ReopenRequest = {}) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
     if (state.status === 'dead') requested = request;
   });
@@ -93,7 +94,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    * letter's run waits at most `deadLetterOpenMs`, then closes (undefined): the row stays dead, and
    * `billing-outbox retry` reopens it with a new run, so open runs cannot pile up without bound.
    */
-  const nextRetry = async (): Promise<RetryRequest | undefined> => {
+  const nextReopen = async (): Promise<ReopenRequest | undefined> => {
     if (!(await condition(() => requested !== undefined, input.retry.deadLetterOpenMs))) return undefined;
     const request = requested ?? {};
     requested = undefined;
@@ -143,10 +144,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
         }
       }
       show([
-        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.retryAfterMs).toISOString()}. Waiting spends no retry attempt.`,
+        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.waitMs).toISOString()}. Waiting spends no retry attempt.`,
         `Identifier \`${input.key}\`.`,
       ]);
-      await sleep(result.retryAfterMs);
+      await sleep(result.waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
         await continueAsNew<typeof usageWorkflow>({ ...input, force, ...(rateLimitedSince === undefined ? {} : { rateLimitedSince }) });
@@ -159,10 +160,11 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       const result = await deliver();
       state.attempts = result.attempts;
       state.lastError = null;
+      // v1: `sent`; v2: `accepted` (the stream validates later), as the row says.
       // Not upserted: a run that completes is a delivered event (ExecutionStatus "Completed"), and
       // an upsert would cost every event one more history event and, on Temporal Cloud, one more
       // billable action. OutboxStatus changes only while the run stays open (dead, retried).
-      state.status = 'sent';
+      state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
       return state;
     } catch (err) {
       if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
@@ -179,8 +181,8 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
         `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
       ]);
     }
-    const retry = await nextRetry();
-    if (!retry) {
+    const reopen = await nextReopen();
+    if (!reopen) {
       // Nobody retried it in time: the run ends (as Failed, so no list counts it as delivered), the
       // row stays dead, and the CLI reopens it if it is ever retried.
       throw ApplicationFailure.create({
@@ -190,12 +192,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
         nonRetryable: true,
       });
     }
-    force = retry.force === true;
+    force = reopen.force === true;
     // A new delivery: its 429s are counted afresh.
     rateLimitedSince = undefined;
-    await markRetrying(input.key);
+    await markReopened(input.key);
     setStatus('dispatched');
-    show([`**Retrying** at ${retry.requestedBy ? `${retry.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
+    show([`**Retrying** at ${reopen.requestedBy ? `${reopen.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
   }
 }
 
@@ -203,7 +205,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reason'], string> = {
   rate_limited: 'for Stripe: it answered 429 (rate limited)',
   paced: "for a slot in the account's pace (STRIPE_RATE_LIMIT_PER_SECOND)",
-  customer_busy: 'for its turn: another call for this customer and meter is in flight',
+  lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
 };
 
