@@ -356,7 +356,7 @@ describe('the core pipeline', () => {
 
   it('spreads the retries after a 429 (Retry-After plus jitter), so refused calls do not come back as one burst', async () => {
     // Eight events refused with the same Retry-After: without jitter they would all come back one
-    // second later, together. With up to RATE_LIMIT_JITTER_MS (500 ms) each, eight waits fall
+    // second later, together. With up to rateLimitJitterMs (500 ms, src/config.ts) each, eight waits fall
     // within 100 ms of each other with probability ~1e-4.
     stripe.failNext(8, 429, { retryAfterSeconds: 1 });
     const keys = await Promise.all(Array.from({ length: 8 }, (_, i) => enqueue(i % 2 ? 'acme' : 'globex', 20 + i)));
