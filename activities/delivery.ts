@@ -1,193 +1,133 @@
 /**
  * Activities of the usage workflow: report one event to Stripe, and keep its outbox row current.
+ *
+ * A thin factory (Temporal's activities-dependency-injection sample): the activity composes named
+ * parts, each in its own module and tested on its own:
+ * - `lease`: the (customer, meter) lease and its wait (src/stripe/meter-lease.ts), v1 only;
+ * - `pacer`: the account-wide pace of Stripe calls (src/stripe/rate-limit.ts), v1 only (the v2
+ *   stream paces its own requests);
+ * - `maySendNow`: the pure check before sending (src/stripe/send-check.ts);
+ * - `sender`: v1 calls or the v2 stream, one interface (src/stripe/sender.ts);
+ * - `classifyStripeError`: how each failure is treated, decided where the call is made (src/stripe/errors.ts);
+ * - `store`: the outbox row's statements (src/outbox/sql/delivery.ts).
  */
-import { randomUUID } from 'node:crypto';
 import { activityInfo, ApplicationFailure, Context, log } from '@temporalio/activity';
 import Stripe from 'stripe';
-import { isDatabaseUnavailable, type Queryable } from '../src/db.js';
+import type { Config } from '../src/config.js';
+import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import {
-  beginAttempt,
-  findRowByKey,
-  markDead,
-  markDelivered,
-  markRetrying,
-  markSentAndHandOff,
-  recordAttemptError,
-  undoAttempt,
-  type AttemptRow,
-} from '../src/outbox/sql/delivery.js';
+import type { AttemptRow, DeliveryStore } from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
-import { sendMeterEvent } from '../src/stripe/client.js';
 import { classifyStripeError } from '../src/stripe/errors.js';
-import type { OutboxNotifier } from '../src/outbox/notifier.js';
-import { holdTurn, releaseTurn, renewTurn, takeTurn } from '../src/stripe/meter-lease.js';
-import type { MeterCatalog, MeterKeys } from '../src/stripe/meters.js';
-import type { MeterEventStream } from '../src/stripe/stream.js';
-import { reserveSlots, SlotPacer } from '../src/stripe/rate-limit.js';
-import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from '../src/stripe/rules.js';
-import { ErrorTypes, RATE_LIMIT_JITTER_MS, type DeferralReason, type DeliverInput } from '../workflows/shared.js';
+import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
+import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
+import type { SlotPacer } from '../src/stripe/rate-limit.js';
+import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
+import { maySendNow, noMeterRefusal, type AttemptFound, type Refusal } from '../src/stripe/send-check.js';
+import type { MeterEventSender } from '../src/stripe/sender.js';
+import { ErrorTypes, type DeferralReason, type DeliverInput, type DeliveryResult } from '../workflows/shared.js';
+
+export type { DeliveryResult };
 
 export interface DeliveryDeps {
-  db: Queryable;
-  /** The Stripe client's timeout: a call holds its (customer, meter) lease at most this long. */
-  stripeTimeoutMs: number;
-  /** Account-wide Stripe calls per second (src/stripe/rate-limit.ts). */
-  stripeCallsPerSecond: number;
-  stripe: Pick<Stripe, 'billing'>;
+  /** The outbox row's bookkeeping. */
+  store: DeliveryStore;
+  /** v1 calls or the v2 stream (STRIPE_METER_API). */
+  sender: MeterEventSender;
+  /** v1: the (customer, meter) lease. */
+  lease: Lease;
+  /** v1: a slot of the account-wide pace for each call. */
+  pacer: Pick<SlotPacer, 'take' | 'keepPace'>;
   /** The payload keys of each meter (read from Stripe, cached). */
   meters: Pick<MeterCatalog, 'keysFor'>;
-  /** Wakes a delivery waiting for a lease when the holder hands it off (without it: polling). */
-  notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>;
-  /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
-  stopping?: AbortSignal;
-  /** With STRIPE_METER_API=v2: the worker's batcher on Stripe's meter event stream (else v1 calls). */
-  stream?: MeterEventStream;
-  /** How long a delivery waits in place for its (customer, meter) turn (config.lanes.turnWaitMs). */
-  turnWaitMs?: number;
-  /**
-   * After a v1 call that got no answer (the client's timeout, a dropped connection) the pair's lease
-   * is kept this long and handed to nobody: a second call for the pair must not reach Stripe while
-   * the first may still be in progress there (STRIPE_UNANSWERED_HOLD_MS).
-   */
-  unansweredHoldMs?: number;
+  config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
 }
-
-export type DeliveryResult =
-  /** `sent`: Stripe accepted it now; `duplicate`: Stripe already had it (an earlier lost answer). */
-  | { outcome: 'sent' | 'duplicate' | 'already_sent'; attempts: number }
-  /**
-   * Not this time, and not a failure: Stripe said 429 (`rate_limited`), our own account-wide pace
-   * has no slot soon enough (`paced`), or another call for the same customer and meter holds the
-   * lease (`customer_busy`). The workflow waits `retryAfterMs` and asks again; no retry attempt of
-   * the delivery policy is spent. Only Stripe's 429s count towards RETRY_MAX_RATE_LIMITED_MS.
-   */
-  | { outcome: 'deferred'; reason: DeferralReason; retryAfterMs: number; attempts: number };
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
 }
 
-/** Room for our own queries around the Stripe call while holding the lease. */
-const LEASE_MARGIN_MS = 5_000;
-/** Less than this left of the lease beyond the call's timeout, and it is renewed before the call. */
-const LEASE_RENEW_SLACK_MS = 2_000;
-/** When Stripe says 429 without Retry-After. */
-const DEFAULT_RETRY_AFTER_MS = 1_000;
-
-/** Longest an activity waits in place for its call slot; a longer queue is waited out in the workflow. */
-const MAX_PACING_WAIT_MS = 1_000;
-/**
- * A lease handed to the next waiting delivery is its for this long, time enough to begin its
- * attempt (which extends it to cover the call); a waiter that died meanwhile loses it this soon.
- */
-const HAND_OFF_LEASE_MS = 5_000;
-
-/** How late a paced call may go out before it takes a new slot (at least one interval). */
-const LATE_TOLERANCE_MS = 100;
-
-/** One attempt's hold on its (customer, meter) lease. */
-interface Turn {
-  holder: string;
-  /** The lease was handed on with the row's own update (markSentAndHandOff). */
-  handedOff: boolean;
-  /** The call's outcome is unknown (no answer): Stripe may still be working on it. */
-  unanswered?: boolean;
+/** A begun attempt that passed the check: what to send. */
+interface Ready {
+  row: AttemptRow;
+  customer: string;
+  keys: MeterKeys;
 }
 
-/** A delivery that found PostgreSQL away comes back this much later (plus up to a second). */
-const DATABASE_RETRY_MS = 2_000;
-
-/** A delivery that stepped aside from a busy (customer, meter) comes back this much later. */
-const BUSY_RETRY_MS = 250;
-/** A waiting delivery re-checks at least this often (an expired lease sends no hand-off). */
-const TURN_POLL_MS = 1_000;
-/** A waiter's place in the queue outlives its last check by this much, then lapses (a dead worker). */
-const WAITER_TTL_MS = 5_000;
-/** Heartbeats during an attempt; the activity's heartbeat timeout is a few of these. */
-const HEARTBEAT_EVERY_MS = 2_000;
-/**
- * The first attempt runs as a local activity, inside the workflow task that started the run
- * (workflows/usage.ts). A local activity cannot heartbeat (the server has no record of it: the SDK
- * answers `UnknownActivity` to each one), and whatever it waits keeps its workflow task open. So
- * in the task a busy (customer, meter) is waited for this long at most, then the attempt steps
- * aside (`customer_busy`) and the regular activity, which heartbeats, waits for the turn.
- */
-const IN_TASK_TURN_WAIT_MS = 1_000;
+/** The lease's fate after the attempt. */
+interface AfterCall {
+  /** Already handed on by the row's own update (markSentAndHandOff). */
+  handedOff: boolean;
+  /** The call's outcome is unknown (no answer): Stripe may still be working on it. */
+  unanswered: boolean;
+}
 
 export function createDeliveryActivities(deps: DeliveryDeps) {
-  const { db, stripe, meters, metrics, notifier, stopping, stream, stripeTimeoutMs, stripeCallsPerSecond } = deps;
-  const turnWaitMs = deps.turnWaitMs ?? 10_000;
-  const unansweredHoldMs = deps.unansweredHoldMs ?? 30_000;
-  const pacer = new SlotPacer(db, { bucket: 'stripe_calls', perSecond: stripeCallsPerSecond, maxWaitMs: MAX_PACING_WAIT_MS });
-  /** Counted once the row is marked sent, timed from its commit. */
+  const { store, sender, lease, pacer, meters, metrics } = deps;
+  const t = deps.config.timings;
+  const deferred = (reason: DeferralReason, waitMs: number, attempts: number): DeliveryResult => ({ outcome: 'deferred', reason, waitMs, attempts });
+  /** Counted once the row is marked delivered, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
     log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts });
     metrics?.eventsSent.inc();
     metrics?.commitToAck.observe(Math.max(0, Date.now() - createdAt.getTime()) / 1000);
   };
-  const activities = {
+
+  return {
     /**
-     * One attempt to report the event: count the attempt, call Stripe once, mark the row sent.
-     * Each failure is classified here, where the call is made, into an ApplicationFailure whose
-     * type tells Temporal (and the workflow) whether another attempt can help.
+     * One attempt to report the event: count the attempt, call Stripe once, mark the row
+     * delivered. Each failure is classified here, where the call is made, into an
+     * ApplicationFailure whose type tells Temporal (and the workflow) whether another attempt can help.
      */
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
       try {
-        return await (stream ? attemptByStream(input, stream) : attemptWithTurn(input));
+        return await (sender.api === 'v1' ? attemptUnderLease(input) : attemptByStream(input));
       } catch (err) {
         // PostgreSQL away (before the call, or after it when the row could not be marked): not the
         // event's failure. The workflow waits and comes back without spending an attempt; a call
         // made again is caught by Stripe's identifier dedup, and past 23 h by the resend guard.
         if (!isDatabaseUnavailable(err)) throw err;
         log.warn('database unavailable during delivery; waiting it out', { idempotencyKey: input.key, error: String(err) });
-        return { outcome: 'deferred', reason: 'database_unavailable', retryAfterMs: DATABASE_RETRY_MS + Math.floor(Math.random() * 1_000), attempts: 0 };
+        return deferred('database_unavailable', t.databaseRetryMs + Math.floor(Math.random() * 1_000), 0);
       }
-    },
-
-    /**
-     * Workflows started before lanes took their turn in this local activity; kept so that their
-     * histories replay. New runs never schedule it.
-     */
-    async takeTurn(input: { key: string; holder: string; leaseMs: number }): Promise<boolean> {
-      return (await takeTurn(db, { ...input, waitTtlMs: 0 })).outcome !== 'busy';
     },
 
     /** After the last attempt: the row becomes a dead letter carrying the final error. */
     async markDead(input: { key: string; code: string; message: string }): Promise<number> {
-      return markDead(db, input.key, input.code, input.message);
+      return store.markRowDead(input.key, input.code, input.message);
     },
 
-    /** An operator asked for another try: the dead letter is back in flight. */
-    async markRetrying(key: string): Promise<void> {
-      await markRetrying(db, key);
+    /** An operator's retry reopened the dead letter in its open run: the row is back in flight. */
+    async markReopened(key: string): Promise<void> {
+      await store.markRowReopened(key);
     },
   };
-  return activities;
 
-  /** One v1 attempt: wait for the (customer, meter) turn, then pace, begin and make the call. */
-  async function attemptWithTurn(input: DeliverInput): Promise<DeliveryResult> {
+  /** One v1 attempt: wait for the (customer, meter) lease, then pace, begin and make the call. */
+  async function attemptUnderLease(input: DeliverInput): Promise<DeliveryResult> {
     const ctx = Context.current();
     const info = activityInfo();
-    const turn: Turn = {
-      // One holder per execution of this activity, never reused: a later execution for the same
-      // event (the regular activity after the first try in the workflow task, both attempt 1) must
-      // not inherit, and so renew at once, the lease an unanswered call of an earlier one holds.
-      holder: input.leaseHolder ?? `${info.workflowExecution?.workflowId ?? input.key}/${info.workflowExecution?.runId ?? ''}/${info.attempt}/${randomUUID()}`,
-      handedOff: false,
-    };
+    const holder = leaseHolder({
+      workflowId: info.workflowExecution?.workflowId ?? input.key,
+      runId: info.workflowExecution?.runId ?? '',
+      attempt: info.attempt,
+    });
+    const after: AfterCall = { handedOff: false, unanswered: false };
     // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
     // noticed by the heartbeat timeout, not only by the attempt's timeout. Not in the workflow
-    // task: a local activity has no heartbeat (its workflow task is its liveness).
-    const beat = info.isLocal ? undefined : setInterval(() => ctx.heartbeat(), HEARTBEAT_EVERY_MS);
+    // task: a local activity has no heartbeat on the server (each one would be answered
+    // UnknownActivity), its workflow task is its liveness, and it waits for the lease a moment only.
+    const inTask = info.isLocal;
+    const beat = inTask ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
+    const waitCtx: WaitContext = inTask ? { cancellationSignal: ctx.cancellationSignal, sleep: (ms) => ctx.sleep(ms), heartbeat: () => undefined } : ctx;
     try {
       for (;;) {
-        const got = await waitForTurn(input.key, turn.holder, ctx);
-        if (got === 'gave_up') return { outcome: 'deferred', reason: 'customer_busy', retryAfterMs: BUSY_RETRY_MS, attempts: 0 };
-        const result = await attempt(input, turn, got === 'acquired', ctx);
+        const got = await lease.wait(input.key, holder, waitCtx, inTask ? t.inTaskLeaseWaitMs : t.leaseWaitMs);
+        if (got === 'gave_up') return deferred('lease_busy', t.leaseBusyRetryMs, 0);
+        const result = await callUnderLease(input, holder, got === 'acquired', after, ctx);
         // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
         // the queue, nothing sent, nothing counted.
         if (result !== 'lease_lost') return result;
@@ -195,110 +135,48 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     } finally {
       clearInterval(beat);
       // Unless the row's update already did: hands the lease (or our place in its queue) to the
-      // next delivery of the pair, in this process at once, elsewhere by NOTIFY. If this fails
+      // next waiting delivery, in this process at once, elsewhere by NOTIFY. If this fails
       // (PostgreSQL away), the lease lapses by itself; the outcome stands. After a call that got no
       // answer, nobody gets it until `unansweredHoldMs` have passed: Stripe may still be on it.
-      if (turn.unanswered) {
-        await holdTurn(db, turn.holder, unansweredHoldMs).catch(() => undefined);
-      } else if (!turn.handedOff) {
-        const handOffs = await releaseTurn(db, turn.holder, HAND_OFF_LEASE_MS).catch((err: unknown) => {
-          log.warn('could not hand the lease on; it will lapse', { idempotencyKey: input.key, error: String(err) });
-          return [];
+      if (after.unanswered) {
+        await lease.hold(holder).catch(() => undefined);
+      } else if (!after.handedOff) {
+        await lease.handOff(holder).catch((err: unknown) => {
+          log.warn('could not hand the lease off; it will lapse', { idempotencyKey: input.key, error: String(err) });
         });
-        for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
       }
     }
   }
 
-  /**
-   * Waits, inside the activity, for the (customer, meter) lease of `key`: woken by the holder's
-   * hand-off (or every second, to notice an expired lease), heartbeating. Gives up after
-   * `turnWaitMs`, or at once when the worker is shutting down, so that a waiting delivery
-   * neither holds a shutting-down worker nor runs into its attempt timeout; the workflow then
-   * comes back after a short timer, without spending a retry attempt.
-   */
-  async function waitForTurn(key: string, holder: string, ctx: Context): Promise<'acquired' | 'no_target' | 'gave_up'> {
-    const inTask = activityInfo().isLocal;
-    const until = Date.now() + (inTask ? Math.min(IN_TASK_TURN_WAIT_MS, turnWaitMs) : turnWaitMs);
-    const stop = stopping ? AbortSignal.any([ctx.cancellationSignal, stopping]) : ctx.cancellationSignal;
-    const lease = { key, holder, leaseMs: stripeTimeoutMs + LEASE_MARGIN_MS, waitTtlMs: WAITER_TTL_MS };
-    // The pair is known after the first try; from then on each try is preceded by the mark of the
-    // wait that follows it, so a hand-off between the try and the wait still wakes the wait.
-    let lane: string | undefined;
-    let mark: number | undefined;
-    for (;;) {
-      // Takes the lease if it is free (and nobody older waits), or joins (refreshes our place in) its queue.
-      const turn = await takeTurn(db, lease);
-      if (turn.outcome !== 'busy') return turn.outcome;
-      if (lane === undefined) {
-        lane = turn.lane!;
-        mark = notifier?.mark(lane);
-        continue;
-      }
-      // Waits to be handed the lease by its holder (no query: the hand-off names us), at most until
-      // our place needs refreshing or a lapsed lease may need taking.
-      const retryAt = Date.now() + TURN_POLL_MS;
-      for (;;) {
-        if (stop.aborted || Date.now() >= until) return 'gave_up';
-        const left = Math.min(retryAt, until) - Date.now();
-        if (left <= 0) break;
-        if (notifier) await notifier.wait(left, stop, mark, lane);
-        else await ctx.sleep(left);
-        if (notifier?.handedTo(lane) === holder) return 'acquired';
-        mark = notifier?.mark(lane);
-      }
-      if (!inTask) ctx.heartbeat();
-    }
-  }
-
-  /**
-   * A call whose database work ran late (a stalled query, a starved process) would reach Stripe
-   * bunched with others that were late too: a burst over the account limit although every slot was
-   * paced. Past one interval late, it takes a new place in the pace instead.
-   */
-  async function keepPace(slotAt: number): Promise<void> {
-    // A little lateness bunches a few calls, well within the headroom under Stripe's limit.
-    const toleranceMs = Math.max(1_000 / stripeCallsPerSecond, LATE_TOLERANCE_MS);
-    if (Date.now() - slotAt <= toleranceMs) return;
-    const again = await reserveSlots(db, { bucket: 'stripe_calls', count: 1, perSecond: stripeCallsPerSecond });
-    if (again.waitMs > 0) await Context.current().sleep(again.waitMs);
-  }
-
-  /**
-   * One call to Stripe: count it, send it, mark the row sent. Each failure is classified here,
-   * where the call is made.
-   */
-  async function attempt({ key, force = false }: DeliverInput, turn: Turn, leased: boolean, ctx: Context): Promise<DeliveryResult | 'lease_lost'> {
-    /** Marks the row sent and hands the lease on, in one statement. */
-    const sent = async () => {
-      const { attempts, handOffs } = await markSentAndHandOff(db, key, turn.holder, HAND_OFF_LEASE_MS);
-      turn.handedOff = true;
-      for (const h of handOffs) notifier?.handOff(h.lane, h.nextHolder ?? undefined);
-      return attempts;
-    };
+  /** One v1 call under the lease (`leased`: held; not held only when the event has no target). */
+  async function callUnderLease(
+    { key, force = false }: DeliverInput,
+    holder: string,
+    leased: boolean,
+    after: AfterCall,
+    ctx: WaitContext,
+  ): Promise<DeliveryResult | 'lease_lost'> {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
-    // Our place in the account-wide pace of Stripe calls, reserved while the attempt begins: both
-    // are on the path between one call of a (customer, meter) and the next.
-    const leaseMs = stripeTimeoutMs + LEASE_MARGIN_MS;
+    // Our place in the account-wide pace, reserved while the attempt begins: both are on the path
+    // between one call of a (customer, meter) and the next.
     const leaseFrom = Date.now();
     const [slot, begun] = await Promise.all([
       pacer.take(),
-      beginAttempt(db, key, {
+      store.beginAttempt(key, {
         workflowId,
         safeWindowMs: SAFE_RESEND_WINDOW_MS,
         force,
         // Extended to cover the call, and checked still ours: only then is the attempt begun.
-        ...(leased ? { lease: { holder: turn.holder, leaseMs } } : {}),
+        ...(leased ? { lease: { holder, leaseMs: t.leaseMs } } : {}),
       }),
     ]);
     if (!begun.leaseHeld) return 'lease_lost';
     const row = begun.row;
     if (!slot.granted) {
-      // The account-wide queue is over a second long (rare: relays dispatch at the same pace): the
-      // workflow waits it out on a timer. The attempt was begun but no call made: not counted.
-      if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await undoAttempt(db, key, { wasFirst: row.attempt_count === 1 });
-      const retryAfterMs = Math.max(100, slot.waitMs - MAX_PACING_WAIT_MS / 2) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS);
-      return { outcome: 'deferred', reason: 'paced', retryAfterMs, attempts: 0 };
+      // The account-wide queue is over `maxPacingWaitMs` long (rare: relays dispatch at the same
+      // pace): the workflow waits it out on a timer. Begun but no call made: not counted.
+      await undoIfCounted(key, row);
+      return deferred('paced', Math.max(100, slot.waitMs - t.maxPacingWaitMs / 2) + Math.floor(Math.random() * t.rateLimitJitterMs), 0);
     }
     const slotAt = Date.now() + slot.waitMs;
     if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
@@ -307,22 +185,22 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     // The lease must outlast the call (and the pace's wait before it). If this process stalled since
     // it was extended (a long GC pause, a starved CPU) it is renewed, checked still ours; a lapsed
     // one is never called on: the attempt is undone and the delivery queues again.
-    if (leased && Date.now() + stripeTimeoutMs > leaseFrom + leaseMs - LEASE_RENEW_SLACK_MS && !(await renewTurn(db, turn.holder, leaseMs))) {
-      if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await undoAttempt(db, key, { wasFirst: row.attempt_count === 1 });
+    if (leased && Date.now() + t.callTimeoutMs > leaseFrom + t.leaseMs - t.leaseRenewSlackMs && !(await lease.renew(holder))) {
+      await undoIfCounted(key, row);
       return 'lease_lost';
     }
+    /** Marks the row sent and hands the lease off, in one statement. */
+    const sent = async () => {
+      const { attempts, handOffs } = await store.markSentAndHandOff(key, holder, t.handOffMs);
+      after.handedOff = true;
+      lease.handedOff(handOffs);
+      return attempts;
+    };
     try {
-      await keepPace(slotAt);
-      await sendMeterEvent(stripe, {
-        eventName: ready.row.event_name,
-        keys: ready.keys,
-        stripeCustomerId: ready.customer,
-        quantity: ready.row.quantity,
-        identifier: key,
-        occurredAt: ready.row.occurred_at,
-      });
+      await pacer.keepPace(slotAt, t.lateToleranceMs, (ms) => ctx.sleep(ms));
+      await sender.send(meterEvent(key, ready));
     } catch (err) {
-      if (err instanceof Stripe.errors.StripeConnectionError) turn.unanswered = true;
+      if (err instanceof Stripe.errors.StripeConnectionError) after.unanswered = true;
       return failed(key, ready.row, err, sent);
     }
     const attempts = await sent();
@@ -331,87 +209,67 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   }
 
   /**
-   * One attempt through the v2 meter event stream: no (customer, meter) turn (the stream has no
+   * One attempt through the v2 meter event stream: no (customer, meter) lease (the stream has no
    * such rule) and no per-event pace (the stream paces its requests); the event goes out in the
    * worker's next batch, and the row becomes `accepted`: Stripe validates it later.
    */
-  async function attemptByStream({ key, force = false }: DeliverInput, events: MeterEventStream): Promise<DeliveryResult> {
+  async function attemptByStream({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
-    const begun = await beginAttempt(db, key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
+    const begun = await store.beginAttempt(key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
     const ready = await readyToSend(key, begun.row);
     if ('outcome' in ready) return ready;
-    const accepted = async () => markDelivered(db, key, 'accepted');
+    const accepted = () => store.markDelivered(key, 'accepted');
     try {
-      await events.send({
-        eventName: ready.row.event_name,
-        keys: ready.keys,
-        stripeCustomerId: ready.customer,
-        quantity: ready.row.quantity,
-        identifier: key,
-        occurredAt: ready.row.occurred_at,
-      });
+      await sender.send(meterEvent(key, ready));
     } catch (err) {
       return failed(key, ready.row, err, accepted);
     }
     const attempts = await accepted();
     acknowledged(key, 'accepted', attempts, ready.row.created_at);
-    return { outcome: 'sent', attempts };
+    return { outcome: 'accepted', attempts };
+  }
+
+  /** The event as Stripe gets it, built once for either API: its identifier is always the key. */
+  function meterEvent(key: string, { row, customer, keys }: Ready): MeterEvent {
+    return { eventName: row.event_name, keys, stripeCustomerId: customer, quantity: row.quantity, identifier: key, occurredAt: row.occurred_at };
+  }
+
+  /** An attempt begun but no call made (the pace put it off, the lease lapsed): not counted. */
+  async function undoIfCounted(key: string, row: AttemptRow | undefined): Promise<void> {
+    if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await store.undoAttempt(key, { wasFirst: row.attempt_count === 1 });
   }
 
   /**
-   * What stands between a begun attempt and the call: the row must exist and be inside the resend
-   * window (or forced), not already at Stripe, mapped to a customer, inside Stripe's timestamp
-   * window, and its meter must exist (its payload keys are read from Stripe). Each refusal is
-   * recorded on the row and thrown as a non-retryable failure; an event Stripe already has ends
-   * the attempt as `already_sent`.
+   * What stands between a begun attempt and the call (maySendNow), then the meter's payload keys
+   * (read from Stripe). Each refusal is recorded on the row and thrown as a non-retryable failure;
+   * an event Stripe already has ends the attempt as `already_sent`.
    */
-  async function readyToSend(
-    key: string,
-    row: AttemptRow | undefined,
-  ): Promise<DeliveryResult | { row: AttemptRow; customer: string; keys: MeterKeys }> {
-    if (!row) {
-      const existing = await findRowByKey(db, key);
-      if (!existing) {
-        throw fail(ErrorTypes.missing, 'outbox_row_missing', `no outbox row with key ${key}`);
-      }
-      const message =
-        `first attempted ${existing.first_attempted_at?.toISOString()}, more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: ` +
-        `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
-      await recordAttemptError(db, key, 'identifier_window_expired', message);
-      metrics?.stripeErrors.inc({ class: 'unsafe' });
-      throw fail(ErrorTypes.unsafeToSend, 'identifier_window_expired', message);
+  async function readyToSend(key: string, row: AttemptRow | undefined): Promise<DeliveryResult | Ready> {
+    let found: AttemptFound;
+    if (row) {
+      found = { begun: true, status: row.status, stripeCustomerId: row.stripe_customer_id, occurredAt: row.occurred_at };
+    } else {
+      const existing = await store.findRow(key);
+      found = existing ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at } : { begun: false, exists: false, key };
     }
-    // Stripe already has it (and may since have rejected it, or we cancelled it): never again.
-    if ((AT_STRIPE as readonly string[]).includes(row.status)) {
-      return { outcome: 'already_sent', attempts: row.attempt_count };
-    }
-    if (!row.stripe_customer_id) {
-      const message = 'the tenant has no Stripe customer mapping';
-      await recordAttemptError(db, key, 'customer_mapping_missing', message);
-      throw fail(ErrorTypes.missing, 'customer_mapping_missing', message);
-    }
-    const outside = timestampProblem(row.occurred_at, Date.now());
-    if (outside) {
-      await recordAttemptError(db, key, outside.code, outside.message);
-      metrics?.stripeErrors.inc({ class: 'unsafe' });
-      throw fail(ErrorTypes.unsafeToSend, outside.code, outside.message);
-    }
-    // The keys this event's meter reads: a payload under other keys is accepted by Stripe and
-    // rejected later, so an unknown meter is a dead letter now, with its reason. (Reading the
-    // meter list can fail like any call to Stripe: classified as one.)
+    const check = maySendNow(found, Date.now());
+    if (check.verdict === 'refuse') return refuse(key, check.refusal);
+    if (check.verdict === 'already_at_stripe' || !row) return { outcome: 'already_sent', attempts: row?.attempt_count ?? 0 };
+    // Reading the meter list can fail like any call to Stripe: classified as one.
     let keys: MeterKeys | undefined;
     try {
       keys = await meters.keysFor(row.event_name);
     } catch (err) {
       return failed(key, row, err, async () => row.attempt_count);
     }
-    if (!keys) {
-      const message = `Stripe has no active meter for event name ${JSON.stringify(row.event_name)}: create the meter, then retry`;
-      await recordAttemptError(db, key, 'no_meter', message);
-      metrics?.stripeErrors.inc({ class: 'rejected' });
-      throw fail(ErrorTypes.rejected, 'no_meter', message);
-    }
-    return { row, customer: row.stripe_customer_id, keys };
+    if (!keys) return refuse(key, noMeterRefusal(row.event_name));
+    return { row, customer: check.stripeCustomerId, keys };
+  }
+
+  async function refuse(key: string, r: Refusal): Promise<never> {
+    if (r.record) await store.recordAttemptError(key, r.code, r.message);
+    if (r.metricClass) metrics?.stripeErrors.inc({ class: r.metricClass });
+    throw fail(ErrorTypes[r.errorType], r.code, r.message);
   }
 
   /**
@@ -427,19 +285,15 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       acknowledged(key, 'duplicate', attempts, row.created_at);
       return { outcome: 'duplicate', attempts };
     }
-    await recordAttemptError(db, key, failure.code, failure.message);
+    await store.recordAttemptError(key, failure.code, failure.message);
     metrics?.stripeErrors.inc({ class: failure.kind });
     log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
     switch (failure.kind) {
       case 'rejected':
         throw fail(ErrorTypes.rejected, failure.code, failure.message);
       case 'rate_limited':
-        return {
-          outcome: 'deferred',
-          reason: 'rate_limited',
-          retryAfterMs: (failure.retryAfterMs ?? DEFAULT_RETRY_AFTER_MS) + Math.floor(Math.random() * RATE_LIMIT_JITTER_MS),
-          attempts: row.attempt_count,
-        };
+        // Stripe's Retry-After, plus jitter so that the refused calls do not come back as one burst.
+        return deferred('rate_limited', (failure.retryAfterMs ?? t.rateLimitedWaitMs) + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
       case 'retryable':
         throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
     }

@@ -1,14 +1,42 @@
 /**
  * Every activity the worker registers, built from its dependencies (real clients are made in one
- * place: src/temporal/worker.ts). Workflows import only the types.
+ * place: src/temporal/worker.ts; the parts each activity composes are assembled here). Workflows
+ * import only the types.
  */
-import { createDeliveryActivities, type DeliveryDeps } from './delivery.js';
+import type pg from 'pg';
+import type Stripe from 'stripe';
+import type { Config } from '../src/config.js';
+import type { Metrics } from '../src/metrics.js';
+import { deliveryStore } from '../src/outbox/sql/delivery.js';
+import { MeterLease } from '../src/stripe/meter-lease.js';
+import type { MeterCatalog } from '../src/stripe/meters.js';
+import { SlotPacer } from '../src/stripe/rate-limit.js';
+import { meterEventsV1, type MeterEventSender } from '../src/stripe/sender.js';
+import { createDeliveryActivities } from './delivery.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';
 
-export type ActivityDeps = DeliveryDeps & RelayDeps;
+export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
+  db: pg.Pool;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'timings'>;
+  stripe: Pick<Stripe, 'billing'>;
+  /** With STRIPE_METER_API=v2: the worker's batcher on Stripe's meter event stream (else v1 calls). */
+  stream?: MeterEventSender;
+  meters: Pick<MeterCatalog, 'keysFor'>;
+  metrics?: Metrics;
+}
 
 export function createActivities(deps: ActivityDeps) {
-  return { ...createDeliveryActivities(deps), ...createRelayActivities(deps) };
+  const { db, config } = deps;
+  const delivery = createDeliveryActivities({
+    store: deliveryStore(db),
+    sender: deps.stream ?? meterEventsV1(deps.stripe),
+    lease: new MeterLease(db, config.timings, deps.notifier, deps.stopping),
+    pacer: new SlotPacer(db, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
+    meters: deps.meters,
+    config,
+    metrics: deps.metrics,
+  });
+  return { ...delivery, ...createRelayActivities(deps) };
 }
 
 export type Activities = ReturnType<typeof createActivities>;

@@ -14,7 +14,7 @@ import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
-import { reserveSlots } from '../src/stripe/rate-limit.js';
+import { reserveSlots } from '../src/outbox/sql/pace.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { startUsageWorkflow } from '../src/temporal/start-usage.js';
 

@@ -1,5 +1,5 @@
 -- The account-wide pace of Stripe work, shared by every worker: per bucket, the time of the next
--- free slot (a virtual-scheduling / GCRA limiter). See src/rate-limit.ts.
+-- free slot (a virtual-scheduling / GCRA limiter). See src/stripe/rate-limit.ts (its statement: src/outbox/sql/pace.ts).
 CREATE TABLE rate_limits (
   bucket    text PRIMARY KEY,
   next_slot timestamptz NOT NULL DEFAULT now()

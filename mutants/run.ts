@@ -61,9 +61,9 @@ function fail(message: string): never {
 const PRODUCT_ROOTS = ['src', 'activities', 'workflows', 'migrations'];
 
 function productFiles(): string[] {
-  return execFileSync('git', ['ls-files', '--cached', '--others', '--exclude-standard', '-z', '--', ...PRODUCT_ROOTS], { cwd: ROOT, encoding: 'utf8' })
-    .split('\0')
-    .filter((f) => f && existsSync(path.join(ROOT, f)));
+  // A set: during a merge, git lists an unmerged file once per stage.
+  const listed = execFileSync('git', ['ls-files', '--cached', '--others', '--exclude-standard', '-z', '--', ...PRODUCT_ROOTS], { cwd: ROOT, encoding: 'utf8' }).split('\0');
+  return [...new Set(listed)].filter((f) => f && existsSync(path.join(ROOT, f)));
 }
 
 /**

@@ -44,16 +44,15 @@ try {
     taskQueue,
     workflowBundle: bundle,
     activities: {
-      takeTurn: async () => true,
       deliverUsage: async () => {
         throw ApplicationFailure.create({ type: 'StripeRejected', message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
       },
       markDead: async () => 1,
-      markRetrying: async () => undefined,
+      markReopened: async () => undefined,
     },
   });
-  const key = 'u:fixture:dead-before-change';
-  const retry = { initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 60_000, maximumAttempts: 4, attemptTimeoutMs: 30_000, maxRateLimitedMs: 3_600_000 };
+  const key = 'u:fixture:dead-letter';
+  const retry = { initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 60_000, maximumAttempts: 4, attemptTimeoutMs: 30_000, heartbeatTimeoutMs: 10_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 };
   await worker.runUntil(async () => {
     const handle = await env.client.workflow.start('usageWorkflow', { taskQueue, workflowId: key, args: [{ key, tenantId: 'fixture', retry }] });
     await env.sleep('1 minute');

@@ -6,11 +6,10 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
+import type { RetryPolicy } from '../workflows/shared.js';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
-/** How long a delivery waits in place for its (customer, meter) turn before stepping aside. */
-const LANE_TURN_WAIT_MS = 10_000;
 
 /** A positive integer read from a string, with an inclusive range. */
 function int(min: number, max: number) {
@@ -143,24 +142,99 @@ const schema = z.object({
   DATA_DIR: z.string().trim().min(1).optional(),
   TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  LOCAL_STRIPE_URL: z
+    .string()
+    .trim()
+    .regex(/^https?:\/\/[^\s]+$/, 'must be an http(s) URL')
+    .optional(),
 });
 
 type Parsed = z.infer<typeof schema>;
 
-export interface RetryConfig {
-  initialIntervalMs: number;
-  backoffCoefficient: number;
-  maximumIntervalMs: number;
-  maximumAttempts: number;
-  /** STRIPE_TIMEOUT_MS plus room for the database work around the call and the wait for the lane's turn. */
-  attemptTimeoutMs: number;
-  /** How long an event may be held back by Stripe's 429s before it is dead-lettered. */
-  maxRateLimitedMs: number;
+export type { RetryPolicy };
+
+/**
+ * Every timing of a delivery, resolved once from the configuration: the ones derived from another
+ * are derived here, with their reason, and nowhere else (the activity, the lease, the pacer and the
+ * workflow's policy all read them from here).
+ */
+export interface DeliveryTimings {
+  /** One Stripe call at most (STRIPE_TIMEOUT_MS, the client's own timeout). */
+  callTimeoutMs: number;
+  /** A (customer, meter) lease taken for a call: the call plus room for our own queries around it. */
+  leaseMs: number;
+  /** Less than this left of the lease beyond the call's timeout, and it is renewed before the call. */
+  leaseRenewSlackMs: number;
+  /** How long a delivery waits in place for the lease before stepping aside (then a workflow timer). */
+  leaseWaitMs: number;
   /**
-   * How long a dead letter's workflow stays open for a retry signal; then it closes, the row stays
-   * dead, and `billing-outbox retry` reopens it (DEAD_LETTER_OPEN_DAYS).
+   * The same for the first attempt, which runs as a local activity inside the workflow task that
+   * started the run: whatever it waits keeps the task open (past 80 % of the task's 10 s timeout the
+   * SDK warns and keeps it alive itself), and it cannot heartbeat. A busy lease is left to the
+   * regular activity, which can.
    */
-  deadLetterOpenMs: number;
+  inTaskLeaseWaitMs: number;
+  /** A waiting delivery re-checks the lease at least this often (an expired lease sends no hand-off). */
+  leasePollMs: number;
+  /** A waiter's place in the lease's queue outlives its last check by this much, then lapses (a dead worker). */
+  waiterTtlMs: number;
+  /**
+   * A lease handed to the next waiting delivery is its for this long: time enough to begin its
+   * attempt (which extends it to `leaseMs`); a waiter that died meanwhile loses it this soon.
+   */
+  handOffMs: number;
+  /** v1: after a call that got no answer, how long its lease is kept and handed to nobody (STRIPE_UNANSWERED_HOLD_MS). */
+  unansweredHoldMs: number;
+  /** A delivery that stepped aside from a busy lease comes back this much later (a workflow timer). */
+  leaseBusyRetryMs: number;
+  /** Longest an activity waits in place for its slot in the account-wide pace; a longer queue is waited out in the workflow. */
+  maxPacingWaitMs: number;
+  /** How late a paced call may go out before it takes a new slot (at least one interval of the pace). */
+  lateToleranceMs: number;
+  /** When Stripe answers 429 without Retry-After, the wait before the next try. */
+  rateLimitedWaitMs: number;
+  /** Up to this much is added to each 429 wait, so refused calls do not come back as one burst. */
+  rateLimitJitterMs: number;
+  /** A delivery that found PostgreSQL away comes back this much later (plus up to a second). */
+  databaseRetryMs: number;
+  /** Heartbeats during an attempt (waiting for the lease, pacing, the call). */
+  heartbeatEveryMs: number;
+  /** A dead worker's attempt is retried elsewhere after this: a few missed heartbeats. */
+  heartbeatTimeoutMs: number;
+  /** One attempt at most: the lease wait, then the call, plus room for the database work and the pace around it. */
+  attemptTimeoutMs: number;
+}
+
+/** The fixed parts of the timings; `resolveTimings` derives the rest. */
+const LEASE_WAIT_MS = 10_000;
+const HEARTBEAT_EVERY_MS = 2_000;
+
+/** The delivery timings for a Stripe call timeout and unanswered-call hold (exported for tests). */
+export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number): DeliveryTimings {
+  return {
+    callTimeoutMs,
+    // 5 s for our own queries around the call while holding the lease (begin, mark sent).
+    leaseMs: callTimeoutMs + 5_000,
+    leaseRenewSlackMs: 2_000,
+    leaseWaitMs: LEASE_WAIT_MS,
+    inTaskLeaseWaitMs: Math.min(1_000, LEASE_WAIT_MS),
+    leasePollMs: 1_000,
+    // Refreshed every poll: a few polls missed means the waiting worker is gone.
+    waiterTtlMs: 5_000,
+    handOffMs: 5_000,
+    unansweredHoldMs,
+    leaseBusyRetryMs: 250,
+    maxPacingWaitMs: 1_000,
+    lateToleranceMs: 100,
+    rateLimitedWaitMs: 1_000,
+    rateLimitJitterMs: 500,
+    databaseRetryMs: 2_000,
+    heartbeatEveryMs: HEARTBEAT_EVERY_MS,
+    // Five heartbeats missed: not a slow query, a dead worker.
+    heartbeatTimeoutMs: 5 * HEARTBEAT_EVERY_MS,
+    // The wait for the lease, the call, and 10 s for the database work and the pace's wait around it.
+    attemptTimeoutMs: LEASE_WAIT_MS + callTimeoutMs + 10_000,
+  };
 }
 
 /** How to reach Temporal: a self-hosted server (TLS, mTLS) or Temporal Cloud (mTLS or an API key). */
@@ -185,11 +259,6 @@ export interface Config {
     isRealStripe: boolean;
     meterEventName: string;
     timeoutMs: number;
-    /**
-     * After a call that got no answer, how long its (customer, meter) stays closed to other calls:
-     * Stripe may still be processing it.
-     */
-    unansweredHoldMs: number;
     /** Secret that verifies Stripe's webhook signatures; unset: the webhook route refuses all. */
     webhookSecret: string | undefined;
     /**
@@ -207,17 +276,19 @@ export interface Config {
   };
   /** Base URL of the Temporal Web UI, for links (default http://localhost:8233). */
   temporalUiUrl: string;
-  retry: RetryConfig;
+  /** Temporal's retry policy of the Stripe call, and the bounds around it (the usage workflow's input). */
+  retry: RetryPolicy;
+  /** Every timing of a delivery, resolved once (see DeliveryTimings). */
+  timings: DeliveryTimings;
   relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
   /**
    * A lane is one tenant's events for one meter. At most `maxInFlight` of a lane's events are
-   * claimed or dispatched at once (the rest wait, pending); a delivery waits in place up to
-   * `turnWaitMs` for its (customer, meter) lease before stepping aside.
+   * claimed or dispatched at once (the rest wait, pending).
    */
-  lanes: { maxInFlight: number; turnWaitMs: number };
+  lanes: { maxInFlight: number };
   /**
    * Deliveries one worker runs at once. A delivery's first attempt runs as a local activity, which
-   * holds a workflow task slot while it waits for its turn and calls Stripe, so this sets both
+   * holds a workflow task slot while it waits for its lease and calls Stripe, so this sets both
    * limits (WORKER_MAX_CONCURRENT_DELIVERIES; measured: the SDK's default of 40 slots left the
    * server handing out workflow tasks that waited for one, a third more of its CPU per event).
    */
@@ -234,6 +305,8 @@ export interface Config {
   dataDir: string | undefined;
   temporalCliPath: string | undefined;
   logLevel: Parsed['LOG_LEVEL'];
+  /** Where `npm run stripe` finds the local Stripe (unset: from the running stack's endpoints file). */
+  localStripeUrl: string | undefined;
 }
 
 /** Every environment variable the configuration reads. */
@@ -322,6 +395,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   problems.push(...temporalTlsProblems(c));
   if (problems.length > 0) throw new ConfigError(problems);
 
+  const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS);
   return {
     production: c.NODE_ENV === 'production',
     databaseUrl: c.DATABASE_URL,
@@ -338,7 +412,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
-      unansweredHoldMs: c.STRIPE_UNANSWERED_HOLD_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
       rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
       meterApi: c.STRIPE_METER_API,
@@ -349,12 +422,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT,
       maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS,
       maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS,
-      // The call, the database work around it, and the wait for the (customer, meter) turn.
-      attemptTimeoutMs: c.STRIPE_TIMEOUT_MS + 10_000 + LANE_TURN_WAIT_MS,
+      attemptTimeoutMs: timings.attemptTimeoutMs,
+      heartbeatTimeoutMs: timings.heartbeatTimeoutMs,
       maxRateLimitedMs: c.RETRY_MAX_RATE_LIMITED_MS,
       deadLetterOpenMs: Math.round(c.DEAD_LETTER_OPEN_DAYS * 86_400_000),
     },
-    lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT, turnWaitMs: LANE_TURN_WAIT_MS },
+    timings,
+    lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT },
     worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,
@@ -375,5 +449,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,
     logLevel: c.LOG_LEVEL,
+    localStripeUrl: c.LOCAL_STRIPE_URL?.replace(/\/+$/, ''),
   };
 }

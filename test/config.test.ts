@@ -18,8 +18,9 @@ describe('configuration', () => {
     const c = loadConfig({});
     expect(c.temporal).toEqual({ address: undefined, namespace: 'default', taskQueue: 'billing-outbox' });
     expect(c.stripe).toMatchObject({ apiBase: 'https://api.stripe.com', isRealStripe: true, meterEventName: 'api_requests' });
-    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 40_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 });
-    expect(c.lanes).toEqual({ maxInFlight: 4, turnWaitMs: 10_000 });
+    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 40_000, heartbeatTimeoutMs: 10_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 });
+    expect(c.lanes).toEqual({ maxInFlight: 4 });
+    expect(c.timings).toMatchObject({ callTimeoutMs: 20_000, leaseMs: 25_000, leaseWaitMs: 10_000, handOffMs: 5_000, unansweredHoldMs: 30_000, heartbeatTimeoutMs: 10_000 });
     expect(c.relay.batchSize).toBeGreaterThan(0);
   });
 
@@ -51,6 +52,7 @@ describe('configuration', () => {
       RELAY_LEASE_MS: '30000',
       RELAY_POLL_INTERVAL_MS: '500',
       LANE_MAX_IN_FLIGHT: '2',
+      LOCAL_STRIPE_URL: 'http://127.0.0.1:12111/',
       WORKER_MAX_CONCURRENT_DELIVERIES: '100',
       API_HOST: '0.0.0.0',
       API_PORT: '9090',

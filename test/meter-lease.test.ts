@@ -5,7 +5,8 @@
 import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
-import { LANE_CHANNEL, laneId, releaseTurn, takeTurn } from '../src/stripe/meter-lease.js';
+import { LEASE_CHANNEL } from '../src/outbox/notifier.js';
+import { handOffLease, leaseId, tryLease } from '../src/outbox/sql/lease.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -22,27 +23,27 @@ beforeAll(async () => {
   listener = new pg.Client({ connectionString: db.url });
   await listener.connect();
   listener.on('notification', (n) => notices.push(n.payload ?? ''));
-  await listener.query(`LISTEN ${LANE_CHANNEL}`);
+  await listener.query(`LISTEN ${LEASE_CHANNEL}`);
 });
 afterAll(async () => {
   await listener?.end();
   await db?.drop();
 });
 
-const turn = (key: string, holder: string, waitTtlMs = 5_000) => takeTurn(db.pool, { key, holder, leaseMs: 30_000, waitTtlMs });
-const lane = laneId('cus_acme', 'api_requests');
+const take = (key: string, holder: string, waitTtlMs = 5_000) => tryLease(db.pool, { key, holder, leaseMs: 30_000, waitTtlMs });
+const lease = leaseId('cus_acme', 'api_requests');
 
 it('hands the lease to the oldest waiting delivery, named in the notification, skipping one whose place lapsed', async () => {
-  expect((await turn('lease:3', 'h3')).outcome).toBe('acquired');
+  expect((await take('lease:3', 'h3')).outcome).toBe('acquired');
   // Three wait: lease:1 (oldest) joined with a place that lapses at once, as if its worker died.
-  expect(await turn('lease:1', 'h1', 0)).toEqual({ outcome: 'busy', lane });
-  expect((await turn('lease:4', 'h4')).outcome).toBe('busy');
-  expect((await turn('lease:2', 'h2')).outcome).toBe('busy');
+  expect(await take('lease:1', 'h1', 0)).toEqual({ outcome: 'busy', lease });
+  expect((await take('lease:4', 'h4')).outcome).toBe('busy');
+  expect((await take('lease:2', 'h2')).outcome).toBe('busy');
 
-  expect(await releaseTurn(db.pool, 'h3', 5_000)).toEqual([{ lane, nextHolder: 'h2' }]);
+  expect(await handOffLease(db.pool, 'h3', 5_000)).toEqual([{ lease, nextHolder: 'h2' }]);
   const { rows } = await db.pool.query(`SELECT holder FROM meter_leases`);
   expect(rows).toEqual([{ holder: 'h2' }]);
-  await expect.poll(() => notices.at(-1)).toBe(`${lane}\u001eh2`);
+  await expect.poll(() => notices.at(-1)).toBe(`${lease}\u001eh2`);
 
   // h2 begins its attempt: the lease is extended to cover the call, and it is still h2's.
   const begun = await beginAttempt(db.pool, 'lease:2', { workflowId: 'w2', safeWindowMs: 3_600_000, force: false, lease: { holder: 'h2', leaseMs: 30_000 } });
@@ -54,17 +55,17 @@ it('hands the lease to the oldest waiting delivery, named in the notification, s
   expect((await db.pool.query(`SELECT attempt_count FROM outbox WHERE idempotency_key = 'lease:4'`)).rows[0].attempt_count).toBe(0);
 
   // Next in line after h2: h4 (h1's place lapsed).
-  expect(await releaseTurn(db.pool, 'h2', 5_000)).toEqual([{ lane, nextHolder: 'h4' }]);
-  expect(await releaseTurn(db.pool, 'h4', 5_000)).toEqual([{ lane, nextHolder: null }]);
+  expect(await handOffLease(db.pool, 'h2', 5_000)).toEqual([{ lease, nextHolder: 'h4' }]);
+  expect(await handOffLease(db.pool, 'h4', 5_000)).toEqual([{ lease, nextHolder: null }]);
   expect((await db.pool.query(`SELECT count(*)::int AS n FROM meter_leases`)).rows[0].n).toBe(0);
 });
 
 it('a newer delivery does not take a free lease while an older one waits for it', async () => {
   await db.pool.query('DELETE FROM meter_lease_waiters');
-  expect((await turn('lease:1', 'old')).outcome).toBe('acquired');
-  expect((await turn('lease:2', 'older-waiting')).outcome).toBe('busy');
+  expect((await take('lease:1', 'old')).outcome).toBe('acquired');
+  expect((await take('lease:2', 'older-waiting')).outcome).toBe('busy');
   // The holder's lease lapses without a hand-off (its worker died): the waiting one is older.
   await db.pool.query(`UPDATE meter_leases SET expires_at = now() - interval '1 second'`);
-  expect((await turn('lease:4', 'newer')).outcome).toBe('busy');
-  expect((await turn('lease:2', 'older-waiting')).outcome).toBe('acquired');
+  expect((await take('lease:4', 'newer')).outcome).toBe('busy');
+  expect((await take('lease:2', 'older-waiting')).outcome).toBe('acquired');
 });

@@ -10,7 +10,7 @@ import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { retrySignal, stateQuery } from '../workflows/shared.js';
+import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
@@ -148,7 +148,7 @@ describe('the core pipeline', () => {
     });
     expect(details).toContain(dead.last_error_code!);
     expect(details).toContain(`npm run cli -- retry '${key}'`);
-    await handle.signal(retrySignal);
+    await handle.signal(reopenSignal);
     const sent = await waitStatus(key, 'sent');
     expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);
     expect(eventsFor(key)).toHaveLength(1);
@@ -292,7 +292,7 @@ describe('the core pipeline', () => {
     // The event was first attempted 25 hours ago: Stripe may have forgotten its identifier.
     await db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
     const handle = client.workflow.getHandle(key);
-    await handle.signal(retrySignal);
+    await handle.signal(reopenSignal);
     const refused = await waitFor('the refusal', async () => {
       const r = await row(key);
       return r.status === 'dead' && r.last_error_code === 'identifier_window_expired' ? r : undefined;
@@ -301,7 +301,7 @@ describe('the core pipeline', () => {
     expect(refused.attempt_count).toBe(config.retry.maximumAttempts);
     expect(stripe.requests().filter((r) => r.identifier === key)).toHaveLength(before);
 
-    await handle.signal(retrySignal, { force: true, requestedBy: 'test' });
+    await handle.signal(reopenSignal, { force: true, requestedBy: 'test' });
     await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
   });
@@ -356,7 +356,7 @@ describe('the core pipeline', () => {
 
   it('spreads the retries after a 429 (Retry-After plus jitter), so refused calls do not come back as one burst', async () => {
     // Eight events refused with the same Retry-After: without jitter they would all come back one
-    // second later, together. With up to RATE_LIMIT_JITTER_MS (500 ms) each, eight waits fall
+    // second later, together. With up to rateLimitJitterMs (500 ms, src/config.ts) each, eight waits fall
     // within 100 ms of each other with probability ~1e-4.
     stripe.failNext(8, 429, { retryAfterSeconds: 1 });
     const keys = await Promise.all(Array.from({ length: 8 }, (_, i) => enqueue(i % 2 ? 'acme' : 'globex', 20 + i)));

@@ -1,7 +1,9 @@
 /**
  * Workflow changes must not break runs that are already open: a dead letter started by an earlier
  * version waits, open, for its retry signal, and a worker running today's code replays its history.
- * Fixtures are recorded with `npx tsx scripts/record-history.ts <commit> <file>`.
+ * Fixtures are recorded with `npx tsx scripts/record-history.ts <commit> <file>`; a change that
+ * breaks one goes through patched() → deprecatePatch() → removal (docs/operations.md, "Upgrading
+ * workers"), and the old fixture stays until the patch is removed.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -13,10 +15,12 @@ import { workflowBundle } from './helpers.js';
 const fixture = (name: string) =>
   temporal.api.history.v1.History.decode(readFileSync(path.join(import.meta.dirname, 'fixtures', name)));
 
-it('replays a dead letter recorded before lanes (it took its turn in a local activity)', async () => {
-  const history = fixture('usage-dead-before-lanes.pb');
-  // The old run's shape: it took its turn (a local activity marker) before its delivery attempt.
+it('replays a dead letter of today\'s shape: first attempt in the workflow task, refused, marked dead, waiting', async () => {
+  const history = fixture('usage-dead-letter.pb');
+  // The shape it pins: the first attempt ran as a local activity (a marker), markDead as an activity.
+  const { EVENT_TYPE_MARKER_RECORDED, EVENT_TYPE_ACTIVITY_TASK_SCHEDULED } = temporal.api.enums.v1.EventType;
   const types = (history.events ?? []).map((e) => e.eventType);
-  expect(types).toContain(temporal.api.enums.v1.EventType.EVENT_TYPE_MARKER_RECORDED);
-  await expect(Worker.runReplayHistory({ workflowBundle: workflowBundle() }, history, 'u:fixture:dead-before-change')).resolves.toBeUndefined();
+  expect(types).toContain(EVENT_TYPE_MARKER_RECORDED);
+  expect(types).toContain(EVENT_TYPE_ACTIVITY_TASK_SCHEDULED);
+  await expect(Worker.runReplayHistory({ workflowBundle: workflowBundle() }, history, 'u:fixture:dead-letter')).resolves.toBeUndefined();
 });

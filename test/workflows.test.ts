@@ -16,7 +16,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, retrySignal, SEARCH_ATTRIBUTES, stateQuery, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, reopenSignal, SEARCH_ATTRIBUTES, stateQuery, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -43,6 +43,7 @@ const RETRY = {
   maximumIntervalMs: 60_000,
   maximumAttempts: 4,
   attemptTimeoutMs: 30_000,
+  heartbeatTimeoutMs: 10_000,
   maxRateLimitedMs: 10 * 60_000,
   deadLetterOpenMs: 7 * 86_400_000,
 };
@@ -57,15 +58,12 @@ function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: st
       calls.deliver.push(input);
       return deliver(input);
     },
-    async takeTurn() {
-      return true;
-    },
     async markDead(input) {
       calls.dead.push({ code: input.code, message: input.message });
       await hooks.markDead?.(input);
       return calls.deliver.length;
     },
-    async markRetrying() {
+    async markReopened() {
       calls.retrying++;
     },
   };
@@ -83,7 +81,7 @@ function start(taskQueue: string, input: Partial<UsageWorkflowInput> = {}) {
   return env.client.workflow.start('usageWorkflow', {
     taskQueue,
     workflowId: key,
-    args: [{ key, tenantId: 'wf', retry: RETRY, lanes: true, ...input } satisfies UsageWorkflowInput],
+    args: [{ key, tenantId: 'wf', retry: RETRY, ...input } satisfies UsageWorkflowInput],
   });
 }
 
@@ -139,7 +137,7 @@ it('does not drop a retry signal sent while the dead mark is still being written
     const handle = await start(taskQueue);
     await deadStarted;
     // The operator sees "dead" and signals before the row's bookkeeping has finished.
-    await handle.signal(retrySignal, { requestedBy: 'test' });
+    await handle.signal(reopenSignal, { requestedBy: 'test' });
     releaseMarkDead();
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect(calls.deliver).toHaveLength(2);
@@ -148,7 +146,7 @@ it('does not drop a retry signal sent while the dead mark is still being written
 });
 
 it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", async () => {
-  const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', retryAfterMs: 60_000, attempts: 0 }));
+  const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', waitMs: 60_000, attempts: 0 }));
   await withWorker(activities, async (taskQueue) => {
     // Three deferrals per run: the 10-minute budget spans four runs.
     const handle = await start(taskQueue, { deferralsPerRun: 3 });
@@ -166,9 +164,9 @@ it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", a
 });
 
 it('never dead-letters an event for waiting on our own pace, a busy customer or our own database', async () => {
-  const reasons = ['paced', 'customer_busy', 'database_unavailable'] as const;
+  const reasons = ['paced', 'lease_busy', 'database_unavailable'] as const;
   const { calls, activities } = fakeActivities(async () =>
-    calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % 2]!, retryAfterMs: 60_000, attempts: 0 },
+    calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % 2]!, waitMs: 60_000, attempts: 0 },
   );
   await withWorker(activities, async (taskQueue) => {
     // 40 minutes of waiting, four times the 429 budget: still delivered.
@@ -190,10 +188,10 @@ it('keeps the 24 h guard: a plain retry is refused again, a forced retry sends',
     const handle = await start(taskQueue);
     await env.sleep('1 minute');
     expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead', lastError: { code: 'identifier_window_expired' } });
-    await handle.signal(retrySignal, {});
+    await handle.signal(reopenSignal, {});
     await env.sleep('1 minute');
     expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
-    await handle.signal(retrySignal, { force: true, requestedBy: 'ops' });
+    await handle.signal(reopenSignal, { force: true, requestedBy: 'ops' });
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect(calls.deliver.map((c) => c.force)).toEqual([false, false, true]);
     expect(calls.dead.map((d) => d.code)).toEqual(['identifier_window_expired', 'identifier_window_expired']);

@@ -13,35 +13,36 @@ export const OutboxStatusKey = defineSearchAttributeKey('OutboxStatus', SearchAt
 export const TenantIdKey = defineSearchAttributeKey('TenantId', SearchAttributeType.KEYWORD);
 export const SEARCH_ATTRIBUTES = [OutboxStatusKey, TenantIdKey];
 
-export interface RetryPolicyInput {
+/**
+ * Temporal's retry policy of the Stripe call (RETRY_*), and the bounds around it: one type for the
+ * configuration (src/config.ts `retry`) and the usage workflow's input.
+ */
+export interface RetryPolicy {
   initialIntervalMs: number;
   backoffCoefficient: number;
   maximumIntervalMs: number;
   maximumAttempts: number;
   /**
-   * How long one attempt may take before Temporal gives up on it and retries (the Stripe call's
-   * own timeout plus the database work around it, from the configuration). Also bounds how long a
-   * crashed worker's in-flight attempt holds the event.
+   * How long one attempt may take before Temporal gives up on it and retries (derived in
+   * src/config.ts `resolveTimings`). Also bounds how long a crashed worker's in-flight attempt
+   * holds the event.
    */
   attemptTimeoutMs: number;
+  /** A regular attempt heartbeats throughout: a dead worker's attempt is retried after this. */
+  heartbeatTimeoutMs: number;
   /** How long Stripe may keep answering 429 before the event is dead-lettered (RETRY_MAX_RATE_LIMITED_MS). */
   maxRateLimitedMs: number;
   /** How long a dead letter's run stays open waiting for a retry signal (DEAD_LETTER_OPEN_DAYS). */
-  deadLetterOpenMs?: number;
+  deadLetterOpenMs: number;
 }
 
 export interface UsageWorkflowInput {
   /** The outbox row's idempotency key: also this workflow's id and Stripe's `identifier`. */
   key: string;
   tenantId: string;
-  retry: RetryPolicyInput;
+  retry: RetryPolicy;
   /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
   force?: boolean;
-  /**
-   * Set on every run started since lanes: its delivery takes its (customer, meter) turn inside the
-   * delivery itself. Runs started before (absent) keep their old shape, so their histories replay.
-   */
-  lanes?: true;
   /**
    * Workflow time (ms) of the first 429 of the delivery in progress, carried across
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
@@ -56,23 +57,28 @@ export interface UsageWorkflowInput {
 
 export interface DeliverInput {
   key: string;
-  /** Operator override of the identifier-window guard (see RetryRequest.force). */
+  /** Operator override of the identifier-window guard (see ReopenRequest.force). */
   force?: boolean;
-  /** The workflow run holding this event's (customer, meter) lease (see src/stripe/meter-lease.ts). */
-  leaseHolder?: string;
 }
 
-/** Stripe's Retry-After is honoured, plus up to this much jitter so waiters do not stampede. */
-export const RATE_LIMIT_JITTER_MS = 500;
-
 /**
- * Why a delivery was put off without spending a retry attempt: Stripe answered 429
+ * Why a delivery was put off without spending an attempt of the retry policy: Stripe answered 429
  * (`rate_limited`, the only one bounded by RETRY_MAX_RATE_LIMITED_MS), our own account-wide pace
- * had no slot soon enough (`paced`), another call held the (customer, meter) lease (`customer_busy`),
+ * had no slot soon enough (`paced`), another call held the (customer, meter) lease (`lease_busy`),
  * or our own PostgreSQL was unreachable (`database_unavailable`: our outage must never dead-letter
  * an event; its retries resume the delivery, and Stripe's dedup absorbs a call made again).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'customer_busy' | 'database_unavailable';
+export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable';
+
+/** What one attempt of the delivery activity answers. */
+export type DeliveryResult =
+  /**
+   * `sent`: v1, Stripe took it now (final); `accepted`: v2, the stream took it (validated later);
+   * `duplicate`: Stripe already had it (an earlier lost answer); `already_sent`: the row says so.
+   */
+  | { outcome: 'sent' | 'accepted' | 'duplicate' | 'already_sent'; attempts: number }
+  /** Not this time, and not a failure: the workflow waits `waitMs` and asks again (see DeferralReason). */
+  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number };
 
 export interface UsageState {
   status: OutboxStatus;
@@ -81,7 +87,8 @@ export interface UsageState {
   lastError: { code: string; message: string } | null;
 }
 
-export interface RetryRequest {
+/** An operator's retry of a dead letter (the CLI's `retry`, or the `retry` signal in the Web UI). */
+export interface ReopenRequest {
   /**
    * Resend even though the event's first attempt is older than Stripe's 24-hour identifier
    * window, where Stripe can no longer tell it is a duplicate. Only after reconciliation.
@@ -91,8 +98,12 @@ export interface RetryRequest {
   requestedBy?: string;
 }
 
-/** Sent by an operator to a dead event: try again with the same identifier. */
-export const retrySignal = defineSignal<[RetryRequest?]>('retry');
+/**
+ * Sent by an operator to a dead letter's open run: reopen it, and deliver again with the same
+ * identifier. In code the operator's action is "reopen" (Temporal's "retry" is its retry policy);
+ * on the wire the signal keeps the name operators type in the Web UI and the CLI: `retry`.
+ */
+export const reopenSignal = defineSignal<[ReopenRequest?]>('retry');
 export const stateQuery = defineQuery<UsageState>('state');
 
 export interface RelayWorkflowInput {

@@ -6,9 +6,10 @@
  * waiting for an operator's `retry` signal, so the dead letter is visible in the Web UI and can be
  * resent with the same identifier.
  *
- * Waiting is not failing: before each call the workflow takes its turn on the (customer, meter)
- * lease (Stripe allows one call at a time per pair), the call waits for its slot in the
- * account-wide pace, and a 429 makes it wait Retry-After. None of these spends a retry attempt.
+ * Waiting is not failing: the delivery activity waits for the (customer, meter) lease (Stripe allows
+ * one call at a time per customer and meter) and for its slot in the account-wide pace, and a 429
+ * makes the workflow wait Stripe's Retry-After. None of these spends a retry attempt: the activity
+ * answers `deferred`, and the workflow waits on a timer.
  */
 import {
   ActivityFailure,
@@ -24,23 +25,21 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
+import type { DeliveryActivities } from '../activities/delivery.js';
 import {
   ErrorTypes,
   OutboxStatusKey,
-  retrySignal,
+  reopenSignal,
   stateQuery,
+  type DeliveryResult,
   type OutboxStatus,
-  type RetryRequest,
+  type ReopenRequest,
   type UsageState,
   type UsageWorkflowInput,
 } from './shared.js';
 
 /** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
 const DEFERRALS_PER_RUN = 200;
-
-/** Waiting for a busy (customer, meter): 100 ms doubling to 5 s, with jitter. */
-const TURN_BACKOFF_MS = { first: 100, max: 5_000 };
 
 const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend, ErrorTypes.deferredTooLong];
 
@@ -65,15 +64,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const { deliverUsage } = proxyActivities<DeliveryActivities>({
     summary: "Report to Stripe: again, on Temporal's retry policy",
     startToCloseTimeout: attemptTimeoutMs,
-    // The attempt heartbeats throughout (waiting for its turn, and the call): a dead worker's
+    // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
     // attempt is retried elsewhere after this, not after the whole attempt timeout.
-    heartbeatTimeout: '10 seconds',
+    heartbeatTimeout: input.retry.heartbeatTimeoutMs,
     retry: retryPolicy(Math.max(1, maximumAttempts - 1)),
-  });
-  // Runs started before lanes: every attempt a regular activity, as they were scheduled then.
-  const { deliverUsage: deliverAsBefore } = proxyActivities<DeliveryActivities>({
-    startToCloseTimeout: attemptTimeoutMs,
-    retry: retryPolicy(maximumAttempts),
   });
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
   const bookkeeping = {
@@ -81,25 +75,16 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   } as const;
   const { markDead } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: 'Mark the outbox row dead' });
-  const { markRetrying } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
-  // Only for runs that started before lanes (see `lanes` below): they took their turn in this local
-  // activity. A few quick tries only: while the database is unreachable the workflow waits on a
-  // durable timer instead of in a local activity's retry loop.
-  const { takeTurn } = proxyLocalActivities<DeliveryActivities>({
-    startToCloseTimeout: '10 seconds',
-    retry: { initialInterval: '500 milliseconds', maximumAttempts: 3 },
-  });
+  const { markReopened } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
 
-  const info = workflowInfo();
-  const holder = `${info.workflowId}/${info.runId}`;
   // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
   const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
   show([`**Delivering** to Stripe with identifier \`${input.key}\`.`]);
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
-  let requested: RetryRequest | undefined;
+  let requested: ReopenRequest | undefined;
   let force = input.force === true;
   setHandler(stateQuery, () => state);
-  setHandler(retrySignal, (request: RetryRequest = {}) => {
+  setHandler(reopenSignal, (request: ReopenRequest = {}) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
     if (state.status === 'dead') requested = request;
   });
@@ -108,12 +93,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    * Waits for an operator's retry signal, or takes the one that arrived since the event died. A dead
    * letter's run waits at most `deadLetterOpenMs`, then closes (undefined): the row stays dead, and
    * `billing-outbox retry` reopens it with a new run, so open runs cannot pile up without bound.
-   * Runs started before lanes wait as they always did (a timer here would not replay).
    */
-  const nextRetry = async (): Promise<RetryRequest | undefined> => {
-    const waitMs = input.lanes === true ? input.retry.deadLetterOpenMs : undefined;
-    if (waitMs === undefined) await condition(() => requested !== undefined);
-    else if (!(await condition(() => requested !== undefined, waitMs))) return undefined;
+  const nextReopen = async (): Promise<ReopenRequest | undefined> => {
+    if (!(await condition(() => requested !== undefined, input.retry.deadLetterOpenMs))) return undefined;
     const request = requested ?? {};
     requested = undefined;
     return request;
@@ -122,25 +104,6 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const setStatus = (status: OutboxStatus) => {
     state.status = status;
     upsertSearchAttributes([{ key: OutboxStatusKey, value: status }]);
-  };
-
-  /** Takes the (customer, meter) lease, waiting with backoff while another call holds it. */
-  const waitForTurn = async () => {
-    // The lease must outlast the wait in the rate-limited queue and the call itself.
-    const leaseMs = attemptTimeoutMs + 30_000;
-    for (let busy = 0; ; busy++) {
-      try {
-        if (await takeTurn({ key: input.key, holder, leaseMs })) return;
-      } catch (err) {
-        // A local activity's failure arrives as its cause (an ApplicationFailure), not wrapped in
-        // an ActivityFailure. Either way it is PostgreSQL being unreachable, not this event's
-        // fault: wait and try again. Only cancellation ends the wait.
-        if (isCancellation(err)) throw err;
-        busy = Math.max(busy, 5);
-      }
-      const ceiling = Math.min(TURN_BACKOFF_MS.max, TURN_BACKOFF_MS.first * 2 ** busy);
-      await sleep(ceiling / 2 + Math.random() * (ceiling / 2));
-    }
   };
 
   // When Stripe's 429s began holding this delivery back (workflow time), whatever run we are in.
@@ -154,29 +117,19 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
     let inTask = true;
     for (let deferrals = 1; ; deferrals++) {
-      // Since lanes, the delivery waits for its (customer, meter) turn itself, woken by the previous
-      // call's hand-off: no polling timers. A run started before (its input says so) keeps taking
-      // its turn here as it did, so that its history replays. (Not `patched()`: it would record a
-      // marker and upsert a search attribute in every run, two history events and a billable
-      // action per event for a branch only old runs take.)
       let result: DeliveryResult;
-      if (input.lanes === true) {
-        if (inTask) {
-          inTask = false;
-          try {
-            result = await deliverInTask({ key: input.key, force });
-          } catch (err) {
-            // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
-            if (isFinal(err) || maximumAttempts <= 1) throw err;
-            await sleep(input.retry.initialIntervalMs);
-            continue;
-          }
-        } else {
-          result = await deliverUsage({ key: input.key, force });
+      if (inTask) {
+        inTask = false;
+        try {
+          result = await deliverInTask({ key: input.key, force });
+        } catch (err) {
+          // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
+          if (isFinal(err) || maximumAttempts <= 1) throw err;
+          await sleep(input.retry.initialIntervalMs);
+          continue;
         }
       } else {
-        await waitForTurn();
-        result = await deliverAsBefore({ key: input.key, force, leaseHolder: holder });
+        result = await deliverUsage({ key: input.key, force });
       }
       if (result.outcome !== 'deferred') return result;
       if (result.reason === 'rate_limited') {
@@ -191,10 +144,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
         }
       }
       show([
-        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.retryAfterMs).toISOString()}. Waiting spends no retry attempt.`,
+        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.waitMs).toISOString()}. Waiting spends no retry attempt.`,
         `Identifier \`${input.key}\`.`,
       ]);
-      await sleep(result.retryAfterMs);
+      await sleep(result.waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
         await continueAsNew<typeof usageWorkflow>({ ...input, force, ...(rateLimitedSince === undefined ? {} : { rateLimitedSince }) });
@@ -207,10 +160,11 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       const result = await deliver();
       state.attempts = result.attempts;
       state.lastError = null;
+      // v1: `sent`; v2: `accepted` (the stream validates later), as the row says.
       // Not upserted: a run that completes is a delivered event (ExecutionStatus "Completed"), and
       // an upsert would cost every event one more history event and, on Temporal Cloud, one more
       // billable action. OutboxStatus changes only while the run stays open (dead, retried).
-      state.status = 'sent';
+      state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
       return state;
     } catch (err) {
       if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
@@ -220,30 +174,30 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       requested = undefined;
       setStatus('dead');
       state.attempts = await markDead({ key: input.key, ...state.lastError });
-      const closesAt = input.lanes === true && input.retry.deadLetterOpenMs !== undefined ? new Date(Date.now() + input.retry.deadLetterOpenMs) : undefined;
+      const closesAt = new Date(Date.now() + input.retry.deadLetterOpenMs);
       show([
         `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,
         `Fix the cause, then retry with the same identifier: \`npm run cli -- retry '${input.key}'\` (or signal \`retry\` here).`,
-        closesAt ? `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.` : '',
-      ].filter(Boolean));
+        `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
+      ]);
     }
-    const retry = await nextRetry();
-    if (!retry) {
+    const reopen = await nextReopen();
+    if (!reopen) {
       // Nobody retried it in time: the run ends (as Failed, so no list counts it as delivered), the
       // row stays dead, and the CLI reopens it if it is ever retried.
       throw ApplicationFailure.create({
         type: ErrorTypes.deadLetterClosed,
-        message: `dead letter not retried within ${Math.round((input.retry.deadLetterOpenMs ?? 0) / 3_600_000)} h; the row stays dead: billing-outbox retry '${input.key}' reopens it`,
+        message: `dead letter not retried within ${Math.round(input.retry.deadLetterOpenMs / 3_600_000)} h; the row stays dead: billing-outbox retry '${input.key}' reopens it`,
         details: [state.lastError?.code ?? 'dead'],
         nonRetryable: true,
       });
     }
-    force = retry.force === true;
+    force = reopen.force === true;
     // A new delivery: its 429s are counted afresh.
     rateLimitedSince = undefined;
-    await markRetrying(input.key);
+    await markReopened(input.key);
     setStatus('dispatched');
-    show([`**Retrying** at ${retry.requestedBy ? `${retry.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
+    show([`**Retrying** at ${reopen.requestedBy ? `${reopen.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
   }
 }
 
@@ -251,7 +205,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reason'], string> = {
   rate_limited: 'for Stripe: it answered 429 (rate limited)',
   paced: "for a slot in the account's pace (STRIPE_RATE_LIMIT_PER_SECOND)",
-  customer_busy: 'for its turn: another call for this customer and meter is in flight',
+  lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
 };
 

@@ -3,6 +3,7 @@
  * when no STRIPE_API_KEY is set (found through .data/endpoints.json, or LOCAL_STRIPE_URL). Nothing
  * here can reach the real Stripe: the control API answers loopback clients of the local server only.
  */
+import { loadConfig, type Config } from '../config.js';
 import { loadDotEnv, defaultDataDir, readRunningStack } from '../embedded/local-files.js';
 import type { FaultState, RecordedMeterEvent } from '../embedded/stripe/types.js';
 
@@ -29,7 +30,7 @@ async function main(argv: string[]): Promise<number> {
     console.log(HELP);
     return command ? 0 : 2;
   }
-  const base = localStripeUrl();
+  const base = localStripeUrl(loadConfig());
   if (!base) {
     console.error('no local Stripe is running: `npm start` runs one when STRIPE_API_KEY is not set (or set LOCAL_STRIPE_URL)');
     return 1;
@@ -156,9 +157,8 @@ function usage(message: string): number {
   return 2;
 }
 
-function localStripeUrl(): string | undefined {
-  if (process.env.LOCAL_STRIPE_URL) return process.env.LOCAL_STRIPE_URL.replace(/\/+$/, '');
-  return readRunningStack(defaultDataDir(process.env.DATA_DIR))?.localStripe;
+function localStripeUrl(config: Pick<Config, 'localStripeUrl' | 'dataDir'>): string | undefined {
+  return config.localStripeUrl ?? readRunningStack(defaultDataDir(config.dataDir))?.localStripe;
 }
 
 try {

@@ -23,8 +23,6 @@ export interface EmbeddedPg {
 
 /** The role the application connects as: owns its database, nothing else. */
 const APP_ROLE = 'billing_outbox';
-/** The password data folders were created with before passwords were generated; rotated away on start. */
-const LEGACY_PASSWORD = 'billing-outbox-local';
 
 interface Secrets {
   admin: string;
@@ -35,13 +33,13 @@ interface Secrets {
  * The passwords of a data folder, kept beside it (`<dataDir>.secrets.json`, readable by its owner
  * only): generated at random for a new folder, so no two installations share one.
  */
-async function secretsFor(dataDir: string): Promise<{ secrets: Secrets; existed: boolean }> {
+async function secretsFor(dataDir: string): Promise<Secrets> {
   const file = `${path.resolve(dataDir)}.secrets.json`;
-  if (existsSync(file)) return { secrets: JSON.parse(await readFile(file, 'utf8')) as Secrets, existed: true };
+  if (existsSync(file)) return JSON.parse(await readFile(file, 'utf8')) as Secrets;
   const secrets = { admin: randomBytes(24).toString('hex'), app: randomBytes(24).toString('hex') };
   await mkdir(path.dirname(file), { recursive: true });
   await writeFile(file, JSON.stringify(secrets), { mode: 0o600 });
-  return { secrets, existed: false };
+  return secrets;
 }
 
 /** A data folder PostgreSQL cannot use, said with what to do about it. */
@@ -155,10 +153,8 @@ export async function startEmbeddedPostgres(opts: {
     );
   }
   const fresh = !existsSync(path.join(opts.dataDir, 'PG_VERSION'));
-  const { secrets, existed } = await secretsFor(opts.dataDir);
-  // A folder made before passwords were generated still has the old one until it is rotated below.
-  const rotate = !fresh && !existed;
-  const password = rotate ? LEGACY_PASSWORD : secrets.admin;
+  const secrets = await secretsFor(opts.dataDir);
+  const password = secrets.admin;
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const server = new EmbeddedPostgres({
     databaseDir: path.resolve(opts.dataDir),
@@ -191,11 +187,10 @@ export async function startEmbeddedPostgres(opts: {
     }
   };
   await asAdmin(async (admin) => {
-    if (rotate) await admin.query(`ALTER ROLE ${user} PASSWORD ${admin.escapeLiteral(secrets.admin)}`);
     const role = await admin.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [APP_ROLE]);
     const verb = role.rowCount === 0 ? 'CREATE' : 'ALTER';
     await admin.query(`${verb} ROLE ${APP_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD ${admin.escapeLiteral(secrets.app)}`);
-  }, password);
+  });
   const database = opts.database ?? 'billing_outbox';
   /**
    * A new database belongs to the application's role. One made before that role existed stays the

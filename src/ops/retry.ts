@@ -30,7 +30,7 @@ import {
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
-import { retrySignal, stateQuery, type UsageState } from '../../workflows/shared.js';
+import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 
@@ -203,7 +203,7 @@ export class DeadLetterRetrier {
       // A run whose state is not dead has already taken a retry (another operator's, or a run
       // reopened since the row was read): signalling again would do nothing, so say so.
       if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
-      await handle.signal(retrySignal, { force: opts.force, requestedBy: opts.requestedBy });
+      await handle.signal(reopenSignal, { force: opts.force, requestedBy: opts.requestedBy });
       return done(
         'signalled',
         state ? 'signalled its open workflow to retry' : 'signalled its open workflow to retry (its state query went unanswered: is a worker running?)',

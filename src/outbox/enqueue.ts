@@ -3,8 +3,8 @@
  * its meter event, in the caller's own transaction, with no network call.
  */
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
-import { idempotencyKeyFor, LEGACY_KEY_PREFIX } from './keys.js';
-import { findEntryByUsage, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
+import { idempotencyKeyFor } from './keys.js';
+import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
 export interface RecordUsageResult {
@@ -51,7 +51,7 @@ export async function recordUsage(
   if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
-  const found = await findEntryByUsage(client, usage.tenantId, { key, legacyKey: `${LEGACY_KEY_PREFIX}${usage.usageId}` });
+  const found = await findEntryByKey(client, usage.tenantId, key);
   if (!found) {
     // The usage row exists without an outbox row: its outbox row was delivered and pruned after
     // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).

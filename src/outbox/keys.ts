@@ -8,17 +8,12 @@
  *   ends the tenant: two different (tenant, usage id) pairs never give the same key.
  * - `h:<sha-256 of tenant, NUL, usage id, in hex>` otherwise (66 characters). Tenants and ids never
  *   contain NUL (src/outbox/validate.ts), so the hashed text is unambiguous too.
- * - Rows written before migrations/005 keep `usage_log:<usage id>`: their workflows and Stripe know
- *   them by it. No new key starts that way.
  *
  * Bytes rather than characters are counted: Stripe says "100 characters" without saying how it
  * counts them, and a byte never undercounts.
  */
 import { createHash } from 'node:crypto';
 import { MAX_IDENTIFIER_LENGTH } from '../stripe/rules.js';
-
-/** The prefix of keys written before tenant-scoped keys (migrations/005). */
-export const LEGACY_KEY_PREFIX = 'usage_log:';
 
 const encodeTenant = (tenantId: string) => tenantId.replace(/%/g, '%25').replace(/:/g, '%3A');
 

@@ -3,17 +3,19 @@
  *
  * - relays wait on OUTBOX_CHANNEL: new outbox rows committed, or a lane with room again (a
  *   delivery finished);
- * - deliveries waiting for a (customer, meter) lease wait on LANE_CHANNEL, each for its own pair's
- *   hand-off (src/stripe/meter-lease.ts): the payload names the pair.
+ * - deliveries waiting for a (customer, meter) lease wait on LEASE_CHANNEL, each for its own
+ *   lease's hand-off (src/stripe/meter-lease.ts): the payload names the lease and its new holder.
  *
- * Waiters wait on a *topic*: OUTBOX_TOPIC, or a lane id. Losing the connection only costs latency:
+ * Waiters wait on a *topic*: OUTBOX_TOPIC, or a lease id. Losing the connection only costs latency:
  * every waiter also wakes on a timeout, and the listener reconnects with backoff.
  */
 import pg from 'pg';
-import { LANE_CHANNEL } from '../stripe/meter-lease.js';
 
+/** New outbox rows committed, or a lane (tenant, meter) with room again; no payload. */
 export const OUTBOX_CHANNEL = 'billing_outbox';
-/** The topic of OUTBOX_CHANNEL's notifications (lane ids are the topics of LANE_CHANNEL's). */
+/** A (customer, meter) lease handed off; payload: the lease id, U+001E, the new holder (empty: none). */
+export const LEASE_CHANNEL = 'billing_lease';
+/** The topic of OUTBOX_CHANNEL's notifications (lease ids are the topics of LEASE_CHANNEL's). */
 export const OUTBOX_TOPIC = '';
 
 export class OutboxNotifier {
@@ -53,16 +55,16 @@ export class OutboxNotifier {
       const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'billing-outbox-listen' });
       try {
         client.on('notification', (n) => {
-          if (n.channel !== LANE_CHANNEL) return this.wake(OUTBOX_TOPIC);
-          // "<lane>\u001e<new holder>": the holder is empty when nobody was waiting.
-          const [lane = '', holder = ''] = (n.payload ?? '').split('\u001e');
-          this.handOff(lane, holder || undefined);
+          if (n.channel !== LEASE_CHANNEL) return this.wake(OUTBOX_TOPIC);
+          // "<lease id>\u001e<new holder>": the holder is empty when nobody was waiting.
+          const [lease = '', holder = ''] = (n.payload ?? '').split('\u001e');
+          this.handOff(lease, holder || undefined);
         });
         client.on('error', () => this.onLost(client));
         client.on('end', () => this.onLost(client));
         await client.connect();
         await client.query(`LISTEN ${OUTBOX_CHANNEL}`);
-        await client.query(`LISTEN ${LANE_CHANNEL}`);
+        await client.query(`LISTEN ${LEASE_CHANNEL}`);
         this.client = client;
         this.reconnectDelayMs = 100;
         // Rows may have committed, and leases been given back, while we were not listening.
@@ -85,17 +87,17 @@ export class OutboxNotifier {
   }
 
   /**
-   * A lane's lease was given up, and handed to `holder` (if anyone was waiting): its waiters wake,
-   * and the one it was handed to learns it from `handedTo` without asking PostgreSQL.
+   * A lease was given up, and handed to `holder` (if anyone was waiting): its waiters wake, and the
+   * one it was handed to learns it from `handedTo` without asking PostgreSQL.
    */
-  handOff(lane: string, holder: string | undefined): void {
-    if (holder) this.handedTo_.set(lane, holder);
-    this.wake(lane);
+  handOff(lease: string, holder: string | undefined): void {
+    if (holder) this.handedTo_.set(lease, holder);
+    this.wake(lease);
   }
 
-  /** Who the lease of `lane` was last handed to, as far as this process has heard. */
-  handedTo(lane: string): string | undefined {
-    return this.handedTo_.get(lane);
+  /** Who `lease` was last handed to, as far as this process has heard. */
+  handedTo(lease: string): string | undefined {
+    return this.handedTo_.get(lease);
   }
 
   /** Wakes the waiters of `topic` now: a notification, or a hand-off within this process. */

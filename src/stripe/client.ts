@@ -4,7 +4,7 @@
  */
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
-import type { MeterKeys } from './meters.js';
+import { meterEventPayload, type MeterEvent } from './meters.js';
 
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
 export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';
@@ -28,20 +28,11 @@ export function createStripeClient(stripe: Config['stripe'], apiKey?: string): S
   });
 }
 
-export interface MeterEventRequest {
-  eventName: string;
-  /** Where this event's meter reads the customer and the value (src/stripe/meters.ts). */
-  keys: Pick<MeterKeys, 'customerKey' | 'valueKey'>;
-  stripeCustomerId: string;
-  quantity: number;
-  identifier: string;
-  occurredAt: Date;
-}
-
-export async function sendMeterEvent(client: Pick<Stripe, 'billing'>, event: MeterEventRequest): Promise<void> {
+/** One v1 meter-event call (the v1 sender of src/stripe/sender.ts; tests and benchmarks call it directly). */
+export async function sendMeterEvent(client: Pick<Stripe, 'billing'>, event: MeterEvent): Promise<void> {
   await client.billing.meterEvents.create({
     event_name: event.eventName,
-    payload: { [event.keys.customerKey]: event.stripeCustomerId, [event.keys.valueKey]: String(event.quantity) },
+    payload: meterEventPayload(event),
     identifier: event.identifier,
     timestamp: Math.floor(event.occurredAt.getTime() / 1000),
   });

@@ -28,6 +28,23 @@ export interface MeterKeys {
   valueKey: string;
 }
 
+/** One meter event, as both meter APIs take it (src/stripe/sender.ts). */
+export interface MeterEvent {
+  eventName: string;
+  /** Where this event's meter reads the customer and the value. */
+  keys: Pick<MeterKeys, 'customerKey' | 'valueKey'>;
+  stripeCustomerId: string;
+  quantity: number;
+  /** The outbox row's idempotency key: Stripe deduplicates on it for 24 h. */
+  identifier: string;
+  occurredAt: Date;
+}
+
+/** The event's payload, under its meter's keys: built here once for v1 and v2 alike. */
+export function meterEventPayload(event: MeterEvent): Record<string, string> {
+  return { [event.keys.customerKey]: event.stripeCustomerId, [event.keys.valueKey]: String(event.quantity) };
+}
+
 /**
  * The payload keys of each meter, read from Stripe's meter list and cached for the life of the
  * worker. Stripe does not let a meter's payload keys change, so an entry never goes stale (a meter

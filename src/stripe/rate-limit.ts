@@ -9,8 +9,8 @@
  * With `maxWaitMs`, only slots within that horizon are granted, and a caller granted none is told
  * how long the queue is, so it can wait elsewhere (a workflow timer) without holding a worker slot.
  *
- * Two buckets (migrations/004): `stripe_calls` paces each meter-event call; `dispatch` paces the
- * relays, so that a backlog after an outage stays in the outbox instead of becoming thousands of
+ * Its statement: src/outbox/sql/pace.ts. Two buckets (migrations/004): `stripe_calls` paces each
+ * meter-event call (and each v2 stream request); `dispatch` paces the relays, so that a backlog after an outage stays in the outbox instead of becoming thousands of
  * workflows all waiting for a call slot.
  *
  * Rejected: Temporal's `maxTaskQueueActivitiesPerSecond` on a dedicated task queue (measured here
@@ -19,55 +19,7 @@
  * times the rate).
  */
 import type { Queryable } from '../db.js';
-
-export type Bucket = 'stripe_calls' | 'dispatch';
-
-export interface Reservation {
-  /** Slots reserved (≤ count). */
-  granted: number;
-  /** Until the first slot: the caller's own wait when it asked for one slot. */
-  waitMs: number;
-  /** Until the end of the reserved span (the first slot after the granted ones). */
-  spanEndMs: number;
-}
-
-export async function reserveSlots(
-  db: Queryable,
-  opts: { bucket: Bucket; count: number; perSecond: number; maxWaitMs?: number },
-): Promise<Reservation> {
-  const intervalUs = Math.max(1, Math.round(1_000_000 / opts.perSecond));
-  const { rows } = await db.query<{ granted: number; wait_ms: number; span_end_ms: number }>({
-    // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/reserve-slots',
-    text: `WITH cur AS (
-       SELECT GREATEST(next_slot, clock_timestamp()) AS slot, clock_timestamp() AS now
-         FROM rate_limits WHERE bucket = $1::text FOR UPDATE
-     ), grant_ AS (
-       SELECT slot, now,
-              CASE WHEN $4::int IS NULL THEN $2::int
-                   ELSE LEAST($2::int, GREATEST(0,
-                          floor(extract(epoch FROM now + $4::int * interval '1 millisecond' - slot) * 1000000 / $3::int)::int + 1))
-              END AS granted
-         FROM cur
-     ), moved AS (
-       UPDATE rate_limits r SET next_slot = g.slot + g.granted * $3::int * interval '1 microsecond'
-         FROM grant_ g WHERE r.bucket = $1::text
-       RETURNING r.next_slot
-     )
-     SELECT g.granted,
-            -- Commits without waiting for the WAL flush: a reservation lost in a crash of
-            -- PostgreSQL costs a slot, nothing more, and the row lock is held that much shorter
-            -- (every reservation queues on it).
-            set_config('synchronous_commit', 'off', true) AS async_commit,
-            GREATEST(0, extract(epoch FROM g.slot - g.now) * 1000)::float8 AS wait_ms,
-            GREATEST(0, extract(epoch FROM (SELECT next_slot FROM moved) - g.now) * 1000)::float8 AS span_end_ms
-       FROM grant_ g`,
-    values: [opts.bucket, opts.count, intervalUs, opts.maxWaitMs ?? null],
-  });
-  const r = rows[0];
-  if (!r) throw new Error(`rate limit bucket ${opts.bucket} is missing: run the migrations`);
-  return { granted: r.granted, waitMs: Math.ceil(r.wait_ms), spanEndMs: Math.ceil(r.span_end_ms) };
-}
+import { reserveSlots, type Bucket } from '../outbox/sql/pace.js';
 
 /**
  * One process's side of the shared limiter: the deliveries of a worker that want a call slot at
@@ -91,6 +43,18 @@ export class SlotPacer {
       this.waiting.push({ resolve, reject });
       if (!this.inFlight) void this.flush();
     });
+  }
+
+  /**
+   * A call whose database work ran late (a stalled query, a starved process) would reach Stripe
+   * bunched with others that were late too: a burst over the account limit although every slot was
+   * paced. Past `toleranceMs` (at least one interval) late, it takes a new place in the pace instead
+   * and waits for it. A little lateness bunches a few calls, well within the headroom under Stripe's limit.
+   */
+  async keepPace(slotAt: number, toleranceMs: number, sleep: (ms: number) => Promise<void>): Promise<void> {
+    if (Date.now() - slotAt <= Math.max(1_000 / this.opts.perSecond, toleranceMs)) return;
+    const again = await reserveSlots(this.db, { bucket: this.opts.bucket, count: 1, perSecond: this.opts.perSecond });
+    if (again.waitMs > 0) await sleep(again.waitMs);
   }
 
   /** Waits for a slot however long the queue is (a stream request, carrying many events, is not put off). */

@@ -43,7 +43,7 @@ export const TEST_CALLS_PER_SECOND = 25;
 /** Our defaults stay 10 % (live) and 20 % (test) under those, leaving room for the account's other calls. */
 export const DEFAULT_LIVE_RATE = 900;
 export const DEFAULT_TEST_RATE = 20;
-/** [limits] One concurrent meter-event call per customer per meter (the lane, src/stripe/meter-lease.ts). */
+/** [limits] One concurrent meter-event call per customer per meter (v1; the lease, src/stripe/meter-lease.ts). */
 export const CONCURRENT_CALLS_PER_CUSTOMER_METER = 1;
 
 /** [stream] The v2 meter event stream takes "up to 100 events per request". */

@@ -15,17 +15,9 @@
  * identifier are dropped by Stripe silently (24 h), so a resend after a lost answer is harmless.
  */
 import Stripe from 'stripe';
+import { meterEventPayload, type MeterEvent } from './meters.js';
 import { MAX_STREAM_BATCH } from './rules.js';
-import type { MeterKeys } from './meters.js';
-
-export interface StreamEvent {
-  eventName: string;
-  keys: Pick<MeterKeys, 'customerKey' | 'valueKey'>;
-  stripeCustomerId: string;
-  quantity: number;
-  identifier: string;
-  occurredAt: Date;
-}
+import type { MeterEventSender } from './sender.js';
 
 /** One event as the stream takes it (the package's own parameter type). */
 type WireEvent = Parameters<Stripe['v2']['billing']['meterEventStream']['create']>[0]['events'][number];
@@ -57,14 +49,15 @@ export function stripeStream(secretKeyClient: Stripe, clientFor: (token: string)
 }
 
 interface Waiting {
-  event: StreamEvent;
+  event: MeterEvent;
   resolve: () => void;
   reject: (err: unknown) => void;
 }
 
 const REFRESH_BEFORE_EXPIRY_MS = 60_000;
 
-export class MeterEventStream {
+export class MeterEventStream implements MeterEventSender {
+  readonly api = 'v2';
   private queue: Waiting[] = [];
   private timer: NodeJS.Timeout | undefined;
   private session: Promise<{ token: string; expiresAt: Date }> | undefined;
@@ -83,7 +76,7 @@ export class MeterEventStream {
   ) {}
 
   /** Sends `event` in the next batch; settles with that batch's outcome. */
-  send(event: StreamEvent): Promise<void> {
+  send(event: MeterEvent): Promise<void> {
     return new Promise((resolve, reject) => {
       this.queue.push({ event, resolve, reject });
       if (this.queue.length >= (this.opts.maxBatch ?? MAX_STREAM_BATCH)) this.flush();
@@ -114,9 +107,9 @@ export class MeterEventStream {
     }
   }
 
-  private async post(events: StreamEvent[]): Promise<void> {
+  private async post(events: MeterEvent[]): Promise<void> {
     await this.opts.pace?.();
-    const body = events.map(toStreamEvent);
+    const body = events.map(toWireEvent);
     for (let tries = 1; ; tries++) {
       const { pending, token } = await this.currentSession();
       try {
@@ -158,10 +151,10 @@ export function isSessionExpired(err: unknown): boolean {
   return e?.type === 'TemporarySessionExpiredError' || e?.code === 'billing_meter_event_session_expired';
 }
 
-function toStreamEvent(e: StreamEvent): WireEvent {
+function toWireEvent(e: MeterEvent): WireEvent {
   return {
     event_name: e.eventName,
-    payload: { [e.keys.customerKey]: e.stripeCustomerId, [e.keys.valueKey]: String(e.quantity) },
+    payload: meterEventPayload(e),
     identifier: e.identifier,
     timestamp: e.occurredAt.toISOString(),
   };

@@ -41,7 +41,6 @@ export function usageWorkflowStartOptions(
     key: row.idempotency_key,
     tenantId: row.tenant_id,
     retry: config.retry,
-    lanes: true,
     ...(opts.force ? { force: true } : {}),
   };
   return {

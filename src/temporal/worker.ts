@@ -52,7 +52,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const notifier = new OutboxNotifier(deps.databaseUrl);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.
-  const requestPace = new SlotPacer(pool, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: 1_000 });
+  const requestPace = new SlotPacer(pool, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const stream =
     config.stripe.meterApi === 'v2'
       ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), { pace: () => requestPace.waitForSlot() })
@@ -71,10 +71,6 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     log: relayLog,
     runForMs: deps.relayRunForMs,
     metrics: deps.metrics,
-    stripeTimeoutMs: config.stripe.timeoutMs,
-    stripeCallsPerSecond: config.stripe.rateLimitPerSecond,
-    turnWaitMs: config.lanes.turnWaitMs,
-    unansweredHoldMs: config.stripe.unansweredHoldMs,
   });
   const worker = await Worker.create({
     connection: deps.connection,
@@ -83,7 +79,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     activities,
     workflowBundle: deps.workflowBundle ?? (await bundleWorkflows(deps.log)),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
-    // as long as it waits for its turn (a second at most; longer waits are the regular
+    // as long as it waits for its lease (a second at most; longer waits are the regular
     // activity's) and calls Stripe: the slots bound concurrent deliveries.
     maxConcurrentWorkflowTaskExecutions: config.worker.maxConcurrentDeliveries,
     maxConcurrentLocalActivityExecutions: config.worker.maxConcurrentDeliveries,

@@ -1,7 +1,7 @@
 /** Idempotency keys, pure: readable when they fit, hashed when not, never two pairs on one key. */
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { idempotencyKeyFor, LEGACY_KEY_PREFIX } from '../../src/outbox/keys.js';
+import { idempotencyKeyFor } from '../../src/outbox/keys.js';
 
 describe('idempotencyKeyFor', () => {
   it('is readable when it fits: u:<tenant>:<usage id>', () => {
@@ -31,10 +31,5 @@ describe('idempotencyKeyFor', () => {
     expect(idempotencyKeyFor(`a${long}`, 'b')).not.toBe(idempotencyKeyFor('a', `${long}b`));
     expect(idempotencyKeyFor('t', long)).toHaveLength(66);
     expect(idempotencyKeyFor('t', long)).toBe(idempotencyKeyFor('t', long));
-  });
-
-  it('never starts with the legacy prefix', () => {
-    expect(LEGACY_KEY_PREFIX).toBe('usage_log:');
-    expect(idempotencyKeyFor('usage_log', 'x').startsWith(LEGACY_KEY_PREFIX)).toBe(false);
   });
 });

@@ -3,10 +3,10 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { LANE_CHANNEL, type HandOff } from '../../stripe/meter-lease.js';
-import { OUTBOX_CHANNEL } from '../notifier.js';
+import { LEASE_CHANNEL, OUTBOX_CHANNEL } from '../notifier.js';
 import { AT_STRIPE, DELIVERED, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
+import type { HandOff } from './lease.js';
 
 export interface AttemptRow {
   status: OutboxStatus;
@@ -28,7 +28,7 @@ export interface AttemptRow {
  *
  * With `lease`, the attempt also extends that holder's (customer, meter) lease to cover the call,
  * and begins only if the holder still has it (`leaseHeld`): a lease handed over briefly
- * (src/stripe/meter-lease.ts) or one that lapsed is never called on.
+ * (./lease.ts `handOffLease`) or one that lapsed is never called on.
  */
 export async function beginAttempt(
   db: Queryable,
@@ -131,8 +131,8 @@ export async function markDelivered(db: Queryable, key: string, status: (typeof 
 }
 
 /**
- * `markDelivered` (as `sent`) and the hand-off of the (customer, meter) lease to the next waiting delivery
- * (src/stripe/meter-lease.ts `releaseTurn`) in one round trip: the common end of every delivery.
+ * `markDelivered` (as `sent`) and the hand-off of the (customer, meter) lease to the next waiting
+ * delivery (./lease.ts `handOffLease`) in one round trip: the common end of every v1 delivery.
  * Returns the attempts counted and the hand-offs made (NOTIFY at commit; the caller tells its own
  * process's waiters at once).
  */
@@ -153,16 +153,16 @@ export async function markSentAndHandOff(
         RETURNING attempt_count
      )
      SELECT (SELECT attempt_count FROM sent) AS attempt_count,
-            (SELECT json_agg(json_build_object('lane', h.lane, 'nextHolder', h.next_holder))
+            (SELECT json_agg(json_build_object('lease', h.lane, 'nextHolder', h.next_holder))
                FROM meter_lease_hand_off($3::text, $6::int, $5::text) h) AS hand_offs,
             (SELECT pg_notify($4::text, '') FROM sent) AS relays`,
-    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LANE_CHANNEL, handOffMs],
+    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LEASE_CHANNEL, handOffMs],
   });
   return { attempts: rows[0]?.attempt_count ?? 0, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
-export async function markDead(db: Queryable, key: string, code: string, message: string): Promise<number> {
+export async function markRowDead(db: Queryable, key: string, code: string, message: string): Promise<number> {
   const { rows } = await db.query<{ attempt_count: number }>(
     `WITH dead AS (
        UPDATE outbox
@@ -177,11 +177,36 @@ export async function markDead(db: Queryable, key: string, code: string, message
   return rows[0]?.attempt_count ?? 0;
 }
 
-/** An operator asked for another try: the dead letter is back in flight. */
-export async function markRetrying(db: Queryable, key: string): Promise<void> {
+/** An operator's retry reopened the dead letter in its open run: the row is back in flight. */
+export async function markRowReopened(db: Queryable, key: string): Promise<void> {
   await db.query(
     `UPDATE outbox SET status = 'dispatched', dead_at = NULL, updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'dead'`,
     [key],
   );
+}
+
+/** The statements the delivery activity runs, bound to its pool (a fake in the activity's unit tests). */
+export interface DeliveryStore {
+  beginAttempt(key: string, opts: Parameters<typeof beginAttempt>[2]): ReturnType<typeof beginAttempt>;
+  undoAttempt(key: string, opts: { wasFirst: boolean }): Promise<void>;
+  findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at'> | undefined>;
+  recordAttemptError(key: string, code: string, message: string): Promise<void>;
+  markDelivered(key: string, status: (typeof DELIVERED)[number]): Promise<number>;
+  markSentAndHandOff(key: string, holder: string, handOffMs: number): ReturnType<typeof markSentAndHandOff>;
+  markRowDead(key: string, code: string, message: string): Promise<number>;
+  markRowReopened(key: string): Promise<void>;
+}
+
+export function deliveryStore(db: Queryable): DeliveryStore {
+  return {
+    beginAttempt: (key, opts) => beginAttempt(db, key, opts),
+    undoAttempt: (key, opts) => undoAttempt(db, key, opts),
+    findRow: (key) => findRowByKey(db, key),
+    recordAttemptError: (key, code, message) => recordAttemptError(db, key, code, message),
+    markDelivered: (key, status) => markDelivered(db, key, status),
+    markSentAndHandOff: (key, holder, handOffMs) => markSentAndHandOff(db, key, holder, handOffMs),
+    markRowDead: (key, code, message) => markRowDead(db, key, code, message),
+    markRowReopened: (key) => markRowReopened(db, key),
+  };
 }

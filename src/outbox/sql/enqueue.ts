@@ -69,15 +69,11 @@ export async function insertUsage(
   return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as CallerEntryRow) };
 }
 
-/**
- * The outbox entry of one tenant's usage id: by its key, or by the key it was written with before
- * keys were scoped by tenant (migrations/005), when that row is this tenant's.
- */
-export async function findEntryByUsage(db: TransactionClient, tenantId: string, keys: { key: string; legacyKey: string }): Promise<CallerEntryRow | undefined> {
+/** The outbox entry of one tenant's usage, by its key (derived from the tenant and the usage id). */
+export async function findEntryByKey(db: TransactionClient, tenantId: string, key: string): Promise<CallerEntryRow | undefined> {
   const { rows } = (await db.query({
-    // Scalar parameters only: an array parameter means different things to different query builders.
-    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key IN ($2::text, $3::text) AND tenant_id = $1::text ORDER BY id LIMIT 1`,
-    values: [tenantId, keys.key, keys.legacyKey],
+    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
+    values: [tenantId, key],
   })) as { rows: CallerEntryRow[] };
   return rows[0];
 }

@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type pg from 'pg';
 import { createPool } from '../src/db.js';
-import { reserveSlots } from '../src/stripe/rate-limit.js';
+import { reserveSlots } from '../src/outbox/sql/pace.js';
 import { createTestDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -1,0 +1,72 @@
+/**
+ * "May this event be sent now?": what stands between a begun attempt and the call, as a pure
+ * function of what the attempt found and the time. The delivery activity records each refusal on
+ * the row and throws it as a non-retryable failure of `errorType` (workflows/shared.ts ErrorTypes).
+ */
+import { AT_STRIPE, type OutboxStatus } from '../outbox/statuses.js';
+import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from './rules.js';
+
+/** What beginning the attempt found (src/outbox/sql/delivery.ts beginAttempt, then findRowByKey). */
+export type AttemptFound =
+  /** Begun (and counted, unless already at Stripe). */
+  | { begun: true; status: OutboxStatus; stripeCustomerId: string | null; occurredAt: Date }
+  /** Not begun: no such row. */
+  | { begun: false; exists: false; key: string }
+  /** Not begun: the row's first attempt is older than the safe resend window, and no force. */
+  | { begun: false; exists: true; firstAttemptedAt: Date | null };
+
+export interface Refusal {
+  errorType: 'missing' | 'unsafeToSend' | 'rejected';
+  code: string;
+  message: string;
+  /** Recorded on the row as its last error (a missing row has nowhere to record it). */
+  record: boolean;
+  /** Counted in billing_outbox_stripe_errors_total under this class (none: not counted). */
+  metricClass?: 'unsafe' | 'rejected';
+}
+
+export type SendVerdict =
+  | { verdict: 'send'; stripeCustomerId: string }
+  /** Stripe already has it (and may since have rejected it, or we cancelled it): never again. */
+  | { verdict: 'already_at_stripe' }
+  | { verdict: 'refuse'; refusal: Refusal };
+
+/**
+ * In order: the row must exist and be inside the resend window (or forced: then it was begun),
+ * not already at Stripe, mapped to a customer, and inside Stripe's timestamp window at `now`.
+ */
+export function maySendNow(found: AttemptFound, now: number): SendVerdict {
+  if (!found.begun) {
+    if (!found.exists) {
+      return { verdict: 'refuse', refusal: { errorType: 'missing', code: 'outbox_row_missing', message: `no outbox row with key ${found.key}`, record: false } };
+    }
+    const message =
+      `first attempted ${found.firstAttemptedAt?.toISOString()}, more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: ` +
+      `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
+    return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', code: 'identifier_window_expired', message, record: true, metricClass: 'unsafe' } };
+  }
+  if ((AT_STRIPE as readonly string[]).includes(found.status)) return { verdict: 'already_at_stripe' };
+  if (!found.stripeCustomerId) {
+    return {
+      verdict: 'refuse',
+      refusal: { errorType: 'missing', code: 'customer_mapping_missing', message: 'the tenant has no Stripe customer mapping', record: true },
+    };
+  }
+  const outside = timestampProblem(found.occurredAt, now);
+  if (outside) return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', ...outside, record: true, metricClass: 'unsafe' } };
+  return { verdict: 'send', stripeCustomerId: found.stripeCustomerId };
+}
+
+/**
+ * An event whose meter Stripe does not have: a payload under other keys would be accepted and
+ * rejected later, so it is a dead letter now, with its reason.
+ */
+export function noMeterRefusal(eventName: string): Refusal {
+  return {
+    errorType: 'rejected',
+    code: 'no_meter',
+    message: `Stripe has no active meter for event name ${JSON.stringify(eventName)}: create the meter, then retry`,
+    record: true,
+    metricClass: 'rejected',
+  };
+}

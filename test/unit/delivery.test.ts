@@ -1,0 +1,213 @@
+/**
+ * The delivery activity's decisions, in milliseconds: the real activity in Temporal's
+ * MockActivityEnvironment, with its parts (the row's statements, the lease, the pace, the sender,
+ * the meters) replaced by fakes. What crosses processes (PostgreSQL, a real Stripe client, workers
+ * dying) is tested end to end in pipeline, lanes, stream and faults.
+ */
+import { ApplicationFailure } from '@temporalio/common';
+import { MockActivityEnvironment } from '@temporalio/testing';
+import Stripe from 'stripe';
+import { describe, expect, it, vi } from 'vitest';
+import { createDeliveryActivities, type DeliveryDeps } from '../../activities/delivery.js';
+import { resolveTimings } from '../../src/config.js';
+import type { AttemptRow, DeliveryStore } from '../../src/outbox/sql/delivery.js';
+import type { Lease, LeaseWait } from '../../src/stripe/meter-lease.js';
+import type { MeterEvent } from '../../src/stripe/meters.js';
+import type { MeterEventSender } from '../../src/stripe/sender.js';
+
+const timings = resolveTimings(20_000, 30_000);
+const KEY = 'u:acme:1';
+const KEYS = { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
+const silent = { log() {}, trace() {}, debug() {}, info() {}, warn() {}, error() {} };
+
+const row = (over: Partial<AttemptRow> = {}): AttemptRow => ({
+  status: 'dispatched',
+  attempt_count: 1,
+  event_name: 'api_requests',
+  quantity: 3,
+  occurred_at: new Date(Date.now() - 60_000),
+  first_attempted_at: new Date(),
+  stripe_customer_id: 'cus_a',
+  created_at: new Date(Date.now() - 1_000),
+  ...over,
+});
+
+/** Fakes for every part; each records what it was asked. */
+function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (e: MeterEvent) => Promise<void>; waits?: LeaseWait[]; granted?: boolean; leaseHeld?: boolean[] } = {}) {
+  const sent: MeterEvent[] = [];
+  const waits = [...(opts.waits ?? ['acquired'])];
+  const leaseHeld = [...(opts.leaseHeld ?? [true])];
+  const store = {
+    beginAttempt: vi.fn(async () => ({ leaseHeld: leaseHeld.shift() ?? true, row: 'row' in opts ? opts.row : row() })),
+    undoAttempt: vi.fn(async () => undefined),
+    findRow: vi.fn(async () => undefined),
+    recordAttemptError: vi.fn(async () => undefined),
+    markDelivered: vi.fn(async () => 1),
+    markSentAndHandOff: vi.fn(async () => ({ attempts: 1, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
+    markRowDead: vi.fn(async () => 1),
+    markRowReopened: vi.fn(async () => undefined),
+  } satisfies DeliveryStore;
+  const lease = {
+    wait: vi.fn(async () => waits.shift() ?? 'acquired'),
+    renew: vi.fn(async () => true),
+    handOff: vi.fn(async () => undefined),
+    hold: vi.fn(async () => undefined),
+    handedOff: vi.fn(),
+  } satisfies Lease;
+  const pacer = {
+    take: vi.fn(async () => (opts.granted === false ? { granted: false, waitMs: 5_000 } : { granted: true, waitMs: 0 })),
+    keepPace: vi.fn(async () => undefined),
+  };
+  const sender: MeterEventSender = {
+    api: opts.api ?? 'v1',
+    send: async (e) => {
+      sent.push(e);
+      await opts.send?.(e);
+    },
+  };
+  const deps: DeliveryDeps = { store, lease, pacer, sender, meters: { keysFor: async () => KEYS }, config: { timings } };
+  return { deps, store, lease, pacer, sent };
+}
+
+async function deliver(deps: DeliveryDeps, info: { attempt?: number } = {}) {
+  const env = new MockActivityEnvironment({ attempt: info.attempt ?? 1 }, { logger: silent });
+  return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY });
+}
+
+const stripeError = {
+  connection: () => new Stripe.errors.StripeConnectionError({ message: 'socket hang up' } as never),
+  rateLimited: (retryAfter?: string) =>
+    new Stripe.errors.StripeRateLimitError({ type: 'rate_limit_error', message: 'slow down', statusCode: 429, ...(retryAfter ? { headers: { 'retry-after': retryAfter } } : {}) } as never),
+  duplicate: () => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', statusCode: 400, message: `An event already exists with identifier ${KEY}.` } as never),
+  rejected: () => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', statusCode: 400, code: 'resource_missing', message: 'No such customer' } as never),
+};
+
+describe('v1: under the (customer, meter) lease', () => {
+  it('sends the event once, with the key as identifier, and marks it sent handing the lease on in the same statement', async () => {
+    const { deps, store, lease, sent } = parts();
+    expect(await deliver(deps)).toEqual({ outcome: 'sent', attempts: 1 });
+    expect(sent).toEqual([{ eventName: 'api_requests', keys: KEYS, stripeCustomerId: 'cus_a', quantity: 3, identifier: KEY, occurredAt: expect.any(Date) }]);
+    expect(store.beginAttempt).toHaveBeenCalledWith(KEY, expect.objectContaining({ lease: { holder: expect.any(String), leaseMs: timings.leaseMs } }));
+    expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs);
+    expect(lease.handedOff).toHaveBeenCalledWith([{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }]);
+    // Handed on already: not again, and not held.
+    expect(lease.handOff).not.toHaveBeenCalled();
+    expect(lease.hold).not.toHaveBeenCalled();
+  });
+
+  it('a new lease holder for every execution, even of the same attempt number', async () => {
+    const { deps, lease } = parts();
+    await deliver(deps, { attempt: 1 });
+    await deliver(deps, { attempt: 1 });
+    const [a, b] = lease.wait.mock.calls.map((c) => (c as unknown[])[1] as string);
+    expect(a).toMatch(/\/1\/[0-9a-f-]{36}$/);
+    expect(a).not.toBe(b);
+  });
+
+  it('a lease still busy after the wait: deferred as lease_busy, nothing begun or sent, its place handed on', async () => {
+    const { deps, store, lease, sent } = parts({ waits: ['gave_up'] });
+    expect(await deliver(deps)).toEqual({ outcome: 'deferred', reason: 'lease_busy', waitMs: timings.leaseBusyRetryMs, attempts: 0 });
+    expect(store.beginAttempt).not.toHaveBeenCalled();
+    expect(sent).toEqual([]);
+    expect(lease.handOff).toHaveBeenCalledTimes(1);
+  });
+
+  it('a lease that lapsed before the attempt began: back in the queue, then sent', async () => {
+    const { deps, lease, sent } = parts({ leaseHeld: [false, true] });
+    expect(await deliver(deps)).toMatchObject({ outcome: 'sent' });
+    expect(lease.wait).toHaveBeenCalledTimes(2);
+    expect(sent).toHaveLength(1);
+  });
+
+  it('no slot in the account-wide pace soon enough: deferred as paced, the counted attempt undone', async () => {
+    const { deps, store, sent } = parts({ granted: false });
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'paced', attempts: 0 });
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(sent).toEqual([]);
+  });
+
+  it('no answer from Stripe: the lease is held (handed to nobody), and the attempt fails retryable', async () => {
+    const { deps, lease, store } = parts({ send: async () => Promise.reject(stripeError.connection()) });
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false });
+    expect(lease.hold).toHaveBeenCalledTimes(1);
+    expect(lease.handOff).not.toHaveBeenCalled();
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'connection_error', expect.any(String));
+  });
+
+  it("a 429 is deferred for Stripe's Retry-After plus at most the jitter, keeping the attempt count", async () => {
+    const { deps } = parts({ send: async () => Promise.reject(stripeError.rateLimited('2')) });
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'rate_limited', attempts: 1 });
+    const waitMs = (result as { waitMs: number }).waitMs;
+    expect(waitMs).toBeGreaterThanOrEqual(2_000);
+    expect(waitMs).toBeLessThan(2_000 + timings.rateLimitJitterMs);
+  });
+
+  it('a 429 without Retry-After waits rateLimitedWaitMs (plus jitter)', async () => {
+    const { deps } = parts({ send: async () => Promise.reject(stripeError.rateLimited()) });
+    const { waitMs } = (await deliver(deps)) as { waitMs: number };
+    expect(waitMs).toBeGreaterThanOrEqual(timings.rateLimitedWaitMs);
+    expect(waitMs).toBeLessThan(timings.rateLimitedWaitMs + timings.rateLimitJitterMs);
+  });
+
+  it("Stripe's duplicate-identifier answer is delivered: marked sent, outcome duplicate", async () => {
+    const { deps, store } = parts({ send: async () => Promise.reject(stripeError.duplicate()) });
+    expect(await deliver(deps)).toEqual({ outcome: 'duplicate', attempts: 1 });
+    expect(store.markSentAndHandOff).toHaveBeenCalledTimes(1);
+  });
+
+  it("Stripe's refusal for good is a non-retryable StripeRejected, recorded on the row", async () => {
+    const { deps, store } = parts({ send: async () => Promise.reject(stripeError.rejected()) });
+    const err = await deliver(deps).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ApplicationFailure);
+    expect(err).toMatchObject({ type: 'StripeRejected', nonRetryable: true, details: ['resource_missing'] });
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'resource_missing', 'No such customer');
+  });
+
+  it('an event already at Stripe is not sent again', async () => {
+    const { deps, sent } = parts({ row: row({ status: 'sent', attempt_count: 2 }) });
+    expect(await deliver(deps)).toEqual({ outcome: 'already_sent', attempts: 2 });
+    expect(sent).toEqual([]);
+  });
+
+  it('a refusal of the check before sending is recorded and thrown, nothing sent', async () => {
+    const { deps, store, sent } = parts({ row: row({ stripe_customer_id: null }) });
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'OutboxRowMissing', nonRetryable: true, details: ['customer_mapping_missing'] });
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'customer_mapping_missing', expect.any(String));
+    expect(sent).toEqual([]);
+  });
+
+  it('a meter Stripe does not have: StripeRejected no_meter, nothing sent', async () => {
+    const { deps, sent } = parts();
+    deps.meters = { keysFor: async () => undefined };
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
+    expect(sent).toEqual([]);
+  });
+
+  it('PostgreSQL away: deferred as database_unavailable, no attempt spent', async () => {
+    const { deps, store } = parts();
+    store.beginAttempt.mockRejectedValueOnce(Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }));
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable', attempts: 0 });
+    expect((result as { waitMs: number }).waitMs).toBeGreaterThanOrEqual(timings.databaseRetryMs);
+  });
+});
+
+describe('v2: the meter event stream', () => {
+  it('no lease and no per-event pace; the row becomes accepted, and the outcome says so', async () => {
+    const { deps, store, lease, pacer, sent } = parts({ api: 'v2' });
+    expect(await deliver(deps)).toEqual({ outcome: 'accepted', attempts: 1 });
+    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted');
+    expect(sent.map((e) => e.identifier)).toEqual([KEY]);
+    expect(lease.wait).not.toHaveBeenCalled();
+    expect(pacer.take).not.toHaveBeenCalled();
+    expect(store.beginAttempt).toHaveBeenCalledWith(KEY, expect.not.objectContaining({ lease: expect.anything() }));
+  });
+
+  it("Stripe's duplicate answer on the stream marks the row accepted", async () => {
+    const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(stripeError.duplicate()) });
+    expect(await deliver(deps)).toEqual({ outcome: 'duplicate', attempts: 1 });
+    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted');
+  });
+});
