@@ -69,8 +69,7 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
   return { deps, store, lease, pacer, sent };
 }
 
-async function deliver(deps: DeliveryDeps, info: { attempt?: number } = {}) {
-  const env = new MockActivityEnvironment({ attempt: info.attempt ?? 1 }, { logger: silent });
+async function deliver(deps: DeliveryDeps, info: { attempt?: number; isLocal?: boolean } = {}, env = new MockActivityEnvironment({ attempt: info.attempt ?? 1, isLocal: info.isLocal ?? false }, { logger: silent })) {
   return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY });
 }
 
@@ -209,5 +208,31 @@ describe('v2: the meter event stream', () => {
     const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(stripeError.duplicate()) });
     expect(await deliver(deps)).toEqual({ outcome: 'duplicate', attempts: 1 });
     expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted');
+  });
+});
+
+describe('the first attempt, run in the workflow task (a local activity)', () => {
+  it('waits for a busy lease a moment only and never heartbeats; the regular activity waits the full time', async () => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+    try {
+      const inTask = parts({ waits: ['gave_up'] });
+      const env = new MockActivityEnvironment({ attempt: 1, isLocal: true }, { logger: silent });
+      const beats: unknown[] = [];
+      env.on('heartbeat', (d: unknown) => beats.push(d));
+      const waitCtx = inTask.lease.wait.mock.calls as unknown as [string, string, { heartbeat(): void }, number][];
+      await expect(deliver(inTask.deps, {}, env)).resolves.toMatchObject({ outcome: 'deferred', reason: 'lease_busy' });
+      expect(waitCtx[0]![3]).toBe(timings.inTaskLeaseWaitMs);
+      // What the lease is lent to heartbeat with does nothing in the task, and no timer beats either.
+      waitCtx[0]![2].heartbeat();
+      vi.advanceTimersByTime(10 * timings.heartbeatEveryMs);
+      expect(beats).toEqual([]);
+
+      const regular = parts({ waits: ['gave_up'] });
+      await deliver(regular.deps, { isLocal: false });
+      expect((regular.lease.wait.mock.calls as unknown as unknown[][])[0]![3]).toBe(timings.leaseWaitMs);
+      expect(timings.inTaskLeaseWaitMs).toBeLessThan(timings.leaseWaitMs);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
