@@ -67,7 +67,17 @@ interface AfterCall {
 export function createDeliveryActivities(deps: DeliveryDeps) {
   const { store, sender, lease, pacer, meters, metrics } = deps;
   const t = deps.config.timings;
-  const deferred = (reason: DeferralReason, waitMs: number, attempts: number): DeliveryResult => ({ outcome: 'deferred', reason, waitMs, attempts });
+  /**
+   * Put off without spending an attempt. Attempts of this activity that failed before (Temporal
+   * retried them within it) are reported, so the workflow spends them from the event's budget.
+   */
+  const deferred = (reason: DeferralReason, waitMs: number, attempts: number): DeliveryResult => ({
+    outcome: 'deferred',
+    reason,
+    waitMs,
+    attempts,
+    failedBefore: activityInfo().attempt - 1,
+  });
   /** Counted once the row is marked delivered, timed from its commit. */
   const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
@@ -253,7 +263,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       found = existing ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at } : { begun: false, exists: false, key };
     }
     const check = maySendNow(found, Date.now());
-    if (check.verdict === 'refuse') return refuse(key, check.refusal);
+    if (check.verdict === 'refuse' || check.verdict === 'wait') {
+      // No call is made: the attempt is taken back, so a refusal for a missing customer or meter,
+      // or a wait for the clock, neither counts nor starts the 23 h resend window.
+      await undoIfCounted(key, row);
+      if (check.verdict === 'wait') return deferred('stamped_ahead', check.waitMs + 1_000, row?.attempt_count ?? 0);
+      return refuse(key, check.refusal);
+    }
     if (check.verdict === 'already_at_stripe' || !row) return { outcome: 'already_sent', attempts: row?.attempt_count ?? 0 };
     // Reading the meter list can fail like any call to Stripe: classified as one.
     let keys: MeterKeys | undefined;
@@ -262,7 +278,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     } catch (err) {
       return failed(key, row, err, async () => row.attempt_count);
     }
-    if (!keys) return refuse(key, noMeterRefusal(row.event_name));
+    if (!keys) {
+      await undoIfCounted(key, row);
+      return refuse(key, noMeterRefusal(row.event_name));
+    }
     return { row, customer: check.stripeCustomerId, keys };
   }
 

@@ -9,6 +9,7 @@ import { workflowBundle } from './helpers.js';
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { activityInfo } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { temporal } from '@temporalio/proto';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
@@ -195,5 +196,58 @@ it('keeps the 24 h guard: a plain retry is refused again, a forced retry sends',
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect(calls.deliver.map((c) => c.force)).toEqual([false, false, true]);
     expect(calls.dead.map((d) => d.code)).toEqual(['identifier_window_expired', 'identifier_window_expired']);
+  });
+});
+
+it('spends RETRY_MAXIMUM_ATTEMPTS once per event, across deferrals and continue-as-new', async () => {
+  // Each scheduled activity: its first try gets a 500, its second is deferred (a busy lease) and
+  // says one try failed before it. Before the budget was the event's, every deferral scheduled a
+  // fresh activity with a fresh budget, and this went on until the 23 h guard.
+  const { calls, activities } = fakeActivities(async () => {
+    const { attempt } = activityInfo();
+    if (attempt === 1) throw retryable();
+    return { outcome: 'deferred', reason: 'lease_busy', waitMs: 1_000, attempts: 0, failedBefore: attempt - 1 };
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 1 });
+    await env.sleep('1 hour');
+    expect(calls.dead.map((d) => d.code)).toEqual(['http_500']);
+    // In the task 1 failed; then 1 failed + 1 deferred, twice; then the last attempt left failed.
+    expect(calls.deliver).toHaveLength(6);
+    // It continued as new on the way, carrying what was spent.
+    expect((await handle.describe()).runId).not.toBe(handle.firstExecutionRunId);
+    await handle.terminate('test over');
+  });
+});
+
+it('bounds only an unbroken stretch of 429s: another answer between two of them starts the count again', async () => {
+  // A 429, then an hour of waiting for our own pace, then another 429: not "429s for over 10 minutes".
+  const { calls, activities } = fakeActivities(async () => {
+    const n = calls.deliver.length;
+    if (n === 1 || n === 62) return { outcome: 'deferred', reason: 'rate_limited', waitMs: 60_000, attempts: 0 };
+    if (n > 62) return sent();
+    return { outcome: 'deferred', reason: 'paced', waitMs: 60_000, attempts: 0 };
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 25 });
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.dead).toEqual([]);
+  });
+});
+
+it("uses a forced retry's force for one attempt only (that attempt starts a new 24 h window)", async () => {
+  const { calls, activities } = fakeActivities(async ({ force }) => {
+    const n = calls.deliver.length;
+    if (n === 1) throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
+    if (n === 2) throw retryable();
+    return sent();
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
+    await handle.signal(reopenSignal, { force: true, requestedBy: 'ops' });
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, false]);
   });
 });

@@ -41,13 +41,22 @@ export interface UsageWorkflowInput {
   key: string;
   tenantId: string;
   retry: RetryPolicy;
-  /** An operator's forced reopen: the first attempt of this run may resend past the 24 h window. */
+  /**
+   * An operator's forced reopen, not yet used: the next attempt may resend past the 24 h window
+   * (and starts a new one, see beginAttempt). Used up by that attempt, whatever its outcome.
+   */
   force?: boolean;
   /**
-   * Workflow time (ms) of the first 429 of the delivery in progress, carried across
-   * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run.
+   * Workflow time (ms) of the first of an unbroken stretch of Stripe 429s, carried across
+   * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run. Any
+   * other answer ends the stretch.
    */
   rateLimitedSince?: number;
+  /**
+   * Attempts of the delivery in progress that failed (RETRY_MAXIMUM_ATTEMPTS is the event's budget,
+   * not each activity's): carried across deferrals and continue-as-new, reset by an operator's retry.
+   */
+  attemptsSpent?: number;
   /**
    * Deferrals (429s, pacing, a busy customer) one run waits out before continuing as new, besides
    * whenever the server suggests it: each adds about a dozen history events. Default 200.
@@ -66,9 +75,11 @@ export interface DeliverInput {
  * (`rate_limited`, the only one bounded by RETRY_MAX_RATE_LIMITED_MS), our own account-wide pace
  * had no slot soon enough (`paced`), another call held the (customer, meter) lease (`lease_busy`),
  * or our own PostgreSQL was unreachable (`database_unavailable`: our outage must never dead-letter
- * an event; its retries resume the delivery, and Stripe's dedup absorbs a call made again).
+ * an event; its retries resume the delivery, and Stripe's dedup absorbs a call made again), or the
+ * usage is stamped ahead of Stripe's 5-minute window by this worker's clock (`stamped_ahead`:
+ * clock skew, bounded by MAX_AHEAD_WAIT_MS in src/stripe/send-check.ts).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable';
+export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead';
 
 /** What one attempt of the delivery activity answers. */
 export type DeliveryResult =
@@ -77,8 +88,12 @@ export type DeliveryResult =
    * `duplicate`: Stripe already had it (an earlier lost answer); `already_sent`: the row says so.
    */
   | { outcome: 'sent' | 'accepted' | 'duplicate' | 'already_sent'; attempts: number }
-  /** Not this time, and not a failure: the workflow waits `waitMs` and asks again (see DeferralReason). */
-  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number };
+  /**
+   * Not this time, and not a failure: the workflow waits `waitMs` and asks again (see
+   * DeferralReason). `failedBefore`: attempts of this activity that failed before this one
+   * deferred (Temporal retried them within the activity): they are spent from the event's budget.
+   */
+  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number };
 
 export interface UsageState {
   status: OutboxStatus;

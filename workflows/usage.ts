@@ -61,14 +61,20 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     retry: { maximumAttempts: 1 },
     summary: 'Report to Stripe: first attempt, in the workflow task',
   });
-  const { deliverUsage } = proxyActivities<DeliveryActivities>({
-    summary: "Report to Stripe: again, on Temporal's retry policy",
-    startToCloseTimeout: attemptTimeoutMs,
-    // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
-    // attempt is retried elsewhere after this, not after the whole attempt timeout.
-    heartbeatTimeout: input.retry.heartbeatTimeoutMs,
-    retry: retryPolicy(Math.max(1, maximumAttempts - 1)),
-  });
+  /**
+   * The regular activity with the attempts the event has left: RETRY_MAXIMUM_ATTEMPTS is the
+   * event's budget, spent across deferrals and runs, not a fresh one for each activity scheduled.
+   * At least one: a delivery that deferred always gets its next attempt.
+   */
+  const deliverWithBudget = (spent: number) =>
+    proxyActivities<DeliveryActivities>({
+      summary: "Report to Stripe: again, on Temporal's retry policy",
+      startToCloseTimeout: attemptTimeoutMs,
+      // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
+      // attempt is retried elsewhere after this, not after the whole attempt timeout.
+      heartbeatTimeout: input.retry.heartbeatTimeoutMs,
+      retry: retryPolicy(Math.max(1, maximumAttempts - spent)),
+    }).deliverUsage;
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
   const bookkeeping = {
     startToCloseTimeout: '30 seconds',
@@ -108,6 +114,8 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
 
   // When Stripe's 429s began holding this delivery back (workflow time), whatever run we are in.
   let rateLimitedSince = input.rateLimitedSince;
+  // Failed attempts of the delivery in progress, whatever run we are in.
+  let spent = input.attemptsSpent ?? 0;
 
   /**
    * Calls Stripe until it answers for good, waiting out deferrals. Throws on failure. Only Stripe's
@@ -118,20 +126,28 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     let inTask = true;
     for (let deferrals = 1; ; deferrals++) {
       let result: DeliveryResult;
-      if (inTask) {
+      // A forced reopen forces one attempt: that attempt starts a new 24 h window (beginAttempt).
+      const forcing = force;
+      force = false;
+      if (inTask && spent === 0) {
         inTask = false;
         try {
-          result = await deliverInTask({ key: input.key, force });
+          result = await deliverInTask({ key: input.key, force: forcing });
         } catch (err) {
           // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
-          if (isFinal(err) || maximumAttempts <= 1) throw err;
+          spent += 1;
+          if (isFinal(err) || spent >= maximumAttempts) throw err;
           await sleep(input.retry.initialIntervalMs);
           continue;
         }
       } else {
-        result = await deliverUsage({ key: input.key, force });
+        inTask = false;
+        result = await deliverWithBudget(spent)({ key: input.key, force: forcing });
       }
       if (result.outcome !== 'deferred') return result;
+      spent += result.failedBefore ?? 0;
+      // The 429 budget bounds an unbroken stretch of Stripe's 429s: any other answer ends it.
+      if (result.reason !== 'rate_limited' || (result.failedBefore ?? 0) > 0) rateLimitedSince = undefined;
       if (result.reason === 'rate_limited') {
         rateLimitedSince ??= Date.now();
         if (Date.now() - rateLimitedSince > maxRateLimitedMs) {
@@ -150,7 +166,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       await sleep(result.waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
-        await continueAsNew<typeof usageWorkflow>({ ...input, force, ...(rateLimitedSince === undefined ? {} : { rateLimitedSince }) });
+        await continueAsNew<typeof usageWorkflow>({
+          ...input,
+          force,
+          attemptsSpent: spent,
+          ...(rateLimitedSince === undefined ? { rateLimitedSince: undefined } : { rateLimitedSince }),
+        });
       }
     }
   };
@@ -193,8 +214,9 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       });
     }
     force = reopen.force === true;
-    // A new delivery: its 429s are counted afresh.
+    // A new delivery: its attempts and 429s are counted afresh.
     rateLimitedSince = undefined;
+    spent = 0;
     await markReopened(input.key);
     setStatus('dispatched');
     show([`**Retrying** at ${reopen.requestedBy ? `${reopen.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
@@ -207,6 +229,7 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   paced: "for a slot in the account's pace (STRIPE_RATE_LIMIT_PER_SECOND)",
   lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
+  stamped_ahead: "for the usage's time: it is stamped more than 5 minutes ahead of this worker's clock (clock skew), which Stripe would refuse",
 };
 
 /** Whether a delivery failure is one no retry can change (Stripe's refusal, a missing row, an unsafe resend). */

@@ -4,7 +4,15 @@
  * the row and throws it as a non-retryable failure of `errorType` (workflows/shared.ts ErrorTypes).
  */
 import { AT_STRIPE, type OutboxStatus } from '../outbox/statuses.js';
-import { inHours, SAFE_RESEND_WINDOW_MS, timestampProblem } from './rules.js';
+import { inHours, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, timestampProblem } from './rules.js';
+
+/**
+ * How far beyond Stripe's 5 future minutes (by this worker's clock) an event is waited for rather
+ * than refused. Usage is refused at enqueue past 5 minutes ahead of the recording machine's clock,
+ * so an event ahead here is clock skew between that machine and this one, which time mends; an hour
+ * is more skew than any machine kept in time has, and beyond it the event is refused with its reason.
+ */
+export const MAX_AHEAD_WAIT_MS = 60 * 60_000;
 
 /** What beginning the attempt found (src/outbox/sql/delivery.ts beginAttempt, then findRowByKey). */
 export type AttemptFound =
@@ -27,13 +35,16 @@ export interface Refusal {
 
 export type SendVerdict =
   | { verdict: 'send'; stripeCustomerId: string }
+  /** Stamped ahead of Stripe's window by this clock, within skew: wait `waitMs`, then try again. */
+  | { verdict: 'wait'; waitMs: number }
   /** Stripe already has it (and may since have rejected it, or we cancelled it): never again. */
   | { verdict: 'already_at_stripe' }
   | { verdict: 'refuse'; refusal: Refusal };
 
 /**
  * In order: the row must exist and be inside the resend window (or forced: then it was begun),
- * not already at Stripe, mapped to a customer, and inside Stripe's timestamp window at `now`.
+ * not already at Stripe, mapped to a customer, and inside Stripe's timestamp window at `now`;
+ * an event ahead of that window by clock skew (up to MAX_AHEAD_WAIT_MS) is waited for.
  */
 export function maySendNow(found: AttemptFound, now: number): SendVerdict {
   if (!found.begun) {
@@ -52,6 +63,8 @@ export function maySendNow(found: AttemptFound, now: number): SendVerdict {
       refusal: { errorType: 'missing', code: 'customer_mapping_missing', message: 'the tenant has no Stripe customer mapping', record: true },
     };
   }
+  const ahead = found.occurredAt.getTime() - now - MAX_EVENT_FUTURE_MS;
+  if (ahead > 0 && ahead <= MAX_AHEAD_WAIT_MS) return { verdict: 'wait', waitMs: ahead };
   const outside = timestampProblem(found.occurredAt, now);
   if (outside) return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', ...outside, record: true, metricClass: 'unsafe' } };
   return { verdict: 'send', stripeCustomerId: found.stripeCustomerId };

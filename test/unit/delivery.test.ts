@@ -105,7 +105,9 @@ describe('v1: under the (customer, meter) lease', () => {
 
   it('a lease still busy after the wait: deferred as lease_busy, nothing begun or sent, its place handed on', async () => {
     const { deps, store, lease, sent } = parts({ waits: ['gave_up'] });
-    expect(await deliver(deps)).toEqual({ outcome: 'deferred', reason: 'lease_busy', waitMs: timings.leaseBusyRetryMs, attempts: 0 });
+    expect(await deliver(deps)).toEqual({ outcome: 'deferred', reason: 'lease_busy', waitMs: timings.leaseBusyRetryMs, attempts: 0, failedBefore: 0 });
+    // On Temporal's third try of this activity: the two that failed before are reported, to be spent.
+    expect(await deliver(parts({ waits: ['gave_up'] }).deps, { attempt: 3 })).toMatchObject({ outcome: 'deferred', failedBefore: 2 });
     expect(store.beginAttempt).not.toHaveBeenCalled();
     expect(sent).toEqual([]);
     expect(lease.handOff).toHaveBeenCalledTimes(1);
@@ -175,6 +177,19 @@ describe('v1: under the (customer, meter) lease', () => {
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'OutboxRowMissing', nonRetryable: true, details: ['customer_mapping_missing'] });
     expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'customer_mapping_missing', expect.any(String));
     expect(sent).toEqual([]);
+    // No call was made: the attempt is taken back, and with it the start of the 23 h window.
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+  });
+
+  it('usage stamped ahead of Stripe\'s window by clock skew: deferred until it is in, the attempt taken back, nothing sent', async () => {
+    const { deps, store, sent } = parts({ row: row({ occurred_at: new Date(Date.now() + 6 * 60_000) }) });
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'stamped_ahead' });
+    const waitMs = (result as { waitMs: number }).waitMs;
+    expect(waitMs).toBeGreaterThan(60_000);
+    expect(waitMs).toBeLessThanOrEqual(61_000 + 1_000);
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(sent).toEqual([]);
   });
 
   it('a meter Stripe does not have: StripeRejected no_meter, nothing sent', async () => {
@@ -182,6 +197,7 @@ describe('v1: under the (customer, meter) lease', () => {
     deps.meters = { keysFor: async () => undefined };
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
     expect(sent).toEqual([]);
+    expect(deps.store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
   });
 
   it('PostgreSQL away: deferred as database_unavailable, no attempt spent', async () => {

@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { AT_STRIPE, OUTBOX_STATUSES, type OutboxStatus } from '../../src/outbox/statuses.js';
 import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS } from '../../src/stripe/rules.js';
-import { maySendNow, noMeterRefusal, type AttemptFound } from '../../src/stripe/send-check.js';
+import { MAX_AHEAD_WAIT_MS, maySendNow, noMeterRefusal, type AttemptFound } from '../../src/stripe/send-check.js';
 
 const NOW = Date.parse('2026-12-03T10:00:00Z');
 const begun = (over: Partial<Extract<AttemptFound, { begun: true }>> = {}): AttemptFound => ({
@@ -60,12 +60,16 @@ describe('maySendNow', () => {
     });
   });
 
-  it('5 minutes in the future is sent, a millisecond more is refused', () => {
+  it('5 minutes in the future is sent; beyond, by clock skew of up to an hour, waited for until it is in; beyond that refused', () => {
     expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS) }), NOW).verdict).toBe('send');
-    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + 1) }), NOW)).toMatchObject({
+    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + 1) }), NOW)).toEqual({ verdict: 'wait', waitMs: 1 });
+    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + MAX_AHEAD_WAIT_MS) }), NOW)).toEqual({ verdict: 'wait', waitMs: MAX_AHEAD_WAIT_MS });
+    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + MAX_AHEAD_WAIT_MS + 1) }), NOW)).toMatchObject({
       verdict: 'refuse',
       refusal: { errorType: 'unsafeToSend', code: 'timestamp_in_future', record: true, metricClass: 'unsafe' },
     });
+    // Waiting never comes before the customer check.
+    expect(maySendNow(begun({ stripeCustomerId: null, occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + 1) }), NOW)).toMatchObject({ verdict: 'refuse' });
   });
 
   it('the customer check comes before the timestamp check', () => {

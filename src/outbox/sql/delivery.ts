@@ -24,7 +24,8 @@ export interface AttemptRow {
  * Starts one delivery attempt: counts it (unless the row is already sent), stamps the first
  * attempt time, and reads what to send, in one statement. No row when the row is missing or when
  * its first attempt is older than `safeWindowMs` and `force` is off: resending then could be
- * billed twice, so it is not even counted as an attempt.
+ * billed twice, so it is not even counted as an attempt. A forced attempt past the window stamps
+ * itself as the first of a new one.
  *
  * With `lease`, the attempt also extends that holder's (customer, meter) lease to cover the call,
  * and begins only if the holder still has it (`leaseHeld`): a lease handed over briefly
@@ -45,7 +46,11 @@ export async function beginAttempt(
      ), attempt AS (
        UPDATE outbox o
           SET attempt_count = o.attempt_count + CASE WHEN o.status = ANY($5::text[]) THEN 0 ELSE 1 END,
-              first_attempted_at = COALESCE(o.first_attempted_at, now()),
+              -- A forced attempt past the window starts a new one: Stripe dedups the attempts that
+              -- follow against this call, so they need no force (the operator reconciled first).
+              first_attempted_at = CASE
+                WHEN $4::boolean AND o.first_attempted_at <= now() - $3::bigint * interval '1 millisecond' THEN now()
+                ELSE COALESCE(o.first_attempted_at, now()) END,
               workflow_id = COALESCE(o.workflow_id, $2::text),
               updated_at = now()
         WHERE o.idempotency_key = $1::text
