@@ -236,7 +236,7 @@ it('bounds only an unbroken stretch of 429s: another answer between two of them 
 });
 
 it("uses a forced retry's force for one attempt only (that attempt starts a new 24 h window)", async () => {
-  const { calls, activities } = fakeActivities(async ({ force }) => {
+  const { calls, activities } = fakeActivities(async () => {
     const n = calls.deliver.length;
     if (n === 1) throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
     if (n === 2) throw retryable();
