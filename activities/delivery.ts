@@ -18,7 +18,7 @@ import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeliveryStore } from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
-import { classifyStripeError } from '../src/stripe/errors.js';
+import { classifyStripeError, CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
 import type { SlotPacer } from '../src/stripe/rate-limit.js';
@@ -303,6 +303,16 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
       acknowledged(key, 'duplicate', attempts, row.created_at);
       return { outcome: 'duplicate', attempts };
+    }
+    if (failure.kind === 'credentials') {
+      // The deployment's key, not the event: Stripe did nothing with the call, so it is taken back
+      // (no attempt spent, no 23 h window started) and the delivery waits on a timer until the key
+      // works again. Loud meanwhile: an error line, the metric, `billing-outbox status`, the row.
+      await undoIfCounted(key, row);
+      await store.recordAttemptError(key, CREDENTIALS_REFUSED, `Stripe refused the API key (${failure.code}): ${failure.message}`);
+      metrics?.stripeErrors.inc({ class: failure.kind });
+      log.error('Stripe refused the API key: delivery holds until STRIPE_API_KEY works again', { idempotencyKey: key, code: failure.code, message: failure.message });
+      return deferred('stripe_credentials', t.credentialsRetryMs + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
     }
     await store.recordAttemptError(key, failure.code, failure.message);
     metrics?.stripeErrors.inc({ class: failure.kind });

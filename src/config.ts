@@ -197,6 +197,8 @@ export interface DeliveryTimings {
   rateLimitJitterMs: number;
   /** A delivery that found PostgreSQL away comes back this much later (plus up to a second). */
   databaseRetryMs: number;
+  /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
+  credentialsRetryMs: number;
   /** Heartbeats during an attempt (waiting for the lease, pacing, the call). */
   heartbeatEveryMs: number;
   /** A dead worker's attempt is retried elsewhere after this: a few missed heartbeats. */
@@ -229,6 +231,9 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number):
     rateLimitedWaitMs: 1_000,
     rateLimitJitterMs: 500,
     databaseRetryMs: 2_000,
+    // Often enough that delivery resumes within seconds of the key being fixed, rarely enough that
+    // a backlog held this way costs Stripe a handful of refused calls a second at most.
+    credentialsRetryMs: 15_000,
     heartbeatEveryMs: HEARTBEAT_EVERY_MS,
     // Five heartbeats missed: not a slow query, a dead worker.
     heartbeatTimeoutMs: 5 * HEARTBEAT_EVERY_MS,

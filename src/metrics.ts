@@ -11,7 +11,7 @@ import { statusSummary, type StatusSummary } from './outbox/sql/status.js';
 import { OUTBOX_STATUSES } from './outbox/statuses.js';
 
 /** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
-export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe'] as const;
+export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe', 'credentials'] as const;
 export type StripeErrorClass = (typeof STRIPE_ERROR_CLASSES)[number];
 
 

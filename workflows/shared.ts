@@ -77,9 +77,11 @@ export interface DeliverInput {
  * or our own PostgreSQL was unreachable (`database_unavailable`: our outage must never dead-letter
  * an event; its retries resume the delivery, and Stripe's dedup absorbs a call made again), or the
  * usage is stamped ahead of Stripe's 5-minute window by this worker's clock (`stamped_ahead`:
- * clock skew, bounded by MAX_AHEAD_WAIT_MS in src/stripe/send-check.ts).
+ * clock skew, bounded by MAX_AHEAD_WAIT_MS in src/stripe/send-check.ts), or Stripe refused the
+ * deployment's API key (`stripe_credentials`: 401/403; about the key, not the event, so delivery
+ * holds until the key works, bounded in the end by Stripe's 35-day window).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead';
+export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead' | 'stripe_credentials';
 
 /** What one attempt of the delivery activity answers. */
 export type DeliveryResult =

@@ -229,6 +229,7 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   paced: "for a slot in the account's pace (STRIPE_RATE_LIMIT_PER_SECOND)",
   lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
+  stripe_credentials: 'for a working Stripe API key: Stripe refused ours (401/403). Fix STRIPE_API_KEY; delivery resumes by itself',
   stamped_ahead: "for the usage's time: it is stamped more than 5 minutes ahead of this worker's clock (clock skew), which Stripe would refuse",
 };
 

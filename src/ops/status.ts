@@ -8,6 +8,7 @@ import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
 import { countByErrorCode, countRecentlySent, statusSummary } from '../outbox/sql/status.js';
 import type { OutboxStatus } from '../outbox/statuses.js';
+import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
 
 export interface StatusReport {
   counts: Record<OutboxStatus, number>;
@@ -26,17 +27,28 @@ export interface StatusReport {
    * sample, or not ours).
    */
   errorReports: { received: number; lastReceivedAt: string | null; errorCount: number; matched: number; unmatched: number };
+  /** Events in flight whose last attempt met an error, by its code (none: they are going well). */
+  inFlightByLastError: { code: string; count: number }[];
+  /** What needs a person now, one sentence each (empty: nothing). */
+  alarms: string[];
 }
 
 /** The outbox's state at `now` (the send rate is counted back from it). */
 export async function outboxStatus(db: Queryable, now: Date): Promise<StatusReport> {
-  const [summary, recent, dead, rejected, reports] = await Promise.all([
+  const [summary, recent, dead, rejected, reports, inFlight] = await Promise.all([
     statusSummary(db),
     countRecentlySent(db, now),
     countByErrorCode(db, 'dead'),
     countByErrorCode(db, 'rejected_async'),
     errorReportTotals(db),
+    countByErrorCode(db, 'dispatched'),
   ]);
+  const inFlightByLastError = inFlight.filter((r): r is { code: string; count: number } => r.code !== null);
+  const alarms: string[] = [];
+  const held = inFlightByLastError.find((r) => r.code === CREDENTIALS_REFUSED)?.count ?? 0;
+  if (held > 0) {
+    alarms.push(`${held} event(s) held: Stripe refused the API key (401/403). Fix STRIPE_API_KEY (expired, rolled or missing a permission); delivery resumes by itself.`);
+  }
   const waiting = summary.counts.pending + summary.counts.claimed;
   return {
     counts: summary.counts,
@@ -46,6 +58,8 @@ export async function outboxStatus(db: Queryable, now: Date): Promise<StatusRepo
     sentLastHour: recent.last_hour,
     deadByErrorCode: dead,
     rejectedAsyncByErrorCode: rejected,
+    inFlightByLastError,
+    alarms,
     errorReports: {
       received: reports.reports,
       lastReceivedAt: iso(reports.last_received_at),

@@ -11,12 +11,17 @@ import Stripe from 'stripe';
  * - `retryable`: connection errors, timeouts, 409, 5xx, a timestamp Stripe's clock sees in the future.
  *   Temporal backs off and tries again.
  * - `rate_limited`: 429, or a 400 with code `rate_limit`. Retried after Retry-After when Stripe gives one.
+ * - `credentials`: 401 or 403 (outside the v2 stream's expired session): the API key is expired,
+ *   rolled, wrong or lacks a permission. About the deployment, not the event: every event would
+ *   get the same answer, so delivery holds (without spending attempts) and raises the alarm until
+ *   the key works again.
  * - `rejected`: any other 4xx. Sending it again cannot succeed; dead-letter it at once.
  */
 export type FailureClass =
   | { kind: 'delivered' }
   | { kind: 'retryable'; code: string; message: string }
   | { kind: 'rate_limited'; code: string; message: string; retryAfterMs: number | undefined }
+  | { kind: 'credentials'; code: string; message: string }
   | { kind: 'rejected'; code: string; message: string };
 
 /**
@@ -32,6 +37,12 @@ const DUPLICATE_IDENTIFIER = /^An event already exists with identifier /;
  * dead-lettered for it at once.
  */
 const TIMESTAMP_IN_FUTURE = 'timestamp_in_future';
+
+/**
+ * The row's last error while its delivery holds for the API key (Stripe's own code is in the
+ * message): what `billing-outbox status` counts to raise the alarm.
+ */
+export const CREDENTIALS_REFUSED = 'stripe_credentials_refused';
 
 export function classifyStripeError(err: unknown): FailureClass {
   if (!(err instanceof Stripe.errors.StripeError)) {
@@ -59,6 +70,7 @@ export function classifyStripeError(err: unknown): FailureClass {
     return { kind: 'retryable', code: err.code ?? `http_${status}`, message };
   }
   if (err.code === TIMESTAMP_IN_FUTURE) return { kind: 'retryable', code: TIMESTAMP_IN_FUTURE, message };
+  if (status === 401 || status === 403) return { kind: 'credentials', code: err.code ?? `http_${status}`, message };
   return { kind: 'rejected', code: err.code ?? `http_${status}`, message };
 }
 

@@ -67,9 +67,17 @@ describe('classifyStripeError', () => {
       code: 'resource_missing',
       message: "No such customer: 'cus_x'",
     });
-    for (const statusCode of [400, 401, 402, 403, 404, 422, 499]) {
+    for (const statusCode of [400, 402, 404, 422, 499]) {
       expect(classifyStripeError(invalid({ message: 'no', statusCode }))).toEqual({ kind: 'rejected', code: `http_${statusCode}`, message: 'no' });
     }
+  });
+
+  it("401 and 403 are about the deployment's key, not the event: credentials", () => {
+    const expired = new Stripe.errors.StripeAuthenticationError({ type: 'invalid_request_error', message: 'Expired API Key provided: sk_live_****1234', statusCode: 401, code: 'api_key_expired' } as never);
+    expect(classifyStripeError(expired)).toEqual({ kind: 'credentials', code: 'api_key_expired', message: 'Expired API Key provided: sk_live_****1234' });
+    const restricted = new Stripe.errors.StripePermissionError({ type: 'invalid_request_error', message: 'The provided key does not have the required permissions', statusCode: 403 } as never);
+    expect(classifyStripeError(restricted)).toMatchObject({ kind: 'credentials', code: 'http_403' });
+    expect(classifyStripeError(invalid({ message: 'Invalid API Key provided', statusCode: 401 }))).toMatchObject({ kind: 'credentials', code: 'http_401' });
   });
 
   it('no answer (connection error, timeout) is retryable', () => {

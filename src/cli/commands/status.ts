@@ -10,14 +10,16 @@ export const STATUS_HELP = `Usage: billing-outbox status [--json]
 Counts of outbox rows by status, the age of the oldest event not yet handed to Temporal, events
 sent in the last minute and hour, dead letters grouped by their last error code, events Stripe
 rejected after accepting them (rejected_async) grouped by Stripe's error code, and the error reports
-Stripe sent. Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
+Stripe sent, events in flight by the error their last attempt met, and alarms first (for example
+every delivery held because Stripe refused the API key). Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
 that could not be tied to a row, so more events may be affected than are marked rejected_async.
 
 Options:
   --json   print {counts: {pending, claimed, dispatched, sent, accepted, dead, rejected_async, cancelled},
            sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
            deadByErrorCode: [{code, count}], rejectedAsyncByErrorCode: [{code, count}],
-           errorReports: {received, lastReceivedAt, errorCount, matched, unmatched}}
+           errorReports: {received, lastReceivedAt, errorCount, matched, unmatched},
+           inFlightByLastError: [{code, count}], alarms: [sentence]}
 `;
 
 /** Stripe only takes usage stamped within its window: these dead letters can never be delivered as they are. */
@@ -36,6 +38,8 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   const { counts } = report;
+  // What needs a person comes first.
+  for (const alarm of report.alarms) ctx.out.write(`ALARM: ${alarm}\n\n`);
   ctx.out.write(
     formatTable(
       [{ header: 'STATUS' }, { header: 'COUNT', align: 'right' }],
@@ -60,6 +64,15 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     if (report.deadByErrorCode.some((d) => d.code !== null && TIMESTAMP_CODE.test(d.code))) {
       ctx.out.write("timestamp_* dead letters are outside Stripe's 35-day / 5-minute window: retrying cannot deliver them\n");
     }
+  }
+  if (report.inFlightByLastError.length > 0) {
+    ctx.out.write('\n');
+    ctx.out.write(
+      formatTable(
+        [{ header: 'IN FLIGHT, LAST ATTEMPT MET' }, { header: 'COUNT', align: 'right' }],
+        report.inFlightByLastError.map((d) => [d.code, String(d.count)]),
+      ),
+    );
   }
   if (report.rejectedAsyncByErrorCode.length > 0) {
     ctx.out.write('\n');

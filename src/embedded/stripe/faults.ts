@@ -138,6 +138,13 @@ export function failureResponse(failure: InjectedFailure): ApiResponse {
   if (status >= 500) {
     return stripeError(status, { type: 'api_error', message: message ?? 'Something went wrong on Stripe\'s end (injected fault).' });
   }
+  // As Stripe answers a rolled or expired key, and a restricted key without the permission.
+  if (status === 401) {
+    return stripeError(401, { type: 'invalid_request_error', code: 'api_key_expired', message: message ?? 'Expired API Key provided: sk_test_****************************abcd' });
+  }
+  if (status === 403) {
+    return stripeError(403, { type: 'invalid_request_error', message: message ?? 'The provided key does not have the required permissions for this endpoint.' });
+  }
   return stripeError(status, { type: 'invalid_request_error', message: message ?? `Injected ${status} error.` });
 }
 

@@ -94,8 +94,11 @@ export async function countRecentlySent(db: Queryable, at: Date): Promise<Recent
   return rows[0]!;
 }
 
-/** Rows in one status (`dead`, `rejected_async`) grouped by their last error code, most first. */
-export async function countByErrorCode(db: Queryable, status: Extract<OutboxStatus, 'dead' | 'rejected_async'>): Promise<{ code: string | null; count: number }[]> {
+/**
+ * Rows in one status grouped by their last error code, most first: dead letters and Stripe's later
+ * rejections by why; events in flight (`dispatched`) by what their last attempt met.
+ */
+export async function countByErrorCode(db: Queryable, status: Extract<OutboxStatus, 'dead' | 'rejected_async' | 'dispatched'>): Promise<{ code: string | null; count: number }[]> {
   const { rows } = await db.query<{ code: string | null; count: number }>(
     `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = $1::text
       GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
