@@ -5,24 +5,22 @@
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
 import { createPool, isDatabaseUnavailable } from '../src/db.js';
-import { createTestDb, waitFor, type TestDb } from './helpers.js';
+import { useDatabase, waitFor } from './hooks.js';
 
-let db: TestDb;
+const t = useDatabase();
 let admin: pg.Client;
 
 beforeAll(async () => {
-  db = await createTestDb();
   admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
   await admin.connect();
 });
 
 afterAll(async () => {
   await admin?.end();
-  await db?.drop();
 });
 
 it('a connection cut between two queries of a transaction fails that transaction, not the process', async () => {
-  const pool = createPool(db.url, 2);
+  const pool = createPool(t.db.url, 2);
   try {
     const client = await pool.connect();
     await client.query('BEGIN');
