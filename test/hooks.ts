@@ -18,7 +18,7 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import type { Client } from '@temporalio/client';
-import { afterAll, beforeAll } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction, type Queryable } from '../src/db.js';
 import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
@@ -148,45 +148,67 @@ function databaseAccessors(get: () => TestDb): DatabaseFixture {
   };
 }
 
+export interface DatabaseOptions {
+  customers?: Customers;
+  /** A fresh set for every test (beforeEach/afterEach) instead of one for the file. */
+  perTest?: boolean;
+}
+
+const hooksFor = (opts: DatabaseOptions) => (opts.perTest ? { setUp: beforeEach, tearDown: afterEach } : { setUp: beforeAll, tearDown: afterAll });
+
 /** A migrated database of the file's own, with `customers` mapped; dropped after the file. */
-export function useDatabase(opts: { customers?: Customers } = {}): DatabaseFixture {
+export function useDatabase(opts: DatabaseOptions = {}): DatabaseFixture {
+  const { setUp, tearDown } = hooksFor(opts);
   let db: TestDb | undefined;
-  beforeAll(async () => {
+  setUp(async () => {
     db = await createTestDb();
     await seedCustomers(db.pool, opts.customers ?? {});
   });
-  afterAll(async () => {
+  tearDown(async () => {
     await db?.drop();
+    db = undefined;
   });
   return databaseAccessors(() => required(db, 'the database'));
 }
 
-export interface PipelineOptions {
-  customers?: Customers;
+export interface StripeOptions extends DatabaseOptions {
   /** The local Stripe's options. `customers` defaults to every customer in `customers` above. */
   stripe?: LocalStripeOptions;
   /** Config variables over testConfig's (which already points at the local Stripe). */
   env?: Record<string, string>;
+}
+
+export interface StripeFixture extends DatabaseFixture {
+  readonly stripe: LocalStripe;
+  /** testConfig pointing at the local Stripe, with `env` over it; a task queue of its own. */
+  readonly config: Config;
+  /** The meter events the local Stripe recorded under `key`. */
+  eventsFor(key: string): ReturnType<LocalStripe['events']>;
+  /** Every request the local Stripe received for `key`, in order. */
+  requestsFor(key: string): ReturnType<LocalStripe['requests']>;
+  /** Another config for the same Stripe: `env` over the file's own (and a task queue of its own). */
+  configWith(env?: Record<string, string>): Config;
+  /** A pipeline on this database and Stripe; stopped after the file, if the test did not stop it. */
+  startPipeline(config: Config, opts?: { worker?: boolean; metrics?: Metrics }): Promise<TestPipeline>;
+}
+
+export interface PipelineOptions extends StripeOptions {
   /** False: a Temporal client only; start workers with `pipeline.addWorker()`. */
   worker?: boolean;
   /** Called once the database exists, for a pipeline that records metrics. */
   metrics?: (pool: pg.Pool) => Metrics;
 }
 
-export interface PipelineFixture extends DatabaseFixture {
-  readonly stripe: LocalStripe;
-  readonly config: Config;
+export interface PipelineFixture extends StripeFixture {
   readonly pipeline: TestPipeline;
+  /** The pipeline's Temporal client. */
   readonly client: Client;
   readonly metrics: Metrics | undefined;
-  /** The meter events the local Stripe recorded under `key`. */
-  eventsFor(key: string): ReturnType<LocalStripe['events']>;
-  /** Every request the local Stripe received for `key`, in order. */
-  requestsFor(key: string): ReturnType<LocalStripe['requests']>;
-  /** testConfig for this file's Stripe, with `env` over it (a task queue of its own). */
-  configWith(env?: Record<string, string>): Config;
-  /** Another pipeline on the same database and Stripe; stopped after the file if not before. */
-  startPipeline(config: Config, opts?: { worker?: boolean; metrics?: Metrics }): Promise<TestPipeline>;
+}
+
+/** A database and a local Stripe-compatible server, with a config that points at it; no Temporal. */
+export function useStripe(opts: StripeOptions = {}): StripeFixture {
+  return useServices(opts, false);
 }
 
 /**
@@ -194,29 +216,35 @@ export interface PipelineFixture extends DatabaseFixture {
  * Temporal dev server, a task queue of the file's own) delivering from one to the other.
  */
 export function usePipeline(opts: PipelineOptions = {}): PipelineFixture {
+  return useServices(opts, true);
+}
+
+function useServices(opts: PipelineOptions, withPipeline: boolean): PipelineFixture {
   let db: TestDb | undefined;
   let stripe: LocalStripe | undefined;
   let config: Config | undefined;
   let pipeline: TestPipeline | undefined;
   let metrics: Metrics | undefined;
-  const extra: TestPipeline[] = [];
+  const started: TestPipeline[] = [];
   const customers = opts.customers ?? {};
   const configWith = (env: Record<string, string> = {}) =>
     testConfig({ STRIPE_API_BASE: required(stripe, 'the local Stripe').url, STRIPE_API_KEY: 'sk_test_fixture', ...opts.env, ...env });
 
-  beforeAll(async () => {
+  const { setUp, tearDown } = hooksFor(opts);
+  setUp(async () => {
     db = await createTestDb();
     await seedCustomers(db.pool, customers);
     stripe = await LocalStripe.start({ customers: Object.values(customers), ...opts.stripe });
     config = configWith();
     metrics = opts.metrics?.(db.pool);
-    pipeline = await startTestPipeline({ db, config, metrics, worker: opts.worker });
+    if (withPipeline) pipeline = await startTestPipeline({ db, config, metrics, worker: opts.worker });
   });
-  afterAll(async () => {
-    for (const p of extra.splice(0)) await p.stop();
+  tearDown(async () => {
+    for (const p of started.splice(0)) await p.stop();
     await pipeline?.stop();
     await stripe?.close();
     await db?.drop();
+    [db, stripe, config, pipeline, metrics] = [undefined, undefined, undefined, undefined, undefined];
   });
 
   const getStripe = () => required(stripe, 'the local Stripe');
@@ -245,7 +273,7 @@ export function usePipeline(opts: PipelineOptions = {}): PipelineFixture {
       const stop = p.stop.bind(p);
       let stopped: Promise<void> | undefined;
       p.stop = () => (stopped ??= stop());
-      extra.push(p);
+      started.push(p);
       return p;
     },
   };
