@@ -200,7 +200,7 @@ export const MUTANTS: Mutant[] = [
     file: 'src/outbox/sql/retention.ts',
     find: "export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;",
     replace: "export const PRUNABLE = [...DELIVERED, 'cancelled', 'dead', 'rejected_async'] as const;",
-    test: 'test/retention.test.ts',
+    test: 'test/prune.test.ts',
     name: 'prunes only delivered and cancelled rows',
     quick: true,
   },
