@@ -4,7 +4,10 @@
  * afterAll, so setup and teardown are written once:
  *
  *   const t = useDatabase({ customers: { acme: 'cus_acme' } });          // a migrated database
- *   const t = usePipeline({ customers: { acme: 'cus_acme' }, env: {…} }); // + local Stripe + relay + worker
+ *   const t = useStripe({ customers: { acme: 'cus_acme' } });            // + the local Stripe, a config for it
+ *   const t = usePipeline({ customers: { acme: 'cus_acme' }, env: {…} }); // + relay and worker on Temporal
+ *
+ * (`perTest: true`: a fresh set for every test, with beforeEach/afterEach.)
  *
  *   const key = await t.enqueue('acme', 3);     // recordUsage, the product's own door
  *   const sent = await t.waitStatus(key, 'sent');
