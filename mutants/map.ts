@@ -192,7 +192,7 @@ export const MUTANTS: Mutant[] = [
     guarantee: 'At-least-once: nothing undelivered is deleted; dead letters wait for a human',
     find: "export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;",
     replace: "export const PRUNABLE = [...DELIVERED, 'cancelled', 'dead', 'rejected_async'] as const;",
-    test: 'test/retention.test.ts',
+    test: 'test/prune.test.ts',
     name: 'prunes only delivered and cancelled rows',
     quick: true,
   },

@@ -16,15 +16,9 @@ import { InvalidUsageError, recordUsage, UnknownTenantError, type TransactionCli
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
-import { mapTenant } from '../src/ops/customers.js';
-import { createTestDb, type TestDb } from './helpers.js';
+import { useDatabase } from './hooks.js';
 
-let db: TestDb;
-beforeAll(async () => {
-  db = await createTestDb();
-  await mapTenant(db.pool, 'acme', 'cus_acme', 'test');
-});
-afterAll(() => db?.drop());
+const t = useDatabase({ customers: { acme: 'cus_acme' } });
 
 /** One way to open a transaction: `fn` gets recordUsage's client and a way to run the application's own SQL. */
 interface Driver {
@@ -37,7 +31,7 @@ const drivers: [string, () => Driver][] = [
   [
     'node-postgres',
     () => {
-    const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+    const pool = new pg.Pool({ connectionString: t.db.url, max: 2 });
     return {
       name: 'node-postgres',
       async transaction(fn) {
@@ -60,7 +54,7 @@ const drivers: [string, () => Driver][] = [
   [
     'Kysely',
     () => {
-    const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: db.url, max: 2 }) }) });
+    const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: t.db.url, max: 2 }) }) });
     return {
       name: 'Kysely',
       transaction: (fn) => kysely.transaction().execute((trx) => fn(fromKysely(trx), (text) => kyselySql.raw(text).execute(trx))),
@@ -70,7 +64,7 @@ const drivers: [string, () => Driver][] = [
   [
     'Drizzle',
     () => {
-    const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+    const pool = new pg.Pool({ connectionString: t.db.url, max: 2 });
     const orm = drizzle(pool);
     return {
       name: 'Drizzle',
@@ -81,7 +75,7 @@ const drivers: [string, () => Driver][] = [
   [
     'Knex',
     () => {
-    const knex = knexFactory({ client: 'pg', connection: db.url, pool: { min: 0, max: 2 } });
+    const knex = knexFactory({ client: 'pg', connection: t.db.url, pool: { min: 0, max: 2 } });
     return {
       name: 'Knex',
       transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx), (text) => trx.raw(text))),
@@ -91,7 +85,7 @@ const drivers: [string, () => Driver][] = [
 ];
 
 const eventsFor = async (usageId: string) =>
-  (await db.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND usage_id = $2', ['acme', usageId])).rows[0]!.n;
+  (await t.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND usage_id = $2', ['acme', usageId])).rows[0]!.n;
 
 describe.each(drivers)('%s', (_name, make) => {
   let driver: Driver;

@@ -14,7 +14,7 @@ import { createLogger } from '../src/log.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
-import { addCustomer, createTestDb, testConfig, waitFor, type TestDb } from './helpers.js';
+import { idempotencyKeyFor, testConfig, useDatabase, waitFor } from './hooks.js';
 
 const secret = (label: string) => `${label}_${randomBytes(24).toString('hex')}`;
 const writer: ApiToken = { name: 'writer', token: secret('tok_writer'), tenants: ['*'], scopes: ['usage:write'] };
@@ -22,7 +22,7 @@ const acmeOnly: ApiToken = { name: 'acme-only', token: secret('tok_acme'), tenan
 const reader: ApiToken = { name: 'metrics-reader', token: secret('tok_metrics'), tenants: ['*'], scopes: ['metrics:read'] };
 const TOKENS = [writer, acmeOnly, reader];
 
-let db: TestDb;
+const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
 let config: Config;
 let temporal: Connection;
 let app: Api;
@@ -31,12 +31,9 @@ const log = createLogger('debug', { write: (line: string) => void logLines.push(
 const extraApps: Api[] = [];
 
 beforeAll(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  await addCustomer(db.pool, 'globex', 'cus_globex');
   config = testConfig({ API_TOKENS: JSON.stringify(TOKENS), API_BODY_LIMIT_BYTES: '1024', STRIPE_METER_EVENT_NAME: 'api_requests' });
   temporal = temporalHealthConnection(config.temporal);
-  app = buildApi({ config, db: db.pool, log, temporal });
+  app = buildApi({ config, db: t.pool, log, temporal });
   await app.ready();
 });
 
@@ -44,7 +41,6 @@ afterAll(async () => {
   for (const a of extraApps) await a.close();
   await app?.close();
   await temporal?.close();
-  await db?.drop();
 });
 
 const auth = (t: ApiToken | string) => ({ authorization: `Bearer ${typeof t === 'string' ? t : t.token}` });
@@ -59,7 +55,7 @@ function post(body: unknown, token: ApiToken | string | null = writer, headers: 
 }
 
 async function rowCounts(): Promise<{ usage: number; outbox: number }> {
-  const { rows } = await db.pool.query<{ usage: number; outbox: number }>(
+  const { rows } = await t.pool.query<{ usage: number; outbox: number }>(
     'SELECT (SELECT count(*)::int FROM usage_logs) AS usage, (SELECT count(*)::int FROM outbox) AS outbox',
   );
   return rows[0]!;
@@ -84,7 +80,7 @@ describe('POST /v1/usage', () => {
     expect(first.statusCode).toBe(201);
     const created = first.json();
     expect(created).toEqual({
-      idempotency_key: `u:acme:${body.usage_id}`,
+      idempotency_key: idempotencyKeyFor('acme', body.usage_id),
       status: 'pending',
       tenant_id: 'acme',
       usage_id: body.usage_id,
@@ -100,7 +96,7 @@ describe('POST /v1/usage', () => {
     expect(again.json()).toEqual({ ...created, created: false });
     expect(await rowCounts()).toEqual(before);
 
-    const { rows } = await db.pool.query('SELECT tenant_id, quantity, event_name FROM outbox WHERE idempotency_key = $1', [created.idempotency_key]);
+    const { rows } = await t.pool.query('SELECT tenant_id, quantity, event_name FROM outbox WHERE idempotency_key = $1', [created.idempotency_key]);
     expect(rows).toEqual([{ tenant_id: 'acme', quantity: 7, event_name: 'api_requests' }]);
   });
 
@@ -120,7 +116,7 @@ describe('POST /v1/usage', () => {
       expect(res.statusCode).toBe(409);
       expect(errorOf(res).code).toBe('usage_conflict');
     });
-    const { rows } = await db.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [`u:acme:${body.usage_id}`]);
+    const { rows } = await t.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [idempotencyKeyFor('acme', body.usage_id)]);
     expect(rows).toEqual([{ quantity: 2 }]);
   });
 
@@ -182,10 +178,10 @@ describe('POST /v1/usage', () => {
     for (const usageId of [`x'); DROP TABLE outbox; --${randomUUID()}`, `$(rm -rf /)\`id\`;|&${randomUUID()}`, `%s%n{0}\\${randomUUID()}`]) {
       const res = await post(usage({ usage_id: usageId }));
       expect(res.statusCode, res.body).toBe(201);
-      const { rows } = await db.pool.query('SELECT id FROM usage_logs WHERE tenant_id = $1 AND id = $2', ['acme', usageId]);
+      const { rows } = await t.pool.query('SELECT id FROM usage_logs WHERE tenant_id = $1 AND id = $2', ['acme', usageId]);
       expect(rows).toEqual([{ id: usageId }]);
     }
-    const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM outbox`);
+    const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM outbox`);
     expect(rows[0].n).toBeGreaterThan(0);
   });
 
@@ -261,7 +257,7 @@ describe('POST /v1/usage', () => {
     // acme-only's first use of that id is a new usage (not 409, which would say "taken").
     const acme = await post({ tenant_id: 'acme', usage_id: id, quantity: 1 }, acmeOnly);
     expect(acme.statusCode).toBe(201);
-    expect(acme.json()).toMatchObject({ idempotency_key: `u:acme:${id}`, quantity: 1, created: true });
+    expect(acme.json()).toMatchObject({ idempotency_key: idempotencyKeyFor('acme', id), quantity: 1, created: true });
   });
 
   it('413 over the configured body limit', async () => {
@@ -295,7 +291,7 @@ describe('at the door', () => {
   it("refuses usage for a meter Stripe does not have (422), and lets usage in when Stripe cannot be asked", async () => {
     const stripe = await LocalStripe.start({ meters: ['api_requests'] });
     try {
-      const withMeters = buildApi({ config, db: db.pool, log, temporal, meters: new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe)) });
+      const withMeters = buildApi({ config, db: t.pool, log, temporal, meters: new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe)) });
       extraApps.push(withMeters);
       await writesNothing(async () => {
         const res = await post(usage({ event_name: 'no_such_meter' }), writer, {}, withMeters);
@@ -313,7 +309,7 @@ describe('at the door', () => {
   });
 
   it('closes a connection that promises a body and never sends it, and goes on serving', async () => {
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: db.pool, log, temporal });
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal });
     extraApps.push(quick);
     await quick.listen({ host: '127.0.0.1', port: 0 });
     const { port } = quick.server.address() as AddressInfo;
@@ -331,7 +327,7 @@ describe('at the door', () => {
   });
   it('ends a request whose body trickles in past the request timeout, however steadily it arrives', async () => {
     const limitMs = 1_000;
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: limitMs } }, db: db.pool, log, temporal });
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: limitMs } }, db: t.pool, log, temporal });
     extraApps.push(quick);
     await quick.listen({ host: '127.0.0.1', port: 0 });
     const { port } = quick.server.address() as AddressInfo;
@@ -447,7 +443,7 @@ describe('GET /healthz', () => {
 
   it('503 naming Temporal when it does not answer, and not_configured without a client', async () => {
     const away = temporalHealthConnection({ ...config.temporal, address: '127.0.0.1:1' });
-    const noTemporal = buildApi({ config, db: db.pool, log, temporal: away, healthTimeoutMs: 1_000 });
+    const noTemporal = buildApi({ config, db: t.pool, log, temporal: away, healthTimeoutMs: 1_000 });
     extraApps.push(noTemporal);
     noTemporal.addHook('onClose', () => away.close());
     const res = await noTemporal.inject({ method: 'GET', url: '/healthz' });
@@ -455,7 +451,7 @@ describe('GET /healthz', () => {
     expect(res.json()).toMatchObject({ status: 'unavailable', postgres: 'ok' });
     expect(['error', 'timeout']).toContain(res.json().temporal);
 
-    const without = buildApi({ config, db: db.pool, log });
+    const without = buildApi({ config, db: t.pool, log });
     extraApps.push(without);
     const ok = await without.inject({ method: 'GET', url: '/healthz' });
     expect(ok.statusCode).toBe(200);
@@ -481,10 +477,10 @@ describe('request ids and logs', () => {
     expect(res.statusCode).toBe(201);
     const linesOf = () => logLines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.requestId === 'log-check-1');
     const recorded = linesOf().find((l) => l.msg === 'usage recorded');
-    expect(recorded).toMatchObject({ idempotencyKey: `u:acme:${body.usage_id}`, tokenName: 'writer', tenantId: 'acme', created: true });
+    expect(recorded).toMatchObject({ idempotencyKey: idempotencyKeyFor('acme', body.usage_id), tokenName: 'writer', tenantId: 'acme', created: true });
     // Fastify logs completion on the socket's 'finish', which may come after inject() resolves.
     const completed = await waitFor('the request completed line', async () => linesOf().find((l) => l.msg === 'request completed'), 2_000, 10);
-    expect(completed).toMatchObject({ idempotencyKey: `u:acme:${body.usage_id}`, tokenName: 'writer', statusCode: 201, path: '/v1/usage' });
+    expect(completed).toMatchObject({ idempotencyKey: idempotencyKeyFor('acme', body.usage_id), tokenName: 'writer', statusCode: 201, path: '/v1/usage' });
   });
 
   it('never writes a token or an Authorization header to the log', async () => {

@@ -15,27 +15,21 @@ import { checkInvariant } from '../chaos/invariant.js';
 import { usageKey, type Usage } from '../chaos/load.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { addCustomer, createTestDb, type TestDb } from './helpers.js';
+import { idempotencyKeyFor, useStripe } from './hooks.js';
 
-let db: TestDb;
-let stripe: LocalStripe;
+// A database and a Stripe of each test's own: the check reads everything in them.
+const t = useStripe({ customers: { t1: 'cus_1' }, stripe: { meters: ['api_requests'] }, perTest: true });
 let client: Stripe;
 let logDir: string;
 const secret = `sk_test_${randomUUID().replace(/-/g, '')}`;
 
 beforeEach(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 't1', 'cus_1');
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_1'] });
-  const url = new URL(stripe.url);
+  const url = new URL(t.stripe.url);
   client = new Stripe(secret, { host: url.hostname, port: Number(url.port), protocol: 'http', maxNetworkRetries: 0 });
   logDir = await mkdtemp(path.join(os.tmpdir(), 'chaos-invariant-'));
 });
 
 afterEach(async () => {
-  await stripe.close();
-  await db.drop();
   await rm(logDir, { recursive: true, force: true });
 });
 
@@ -44,13 +38,13 @@ const occurredAt = new Date(Math.floor(Date.now() / 1000) * 1000 - 60_000);
 /** Commits usages; returns each one's identifier. */
 async function commit(...usages: { id: string; quantity: number }[]): Promise<Map<string, string>> {
   const keys = new Map<string, string>();
-  await withTransaction(db.pool, async (c) => {
+  await withTransaction(t.pool, async (c) => {
     for (const u of usages) {
       const r = await recordUsage(c, { tenantId: 't1', usageId: u.id, quantity: u.quantity, occurredAt });
       keys.set(u.id, r.entry.idempotencyKey);
     }
   });
-  await db.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now()`);
+  await t.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now()`);
   return keys;
 }
 
@@ -63,7 +57,7 @@ function bill(identifier: string, value: number): Promise<unknown> {
   });
 }
 
-const observed = () => ({ stripe, pool: db.pool, secrets: () => [secret] });
+const observed = () => ({ stripe: t.stripe, pool: t.pool, secrets: () => [secret] });
 const noLoad = { acknowledged: new Map<string, Usage>(), uncommitted: new Map<string, Usage>() };
 
 it('passes a run where every committed usage is recorded once, as committed', async () => {
@@ -78,10 +72,11 @@ it('names a lost event, a double-billed one, a wrong value and an event nobody c
   const keys = await commit({ id: 'lost', quantity: 1 }, { id: 'twice', quantity: 2 }, { id: 'wrong', quantity: 3 });
   await bill(keys.get('twice')!, 2);
   // Past Stripe's 24 h identifier window the same identifier is counted again: billed twice.
-  stripe.advanceClock(25 * 3_600_000);
+  t.stripe.advanceClock(25 * 3_600_000);
   await bill(keys.get('twice')!, 2);
   await bill(keys.get('wrong')!, 30);
-  await bill('u:t1:never-committed', 4);
+  const neverCommitted = idempotencyKeyFor('t1', 'never-committed');
+  await bill(neverCommitted, 4);
 
   const { table, violations } = await checkInvariant(observed(), noLoad, logDir);
   expect(table).toMatchObject({ committed: 3, lost: 1, doubleBilled: 1, wrongFields: 1, billedButUncommitted: 1 });
@@ -89,13 +84,13 @@ it('names a lost event, a double-billed one, a wrong value and an event nobody c
   expect(text).toContain(`${keys.get('lost')} (sent) was committed and never recorded`);
   expect(text).toContain(`${keys.get('twice')} was recorded 2 times`);
   expect(text).toContain(`${keys.get('wrong')}: value 30 ≠ 3`);
-  expect(text).toContain('Stripe recorded u:t1:never-committed, which no committed usage has');
+  expect(text).toContain(`Stripe recorded ${neverCommitted}, which no committed usage has`);
   expect(text).toMatch(/cus_1 api_requests: committed 6, recorded 38/);
 });
 
 it('names an unsettled row, an acknowledged usage that was not committed, a rolled-back one that was, and a secret in a log', async () => {
   const keys = await commit({ id: 'a', quantity: 5 }, { id: 'rolled', quantity: 1 });
-  await db.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key = $1`, [keys.get('a')]);
+  await t.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key = $1`, [keys.get('a')]);
   for (const [id, key] of keys) await bill(key, id === 'a' ? 5 : 1);
   const usage = (id: string): Usage => ({ tenantId: 't1', usageId: id, quantity: 1, eventName: 'api_requests', occurredAt });
   const load = {
@@ -122,7 +117,7 @@ it("gives the totals per (customer, meter), and without Stripe's record still na
   expect(read.pairs).toEqual([{ customer: 'cus_1', eventName: 'api_requests', events: 2, committed: 12, recorded: 12 }]);
 
   // The demo against a real Stripe account: only the database's side can be checked.
-  await db.pool.query(`UPDATE outbox SET status = 'dead', last_error_code = 'x', last_error_message = 'y' WHERE idempotency_key = $1`, [keys.get('b')]);
+  await t.pool.query(`UPDATE outbox SET status = 'dead', last_error_code = 'x', last_error_message = 'y' WHERE idempotency_key = $1`, [keys.get('b')]);
   const { table, violations, pairs } = await checkInvariant({ ...observed(), stripe: undefined }, noLoad);
   expect(table).toMatchObject({ stripeRead: false, committed: 2, recorded: 0, dead: 1, lost: 0, doubleBilled: 0 });
   expect(pairs).toEqual([{ customer: 'cus_1', eventName: 'api_requests', events: 2, committed: 12, recorded: undefined }]);

@@ -1,22 +1,21 @@
 import { randomUUID } from 'node:crypto';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { claimBatch, claimStatement, markDispatched } from '../src/outbox/sql/relay.js';
 import type { Queryable } from '../src/db.js';
-import { addCustomer, createTestDb, waitFor, type TestDb } from './helpers.js';
+import { useDatabase, waitFor } from './hooks.js';
 
-let db: TestDb;
-beforeAll(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  await addCustomer(db.pool, 'globex', 'cus_globex');
-});
-afterAll(() => db?.drop());
-const row = async (key: string) => (await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key])).rows[0];
+const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
+const { row } = t;
 // Each test starts with nothing claimable: what one leaves behind must not be claimed by the next.
-afterEach(() => db.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed', 'dispatched')`));
+afterEach(() => t.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed', 'dispatched')`));
 
+/**
+ * `n` claimable rows keyed `<prefix>1`…`<prefix>n`, written straight into the outbox: what the claim
+ * reads is the row alone, and short opaque keys keep the expectations below readable (in the
+ * tens of thousands, recordUsage one by one would also be slow).
+ */
 async function seed(n: number, prefix: string, tenant = 'acme'): Promise<void> {
-  await db.pool.query(
+  await t.pool.query(
     `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
      SELECT $3, 'api_requests', 1, now(), $2 || g FROM generate_series(1, $1) g`,
     [n, prefix, tenant],
@@ -31,7 +30,7 @@ describe('claiming outbox rows', () => {
     await Promise.all(
       claimers.map(async (name) => {
         for (;;) {
-          const rows = await claimBatch(db.pool, { limit: 37, claimedBy: name, claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
+          const rows = await claimBatch(t.pool, { limit: 37, claimedBy: name, claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
           if (rows.length === 0) return;
           for (const r of rows) claimedBy.set(r.id, [...(claimedBy.get(r.id) ?? []), name]);
         }
@@ -42,51 +41,51 @@ describe('claiming outbox rows', () => {
     expect(twice).toEqual([]);
     // More than one claimer got work: the claims really ran side by side.
     expect(new Set([...claimedBy.values()].map((w) => w[0])).size).toBeGreaterThan(1);
-    const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key LIKE 'claim-race:%' AND status = 'claimed'`);
+    const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key LIKE 'claim-race:%' AND status = 'claimed'`);
     expect(rows[0].n).toBe(1000);
-    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'claim-race:%'`);
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'claim-race:%'`);
   });
 
   it('claims oldest first and leaves dispatched, sent and dead rows alone', async () => {
     await seed(3, 'order:');
-    await db.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'order:1'`);
-    const rows = await claimBatch(db.pool, { limit: 10, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
+    await t.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'order:1'`);
+    const rows = await claimBatch(t.pool, { limit: 10, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
     expect(rows.map((r) => r.idempotency_key)).toEqual(['order:2', 'order:3']);
-    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'order:%' AND status <> 'dead'`);
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'order:%' AND status <> 'dead'`);
   });
 
   it('gives a row back once its lease lapses, and the old claim can no longer mark it', async () => {
     await seed(1, 'lease:');
     const first = randomUUID();
-    const a = await claimBatch(db.pool, { limit: 10, claimedBy: 'crashed', claimId: first, leaseMs: 1000, laneMax: 1_000 });
+    const a = await claimBatch(t.pool, { limit: 10, claimedBy: 'crashed', claimId: first, leaseMs: 1000, laneMax: 1_000 });
     expect(a.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // Within the lease: nobody else can take it.
-    expect(await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), leaseMs: 1000, laneMax: 1_000 })).toEqual([]);
+    expect(await claimBatch(t.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), leaseMs: 1000, laneMax: 1_000 })).toEqual([]);
     // Time driven, not slept: the lease's deadline is moved into the past, as the clock would.
-    await db.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 millisecond' WHERE idempotency_key = 'lease:1'`);
+    await t.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 millisecond' WHERE idempotency_key = 'lease:1'`);
     const second = randomUUID();
-    const b = await claimBatch(db.pool, { limit: 10, claimedBy: 'other', claimId: second, leaseMs: 60_000, laneMax: 1_000 });
+    const b = await claimBatch(t.pool, { limit: 10, claimedBy: 'other', claimId: second, leaseMs: 60_000, laneMax: 1_000 });
     expect(b.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // The crashed claimer comes back late: its guarded update finds the row no longer its own.
-    expect(await markDispatched(db.pool, [a[0]!.id], first)).toBe(0);
-    expect(await markDispatched(db.pool, [b[0]!.id], second)).toBe(1);
-    const { rows } = await db.pool.query(`SELECT status, claimed_by FROM outbox WHERE idempotency_key = 'lease:1'`);
+    expect(await markDispatched(t.pool, [a[0]!.id], first)).toBe(0);
+    expect(await markDispatched(t.pool, [b[0]!.id], second)).toBe(1);
+    const { rows } = await t.pool.query(`SELECT status, claimed_by FROM outbox WHERE idempotency_key = 'lease:1'`);
     expect(rows[0]).toEqual({ status: 'dispatched', claimed_by: 'other' });
   });
 
   it('keeps the claim an index scan with many sent rows: the plan of the statement the relay sends', async () => {
-    await db.pool.query(
+    await t.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
        SELECT 'acme', 'api_requests', 1, now(), 'bulk-sent:' || g, 'sent' FROM generate_series(1, 50000) g`,
     );
     // A live backlog: 20 lanes of 1,000 pending rows each, one of them with rows in flight.
-    await db.pool.query(`INSERT INTO billing_customers SELECT 'plan-t' || g, 'cus_plan_' || g FROM generate_series(1, 20) g ON CONFLICT DO NOTHING`);
-    await db.pool.query(
+    await t.addCustomers(Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`plan-t${i + 1}`, `cus_plan_${i + 1}`])));
+    await t.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
        SELECT 'plan-t' || (1 + g % 20), 'api_requests', 1, now(), 'plan:' || g FROM generate_series(1, 20000) g`,
     );
-    await db.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN ('plan:20', 'plan:40')`);
-    await db.pool.query('ANALYZE outbox');
+    await t.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN ('plan:20', 'plan:40')`);
+    await t.pool.query('ANALYZE outbox');
     // Capture exactly what claimBatch sends, and have PostgreSQL plan that (EXPLAIN does not run it).
     let sent: { text: string; values: unknown[] } | undefined;
     const capture: Queryable = {
@@ -96,7 +95,7 @@ describe('claiming outbox rows', () => {
       }) as unknown as Queryable['query'],
     };
     await claimStatement(capture, { limit: 100, claimedBy: 'x', claimId: randomUUID(), leaseMs: 60_000, laneMax: 4 });
-    const { rows } = await db.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
+    const { rows } = await t.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
     const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
     if (process.env.SHOW_PLAN) console.error(plan);
     // Lanes found by a skip scan, each lane's room counted on its in-flight rows and its oldest rows
@@ -110,8 +109,8 @@ describe('claiming outbox rows', () => {
 
   it('never waits on rows another claimer holds: it skips them', async () => {
     await seed(4, 'skip:');
-    const holder = await db.pool.connect();
-    const claimer = await db.pool.connect();
+    const holder = await t.pool.connect();
+    const claimer = await t.pool.connect();
     try {
       // Another relay's claim in progress: two of the rows locked, uncommitted.
       await holder.query('BEGIN');
@@ -129,24 +128,24 @@ describe('claiming outbox rows', () => {
       holder.release();
       claimer.release();
     }
-    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'skip:%'`);
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'skip:%'`);
   });
 
   it('keeps at most laneMax of a lane claimed or dispatched, oldest first, while other lanes flow', async () => {
     await seed(10, 'hot:', 'acme');
     await seed(3, 'other:', 'globex');
-    const claim = () => claimBatch(db.pool, { limit: 100, claimedBy: 'r', claimId: randomUUID(), leaseMs: 60_000, laneMax: 2 });
+    const claim = () => claimBatch(t.pool, { limit: 100, claimedBy: 'r', claimId: randomUUID(), leaseMs: 60_000, laneMax: 2 });
     const keys = (rows: { idempotency_key: string }[]) => rows.map((r) => r.idempotency_key).sort();
     const first = await claim();
     expect(keys(first)).toEqual(['hot:1', 'hot:2', 'other:1', 'other:2']);
     // hot:1 handed to its workflow: still in flight, so the hot lane has no room.
-    await markDispatched(db.pool, [first.find((r) => r.idempotency_key === 'hot:1')!.id], (await row('hot:1')).claim_id);
+    await markDispatched(t.pool, [first.find((r) => r.idempotency_key === 'hot:1')!.id], (await row('hot:1')).claim_id);
     expect(await claim()).toEqual([]);
     // hot:1 delivered: room for exactly one more, the oldest waiting.
-    await db.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key = 'hot:1'`);
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key = 'hot:1'`);
     expect(keys(await claim())).toEqual(['hot:3']);
     // A dead letter is not in flight.
-    await db.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'hot:2'`);
+    await t.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'hot:2'`);
     expect(keys(await claim())).toEqual(['hot:4']);
   });
 
@@ -156,38 +155,38 @@ describe('claiming outbox rows', () => {
     // moment its statement starts, and reaches the row locks long after a fast claimer took the same
     // rows and committed. The lock it then gets is on rows already claimed: only the UPDATE's
     // "still claimable" condition stops it from claiming them a second time.
-    await db.pool.query(
+    await t.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
        SELECT 'globex', 'api_requests', 1, now(), 'guard-bulk:' || g, 'sent', now() FROM generate_series(1, 200000) g`,
     );
     await seed(20, 'guard:', 'globex');
-    const slow = await db.pool.connect();
+    const slow = await t.pool.connect();
     try {
       await slow.query(`BEGIN; SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_indexonlyscan = off`);
       const { rows: me } = await slow.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
       const slowClaim = claimStatement(slow, { limit: 100, claimedBy: 'slow', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
       // Its statement is running: its snapshot is taken (backend_xmin set), its scans under way.
       await waitFor('the slow claim to be running', async () => {
-        const { rows } = await db.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND backend_xmin IS NOT NULL`, [me[0]!.pid]);
+        const { rows } = await t.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND backend_xmin IS NOT NULL`, [me[0]!.pid]);
         return rows.length > 0;
       }, 10_000, 1);
-      const fast = await claimBatch(db.pool, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
+      const fast = await claimBatch(t.pool, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), leaseMs: 60_000, laneMax: 1_000 });
       const slowRows = await slowClaim;
       await slow.query('COMMIT');
       expect(fast.map((r) => r.idempotency_key).sort()).toEqual(Array.from({ length: 20 }, (_, i) => `guard:${i + 1}`).sort());
       expect(slowRows).toEqual([]);
-      const { rows } = await db.pool.query(`SELECT DISTINCT claimed_by FROM outbox WHERE idempotency_key LIKE 'guard:%'`);
+      const { rows } = await t.pool.query(`SELECT DISTINCT claimed_by FROM outbox WHERE idempotency_key LIKE 'guard:%'`);
       expect(rows).toEqual([{ claimed_by: 'fast' }]);
     } finally {
       slow.release();
-      await db.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'guard-bulk:%'`);
+      await t.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'guard-bulk:%'`);
     }
   });
 
   it('holds the lane limit when many claimers race: together they never exceed it', async () => {
     await seed(500, 'race-lane:', 'acme');
     const claimed = await Promise.all(
-      Array.from({ length: 8 }, (_, i) => claimBatch(db.pool, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), leaseMs: 60_000, laneMax: 3 })),
+      Array.from({ length: 8 }, (_, i) => claimBatch(t.pool, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), leaseMs: 60_000, laneMax: 3 })),
     );
     expect(claimed.flat().map((r) => r.idempotency_key).sort()).toEqual(['race-lane:1', 'race-lane:2', 'race-lane:3']);
   });

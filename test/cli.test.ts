@@ -8,42 +8,24 @@ import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Client } from '@temporalio/client';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { inject } from 'vitest';
 import { runCli, type CliContext } from '../src/cli/run.js';
-import type { Config } from '../src/config.js';
-import { withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
+import { OUTBOX_STATUSES } from '../src/outbox/statuses.js';
 import { stateQuery } from '../workflows/shared.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { idempotencyKeyFor, usePipeline, waitFor } from './hooks.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const OPERATOR = 'test-operator';
 
-let db: TestDb;
-let stripe: LocalStripe;
-let config: Config;
-let pipeline: TestPipeline;
-let client: Client;
-
-beforeAll(async () => {
-  db = await createTestDb();
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  // Mapped to a customer the local Stripe does not know: every event is refused (400) at once.
-  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
-  await addCustomer(db.pool, 'bulk', 'cus_bulk');
-  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_cli' });
-  pipeline = await startTestPipeline({ db, config });
-  client = pipeline.client;
+const t = usePipeline({
+  // 'ghost' is mapped to a customer the local Stripe does not know: every event is refused (400) at
+  // once; 'bulk' too, until a test adds its customer.
+  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist', bulk: 'cus_bulk' },
+  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
 });
-
-afterAll(async () => {
-  await pipeline?.stop();
-  await stripe?.close();
-  await db?.drop();
-});
+const { row, waitStatus, eventsFor, requestsFor } = t;
+const enqueue = (tenantId: string, quantity = 1) => t.enqueue(tenantId, quantity);
 
 interface CliRun {
   code: number;
@@ -57,9 +39,9 @@ async function cli(argv: string[], extra: Partial<CliContext> & { errIsTTY?: boo
   let err = '';
   const { errIsTTY, ...rest } = extra;
   const code = await runCli(argv, {
-    config,
-    db: async () => db.pool,
-    temporal: async () => client,
+    config: t.config,
+    db: async () => t.pool,
+    temporal: async () => t.client,
     out: { write: (s: string) => (out += s) },
     err: { write: (s: string) => (err += s), isTTY: errIsTTY === true },
     user: OPERATOR,
@@ -73,59 +55,41 @@ async function cliJson<T = Record<string, unknown>>(argv: string[]): Promise<{ c
   return { code: r.code, json: JSON.parse(r.out) as T, err: r.err };
 }
 
-async function enqueue(tenantId: string, quantity = 1): Promise<string> {
-  const r = await withTransaction(db.pool, (c) =>
-    recordUsage(c, { usageId: randomUUID(), tenantId, quantity, occurredAt: new Date(Date.now() - 60_000) }),
-  );
-  return r.entry.idempotencyKey;
-}
-
-async function row(key: string) {
-  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
-  return rows[0];
-}
-
-const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
-  waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
-
-const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
-const requestsFor = (key: string) => stripe.requests().filter((r) => r.identifier === key);
-
 async function runsOf(key: string): Promise<{ runId: string; status: string }[]> {
   const runs: { runId: string; status: string }[] = [];
-  for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push({ runId: wf.runId, status: wf.status.name });
+  for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push({ runId: wf.runId, status: wf.status.name });
   return runs;
 }
 
 /** A dead letter whose attempts all got 503s: the workflow is open, waiting for a retry signal. */
 async function deadAfterRetries(): Promise<string> {
-  stripe.failNext(config.retry.maximumAttempts, 503);
+  t.stripe.failNext(t.config.retry.maximumAttempts, 503);
   const key = await enqueue('acme', 6);
   const dead = await waitStatus(key, 'dead');
-  expect(dead.attempt_count).toBe(config.retry.maximumAttempts);
+  expect(dead.attempt_count).toBe(t.config.retry.maximumAttempts);
   expect(eventsFor(key)).toHaveLength(0);
   return key;
 }
 
 /** Waits until the workflow itself says dead (it records the row first, then its own state). */
 async function waitWorkflowDead(key: string): Promise<void> {
-  await waitFor(`${key} workflow to wait as a dead letter`, async () => (await client.workflow.getHandle(key).query(stateQuery)).status === 'dead');
+  await waitFor(`${key} workflow to wait as a dead letter`, async () => (await t.client.workflow.getHandle(key).query(stateQuery)).status === 'dead');
 }
 
 async function terminate(key: string): Promise<void> {
   await waitWorkflowDead(key);
-  const handle = client.workflow.getHandle(key);
+  const handle = t.client.workflow.getHandle(key);
   await handle.terminate('operator test: closed dead letter');
   await waitFor(`${key} to be terminated`, async () => (await handle.describe()).status.name === 'TERMINATED');
 }
 
 async function actionsFor(key: string) {
-  const { rows } = await db.pool.query('SELECT actor, action, forced, outcome, detail FROM operator_actions WHERE idempotency_key = $1 ORDER BY id', [key]);
+  const { rows } = await t.pool.query('SELECT actor, action, forced, outcome, detail FROM operator_actions WHERE idempotency_key = $1 ORDER BY id', [key]);
   return rows as { actor: string; action: string; forced: boolean; outcome: string; detail: string }[];
 }
 
 const pastWindow = (key: string) =>
-  db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
+  t.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
 
 describe('status and dead', () => {
   it('report a dead letter: --json shapes and aligned tables', async () => {
@@ -137,7 +101,7 @@ describe('status and dead', () => {
     expect(Object.keys(status.json).sort()).toEqual(
       ['counts', 'deadByErrorCode', 'errorReports', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute'].sort(),
     );
-    expect(Object.keys(status.json.counts as object).sort()).toEqual(['accepted', 'cancelled', 'claimed', 'dead', 'dispatched', 'pending', 'rejected_async', 'sent']);
+    expect(Object.keys(status.json.counts as object).sort()).toEqual([...OUTBOX_STATUSES].sort());
     expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
     expect(status.json.sentEstimated).toBe(false);
     expect(typeof status.json.sentLastHour).toBe('number');
@@ -193,7 +157,7 @@ describe('retry', () => {
     expect(r.code).toBe(0);
     expect(r.out).toContain(`signalled ${key}`);
     const sent = await waitStatus(key, 'sent');
-    expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);
+    expect(sent.attempt_count).toBe(t.config.retry.maximumAttempts + 1);
     expect(eventsFor(key)).toHaveLength(1);
     expect(eventsFor(key)[0]!.identifier).toBe(key);
     expect(await actionsFor(key)).toEqual([expect.objectContaining({ actor: OPERATOR, action: 'retry', forced: false, outcome: 'signalled' })]);
@@ -216,7 +180,7 @@ describe('retry', () => {
     await new Promise((r) => setTimeout(r, 1_500));
     expect(requestsFor(key)).toHaveLength(before);
     expect((await row(key)).status).toBe('dead');
-    expect((await client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
+    expect((await t.client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
 
     const forced = await cli(['retry', key, '--force', '--by', 'alice']);
     expect(forced.code).toBe(0);
@@ -232,7 +196,7 @@ describe('retry', () => {
     const key = await deadAfterRetries();
     await waitWorkflowDead(key);
     // As after a long outage: the usage has aged past what Stripe takes while it waited.
-    await db.pool.query(`UPDATE outbox SET occurred_at = now() - interval '35 days' WHERE idempotency_key = $1`, [key]);
+    await t.pool.query(`UPDATE outbox SET occurred_at = now() - interval '35 days' WHERE idempotency_key = $1`, [key]);
     const before = requestsFor(key).length;
     for (const argv of [['retry', key], ['retry', key, '--force']]) {
       const refused = await cli(argv);
@@ -244,7 +208,7 @@ describe('retry', () => {
     await new Promise((r) => setTimeout(r, 1_000));
     expect(requestsFor(key)).toHaveLength(before);
     expect((await row(key)).status).toBe('dead');
-    expect((await client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
+    expect((await t.client.workflow.getHandle(key).query(stateQuery)).status).toBe('dead');
   });
 
   it('reopens a dead letter whose workflow was terminated; a concurrent second retry starts no second run', async () => {
@@ -292,10 +256,10 @@ describe('retry', () => {
     await waitStatus(key, 'dead');
     await terminate(key);
     const deadAt = (await row(key)).dead_at as Date;
-    const workflow = Object.create(client.workflow, {
+    const workflow = Object.create(t.client.workflow, {
       start: { value: () => Promise.reject(new Error('injected start failure')) },
     }) as Client['workflow'];
-    const failing = Object.create(client, { workflow: { value: workflow } }) as Client;
+    const failing = Object.create(t.client, { workflow: { value: workflow } }) as Client;
 
     const r = await cli(['retry', key], { temporal: async () => failing });
     expect(r.code).toBe(1);
@@ -320,7 +284,7 @@ describe('retry', () => {
     expect(json).toEqual({ code: 0, json: { key, outcome: 'skipped', forced: false, message: 'already delivered (status sent): nothing to retry' }, err: '' });
     expect(eventsFor(key)).toHaveLength(1);
 
-    const unknown = await cli(['retry', `usage_log:${randomUUID()}`]);
+    const unknown = await cli(['retry', idempotencyKeyFor('acme', randomUUID())]);
     expect(unknown.code).toBe(1);
     expect(unknown.err).toContain('no outbox row');
 
@@ -338,7 +302,7 @@ describe('retry', () => {
     await terminate(closed);
     for (const key of keys) if (key !== closed) await waitWorkflowDead(key);
     // The customer exists now: the retries can succeed.
-    stripe.addCustomer('cus_bulk');
+    t.stripe.addCustomer('cus_bulk');
 
     // Not interactive and no --yes: refuse to act on everything.
     const unconfirmed = await cli(['retry', '--all-dead', '--tenant', 'bulk']);
@@ -398,7 +362,7 @@ describe('customers', () => {
     expect((await cli(['customers', 'set', '', 'cus_1'])).code).toBe(2);
     expect((await cli(['customers', 'set', tenant])).code).toBe(2);
     expect((await cli(['customers'])).code).toBe(2);
-    const { rows } = await db.pool.query(`SELECT actor, outcome, detail FROM operator_actions WHERE action = 'customers.set' AND tenant_id = $1 ORDER BY id`, [tenant]);
+    const { rows } = await t.pool.query(`SELECT actor, outcome, detail FROM operator_actions WHERE action = 'customers.set' AND tenant_id = $1 ORDER BY id`, [tenant]);
     expect(rows).toEqual([
       { actor: OPERATOR, outcome: 'created', detail: '→ cus_New1' },
       { actor: OPERATOR, outcome: 'updated', detail: 'cus_New1 → cus_New2' },
@@ -420,7 +384,7 @@ describe('inspect', () => {
     expect(r.code).toBe(0);
     expect(r.json.row).toMatchObject({ key, tenantId: 'ghost', status: 'dead', attempts: 1, quantity: 3, lastErrorCode: 'resource_missing' });
     expect(r.json.workflow).toMatchObject({ found: true, status: 'RUNNING', state: { status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } } });
-    expect(r.json.webUi.url).toBe(`http://localhost:8233/namespaces/${config.temporal.namespace}/workflows/${encodeURIComponent(key)}`);
+    expect(r.json.webUi.url).toBe(`http://localhost:8233/namespaces/${t.config.temporal.namespace}/workflows/${encodeURIComponent(key)}`);
     expect(r.json.operatorActions).toEqual([]);
 
     const text = await cli(['inspect', key]);
@@ -433,7 +397,7 @@ describe('inspect', () => {
     const closed = await cliJson<{ workflow: Record<string, unknown> }>(['inspect', key]);
     expect(closed.json.workflow).toMatchObject({ found: true, status: 'TERMINATED', state: null });
 
-    const missing = await cli(['inspect', `usage_log:${randomUUID()}`]);
+    const missing = await cli(['inspect', idempotencyKeyFor('acme', randomUUID())]);
     expect(missing.code).toBe(1);
     expect(missing.err).toContain('no outbox row and no workflow');
     expect((await cli(['inspect'])).code).toBe(2);
@@ -454,20 +418,20 @@ describe('bin/billing-outbox.mjs', () => {
   }
 
   it('runs `status --json` against the configured services, never printing the database password', async () => {
-    const env = { DATABASE_URL: db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: config.temporal.namespace };
+    const env = { DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace };
     const r = await bin(['status', '--json'], env);
     expect(r.err).toBe('');
     expect(r.code).toBe(0);
     const json = JSON.parse(r.out) as { counts: Record<string, number> };
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'dead'`);
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'dead'`);
     expect(json.counts).toMatchObject({ dead: rows[0]!.n, pending: expect.any(Number), sent: expect.any(Number) });
-    const password = new URL(db.url).password;
+    const password = new URL(t.db.url).password;
     if (password) expect(r.out + r.err).not.toContain(password);
 
     const noDb = await bin(['status'], {});
     expect(noDb.code).toBe(2);
     expect(noDb.err).toContain('DATABASE_URL');
-    const badDb = await bin(['status'], { DATABASE_URL: db.url.replace(/\/[^/]+$/, '/no_such_db') });
+    const badDb = await bin(['status'], { DATABASE_URL: t.db.url.replace(/\/[^/]+$/, '/no_such_db') });
     expect(badDb.code).toBe(1);
     if (password) expect(badDb.err).not.toContain(password);
     expect((await bin(['bogus'], {})).code).toBe(2);
@@ -493,7 +457,7 @@ describe('what a person reads', () => {
     const r = await new Promise<CliRun>((resolve, reject) => {
       const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', 'customers', 'add', fresh, 'cus_acme'], {
         cwd: ROOT,
-        env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: stripe.url },
+        env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: t.stripe.url },
       });
       let out = '';
       let err = '';
@@ -503,7 +467,7 @@ describe('what a person reads', () => {
       child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
     });
     expect(r).toEqual({ code: 0, out: `customer ${fresh} added\ncustomer cus_acme already exists: nothing added\n`, err: '' });
-    const listed = (await (await fetch(`${stripe.url}/v1/customers?limit=100`, { headers: { authorization: 'Bearer sk_test_cli' } })).json()) as {
+    const listed = (await (await fetch(`${t.stripe.url}/v1/customers?limit=100`, { headers: { authorization: 'Bearer sk_test_cli' } })).json()) as {
       data: { id: string }[];
     };
     expect(listed.data.map((c) => c.id)).toContain(fresh);

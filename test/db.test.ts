@@ -5,24 +5,22 @@
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
 import { createPool, isDatabaseUnavailable } from '../src/db.js';
-import { createTestDb, waitFor, type TestDb } from './helpers.js';
+import { useDatabase, waitFor } from './hooks.js';
 
-let db: TestDb;
+const t = useDatabase();
 let admin: pg.Client;
 
 beforeAll(async () => {
-  db = await createTestDb();
   admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
   await admin.connect();
 });
 
 afterAll(async () => {
   await admin?.end();
-  await db?.drop();
 });
 
 it('a connection cut between two queries of a transaction fails that transaction, not the process', async () => {
-  const pool = createPool(db.url, 2);
+  const pool = createPool(t.db.url, 2);
   try {
     const client = await pool.connect();
     await client.query('BEGIN');
@@ -45,7 +43,7 @@ it('a connection cut between two queries of a transaction fails that transaction
 });
 
 it('takes overload for "not now": a statement timeout, a lock timeout, a deadlock, a serialization failure, too many connections', async () => {
-  const pool = createPool(db.url, 4);
+  const pool = createPool(t.db.url, 4);
   const errorOf = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e as { code: string });
   try {
     const timeout = await errorOf(pool.query(`SET statement_timeout = 10; SELECT pg_sleep(1)`));
@@ -90,7 +88,7 @@ it('takes overload for "not now": a statement timeout, a lock timeout, a deadloc
     // A role allowed one connection, asked for a second.
     const role = `overload_${Math.random().toString(36).slice(2, 8)}`;
     await admin.query(`CREATE ROLE ${role} LOGIN PASSWORD 'p' CONNECTION LIMIT 1`);
-    const url = new URL(db.url);
+    const url = new URL(t.db.url);
     url.username = role;
     url.password = 'p';
     const one = new pg.Client({ connectionString: url.toString() });

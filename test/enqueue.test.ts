@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import pg from 'pg';
 // Through the package's public entry point, as an application imports it.
 import {
@@ -12,46 +12,40 @@ import {
   type TransactionClient,
   type UsageInput,
 } from 'billing-outbox';
-import { addCustomer, createTestDb, type TestDb } from './helpers.js';
+import { useDatabase } from './hooks.js';
 
-let db: TestDb;
-beforeAll(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  await addCustomer(db.pool, 'globex', 'cus_globex');
-});
-afterAll(() => db?.drop());
+const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
 
-const count = async (table: string) => Number((await db.pool.query(`SELECT count(*) FROM ${table}`)).rows[0].count);
+const count = async (table: string) => Number((await t.pool.query(`SELECT count(*) FROM ${table}`)).rows[0].count);
 
 describe('recordUsage', () => {
   it('writes the usage row and the outbox row in the caller transaction', async () => {
     const at = new Date('2026-11-30T10:00:00.123Z');
-    const result = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'u-1', tenantId: 'acme', quantity: 7, occurredAt: at }));
+    const result = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'u-1', tenantId: 'acme', quantity: 7, occurredAt: at }));
     expect(result.created).toBe(true);
     expect(result.entry).toMatchObject({ idempotencyKey: 'u:acme:u-1', usageId: 'u-1', tenantId: 'acme', quantity: 7, status: 'pending', eventName: 'api_requests' });
     expect(result.entry.occurredAt.toISOString()).toBe(at.toISOString());
-    const usage = await db.pool.query('SELECT * FROM usage_logs WHERE id = $1', ['u-1']);
+    const usage = await t.pool.query('SELECT * FROM usage_logs WHERE id = $1', ['u-1']);
     expect(usage.rows[0]).toMatchObject({ tenant_id: 'acme', quantity: 7 });
   });
 
   it('leaves no row when the transaction rolls back', async () => {
     const before = [await count('usage_logs'), await count('outbox')];
     await expect(
-      withTransaction(db.pool, async (c) => {
+      withTransaction(t.pool, async (c) => {
         await recordUsage(c, { usageId: 'u-rollback', tenantId: 'acme', quantity: 1 });
         throw new Error('the application failed after recording');
       }),
     ).rejects.toThrow('the application failed');
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
-    expect((await db.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = 'u:acme:u-rollback'`)).rowCount).toBe(0);
+    expect((await t.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = $1`, [idempotencyKeyFor('acme', 'u-rollback')])).rowCount).toBe(0);
   });
 
   it('returns the existing entry for the same usage and adds nothing', async () => {
     const input: UsageInput = { usageId: 'u-dup', tenantId: 'acme', quantity: 3, eventName: 'tokens', occurredAt: new Date('2026-11-30T11:00:00Z') };
-    const first = await withTransaction(db.pool, (c) => recordUsage(c, input));
+    const first = await withTransaction(t.pool, (c) => recordUsage(c, input));
     const before = [await count('usage_logs'), await count('outbox')];
-    const second = await withTransaction(db.pool, (c) => recordUsage(c, input));
+    const second = await withTransaction(t.pool, (c) => recordUsage(c, input));
     expect(second.created).toBe(false);
     expect(second.entry).toEqual(first.entry);
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
@@ -59,15 +53,15 @@ describe('recordUsage', () => {
 
   it('handles the same usage recorded by concurrent transactions: one row', async () => {
     const input: UsageInput = { usageId: 'u-race', tenantId: 'acme', quantity: 2, occurredAt: new Date('2026-11-30T12:00:00Z') };
-    const results = await Promise.all(Array.from({ length: 8 }, () => withTransaction(db.pool, (c) => recordUsage(c, input))));
+    const results = await Promise.all(Array.from({ length: 8 }, () => withTransaction(t.pool, (c) => recordUsage(c, input))));
     expect(results.filter((r) => r.created)).toHaveLength(1);
     expect(new Set(results.map((r) => r.entry.id)).size).toBe(1);
-    expect((await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = 'u:acme:u-race'`)).rows[0].n).toBe(1);
+    expect((await t.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = $1`, [idempotencyKeyFor('acme', 'u-race')])).rows[0].n).toBe(1);
   });
 
   it('refuses a usage id reused with different values, without aborting the transaction', async () => {
-    await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 5 }));
-    await withTransaction(db.pool, async (c) => {
+    await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 5 }));
+    await withTransaction(t.pool, async (c) => {
       await expect(recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 6 })).rejects.toBeInstanceOf(UsageConflictError);
       // The caller's transaction is still usable.
       await c.query('SELECT 1');
@@ -76,7 +70,7 @@ describe('recordUsage', () => {
 
   it('rejects an unknown tenant with a typed error, writes nothing, and keeps the transaction usable', async () => {
     const before = [await count('usage_logs'), await count('outbox')];
-    await withTransaction(db.pool, async (c) => {
+    await withTransaction(t.pool, async (c) => {
       const err = await recordUsage(c, { usageId: 'u-ghost', tenantId: 'ghost', quantity: 1 }).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(UnknownTenantError);
       expect((err as UnknownTenantError).code).toBe('unknown_tenant');
@@ -116,7 +110,7 @@ describe('recordUsage', () => {
     // A client that records every statement: "rejected before anything is written" means none ran,
     // not only that none is visible after a rollback.
     const sent: string[] = [];
-    const err = await withTransaction(db.pool, async (c) => {
+    const err = await withTransaction(t.pool, async (c) => {
       const spy: TransactionClient = { query: (statement) => (sent.push(statement.text), c.query(statement)) };
       return recordUsage(spy, input);
     }).catch((e: unknown) => e);
@@ -127,7 +121,7 @@ describe('recordUsage', () => {
   });
 
   it('accepts the largest quantity Stripe takes and a 90-character usage id', async () => {
-    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'y'.repeat(90), tenantId: 'acme', quantity: MAX_QUANTITY }));
+    const r = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'y'.repeat(90), tenantId: 'acme', quantity: MAX_QUANTITY }));
     expect(r.entry.quantity).toBe(MAX_QUANTITY);
     // u:acme: plus 90 characters is 98 bytes: still the readable form.
     expect(r.entry.idempotencyKey).toBe(`u:acme:${'y'.repeat(90)}`);
@@ -137,19 +131,19 @@ describe('recordUsage', () => {
 describe('usage ids are scoped by tenant', () => {
   it("one tenant taking an id first does not stop another tenant's usage with the same id", async () => {
     // globex's token must not be able to learn, or block, acme's usage ids.
-    const g = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'globex', quantity: 999 }));
-    const a = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
+    const g = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'globex', quantity: 999 }));
+    const a = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
     expect(g.created).toBe(true);
     expect(a.created).toBe(true);
     expect(a.entry.idempotencyKey).not.toBe(g.entry.idempotencyKey);
     expect([a.entry.quantity, g.entry.quantity]).toEqual([1, 999]);
-    const { rows } = await db.pool.query(`SELECT tenant_id, quantity FROM usage_logs WHERE id = 'shared-id' ORDER BY tenant_id`);
+    const { rows } = await t.pool.query(`SELECT tenant_id, quantity FROM usage_logs WHERE id = 'shared-id' ORDER BY tenant_id`);
     expect(rows).toEqual([
       { tenant_id: 'acme', quantity: 1 },
       { tenant_id: 'globex', quantity: 999 },
     ]);
     // Each tenant's repeat is still its own no-op.
-    const again = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
+    const again = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'shared-id', tenantId: 'acme', quantity: 1 }));
     expect(again).toMatchObject({ created: false, entry: { id: a.entry.id } });
   });
 
@@ -163,7 +157,7 @@ describe('usage ids are scoped by tenant', () => {
       ['租户', '使用'.repeat(45)],
       ['租户', `${'使用'.repeat(44)}用`],
     ];
-    const keys = pairs.map(([t, u]) => idempotencyKeyFor(t, u));
+    const keys = pairs.map(([tenant, usage]) => idempotencyKeyFor(tenant, usage));
     expect(new Set(keys).size).toBe(pairs.length);
     for (const key of keys) expect(Buffer.byteLength(key, 'utf8')).toBeLessThanOrEqual(100);
     expect(keys[0]).toBe('u:a%3Ab:c');
@@ -176,7 +170,7 @@ describe('importing the package', () => {
     // The package entry is already imported at the top of this file, as an application would.
     expect(pg.types.getTypeParser(pg.types.builtins.INT8)('9007199254740993')).toBe('9007199254740993');
     // The application's own connection still reads bigint as text; recordUsage on it reads numbers.
-    const app = new pg.Client({ connectionString: db.url });
+    const app = new pg.Client({ connectionString: t.db.url });
     await app.connect();
     try {
       expect((await app.query(`SELECT 9007199254740993::bigint AS big`)).rows[0].big).toBe('9007199254740993');

@@ -1,6 +1,8 @@
 /**
- * Shared test plumbing: a fresh database per test file on the shared PostgreSQL server, a Temporal
- * client and worker on the shared dev server with a task queue of the file's own, and configs.
+ * The low-level parts the fixture in ./hooks.ts is built from: a fresh database per test file on
+ * the shared PostgreSQL server, a Temporal client and worker on the shared dev server with a task
+ * queue of the file's own, and configs. Test files ask hooks.ts (useDatabase, useStripe,
+ * usePipeline); a file that runs servers of its own (restarts) takes these parts directly.
  */
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -11,6 +13,7 @@ import type { NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
+import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, type RunningWorker } from '../src/temporal/worker.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
@@ -54,12 +57,9 @@ export async function createTestDb(): Promise<TestDb> {
   };
 }
 
+/** One tenant → customer mapping, through the product's own statement (hooks.ts: seedCustomers for several). */
 export async function addCustomer(db: pg.Pool, tenantId: string, stripeCustomerId: string): Promise<void> {
-  await db.query(
-    `INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1, $2)
-     ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id`,
-    [tenantId, stripeCustomerId],
-  );
+  await upsertBillingCustomer(db, tenantId, stripeCustomerId);
 }
 
 /** A config for tests: fast retries, a task queue of its own, and whatever `env` overrides. */

@@ -6,41 +6,32 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { afterAll, afterEach, beforeAll, expect, inject, it } from 'vitest';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { afterEach, expect, inject, it } from 'vitest';
+import { DELIVERED, IN_FLIGHT } from '../src/outbox/statuses.js';
+import { testConfig, useStripe, waitFor, type TestPipeline } from './hooks.js';
 
 const HOT_EVENTS = Number(process.env.HOT_SPOT_EVENTS ?? 2_000);
 const LANE_MAX = 4;
 
-let db: TestDb;
-let stripe: LocalStripe;
+// Each test starts the pipeline (or worker process) it needs.
+const t = useStripe({ customers: { hot: 'cus_hot', lease: 'cus_lease', batch: 'cus_batch' }, stripe: { meters: ['api_requests'] } });
+const { backlog } = t;
 const pipelines: TestPipeline[] = [];
 const children: ChildProcess[] = [];
-
-beforeAll(async () => {
-  db = await createTestDb();
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_hot', 'cus_lease', 'cus_batch'] });
-  await db.pool.query(`INSERT INTO billing_customers VALUES ('hot', 'cus_hot'), ('lease', 'cus_lease'), ('batch', 'cus_batch')`);
-});
 
 afterEach(async () => {
   for (const c of children.splice(0)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
   for (const p of pipelines.splice(0)) await p.stop();
-  stripe.setLatency(0);
-  stripe.refuseFor(0);
+  t.stripe.setLatency(0);
+  t.stripe.refuseFor(0);
 });
 
-afterAll(async () => {
-  await stripe?.close();
-  await db?.drop();
-});
 
 function env(extra: Record<string, string> = {}): Record<string, string> {
   return {
     TEMPORAL_ADDRESS: inject('temporalAddress'),
     TEMPORAL_TASK_QUEUE: `hot-${randomUUID()}`,
-    STRIPE_API_BASE: stripe.url,
+    STRIPE_API_BASE: t.stripe.url,
     STRIPE_API_KEY: 'sk_test_hot_spots',
     STRIPE_RATE_LIMIT_PER_SECOND: '1000',
     STRIPE_TIMEOUT_MS: '1500',
@@ -52,38 +43,22 @@ function env(extra: Record<string, string> = {}): Record<string, string> {
   };
 }
 
-/** Commits `n` usages of one tenant in one statement, as after an outage; returns their keys in commit order. */
-async function backlog(tenant: string, n: number): Promise<string[]> {
-  const prefix = `${tenant}-${randomUUID().slice(0, 8)}-`;
-  const { rows } = await db.pool.query<{ idempotency_key: string }>(
-    `WITH u AS (
-       INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
-       SELECT $2 || g, $1, 'api_requests', g, now() FROM generate_series(1, $3::int) g
-       RETURNING id, tenant_id, event_name, quantity, occurred_at)
-     INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT tenant_id, id, event_name, quantity, occurred_at, 'u:' || tenant_id || ':' || id FROM u ORDER BY quantity
-     RETURNING idempotency_key`,
-    [tenant, prefix, n],
-  );
-  return rows.map((r) => r.idempotency_key);
-}
-
 async function countDelivered(keys: string[]): Promise<number> {
-  const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status IN ('sent', 'accepted')`, [keys]);
+  const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status = ANY($2)`, [keys, DELIVERED]);
   return rows[0]!.n;
 }
 
 function expectOnceEach(keys: string[]): void {
-  stripe.flushStream();
+  t.stripe.flushStream();
   const counts = new Map<string, number>();
-  for (const e of stripe.events()) counts.set(e.identifier, (counts.get(e.identifier) ?? 0) + 1);
+  for (const e of t.stripe.events()) counts.set(e.identifier, (counts.get(e.identifier) ?? 0) + 1);
   const wrong = keys.filter((k) => counts.get(k) !== 1).map((k) => `${k}: ${counts.get(k) ?? 0}`);
   expect(wrong).toEqual([]);
 }
 
 function spawnWorker(extraEnv: Record<string, string>): ChildProcess {
   const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
-    env: { ...process.env, ...extraEnv, DATABASE_URL: db.url, LOG_LEVEL: 'warn' },
+    env: { ...process.env, ...extraEnv, DATABASE_URL: t.db.url, LOG_LEVEL: 'warn' },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
   children.push(child);
@@ -98,66 +73,66 @@ async function sigkill(child: ChildProcess): Promise<void> {
 
 it(`a hot customer's ${HOT_EVENTS}-event backlog while Stripe is down: bounded in Temporal, then drained once each, oldest first`, async () => {
   const e = env();
-  const pipeline = await startTestPipeline({ db, config: testConfig(e) });
+  const pipeline = await t.startPipeline(testConfig(e));
   pipelines.push(pipeline);
-  stripe.refuseFor(3_600);
+  t.stripe.refuseFor(3_600);
   const keys = await backlog('hot', HOT_EVENTS);
 
   // Down: the lane's few events in flight retry, the rest wait in PostgreSQL, not as workflows.
   await waitFor('deliveries failing against the outage', async () => {
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND last_error_code = 'connection_error'`);
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND last_error_code = 'connection_error'`);
     return rows[0]!.n >= 1;
   }, 60_000, 100);
   for (let i = 0; i < 5; i++) {
     const open = await pipeline.client.workflow.count(`TaskQueue = "${e.TEMPORAL_TASK_QUEUE}" AND WorkflowType = "usageWorkflow" AND ExecutionStatus = "Running"`);
     expect(open.count).toBeLessThanOrEqual(LANE_MAX);
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND status IN ('claimed', 'dispatched')`);
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'hot' AND status = ANY($1)`, [IN_FLIGHT]);
     expect(rows[0]!.n).toBeLessThanOrEqual(LANE_MAX);
     // Sampling: five looks half a second apart while the outage lasts (a bound held over time).
     await new Promise((r) => setTimeout(r, 500));
   }
 
-  stripe.refuseFor(0);
+  t.stripe.refuseFor(0);
   await waitFor('the backlog drained', async () => (await countDelivered(keys)) === keys.length, 30 * 60_000, 500);
   expectOnceEach(keys);
   // Oldest first: each event reached Stripe within LANE_MAX − 1 places of its place in the backlog.
   const position = new Map(keys.map((k, i) => [k, i]));
-  const order = stripe.events().filter((ev) => position.has(ev.identifier)).map((ev) => position.get(ev.identifier)!);
+  const order = t.stripe.events().filter((ev) => position.has(ev.identifier)).map((ev) => position.get(ev.identifier)!);
   const displaced = order.map((p, i) => Math.abs(p - i)).filter((d) => d > LANE_MAX - 1);
   expect(displaced).toEqual([]);
-  expect(stripe.maxConcurrencySeen('cus_hot', 'api_requests')).toBe(1);
+  expect(t.stripe.maxConcurrencySeen('cus_hot', 'api_requests')).toBe(1);
 }, 40 * 60_000);
 
 it('v1: a worker SIGKILLed while it holds the lease of a (customer, meter) mid-call: no second call until the lease lapses, all delivered once', async () => {
   const e = env({ STRIPE_UNANSWERED_HOLD_MS: '2000' });
-  stripe.setLatency(1_000);
+  t.stripe.setLatency(1_000);
   const child = spawnWorker(e);
   const keys = await backlog('lease', 6);
   await waitFor('a call in flight under the lease', async () => {
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM meter_leases WHERE stripe_customer_id = 'cus_lease' AND expires_at > now()`);
-    return rows[0]!.n === 1 && stripe.requests().some((r) => r.customer === 'cus_lease');
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM meter_leases WHERE stripe_customer_id = 'cus_lease' AND expires_at > now()`);
+    return rows[0]!.n === 1 && t.stripe.requests().some((r) => r.customer === 'cus_lease');
   }, 60_000, 20);
   await sigkill(child);
-  stripe.setLatency(0);
-  const pipeline = await startTestPipeline({ db, config: testConfig(e) });
+  t.stripe.setLatency(0);
+  const pipeline = await t.startPipeline(testConfig(e));
   pipelines.push(pipeline);
   await waitFor('all delivered', async () => (await countDelivered(keys)) === keys.length, 120_000, 250);
   expectOnceEach(keys);
-  expect(stripe.maxConcurrencySeen('cus_lease', 'api_requests')).toBe(1);
-  expect(stripe.requests().filter((r) => r.customer === 'cus_lease' && r.status === 429)).toEqual([]);
+  expect(t.stripe.maxConcurrencySeen('cus_lease', 'api_requests')).toBe(1);
+  expect(t.stripe.requests().filter((r) => r.customer === 'cus_lease' && r.status === 429)).toEqual([]);
 }, 180_000);
 
 it('v2: a worker SIGKILLed with a batch in flight on the stream: the batch is resent, each event accepted and recorded once', async () => {
   const e = env({ STRIPE_METER_API: 'v2' });
-  stripe.setLatency(1_000);
+  t.stripe.setLatency(1_000);
   const child = spawnWorker(e);
   const keys = await backlog('batch', 300);
-  await waitFor('a stream request in flight', async () => stripe.streamRequests().some((r) => r.identifiers.some((id) => id?.startsWith('u:batch:'))), 60_000, 20);
+  await waitFor('a stream request in flight', async () => t.stripe.streamRequests().some((r) => r.identifiers.some((id) => typeof id === 'string' && keys.includes(id))), 60_000, 20);
   await sigkill(child);
   const atKill = await countDelivered(keys);
   expect(atKill).toBeLessThan(keys.length);
-  stripe.setLatency(0);
-  const pipeline = await startTestPipeline({ db, config: testConfig(e) });
+  t.stripe.setLatency(0);
+  const pipeline = await t.startPipeline(testConfig(e));
   pipelines.push(pipeline);
   await waitFor('all accepted', async () => (await countDelivered(keys)) === keys.length, 120_000, 250);
   expectOnceEach(keys);

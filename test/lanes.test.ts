@@ -2,11 +2,11 @@
  * Lanes on the real pipeline: a hot (tenant, meter) waits in PostgreSQL, not as workflows, while
  * other lanes flow; within a lane the oldest go first; one call at a time per customer and meter.
  */
-import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { enqueueBacklog, seedCustomers } from './hooks.js';
 
 let db: TestDb;
 let stripe: LocalStripe;
@@ -19,7 +19,7 @@ beforeAll(async () => {
   stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_hot', 'cus_cold'] });
   // Every call takes a while: if the lane let more than one call through, Stripe would see it.
   stripe.setLatency(40);
-  await db.pool.query(`INSERT INTO billing_customers VALUES ('hot', 'cus_hot'), ('cold', 'cus_cold')`);
+  await seedCustomers(db.pool, { hot: 'cus_hot', cold: 'cus_cold' });
   config = testConfig({
     STRIPE_API_BASE: stripe.url,
     STRIPE_API_KEY: 'sk_test_lanes',
@@ -36,17 +36,8 @@ afterAll(async () => {
   await db?.drop();
 });
 
-/** Commits `n` usages of one tenant in one statement, as after an outage; returns their keys in commit order. */
-async function backlog(tenant: string, n: number): Promise<string[]> {
-  const prefix = `${tenant}-${randomUUID().slice(0, 8)}-`;
-  const { rows } = await db.pool.query<{ idempotency_key: string }>(
-    `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT $1, $2 || g, 'api_requests', 1, now(), 'u:' || $1 || ':' || $2 || g FROM generate_series(1, $3::int) g
-     RETURNING idempotency_key`,
-    [tenant, prefix, n],
-  );
-  return rows.map((r) => r.idempotency_key);
-}
+/** Commits `n` usages of one tenant at once, as after an outage; returns their keys in commit order. */
+const backlog = (tenant: string, n: number): Promise<string[]> => enqueueBacklog(db.pool, tenant, n);
 
 it('keeps a hot lane to LANE_MAX_IN_FLIGHT, lets another lane through, and drains the hot one oldest first', async () => {
   const hot = await backlog('hot', 60);

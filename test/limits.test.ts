@@ -8,6 +8,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { seedCustomers } from './hooks.js';
 
 let db: TestDb;
 let stripe: LocalStripe | undefined;
@@ -33,10 +34,7 @@ afterAll(async () => {
 /** Customers c0…c(n-1) in our table and at the local Stripe. */
 async function customers(n: number, prefix: string): Promise<string[]> {
   const tenants = Array.from({ length: n }, (_, i) => `${prefix}-${i}`);
-  await db.pool.query(
-    `INSERT INTO billing_customers (tenant_id, stripe_customer_id) SELECT t, 'cus_' || t FROM unnest($1::text[]) t`,
-    [tenants],
-  );
+  await seedCustomers(db.pool, Object.fromEntries(tenants.map((t) => [t, `cus_${t}`])));
   for (const t of tenants) stripe!.addCustomer(`cus_${t}`);
   return tenants;
 }

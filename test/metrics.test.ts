@@ -4,37 +4,38 @@
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
-import type { ApiToken, Config } from '../src/config.js';
-import { createPool, withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/outbox/enqueue.js';
+import type { ApiToken } from '../src/config.js';
+import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
 import { statusSummary } from '../src/outbox/sql/status.js';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { testConfig, usePipeline, waitFor } from './hooks.js';
 
 const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };
 
-let db: TestDb;
-let config: Config;
+const t = usePipeline({
+  // 'ghost' is mapped to a customer the local Stripe does not know: its events are refused (400).
+  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist' },
+  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
+  // The gauges are read with no worker running; 'counters after real deliveries' starts one.
+  worker: false,
+  metrics: (pool) => createMetrics(new Registry(), { db: pool }),
+});
+const { enqueue, waitStatus } = t;
 let metrics: Metrics;
 let api: Api;
 
-beforeAll(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
-  metrics = createMetrics(new Registry(), { db: db.pool });
-  api = buildApi({ config: testConfig({ API_TOKENS: JSON.stringify([reader]) }), db: db.pool, log: createLogger('silent'), metrics });
+beforeAll(() => {
+  metrics = t.metrics!;
+  api = buildApi({ config: testConfig({ API_TOKENS: JSON.stringify([reader]) }), db: t.pool, log: createLogger('silent'), metrics });
 });
 
 afterAll(async () => {
   await api?.close();
-  await db?.drop();
 });
 
 /** The value of one sample in Prometheus text, or undefined when the series is absent. */
@@ -47,11 +48,6 @@ async function scrape(): Promise<string> {
   const res = await api.inject({ method: 'GET', url: '/metrics', headers: { authorization: `Bearer ${reader.token}` } });
   expect(res.statusCode).toBe(200);
   return res.body;
-}
-
-async function enqueue(tenantId: string, quantity: number, occurredAt = new Date(Date.now() - 60_000)): Promise<string> {
-  const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId, quantity, occurredAt }));
-  return r.entry.idempotencyKey;
 }
 
 describe('outbox gauges (no worker running)', () => {
@@ -73,7 +69,7 @@ describe('outbox gauges (no worker running)', () => {
   it('report the age of the oldest row still waiting for a relay', async () => {
     await enqueue('acme', 4);
     // As if the relays had been down for ten minutes.
-    await db.pool.query(`UPDATE outbox SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM outbox)`);
+    await t.pool.query(`UPDATE outbox SET created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM outbox)`);
     const age = sample(await scrape(), 'billing_outbox_oldest_pending_age_seconds');
     expect(age).toBeGreaterThanOrEqual(600);
     expect(age).toBeLessThan(660);
@@ -93,17 +89,17 @@ describe('outbox gauges (no worker running)', () => {
 
   it('counts sent rows exactly on small tables and estimates them from table statistics on large ones', async () => {
     const insertSent = (n: number) =>
-      db.pool.query(
+      t.pool.query(
         `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
          SELECT 'acme', 'api_requests', 1, now(), 'sent-' || gen_random_uuid(), 'sent', now() FROM generate_series(1, $1::int)`,
         [n],
       );
     await insertSent(500);
-    const exact = await statusSummary(db.pool);
+    const exact = await statusSummary(t.pool);
     expect(exact).toMatchObject({ counts: { sent: 500, pending: 4 }, sentEstimated: false });
 
-    await db.pool.query('ANALYZE outbox');
-    const estimated = await statusSummary(db.pool, { exactCountBelow: 1 });
+    await t.pool.query('ANALYZE outbox');
+    const estimated = await statusSummary(t.pool, { exactCountBelow: 1 });
     expect(estimated.sentEstimated).toBe(true);
     expect(estimated.counts.pending).toBe(4);
     expect(estimated.counts.sent).toBeGreaterThan(450);
@@ -112,11 +108,11 @@ describe('outbox gauges (no worker running)', () => {
     // The estimate path does not count: rows added since ANALYZE on the same pages do not show
     // until statistics catch up, while the exact path sees them at once.
     await insertSent(5);
-    expect((await statusSummary(db.pool)).counts.sent).toBe(505);
-    expect((await statusSummary(db.pool, { exactCountBelow: 1 })).counts.sent).not.toBe(505);
+    expect((await statusSummary(t.pool)).counts.sent).toBe(505);
+    expect((await statusSummary(t.pool, { exactCountBelow: 1 })).counts.sent).not.toBe(505);
 
     expect(sample(await scrape(), 'billing_outbox_rows', '{status="sent"}')).toBe(505);
-    await db.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'sent-%'`);
+    await t.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'sent-%'`);
   });
 
   it('drop the outbox series (and count the failure) when the database is away, without failing the scrape', async () => {
@@ -161,22 +157,9 @@ describe('the worker-side metrics server', () => {
 });
 
 describe('counters after real deliveries', () => {
-  let stripe: LocalStripe;
-  let pipeline: TestPipeline;
-
   beforeAll(async () => {
-    stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
-    config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_metrics' });
-    pipeline = await startTestPipeline({ db, config, metrics });
+    await t.pipeline.addWorker();
   });
-
-  afterAll(async () => {
-    await pipeline?.stop();
-    await stripe?.close();
-  });
-
-  const status = async (key: string) => (await db.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key])).rows[0]?.status;
-  const waitStatus = (key: string, want: string) => waitFor(`${key} to be ${want}`, async () => (await status(key)) === want);
 
   it('count sent events, commit-to-ack latency and relay claims, and the gauges follow', async () => {
     // The rows enqueued above (no worker then) are delivered now too.
@@ -201,17 +184,17 @@ describe('counters after real deliveries', () => {
   it('classify each way a delivery can fail', async () => {
     const errors = async (c: string) => sample(await scrape(), 'billing_outbox_stripe_errors_total', `{class="${c}"}`)!;
 
-    stripe.failNext(1, 500);
+    t.stripe.failNext(1, 500);
     const retried = await enqueue('acme', 1);
     await waitStatus(retried, 'sent');
     expect(await errors('retryable')).toBe(1);
 
-    stripe.failNext(1, 429);
+    t.stripe.failNext(1, 429);
     const limited = await enqueue('acme', 1);
     await waitStatus(limited, 'sent');
     expect(await errors('rate_limited')).toBe(1);
 
-    stripe.dropAfterRecord(2);
+    t.stripe.dropAfterRecord(2);
     const duplicate = await enqueue('acme', 1);
     await waitStatus(duplicate, 'sent');
     expect(await errors('delivered_duplicate')).toBe(1);
@@ -221,12 +204,9 @@ describe('counters after real deliveries', () => {
     expect(await errors('rejected')).toBe(1);
 
     // recordUsage refuses usage this old at the door; a row can still age past the window while it waits.
-    const tooOld = `u:acme:aged-${randomUUID()}`;
-    await db.pool.query(
-      `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-       VALUES ('acme', $2, 'api_requests', 1, now() - interval '40 days', $1)`,
-      [tooOld, tooOld.slice('u:acme:'.length)],
-    );
+    const tooOld = await enqueue('acme', 1, {
+      beforeCommit: (c, k) => c.query(`UPDATE outbox SET occurred_at = now() - interval '40 days' WHERE idempotency_key = $1`, [k]),
+    });
     await waitStatus(tooOld, 'dead');
     expect(await errors('unsafe')).toBe(1);
   });

@@ -9,19 +9,17 @@ import { createRelayActivities } from '../activities/relay.js';
 import net from 'node:net';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { connectTemporal } from '../src/temporal/worker.js';
-import { createTestDb, testConfig, type TestDb } from './helpers.js';
+import { testConfig, useDatabase } from './hooks.js';
 
-let db: TestDb;
+const t = useDatabase();
 let temporal: Awaited<ReturnType<typeof connectTemporal>>;
 const config = testConfig();
 beforeAll(async () => {
-  db = await createTestDb();
   temporal = await connectTemporal(config.temporal);
 });
 afterAll(async () => {
   await temporal?.clientConnection.close();
   await temporal?.connection.close();
-  await db?.drop();
 });
 
 /**
@@ -53,7 +51,7 @@ it('start() returns at once while the database refuses connections, and wait() s
 it('the relay activity keeps polling and heartbeating while its LISTEN connection is down', async () => {
   const notifier = new OutboxNotifier(`postgres://nobody:secret@127.0.0.1:${refusingPort}/nothing`);
   const { relayOutbox } = createRelayActivities({
-    db: db.pool,
+    db: t.pool,
     client: temporal.client,
     notifier,
     config,

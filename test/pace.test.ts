@@ -7,18 +7,13 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import type pg from 'pg';
 import { createPool } from '../src/db.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
-import { createTestDb, waitFor, type TestDb } from './helpers.js';
+import { useDatabase, waitFor } from './hooks.js';
 
-let db: TestDb;
+const t = useDatabase();
 let pool: pg.Pool;
-beforeAll(async () => {
-  db = await createTestDb();
-  pool = createPool(db.url, 12);
-});
-afterAll(async () => {
-  await pool?.end();
-  await db?.drop();
-});
+// A pool of its own: eight racers and the holder, each on a connection.
+beforeAll(() => void (pool = createPool(t.db.url, 12)));
+afterAll(() => pool?.end());
 
 it('gives concurrent reservations from eight connections eight distinct slots', async () => {
   const perSecond = 10; // one slot every 100 ms

@@ -3,59 +3,22 @@
  * Stripe-compatible server, with Stripe's failures injected as faults.
  */
 import { randomUUID } from 'node:crypto';
-import type { Client } from '@temporalio/client';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
-import type { Config } from '../src/config.js';
-import { withTransaction } from '../src/db.js';
-import { recordUsage } from '../src/outbox/enqueue.js';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { usePipeline, waitFor } from './hooks.js';
 
-let db: TestDb;
-let stripe: LocalStripe;
-let config: Config;
-let pipeline: TestPipeline;
-let client: Client;
-
-beforeAll(async () => {
-  db = await createTestDb();
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme', 'cus_globex'] });
-  await addCustomer(db.pool, 'acme', 'cus_acme');
-  await addCustomer(db.pool, 'globex', 'cus_globex');
-  await addCustomer(db.pool, 'ghost', 'cus_does_not_exist');
-  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_pipeline' });
-  pipeline = await startTestPipeline({ db, config });
-  client = pipeline.client;
+const t = usePipeline({
+  customers: { acme: 'cus_acme', globex: 'cus_globex', ghost: 'cus_does_not_exist' },
+  // 'ghost' is mapped to a customer this Stripe does not know: its events are refused (400) at once.
+  stripe: { meters: ['api_requests'], customers: ['cus_acme', 'cus_globex'] },
 });
-
-afterAll(async () => {
-  await pipeline?.stop();
-  await stripe?.close();
-  await db?.drop();
-});
-
-async function enqueue(tenantId: string, quantity: number, occurredAt = new Date(Date.now() - 60_000)): Promise<string> {
-  const usageId = randomUUID();
-  const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId, quantity, occurredAt }));
-  return r.entry.idempotencyKey;
-}
-
-async function row(key: string) {
-  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
-  return rows[0];
-}
-
-const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
-  waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
-
-const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
+const { enqueue, row, waitStatus, eventsFor, requestsFor } = t;
 
 describe('the core pipeline', () => {
   it('delivers committed usage to Stripe once, with the idempotency key as identifier', async () => {
     const occurredAt = new Date(Date.now() - 3_600_000);
-    const keys = [await enqueue('acme', 3, occurredAt), await enqueue('globex', 5, occurredAt), await enqueue('acme', 1, occurredAt)];
+    const keys = [await enqueue('acme', 3, { occurredAt }), await enqueue('globex', 5, { occurredAt }), await enqueue('acme', 1, { occurredAt })];
     for (const key of keys) await waitStatus(key, 'sent');
     const recorded = keys.map((k) => eventsFor(k));
     expect(recorded.map((r) => r.length)).toEqual([1, 1, 1]);
@@ -64,16 +27,16 @@ describe('the core pipeline', () => {
     expect(sent).toMatchObject({ attempt_count: 1, workflow_id: keys[0], last_error_code: null });
     expect(sent.sent_at).toBeInstanceOf(Date);
     expect(sent.first_attempted_at).toBeInstanceOf(Date);
-    expect(await client.workflow.getHandle(keys[0]!).query(stateQuery)).toEqual({ status: 'sent', attempts: 1, lastError: null });
+    expect(await t.client.workflow.getHandle(keys[0]!).query(stateQuery)).toEqual({ status: 'sent', attempts: 1, lastError: null });
   });
 
   it('retries 5xx answers with Temporal backoff and bills once, with a fresh Idempotency-Key per attempt', async () => {
-    stripe.failNext(2, 500);
+    t.stripe.failNext(2, 500);
     const key = await enqueue('acme', 4);
     const sent = await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
     expect(sent.attempt_count).toBe(3);
-    const requests = stripe.requests().filter((r) => r.identifier === key);
+    const requests = requestsFor(key);
     expect(requests.map((r) => r.status)).toEqual([500, 500, 200]);
     // One constant key would have replayed the stored 500 for a day.
     expect(new Set(requests.map((r) => r.idempotencyKey)).size).toBe(3);
@@ -82,35 +45,35 @@ describe('the core pipeline', () => {
   it('treats a lost response after Stripe recorded the event as delivered: duplicate identifier → sent, one event', async () => {
     // Stripe records the event but the answer is lost, twice: the library's own retry of the closed
     // connection (same Idempotency-Key) is lost too, so the attempt fails and Temporal retries.
-    stripe.dropAfterRecord(2);
+    t.stripe.dropAfterRecord(2);
     const key = await enqueue('globex', 9);
     const sent = await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
-    const requests = stripe.requests().filter((r) => r.identifier === key);
+    const requests = requestsFor(key);
     // The new attempt was refused as a duplicate identifier, which means Stripe already has it.
     expect(requests.at(-1)).toMatchObject({ status: 400 });
     expect(requests.at(-1)!.errorMessage).toMatch(/^An event already exists with identifier /);
     expect(sent.attempt_count).toBe(2);
-    expect(await client.workflow.getHandle(key).query(stateQuery)).toMatchObject({ status: 'sent' });
+    expect(await t.client.workflow.getHandle(key).query(stateQuery)).toMatchObject({ status: 'sent' });
   });
 
   it('treats a 200 with a malformed body as unknown: the resend finds the identifier taken → sent, one event', async () => {
-    stripe.garbleNext(1);
+    t.stripe.garbleNext(1);
     const key = await enqueue('globex', 11);
     const sent = await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
-    const requests = stripe.requests().filter((r) => r.identifier === key);
+    const requests = requestsFor(key);
     expect(requests.map((r) => r.status)).toEqual([200, 400]);
     expect(requests[1]!.errorMessage).toMatch(/^An event already exists with identifier /);
     expect(sent.attempt_count).toBe(2);
   });
 
   it('a single lost response is absorbed by the replayed answer: one event, one attempt', async () => {
-    stripe.dropAfterRecord(1);
+    t.stripe.dropAfterRecord(1);
     const key = await enqueue('globex', 10);
     const sent = await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
-    expect(stripe.requests().filter((r) => r.identifier === key).at(-1)).toMatchObject({ status: 200, replayed: true });
+    expect(requestsFor(key).at(-1)).toMatchObject({ status: 200, replayed: true });
     expect(sent.attempt_count).toBe(1);
   });
 
@@ -121,22 +84,22 @@ describe('the core pipeline', () => {
     expect(dead.last_error_code).toBe('resource_missing');
     expect(dead.last_error_message).toContain('cus_does_not_exist');
     expect(eventsFor(key)).toHaveLength(0);
-    const state = await client.workflow.getHandle(key).query(stateQuery);
+    const state = await t.client.workflow.getHandle(key).query(stateQuery);
     expect(state).toMatchObject({ status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } });
   });
 
   it('dead-letters after the last attempt, then a retry signal sends it with the same identifier', async () => {
-    stripe.failNext(4, 503);
+    t.stripe.failNext(4, 503);
     const key = await enqueue('acme', 6);
     const dead = await waitStatus(key, 'dead');
-    expect(dead.attempt_count).toBe(config.retry.maximumAttempts);
+    expect(dead.attempt_count).toBe(t.config.retry.maximumAttempts);
     // Stripe's 503 carries no code: the row says the status, and Stripe's own message.
     expect(dead.last_error_code).toBe('http_503');
     expect(dead.last_error_message).toContain("Stripe's end");
     expect(eventsFor(key)).toHaveLength(0);
 
     // The workflow is still open, waiting for a human.
-    const handle = client.workflow.getHandle(key);
+    const handle = t.client.workflow.getHandle(key);
     const described = await handle.describe();
     expect(described.status.name).toBe('RUNNING');
     // The Web UI at a glance: the static summary says what the event is, the current details what
@@ -150,7 +113,7 @@ describe('the core pipeline', () => {
     expect(details).toContain(`npm run cli -- retry '${key}'`);
     await handle.signal(reopenSignal);
     const sent = await waitStatus(key, 'sent');
-    expect(sent.attempt_count).toBe(config.retry.maximumAttempts + 1);
+    expect(sent.attempt_count).toBe(t.config.retry.maximumAttempts + 1);
     expect(eventsFor(key)).toHaveLength(1);
     expect(eventsFor(key)[0]!.identifier).toBe(key);
     await waitFor('workflow to complete', async () => (await handle.describe()).status.name === 'COMPLETED');
@@ -159,44 +122,44 @@ describe('the core pipeline', () => {
   it('finds dead letters by the OutboxStatus and TenantId search attributes', async () => {
     const key = await enqueue('ghost', 1);
     await waitStatus(key, 'dead');
-    const q = `TaskQueue = "${config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "ghost"`;
+    const q = `TaskQueue = "${t.config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "ghost"`;
     const ids = await waitFor('dead letters in visibility', async () => {
       const found: string[] = [];
-      for await (const wf of client.workflow.list({ query: q })) found.push(wf.workflowId);
+      for await (const wf of t.client.workflow.list({ query: q })) found.push(wf.workflowId);
       return found.includes(key) ? found : undefined;
     });
     expect(ids).toContain(key);
-    const sentQuery = `TaskQueue = "${config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "acme"`;
+    const sentQuery = `TaskQueue = "${t.config.temporal.taskQueue}" AND OutboxStatus = "dead" AND TenantId = "acme"`;
     const acme: string[] = [];
-    for await (const wf of client.workflow.list({ query: sentQuery })) acme.push(wf.workflowId);
+    for await (const wf of t.client.workflow.list({ query: sentQuery })) acme.push(wf.workflowId);
     expect(acme).not.toContain(key);
   });
 
   it('never starts a second run for an event: duplicate start is refused, running or closed', async () => {
     const key = await enqueue('acme', 2);
     await waitStatus(key, 'sent');
-    await waitFor('workflow to complete', async () => (await client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
+    await waitFor('workflow to complete', async () => (await t.client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
     // A late relay (or a restart) tries to start it again after it finished.
-    expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(false);
+    expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toBe(false);
     const runs: string[] = [];
-    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
     expect(runs).toHaveLength(1);
     expect(eventsFor(key)).toHaveLength(1);
 
     // While its run is still open: Stripe answers slowly, a second start comes meanwhile.
-    stripe.setLatency(2_000);
+    t.stripe.setLatency(2_000);
     let open: string;
     try {
       open = await enqueue('acme', 3);
       await waitStatus(open, 'dispatched', 10_000);
-      expect((await client.workflow.getHandle(open).describe()).status.name).toBe('RUNNING');
-      expect(await startUsageWorkflow(client, { idempotency_key: open, tenant_id: 'acme' }, config)).toBe(false);
+      expect((await t.client.workflow.getHandle(open).describe()).status.name).toBe('RUNNING');
+      expect(await startUsageWorkflow(t.client, { idempotency_key: open, tenant_id: 'acme' }, t.config)).toBe(false);
     } finally {
-      stripe.setLatency(0);
+      t.stripe.setLatency(0);
     }
     await waitStatus(open, 'sent');
     const openRuns: string[] = [];
-    for await (const wf of client.workflow.list({ query: `WorkflowId = "${open}"` })) openRuns.push(wf.runId);
+    for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${open}"` })) openRuns.push(wf.runId);
     expect(openRuns).toHaveLength(1);
     expect(eventsFor(open)).toHaveLength(1);
   });
@@ -204,45 +167,46 @@ describe('the core pipeline', () => {
   it('recovers a crash between claim and start: the lease lapses, one run, one meter event', async () => {
     // The row is committed already claimed, as a relay that claimed it and died before starting its
     // workflow leaves it: the live relay never saw it pending, and must wait out the lease.
-    const key = await withTransaction(db.pool, async (c) => {
-      const r = await recordUsage(c, { usageId: randomUUID(), tenantId: 'globex', quantity: 8 });
-      await c.query(
-        `UPDATE outbox SET status = 'claimed', claimed_by = 'crashed-relay', claim_id = $2, processing_deadline = clock_timestamp() + interval '1 second'
-          WHERE idempotency_key = $1`,
-        [r.entry.idempotencyKey, randomUUID()],
-      );
-      return r.entry.idempotencyKey;
+    const key = await enqueue('globex', 8, {
+      beforeCommit: (c, k) =>
+        c.query(
+          `UPDATE outbox SET status = 'claimed', claimed_by = 'crashed-relay', claim_id = $2, processing_deadline = clock_timestamp() + interval '1 second'
+            WHERE idempotency_key = $1`,
+          [k, randomUUID()],
+        ),
     });
     const sent = await waitStatus(key, 'sent');
     expect(sent.claimed_by).not.toBe('crashed-relay');
     expect(eventsFor(key)).toHaveLength(1);
     const runs: string[] = [];
-    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
     expect(runs).toHaveLength(1);
   });
 
   it('recovers a crash between start and marking dispatched: re-claim finds the run, no second one', async () => {
-    const key = `usage_log:${randomUUID()}`;
+    // As a relay that claimed the row, started its workflow and died before marking it would
+    // leave it: started, still `claimed`, with a lease about to lapse.
+    const key = await enqueue('acme', 11, {
+      beforeCommit: (c, k) =>
+        c.query(
+          `UPDATE outbox SET status = 'claimed', claimed_by = 'dead-relay', claim_id = $2, processing_deadline = clock_timestamp() + interval '1 second'
+            WHERE idempotency_key = $1`,
+          [k, randomUUID()],
+        ),
+    });
     // Stripe answers slowly, so the run is still in flight when a relay re-claims the row.
-    stripe.setLatency(2_000);
+    t.stripe.setLatency(2_000);
     try {
-      // As a relay that claimed the row, started its workflow and died before marking it would
-      // leave it: started, still `claimed`, with a lease about to lapse.
-      await db.pool.query(
-        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, claimed_by, claim_id, processing_deadline)
-         VALUES ('acme', 'api_requests', 11, now(), $1, 'claimed', 'dead-relay', $2, clock_timestamp() + interval '1 second')`,
-        [key, randomUUID()],
-      );
-      expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(true);
+      expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toBe(true);
       // The live relay re-claims it, finds the run already started, and marks it dispatched.
       const dispatched = await waitStatus(key, 'dispatched', 10_000);
       expect(dispatched.claimed_by).not.toBe('dead-relay');
     } finally {
-      stripe.setLatency(0);
+      t.stripe.setLatency(0);
     }
     await waitStatus(key, 'sent');
     const runs: string[] = [];
-    for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
+    for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
     expect(runs).toHaveLength(1);
     expect(eventsFor(key)).toHaveLength(1);
   });
@@ -250,10 +214,8 @@ describe('the core pipeline', () => {
   it("sends the customer and value under the payload keys of the event's own meter", async () => {
     // A meter configured with its own keys: an event under the default keys would be answered 200
     // and rejected later by Stripe (meter_event_no_customer_defined).
-    stripe.addMeter('gpu_seconds', { customerKey: 'account', valueKey: 'seconds' });
-    const usageId = randomUUID();
-    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 42, eventName: 'gpu_seconds' }));
-    const key = r.entry.idempotencyKey;
+    t.stripe.addMeter('gpu_seconds', { customerKey: 'account', valueKey: 'seconds' });
+    const key = await enqueue('acme', 42, { eventName: 'gpu_seconds' });
     await waitStatus(key, 'sent');
     const [event] = eventsFor(key);
     expect(event).toMatchObject({ eventName: 'gpu_seconds', customer: 'cus_acme', value: 42, payload: { account: 'cus_acme', seconds: '42' } });
@@ -261,45 +223,41 @@ describe('the core pipeline', () => {
   });
 
   it('dead-letters an event whose meter does not exist at Stripe, with the reason, without sending it', async () => {
-    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1, eventName: 'no_such_meter' }));
-    const key = r.entry.idempotencyKey;
+    const key = await enqueue('acme', 1, { eventName: 'no_such_meter' });
     const dead = await waitStatus(key, 'dead');
     expect(dead.last_error_code).toBe('no_meter');
     expect(dead.last_error_message).toMatch(/no active meter for event name "no_such_meter"/);
-    expect(stripe.requests().filter((req) => req.identifier === key)).toHaveLength(0);
+    expect(requestsFor(key)).toHaveLength(0);
   });
 
   it('dead-letters usage that aged past Stripe\'s 35-day window in the outbox, before calling Stripe', async () => {
     // recordUsage refuses such usage at the door; a row can still age past the window while it
     // waits (a long outage): written here as it would be found then.
-    const key = `u:acme:aged-${randomUUID()}`;
-    await db.pool.query(
-      `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-       VALUES ('acme', $2, 'api_requests', 3, now() - interval '36 days', $1)`,
-      [key, key.slice('u:acme:'.length)],
-    );
+    const key = await enqueue('acme', 3, {
+      beforeCommit: (c, k) => c.query(`UPDATE outbox SET occurred_at = now() - interval '36 days' WHERE idempotency_key = $1`, [k]),
+    });
     const dead = await waitStatus(key, 'dead');
     expect(dead.last_error_code).toBe('timestamp_too_far_in_past');
     expect(dead.last_error_message).toMatch(/35-day/);
-    expect(stripe.requests().filter((r) => r.identifier === key)).toHaveLength(0);
+    expect(requestsFor(key)).toHaveLength(0);
   });
 
   it('refuses a retry past the 24 h identifier window, and sends on a forced retry', async () => {
-    stripe.failNext(4, 503);
+    t.stripe.failNext(4, 503);
     const key = await enqueue('acme', 12);
     await waitStatus(key, 'dead');
-    const before = stripe.requests().filter((r) => r.identifier === key).length;
+    const before = requestsFor(key).length;
     // The event was first attempted 25 hours ago: Stripe may have forgotten its identifier.
-    await db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
-    const handle = client.workflow.getHandle(key);
+    await t.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [key]);
+    const handle = t.client.workflow.getHandle(key);
     await handle.signal(reopenSignal);
     const refused = await waitFor('the refusal', async () => {
       const r = await row(key);
       return r.status === 'dead' && r.last_error_code === 'identifier_window_expired' ? r : undefined;
     });
     expect(refused.last_error_message).toMatch(/24 h/);
-    expect(refused.attempt_count).toBe(config.retry.maximumAttempts);
-    expect(stripe.requests().filter((r) => r.identifier === key)).toHaveLength(before);
+    expect(refused.attempt_count).toBe(t.config.retry.maximumAttempts);
+    expect(requestsFor(key)).toHaveLength(before);
 
     await handle.signal(reopenSignal, { force: true, requestedBy: 'test' });
     await waitStatus(key, 'sent');
@@ -308,11 +266,11 @@ describe('the core pipeline', () => {
 
   it('waits out 429s without spending retry attempts: more 429s than the attempt budget still end sent', async () => {
     // Twice the configured maximum attempts, all 429: a failure-counting policy would dead-letter it.
-    stripe.failNext(config.retry.maximumAttempts * 2, 429, { retryAfterSeconds: 0 });
+    t.stripe.failNext(t.config.retry.maximumAttempts * 2, 429, { retryAfterSeconds: 0 });
     const key = await enqueue('globex', 4);
     const sent = await waitStatus(key, 'sent', 60_000);
-    const statuses = stripe.requests().filter((r) => r.identifier === key).map((r) => r.status);
-    expect(statuses.filter((s) => s === 429)).toHaveLength(config.retry.maximumAttempts * 2);
+    const statuses = requestsFor(key).map((r) => r.status);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(t.config.retry.maximumAttempts * 2);
     expect(statuses.at(-1)).toBe(200);
     expect(sent.last_error_code).toBeNull();
     expect(eventsFor(key)).toHaveLength(1);
@@ -320,16 +278,14 @@ describe('the core pipeline', () => {
 
   it('dead-letters an event Stripe keeps refusing with 429 for longer than RETRY_MAX_RATE_LIMITED_MS', async () => {
     // A separate run with a 2 s budget for 429s, against the same database and Stripe.
-    const shortConfig = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_pipeline', RETRY_MAX_RATE_LIMITED_MS: '2000' });
-    const short = await startTestPipeline({ db, config: shortConfig, worker: false });
+    const shortConfig = t.configWith({ RETRY_MAX_RATE_LIMITED_MS: '2000' });
+    const short = await t.startPipeline(shortConfig, { worker: false });
     try {
-      stripe.failNext(1_000, 429, { retryAfterSeconds: 0 });
-      const key = `usage_log:${randomUUID()}`;
-      await db.pool.query(
-        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-         VALUES ('acme', 'api_requests', 1, now(), $1, 'dispatched')`,
-        [key],
-      );
+      t.stripe.failNext(1_000, 429, { retryAfterSeconds: 0 });
+      // Committed as handed to a workflow already: the file's own relay leaves it to this one.
+      const key = await enqueue('acme', 1, {
+        beforeCommit: (c, k) => c.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key = $1`, [k]),
+      });
       await short.client.workflow.start('usageWorkflow', usageWorkflowStartOptions({ idempotency_key: key, tenant_id: 'acme' }, shortConfig, { reusePolicy: 'REJECT_DUPLICATE' }));
       await short.addWorker();
       const dead = await waitStatus(key, 'dead');
@@ -337,17 +293,17 @@ describe('the core pipeline', () => {
       expect(eventsFor(key)).toHaveLength(0);
     } finally {
       // Forget the 429s still queued (and what this Stripe recorded so far: each test checks its own keys).
-      stripe.reset();
+      t.stripe.reset();
       await short.stop();
     }
   });
 
   it('honours Retry-After on a 429', async () => {
-    stripe.failNext(1, 429, { retryAfterSeconds: 2 });
+    t.stripe.failNext(1, 429, { retryAfterSeconds: 2 });
     const started = Date.now();
     const key = await enqueue('globex', 2);
     await waitStatus(key, 'sent');
-    const requests = stripe.requests().filter((r) => r.identifier === key);
+    const requests = requestsFor(key);
     expect(requests.map((r) => r.status)).toEqual([429, 200]);
     // The retry policy alone would have come back after ~50 ms; Stripe asked for 2 s.
     expect(requests[1]!.at - requests[0]!.at).toBeGreaterThanOrEqual(1_900);
@@ -358,11 +314,11 @@ describe('the core pipeline', () => {
     // Eight events refused with the same Retry-After: without jitter they would all come back one
     // second later, together. With up to rateLimitJitterMs (500 ms, src/config.ts) each, eight waits fall
     // within 100 ms of each other with probability ~1e-4.
-    stripe.failNext(8, 429, { retryAfterSeconds: 1 });
+    t.stripe.failNext(8, 429, { retryAfterSeconds: 1 });
     const keys = await Promise.all(Array.from({ length: 8 }, (_, i) => enqueue(i % 2 ? 'acme' : 'globex', 20 + i)));
     for (const key of keys) await waitStatus(key, 'sent');
     const waits = keys.map((key) => {
-      const requests = stripe.requests().filter((r) => r.identifier === key);
+      const requests = requestsFor(key);
       const refused = requests.find((r) => r.status === 429);
       const accepted = requests.find((r) => r.status === 200);
       return refused && accepted ? accepted.at - refused.at : undefined;

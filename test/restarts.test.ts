@@ -14,7 +14,9 @@ import { startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres
 import { startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { startTestPipeline } from './helpers.js';
+// This file runs its own PostgreSQL and Temporal: it uses the fixture's parts, not the fixture.
+import { seedCustomers, testConfig, waitFor, type TestDb, type TestPipeline } from './hooks.js';
 
 let tmp: string;
 let pg: EmbeddedPg;
@@ -31,7 +33,7 @@ beforeAll(async () => {
   await migrate(pg.url);
   const pool = createPool(pg.url, 20);
   db = { url: pg.url, pool, drop: () => pool.end() };
-  await pool.query(`INSERT INTO billing_customers VALUES ('a', 'cus_a'), ('b', 'cus_b'), ('c', 'cus_c')`);
+  await seedCustomers(pool, { a: 'cus_a', b: 'cus_b', c: 'cus_c' });
   temporal = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db') });
   stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_a', 'cus_b', 'cus_c'] });
   config = testConfig({

@@ -2,20 +2,16 @@
  * The statuses module is the one list; the schema spells it once more (a CHECK constraint and the
  * claim's partial index cannot import TypeScript). This fails the moment the two disagree.
  */
-import { afterAll, beforeAll, expect, it } from 'vitest';
+import { expect, it } from 'vitest';
 import { AT_STRIPE, AWAITING_RELAY, DELIVERED, IN_FLIGHT, OUTBOX_STATUSES, UNBILLED, UNSETTLED } from '../src/outbox/statuses.js';
-import { createTestDb, type TestDb } from './helpers.js';
+import { useDatabase } from './hooks.js';
 
-let db: TestDb;
-beforeAll(async () => {
-  db = await createTestDb();
-});
-afterAll(() => db?.drop());
+const t = useDatabase();
 
 const quoted = (definition: string) => [...definition.matchAll(/'([a-z_]+)'::text/g)].map((m) => m[1]!).sort();
 
 it("the schema's CHECK constraint allows exactly OUTBOX_STATUSES", async () => {
-  const { rows } = await db.pool.query<{ def: string }>(
+  const { rows } = await t.pool.query<{ def: string }>(
     `SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conname = 'outbox_status_check'`,
   );
   expect(rows).toHaveLength(1);
@@ -24,7 +20,7 @@ it("the schema's CHECK constraint allows exactly OUTBOX_STATUSES", async () => {
 
 it("the claim's partial indexes cover exactly AWAITING_RELAY and IN_FLIGHT", async () => {
   const def = async (name: string) =>
-    (await db.pool.query<{ def: string }>(`SELECT indexdef AS def FROM pg_indexes WHERE indexname = $1`, [name])).rows[0]!.def;
+    (await t.pool.query<{ def: string }>(`SELECT indexdef AS def FROM pg_indexes WHERE indexname = $1`, [name])).rows[0]!.def;
   expect(quoted(await def('outbox_lane_idx'))).toEqual([...AWAITING_RELAY].sort());
   expect(quoted(await def('outbox_in_flight_idx'))).toEqual([...IN_FLIGHT].sort());
 });

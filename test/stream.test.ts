@@ -3,53 +3,26 @@
  * end `accepted` (Stripe validates them later), once each, with no per-customer lane limit, and a
  * session that expires is replaced without losing an event.
  */
-import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, expect, it } from 'vitest';
-import type { Config } from '../src/config.js';
-import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { beforeAll, expect, it } from 'vitest';
+import { usePipeline, waitFor } from './hooks.js';
 
-let db: TestDb;
-let stripe: LocalStripe;
-let config: Config;
-let pipeline: TestPipeline;
-
-beforeAll(async () => {
-  db = await createTestDb();
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_one', 'cus_two'] });
-  stripe.setLatency(20);
-  await db.pool.query(`INSERT INTO billing_customers VALUES ('one', 'cus_one'), ('two', 'cus_two')`);
-  config = testConfig({
-    STRIPE_API_BASE: stripe.url,
-    STRIPE_API_KEY: 'sk_test_stream',
+const t = usePipeline({
+  customers: { one: 'cus_one', two: 'cus_two' },
+  stripe: { meters: ['api_requests'] },
+  env: {
     STRIPE_METER_API: 'v2',
     STRIPE_RATE_LIMIT_PER_SECOND: '50',
     LANE_MAX_IN_FLIGHT: '2',
     RELAY_BATCH_SIZE: '500',
-  });
-  pipeline = await startTestPipeline({ db, config });
+  },
 });
+const { backlog } = t;
 
-afterAll(async () => {
-  await pipeline?.stop();
-  await stripe?.close();
-  await db?.drop();
-});
-
-async function backlog(tenant: string, n: number): Promise<string[]> {
-  const prefix = `${tenant}-${randomUUID().slice(0, 8)}-`;
-  const { rows } = await db.pool.query<{ idempotency_key: string }>(
-    `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT $1, $2 || g, 'api_requests', g, now() - interval '1 minute', 'u:' || $1 || ':' || $2 || g FROM generate_series(1, $3::int) g
-     RETURNING idempotency_key`,
-    [tenant, prefix, n],
-  );
-  return rows.map((r) => r.idempotency_key);
-}
+beforeAll(() => t.stripe.setLatency(20));
 
 const recorded = (keys: string[]) => {
-  stripe.flushStream();
-  return stripe.events().filter((e) => keys.includes(e.identifier));
+  t.stripe.flushStream();
+  return t.stripe.events().filter((e) => keys.includes(e.identifier));
 };
 
 it('delivers a hot customer through the stream in batches: accepted, once each, past the v1 lane limit', async () => {
@@ -58,7 +31,7 @@ it('delivers a hot customer through the stream in batches: accepted, once each, 
   await waitFor(
     'every event accepted',
     async () => {
-      const { rows } = await db.pool.query<{ status: string; n: number }>(
+      const { rows } = await t.pool.query<{ status: string; n: number }>(
         `SELECT status, count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) GROUP BY status`,
         [keys],
       );
@@ -78,19 +51,19 @@ it('delivers a hot customer through the stream in batches: accepted, once each, 
   // One customer's events were in flight far beyond LANE_MAX_IN_FLIGHT (2): the stream has no such rule.
   expect(maxInFlight).toBeGreaterThan(2);
   // Batched: far fewer requests than events.
-  const requests = stripe.streamRequests().filter((r) => r.status === 200);
+  const requests = t.stripe.streamRequests().filter((r) => r.status === 200);
   expect(requests.length).toBeLessThan(keys.length / 3);
   expect(Math.max(...requests.map((r) => r.eventCount))).toBeLessThanOrEqual(100);
 }, 90_000);
 
 it('replaces a session that Stripe says has expired, and loses nothing', async () => {
   // Stripe's clock runs 16 minutes ahead: the worker's session is over there.
-  stripe.advanceClock(16 * 60_000);
+  t.stripe.advanceClock(16 * 60_000);
   const keys = await backlog('two', 40);
   await waitFor('every event accepted', async () => {
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status = 'accepted'`, [keys]);
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status = 'accepted'`, [keys]);
     return rows[0]!.n === keys.length;
   }, 60_000);
   expect(recorded(keys)).toHaveLength(keys.length);
-  expect(stripe.streamRequests().some((r) => r.status === 401)).toBe(true);
+  expect(t.stripe.streamRequests().some((r) => r.status === 401)).toBe(true);
 }, 90_000);

@@ -13,69 +13,58 @@ import { buildApi, type Api } from '../src/api/index.js';
 import { parseErrorReport, WEBHOOK_PATH } from '../src/api/webhooks.js';
 import { recordErrorReport } from '../src/ops/error-reports.js';
 import { DeadLetterRetrier } from '../src/ops/retry.js';
-import type { Config } from '../src/config.js';
-import { withTransaction } from '../src/db.js';
 import { markDelivered } from '../src/outbox/sql/delivery.js';
 import type { AddressInfo } from 'node:net';
-import { recordUsage } from '../src/outbox/enqueue.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
 import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
 import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/embedded/stripe/server.js';
-import { addCustomer, createTestDb, runCliWithoutTemporal, testConfig, type TestDb } from './helpers.js';
+import { runCliWithoutTemporal, testConfig, useStripe } from './hooks.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
 const CUSTOMER = 'cus_webhooks';
 const STRIPE_KEY = 'sk_test_webhooks';
 const REPORT = 'v1.billing.meter.error_report_triggered';
 
-let db: TestDb;
-/** Publishes error reports without delivering them: tests deliver them by hand, as they choose. */
-let stripe: LocalStripe;
-let config: Config;
+/** The local Stripe publishes error reports without delivering them: tests deliver them by hand, as they choose. */
+const t = useStripe({
+  customers: { acme: CUSTOMER },
+  stripe: { meters: ['api_requests'] },
+  env: { STRIPE_API_KEY: STRIPE_KEY, STRIPE_WEBHOOK_SECRET: SECRET },
+});
 let metrics: Metrics;
 let app: Api;
 let stripeClient: Stripe;
 const extra: { close(): Promise<unknown> }[] = [];
 
 beforeAll(async () => {
-  db = await createTestDb();
-  await addCustomer(db.pool, 'acme', CUSTOMER);
-  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: [CUSTOMER] });
-  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: STRIPE_KEY, STRIPE_WEBHOOK_SECRET: SECRET });
-  metrics = createMetrics(new Registry(), { db: db.pool });
-  app = buildApi({ config, db: db.pool, log: createLogger('silent'), metrics });
+  metrics = createMetrics(new Registry(), { db: t.pool });
+  app = buildApi({ config: t.config, db: t.pool, log: createLogger('silent'), metrics });
   await app.ready();
-  stripeClient = createStripeClient(config.stripe);
+  stripeClient = createStripeClient(t.config.stripe);
 });
 
 afterAll(async () => {
   for (const c of extra.reverse()) await c.close();
   await app?.close();
-  await stripe?.close();
-  await db?.drop();
 });
 
 /** An outbox row that is `sent`, and the same event recorded at Stripe (unless `toStripe` is false). */
-async function sentEvent(quantity = 1, target: LocalStripe = stripe, client: Stripe = stripeClient): Promise<string> {
+async function sentEvent(quantity = 1, target: LocalStripe = t.stripe, client: Stripe = stripeClient): Promise<string> {
   const occurredAt = new Date(Date.now() - 120_000);
-  const { entry } = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity, occurredAt }));
-  await sendMeterEvent(client, { keys: DEFAULT_METER_KEYS, eventName: entry.eventName, stripeCustomerId: CUSTOMER, quantity, identifier: entry.idempotencyKey, occurredAt });
-  await db.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now(), first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [
-    entry.idempotencyKey,
-  ]);
-  expect(target.events().some((e) => e.identifier === entry.idempotencyKey)).toBe(true);
-  return entry.idempotencyKey;
+  const key = await t.enqueue('acme', quantity, { occurredAt });
+  const eventName = (await row(key)).event_name as string;
+  await sendMeterEvent(client, { keys: DEFAULT_METER_KEYS, eventName, stripeCustomerId: CUSTOMER, quantity, identifier: key, occurredAt });
+  await t.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now(), first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [key]);
+  expect(target.events().some((e) => e.identifier === key)).toBe(true);
+  return key;
 }
 
-async function row(key: string) {
-  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
-  return rows[0] as Record<string, unknown> & { status: string };
-}
+const row = async (key: string) => (await t.row(key)) as Record<string, unknown> & { status: string };
 
 async function reports(): Promise<{ event_id: string; matched: number; unmatched: number; error_count: number }[]> {
-  const { rows } = await db.pool.query('SELECT event_id, matched, unmatched, error_count FROM stripe_error_reports ORDER BY received_at');
+  const { rows } = await t.pool.query('SELECT event_id, matched, unmatched, error_count FROM stripe_error_reports ORDER BY received_at');
   return rows;
 }
 
@@ -87,7 +76,7 @@ const seen = new Set<string>();
  * one test's failures may come in more than one report.
  */
 async function newReports(): Promise<ErrorReportEvent[]> {
-  const res = await fetch(`${stripe.url}/v2/core/events`, { headers: { authorization: `Bearer ${STRIPE_KEY}` } });
+  const res = await fetch(`${t.stripe.url}/v2/core/events`, { headers: { authorization: `Bearer ${STRIPE_KEY}` } });
   const body = (await res.json()) as { data: ErrorReportEvent[] };
   const fresh = body.data.filter((e) => !seen.has(e.id)).reverse();
   for (const e of fresh) seen.add(e.id);
@@ -95,7 +84,7 @@ async function newReports(): Promise<ErrorReportEvent[]> {
 }
 
 const identifiers = (events: ErrorReportEvent[]) =>
-  events.flatMap((e) => e.data.reason.error_types.flatMap((t) => t.sample_errors.map((s) => s.request.identifier)));
+  events.flatMap((e) => e.data.reason.error_types.flatMap((type) => type.sample_errors.map((s) => s.request.identifier)));
 
 /** The webhook body Stripe sends for an event: the thin notification, without `data`. */
 function thinBody(event: ErrorReportEvent | Record<string, unknown>): string {
@@ -114,10 +103,10 @@ function deliver(body: string, signature: string | null, target: Api = app) {
 
 /** `count` sent events Stripe then reports as failed with `code`: published, not delivered. */
 async function reportedFailures(code: string, count: number): Promise<{ keys: string[]; events: ErrorReportEvent[] }> {
-  stripe.asyncErrorNext(count, code);
+  t.stripe.asyncErrorNext(count, code);
   const keys: string[] = [];
   for (let i = 0; i < count; i++) keys.push(await sentEvent(i + 1));
-  await stripe.flushAsyncErrors();
+  await t.stripe.flushAsyncErrors();
   const events = await newReports();
   expect(identifiers(events)).toEqual(keys);
   return { keys, events };
@@ -140,7 +129,7 @@ const sample = (text: string, name: string, labels: string) => {
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
 };
 
-const cli = (argv: string[]) => runCliWithoutTemporal(argv, config, db);
+const cli = (argv: string[]) => runCliWithoutTemporal(argv, t.config, t.db);
 
 describe('POST /v1/stripe/webhooks', () => {
   it('delivered by Stripe over HTTP: the named sent rows become rejected_async with Stripe\'s code', async () => {
@@ -151,7 +140,7 @@ describe('POST /v1/stripe/webhooks', () => {
     const hooked = await LocalStripe.start({ customers: [CUSTOMER], webhook: target });
     extra.push(hooked);
     const liveConfig = testConfig({ STRIPE_API_BASE: hooked.url, STRIPE_API_KEY: STRIPE_KEY, STRIPE_WEBHOOK_SECRET: SECRET });
-    const live = buildApi({ config: liveConfig, db: db.pool, log: createLogger('silent'), metrics: createMetrics(new Registry(), { db: db.pool }) });
+    const live = buildApi({ config: liveConfig, db: t.pool, log: createLogger('silent'), metrics: createMetrics(new Registry(), { db: t.pool }) });
     extra.push(live);
     await live.listen({ host: '127.0.0.1', port: 0 });
     target.url = `http://127.0.0.1:${(live.server.address() as AddressInfo).port}${WEBHOOK_PATH}`;
@@ -214,8 +203,8 @@ describe('POST /v1/stripe/webhooks', () => {
 
   it('answers 503 with a clear message when STRIPE_WEBHOOK_SECRET is not set, changing nothing', async () => {
     const unconfigured = buildApi({
-      config: testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: STRIPE_KEY }),
-      db: db.pool,
+      config: testConfig({ STRIPE_API_BASE: t.stripe.url, STRIPE_API_KEY: STRIPE_KEY }),
+      db: t.pool,
       log: createLogger('silent'),
     });
     extra.push(unconfigured);
@@ -252,7 +241,7 @@ describe('POST /v1/stripe/webhooks', () => {
   });
 
   it('counts failures it cannot tie to a row as unmatched, and marks a row still in flight so its late markSent cannot hide the rejection', async () => {
-    stripe.asyncErrorNext(3, 'meter_event_invalid_value');
+    t.stripe.asyncErrorNext(3, 'meter_event_invalid_value');
     const ours = await sentEvent(2);
     // An event at Stripe that is not in our outbox (another system, or a row lost in a restore).
     await stripeClient.billing.meterEvents.create({
@@ -262,8 +251,8 @@ describe('POST /v1/stripe/webhooks', () => {
     });
     // Ours, accepted by Stripe, but our workflow has not recorded it as sent yet.
     const inFlight = await sentEvent(1);
-    await db.pool.query(`UPDATE outbox SET status = 'dispatched', sent_at = NULL WHERE idempotency_key = $1`, [inFlight]);
-    await stripe.flushAsyncErrors();
+    await t.pool.query(`UPDATE outbox SET status = 'dispatched', sent_at = NULL WHERE idempotency_key = $1`, [inFlight]);
+    await t.stripe.flushAsyncErrors();
     const events = await newReports();
 
     const answers = await deliverAll(events);
@@ -277,7 +266,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await row(ours)).status).toBe('rejected_async');
     expect((await row(inFlight)).status).toBe('rejected_async');
     // The workflow's own bookkeeping arrives late and must leave the rejection in place.
-    await markDelivered(db.pool, inFlight);
+    await markDelivered(t.pool, inFlight);
     expect((await row(inFlight)).status).toBe('rejected_async');
     const recorded = (await reports()).filter((r) => events.some((e) => e.id === r.event_id));
     expect(recorded.reduce((n, r) => n + r.unmatched, 0)).toBe(1);
@@ -298,7 +287,7 @@ describe('POST /v1/stripe/webhooks', () => {
         },
       },
     };
-    const outcome = await recordErrorReport(db.pool, parseErrorReport(event), event);
+    const outcome = await recordErrorReport(t.pool, parseErrorReport(event), event);
     expect(outcome).toMatchObject({ duplicate: false, errorCount: 5, matched: 1, marked: [key], unmatched: 4 });
     expect((await row(key)).status).toBe('rejected_async');
     expect((await reports()).find((r) => r.event_id === event.id)).toMatchObject({ matched: 1, unmatched: 4, error_count: 5 });
@@ -337,7 +326,7 @@ describe('POST /v1/stripe/webhooks', () => {
   it('shows rejections in status, dead --rejected and the metrics', async () => {
     const { keys, events } = await reportedFailures('meter_event_customer_not_found', 2);
     await deliverAll(events);
-    const { rows } = await db.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'rejected_async'`);
+    const { rows } = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outbox WHERE status = 'rejected_async'`);
     const rejected = rows[0]!.n;
 
     const status = await cli(['status', '--json']);
@@ -370,7 +359,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(table.out).toContain(keys[0]);
     // The plain dead-letter listing is about dead rows only, and a retry refuses them.
     expect((await cli(['dead'])).out).not.toContain(keys[0]);
-    const retrier = new DeadLetterRetrier({ db: db.pool, client: {} as Client, config, now: Date.now });
+    const retrier = new DeadLetterRetrier({ db: t.pool, client: {} as Client, config: t.config, now: Date.now });
     expect(await retrier.retryKey(keys[0]!, { force: false, requestedBy: 'bob' })).toMatchObject({
       outcome: 'refused',
       message: expect.stringContaining('meter_event_customer_not_found'),
