@@ -24,7 +24,7 @@ function section(start: RegExp, indent: string): string {
 }
 
 /** Only for `npm start`'s embedded stack on a developer's machine, never in a deployment. */
-const LOCAL_ONLY = new Set(['DATA_DIR', 'TEMPORAL_CLI_PATH']);
+const LOCAL_ONLY = new Set(['DATA_DIR', 'TEMPORAL_CLI_PATH', 'LOCAL_STRIPE_URL']);
 
 it('passes every variable src/config.ts reads to the worker and the API (secrets also as *_FILE)', () => {
   const shared = variablesOf(section(/^x-billing-environment:/m, ''));

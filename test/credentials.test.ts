@@ -1,0 +1,38 @@
+/**
+ * Stripe refusing the deployment's API key (an expired or rolled key: 401; a restricted key
+ * without the permission: 403) is the deployment's problem, not the events': delivery holds, the
+ * alarm is raised where operators look, and it goes on by itself once the key works again. No
+ * event is dead-lettered for it, and none is billed twice.
+ */
+import { expect, it } from 'vitest';
+import { outboxStatus } from '../src/ops/status.js';
+import { CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
+import { useStripe, waitFor } from './hooks.js';
+
+const t = useStripe({ customers: { acme: 'cus_acme', globex: 'cus_globex' }, stripe: { meters: ['api_requests'] } });
+
+it.each([401, 403])('a %i for every call holds delivery with an alarm, and it resumes by itself when the key works', async (status) => {
+  // Short for the test: how soon a held delivery asks again (15 s in production).
+  const config = { ...t.config, timings: { ...t.config.timings, credentialsRetryMs: 300 } };
+  const before = t.stripe.requests().length;
+  t.stripe.failNext(100_000, status);
+  await t.startPipeline(config);
+  const keys = [...(await t.backlog('acme', 4)), ...(await t.backlog('globex', 4))];
+
+  // Every event meets the refusal; none dies, each says why it waits, and status raises the alarm.
+  const report = await waitFor('every event held with the alarm', async () => {
+    const r = await outboxStatus(t.pool, new Date());
+    return r.inFlightByLastError.find((e) => e.code === CREDENTIALS_REFUSED)?.count === keys.length ? r : undefined;
+  });
+  expect(report.counts.dead).toBe(0);
+  expect(report.alarms).toEqual([expect.stringMatching(/^8 event\(s\) held: Stripe refused the API key \(401\/403\)\. Fix STRIPE_API_KEY/)]);
+  // Well past the retry policy's attempts (4 here): still held, nothing dead, no attempt counted.
+  await waitFor('refusals past the retry budget', async () => t.stripe.requests().length - before > 4 * keys.length * 2);
+  for (const key of keys) expect(await t.row(key)).toMatchObject({ status: 'dispatched', attempt_count: 0, first_attempted_at: null, last_error_code: CREDENTIALS_REFUSED });
+
+  // The key is fixed: everything goes through, once each.
+  t.stripe.heal();
+  for (const key of keys) await t.waitStatus(key, 'sent');
+  for (const key of keys) expect(t.eventsFor(key)).toHaveLength(1);
+  expect((await outboxStatus(t.pool, new Date())).alarms).toEqual([]);
+});
