@@ -18,7 +18,7 @@ import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeliveryStore } from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
-import { classifyStripeError, CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
+import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
 import type { SlotPacer } from '../src/stripe/rate-limit.js';
@@ -210,7 +210,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       await pacer.keepPace(slotAt, t.lateToleranceMs, (ms) => ctx.sleep(ms));
       await sender.send(meterEvent(key, ready));
     } catch (err) {
-      if (err instanceof Stripe.errors.StripeConnectionError) after.unanswered = true;
+      // No answer: Stripe may still be on it, unless the connection never existed (refused, host
+      // not found), when nothing was sent and the next delivery of the lease may go at once.
+      if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
       return failed(key, ready.row, err, sent);
     }
     const attempts = await sent();

@@ -81,3 +81,16 @@ export function parseRetryAfter(value: string | undefined, now = Date.now()): nu
   const at = Date.parse(value);
   return Number.isNaN(at) ? undefined : Math.max(0, at - now);
 }
+
+/** Socket errors raised before a connection to Stripe existed: no byte of the request left. */
+const NEVER_CONNECTED = ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH'];
+
+/**
+ * Whether a failed call certainly never reached Stripe (the connection was refused or Stripe's
+ * host not found), as opposed to one whose answer was lost, which Stripe may still be working on.
+ */
+export function neverReachedStripe(err: unknown): boolean {
+  if (!(err instanceof Stripe.errors.StripeConnectionError)) return false;
+  const code = (err.detail as { code?: unknown } | undefined)?.code;
+  return typeof code === 'string' && NEVER_CONNECTED.includes(code);
+}

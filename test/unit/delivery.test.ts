@@ -136,6 +136,14 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'connection_error', expect.any(String));
   });
 
+  it('a connection refused (nothing sent): the lease is handed on at once, not held', async () => {
+    const refused = new Stripe.errors.StripeConnectionError({ message: 'An error occurred with our connection to Stripe.', detail: Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }) } as never);
+    const { deps, lease } = parts({ send: async () => Promise.reject(refused) });
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(lease.hold).not.toHaveBeenCalled();
+    expect(lease.handOff).toHaveBeenCalledTimes(1);
+  });
+
   it("a 429 is deferred for Stripe's Retry-After plus at most the jitter, keeping the attempt count", async () => {
     const { deps } = parts({ send: async () => Promise.reject(stripeError.rateLimited('2')) });
     const result = await deliver(deps);

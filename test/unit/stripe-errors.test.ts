@@ -1,7 +1,7 @@
 /** How each Stripe failure is treated, pure: built as the `stripe` package builds its errors. */
 import Stripe from 'stripe';
 import { describe, expect, it } from 'vitest';
-import { classifyStripeError, parseRetryAfter } from '../../src/stripe/errors.js';
+import { classifyStripeError, neverReachedStripe, parseRetryAfter } from '../../src/stripe/errors.js';
 
 type Raw = { message: string; statusCode?: number; code?: string; headers?: Record<string, string> };
 const invalid = (raw: Raw) => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', ...raw } as never);
@@ -113,5 +113,15 @@ describe('parseRetryAfter', () => {
   });
   it('ignores what it cannot read', () => {
     for (const v of [undefined, '', 'soon', 'in a minute', '5s', 'x5']) expect(parseRetryAfter(v, NOW), String(v)).toBeUndefined();
+  });
+});
+
+describe('neverReachedStripe', () => {
+  const connection = (code?: string) =>
+    new Stripe.errors.StripeConnectionError({ message: 'An error occurred with our connection to Stripe.', ...(code ? { detail: Object.assign(new Error(code), { code }) } : {}) } as never);
+  it('a refused connection or an unknown host: nothing left; a reset, a timeout or no detail: Stripe may have it', () => {
+    for (const code of ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']) expect(neverReachedStripe(connection(code)), code).toBe(true);
+    for (const code of ['ECONNRESET', 'ETIMEDOUT', 'EPIPE', undefined]) expect(neverReachedStripe(connection(code)), String(code)).toBe(false);
+    expect(neverReachedStripe(new Error('ECONNREFUSED'))).toBe(false);
   });
 });
