@@ -199,8 +199,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'dead-letter-never-waits',
     guarantee: 'At-least-once: after the final failure the row is dead and its workflow waits for a retry signal',
-    find: 'if (!(await condition(() => requested !== undefined, input.retry.deadLetterOpenMs))) return undefined;',
-    replace: 'return undefined;',
+    find: '    await condition(() => requested !== undefined, input.retry.deadLetterOpenMs);\n',
+    replace: '\n',
     test: 'test/workflows.test.ts',
     name: 'runs the retry policy out',
   },

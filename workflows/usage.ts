@@ -101,7 +101,10 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
    * `billing-outbox retry` reopens it with a new run, so open runs cannot pile up without bound.
    */
   const nextReopen = async (): Promise<ReopenRequest | undefined> => {
-    if (!(await condition(() => requested !== undefined, input.retry.deadLetterOpenMs))) return undefined;
+    await condition(() => requested !== undefined, input.retry.deadLetterOpenMs);
+    // Judged by the request, not by how the wait ended: a signal that arrives in the same workflow
+    // task as the deadline is taken (the CLI said it signalled), not dropped with the run.
+    if (requested === undefined) return undefined;
     const request = requested ?? {};
     requested = undefined;
     return request;
