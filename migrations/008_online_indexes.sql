@@ -7,7 +7,9 @@
 DROP INDEX CONCURRENTLY IF EXISTS meter_leases_holder_idx;
 CREATE INDEX CONCURRENTLY meter_leases_holder_idx ON meter_leases (holder);
 
--- Reconcile reads one tenant's events of one meter in an hour's window (listWindowEvents); the
--- lanes migration (006) dropped the index it used.
-DROP INDEX CONCURRENTLY IF EXISTS outbox_window_idx;
-CREATE INDEX CONCURRENTLY outbox_window_idx ON outbox (tenant_id, event_name, occurred_at);
+-- Reconcile reads the events of an hour's window (listWindowEvents); the lanes migration (006)
+-- dropped the index it used. By time first: an index led by (tenant_id, event_name) over every row
+-- would draw the claim's skip scan away from the small partial lane index (outbox_lane_idx) onto
+-- the whole delivered history.
+DROP INDEX CONCURRENTLY IF EXISTS outbox_occurred_at_idx;
+CREATE INDEX CONCURRENTLY outbox_occurred_at_idx ON outbox (occurred_at);

@@ -32,6 +32,13 @@ describe('configuration', () => {
       TEMPORAL_ADDRESS: 'temporal:7233',
       TEMPORAL_NAMESPACE: 'billing',
       TEMPORAL_TASK_QUEUE: 'billing-2',
+      TEMPORAL_TLS: 'true',
+      // Any existing files will do: the config only checks that they are there.
+      TEMPORAL_TLS_CA_FILE: path.join(import.meta.dirname, '..', 'package.json'),
+      TEMPORAL_TLS_CERT_FILE: path.join(import.meta.dirname, '..', 'README.md'),
+      TEMPORAL_TLS_KEY_FILE: path.join(import.meta.dirname, '..', 'tsconfig.json'),
+      TEMPORAL_TLS_SERVER_NAME: 'temporal.internal',
+      TEMPORAL_API_KEY: 'cloud-api-key',
       STRIPE_API_KEY: 'sk_test_abc123',
       STRIPE_API_BASE: 'http://127.0.0.1:12111/',
       STRIPE_METER_EVENT_NAME: 'tokens',
@@ -72,10 +79,16 @@ describe('configuration', () => {
     const readme = readFileSync(path.join(import.meta.dirname, '..', 'README.md'), 'utf8');
     const example = readFileSync(path.join(import.meta.dirname, '..', '.env.example'), 'utf8');
     // Production needs a Stripe key; the comparison keeps everything else equal.
-    const needs: Record<string, Record<string, string>> = { NODE_ENV: { STRIPE_API_KEY: 'sk_test_abc123' } };
+    // A client certificate comes with its key: each is compared with the other alone being invalid.
+    const needs: Record<string, Record<string, string>> = {
+      NODE_ENV: { STRIPE_API_KEY: 'sk_test_abc123' },
+      TEMPORAL_TLS_CERT_FILE: { TEMPORAL_TLS_KEY_FILE: samples.TEMPORAL_TLS_KEY_FILE! },
+      TEMPORAL_TLS_KEY_FILE: { TEMPORAL_TLS_CERT_FILE: samples.TEMPORAL_TLS_CERT_FILE! },
+    };
+    const pair = new Set(['TEMPORAL_TLS_CERT_FILE', 'TEMPORAL_TLS_KEY_FILE']);
     for (const [name, value] of Object.entries(samples)) {
       const base = needs[name] ?? {};
-      expect(loadConfig({ ...base, [name]: value }), `${name} is not read`).not.toEqual(name in needs ? loadConfig(base) : defaults);
+      expect(loadConfig({ ...base, [name]: value }), `${name} is not read`).not.toEqual(name in needs && !pair.has(name) ? loadConfig(base) : defaults);
       expect(readme, `${name} is not in the README`).toContain(`\`${name}\``);
       expect(example, `${name} is not in .env.example`).toMatch(new RegExp(`^#? ?${name}=`, 'm'));
     }
@@ -83,6 +96,7 @@ describe('configuration', () => {
     expect(c.stripe).toMatchObject({ apiBase: 'http://127.0.0.1:12111', isRealStripe: false, apiKey: 'sk_test_abc123' });
     expect(c.retry.backoffCoefficient).toBe(1.5);
     expect(c.relay.count).toBe(3);
+    expect(c.temporal.tls).toEqual({ caFile: samples.TEMPORAL_TLS_CA_FILE, certFile: samples.TEMPORAL_TLS_CERT_FILE, keyFile: samples.TEMPORAL_TLS_KEY_FILE, serverName: 'temporal.internal' });
     expect(c.api.tokens[0]!.name).toBe('app');
   });
 

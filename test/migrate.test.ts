@@ -150,14 +150,14 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
     // Both indexes stand, valid, and serve the statements they were made for.
     const { rows: indexes } = await pool.query<{ name: string; valid: boolean }>(
       `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE c.relname IN ('meter_leases_holder_idx', 'outbox_window_idx') ORDER BY 1`,
+        WHERE c.relname IN ('meter_leases_holder_idx', 'outbox_occurred_at_idx') ORDER BY 1`,
     );
-    expect(indexes).toEqual([{ name: 'meter_leases_holder_idx', valid: true }, { name: 'outbox_window_idx', valid: true }]);
+    expect(indexes).toEqual([{ name: 'meter_leases_holder_idx', valid: true }, { name: 'outbox_occurred_at_idx', valid: true }]);
     const plan = (await pool.query(
       `EXPLAIN SELECT idempotency_key FROM outbox WHERE tenant_id = 'acme' AND event_name = 'api_requests'
           AND occurred_at >= now() - interval '2 hours' AND occurred_at < now() - interval '1 hour'`,
     )).rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
-    expect(plan).toContain('outbox_window_idx');
+    expect(plan).toContain('outbox_occurred_at_idx');
   } finally {
     await pool.end();
     const a = new pg.Client({ connectionString: inject('adminDatabaseUrl') });

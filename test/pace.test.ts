@@ -46,7 +46,4 @@ it('gives concurrent reservations from eight connections eight distinct slots', 
   const end = (await pool.query<{ t: Date }>(`SELECT next_slot AS t FROM rate_limits WHERE bucket = 'dispatch'`)).rows[0]!.t;
   // Eight slots taken, one interval each: the bucket moved on by exactly eight intervals.
   expect(end.getTime() - start.getTime()).toBe(racers * 100);
-  // And every racer was told a different moment (100 ms apart, give or take the time between calls).
-  const waits = granted.map((r) => r.waitMs).sort((a, b) => a - b);
-  for (let i = 1; i < waits.length; i++) expect(waits[i]! - waits[i - 1]!).toBeGreaterThan(50);
 });
