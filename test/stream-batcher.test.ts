@@ -1,7 +1,8 @@
 /**
  * The v2 batcher (`MeterEventStream`) on its own, against the local Stripe through the real
  * `stripe` client: how it keeps its session (sessions shorter than a minute, a worker clock far
- * from Stripe's, session requests that fail). No PostgreSQL, no Temporal: the pipeline around it
+ * from Stripe's, session requests that fail) and how one event that breaks every request it is in
+ * is kept from taking its batch-mates with it. No PostgreSQL, no Temporal: the pipeline around it
  * is in stream.test.ts.
  */
 import { Registry } from 'prom-client';
@@ -163,5 +164,63 @@ describe('sessions', () => {
     const callsAfter = sessionCalls;
     await within(2_000, 'next', stream.send(event('up-2')));
     expect(sessionCalls).toBe(callsAfter);
+  });
+});
+
+describe('one event that fails every request it is in', () => {
+  it('a 500 for every request carrying X: its 20 batch-mates are accepted, X fails alone, in a few requests', async () => {
+    const server = await startStripe();
+    server.failStreamRequestsWith('poison', 500);
+    const stream = batcher(server);
+
+    const ids = ['poison', ...Array.from({ length: 20 }, (_, i) => `mate-${i}`)];
+    const outcomes = await within(
+      10_000,
+      'the batch',
+      Promise.all(ids.map((id) => stream.send(event(id)).then(() => 'accepted', (err: unknown) => err))),
+    );
+
+    expect(outcomes.slice(1)).toEqual(Array(20).fill('accepted'));
+    expect(outcomes[0]).toBeInstanceOf(Stripe.errors.StripeAPIError);
+    expect((outcomes[0] as Stripe.errors.StripeError).statusCode).toBe(500);
+    await server.flushAsyncErrors();
+    expect(server.events().map((e) => e.identifier).sort()).toEqual(ids.slice(1).sort());
+    // One batch of 21, then halves down to X alone: 1 + 2 × ceil(log2 21) = 11 requests at most.
+    const requests = server.streamRequests();
+    expect(requests.length).toBeLessThanOrEqual(11);
+    expect(requests.filter((r) => r.identifiers.length === 1 && r.identifiers[0] === 'poison').map((r) => r.status)).toEqual([500]);
+    expect(requests.filter((r) => r.status === 500).every((r) => r.identifiers.includes('poison'))).toBe(true);
+  });
+
+  it('an event that breaks requests beside one Stripe refuses as malformed: each meets its own fate', async () => {
+    const server = await startStripe();
+    server.failStreamRequestsWith('poison', 503);
+    const stream = batcher(server);
+    const malformed = { ...event('x'.repeat(101)) };
+
+    const ids = ['poison', ...Array.from({ length: 9 }, (_, i) => `ok-${i}`)];
+    const sends = [...ids.map((id) => stream.send(event(id))), stream.send(malformed)];
+    const outcomes = await within(10_000, 'the batch', Promise.all(sends.map((p) => p.then(() => 'accepted', (err: unknown) => err))));
+
+    expect(outcomes.slice(1, 10)).toEqual(Array(9).fill('accepted'));
+    expect((outcomes[0] as Stripe.errors.StripeError).statusCode).toBe(503);
+    expect(outcomes[10]).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
+  });
+
+  it('a plain outage (every request fails): at most three requests per batch, every event takes the error', async () => {
+    const server = await startStripe();
+    server.failNext(10_000, 500);
+    const stream = batcher(server);
+
+    const outcomes = await within(
+      10_000,
+      'the batches',
+      Promise.all(Array.from({ length: 250 }, (_, i) => stream.send(event(`out-${i}`)).then(() => 'accepted', (err: unknown) => err))),
+    );
+
+    expect(outcomes.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    // Three batches (100, 100, 50): each, then its two halves, and no further (the whole level failed).
+    expect(server.streamRequests()).toHaveLength(9);
+    expect(stream.requests).toBe(9);
   });
 });

@@ -17,12 +17,18 @@
  * `created` and our clock is the clock skew: a gauge, and one warning past 30 s.
  *
  * A request Stripe refuses as a whole (400) when it carried several events is sent again one event
- * per request: one malformed event must not take 99 good ones down with it. Duplicates of an
- * identifier are dropped by Stripe silently (24 h), so a resend after a lost answer is harmless.
+ * per request: one malformed event must not take 99 good ones down with it. A request that fails
+ * another way that may pass (5xx, a connection error) is split in halves and each half resent, level
+ * by level, for as long as some request of the level before went through: one event that makes
+ * every request it is in fail ends up failing alone, the others accepted. When a whole level fails
+ * it is Stripe, not an event, and the rest share the failure: in an outage a batch costs at most
+ * three requests (the batch, then its two halves). Duplicates of an identifier are dropped by
+ * Stripe silently (24 h), so a resend after a lost answer is harmless.
  */
 import Stripe from 'stripe';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
+import { classifyStripeError } from './errors.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 import { MAX_STREAM_BATCH, STREAM_SESSION_TTL_MS } from './rules.js';
 import type { MeterEventSender } from './sender.js';
@@ -85,6 +91,8 @@ const REFRESH_WHEN_LEFT = 0.25;
 const REFRESH_BEFORE_EXPIRY_MS = 60_000;
 /** A gap this large between Stripe's clock and ours is logged (once). */
 export const CLOCK_SKEW_WARN_MS = 30_000;
+/** A failed request that took longer than this is a slow Stripe, not one bad event: it is not split. */
+const SPLIT_ONLY_FAILURES_WITHIN_MS = 5_000;
 
 export interface MeterEventStreamOptions {
   lingerMs?: number;
@@ -138,15 +146,38 @@ export class MeterEventStream implements MeterEventSender {
     }
   }
 
+  /**
+   * Sends `batch` and settles each event. A failed request is followed up level by level: a 400
+   * (the request refused as a whole) resends its events one by one; a failure that may pass (5xx,
+   * a connection error) halves the request and resends both halves, as long as some request of the
+   * level before went through (the first split is always made). Whatever is left takes its error.
+   */
   private async deliver(batch: Waiting[]): Promise<void> {
-    const failed = await this.attempt(batch);
-    if (!failed) return;
-    if (batch.length > 1 && failed.err instanceof Stripe.errors.StripeInvalidRequestError) {
-      // Which event made the request invalid is not said: each one goes again on its own.
-      await Promise.all(batch.map((w) => this.deliverAlone(w)));
-      return;
+    const first = await this.attempt(batch);
+    let failing = first ? [{ batch, ...first }] : [];
+    let someThrough = true;
+    while (failing.length > 0) {
+      const halves: Waiting[][] = [];
+      const alone: Waiting[] = [];
+      for (const f of failing) {
+        if (f.batch.length > 1 && f.err instanceof Stripe.errors.StripeInvalidRequestError) {
+          // Which event made the request invalid is not said: each one goes again on its own.
+          alone.push(...f.batch);
+        } else if (someThrough && f.batch.length > 1 && splittable(f.err) && f.tookMs <= SPLIT_ONLY_FAILURES_WITHIN_MS) {
+          halves.push(...halve(f.batch));
+        } else {
+          for (const w of f.batch) w.reject(f.err);
+        }
+      }
+      const [results] = await Promise.all([
+        Promise.all(halves.map(async (half) => ({ batch: half, failed: await this.attempt(half) }))),
+        Promise.all(alone.map((w) => this.deliverAlone(w))),
+      ]);
+      failing = results.flatMap((r) => (r.failed ? [{ batch: r.batch, ...r.failed }] : []));
+      // A level where no request went through (nor was answered as malformed, an answer about the
+      // request): Stripe is failing, not one event; no more splits.
+      someThrough = results.some((r) => !r.failed || r.failed.err instanceof Stripe.errors.StripeInvalidRequestError);
     }
-    for (const w of batch) w.reject(failed.err);
   }
 
   private async deliverAlone(w: Waiting): Promise<void> {
@@ -268,6 +299,17 @@ export class MeterEventStream implements MeterEventSender {
   drain(): void {
     this.flush();
   }
+}
+
+/** A failure of the request that may pass another time (5xx, 409, a connection error), not the account's (429, 401, 403). */
+function splittable(err: unknown): boolean {
+  if (isSessionExpired(err)) return false;
+  return classifyStripeError(err).kind === 'retryable';
+}
+
+function halve<T>(items: T[]): [T[], T[]] {
+  const middle = Math.ceil(items.length / 2);
+  return [items.slice(0, middle), items.slice(middle)];
 }
 
 export function isSessionExpired(err: unknown): boolean {
