@@ -207,6 +207,26 @@ describe('one event that fails every request it is in', () => {
     expect(outcomes[10]).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
   });
 
+  it('a failure before any request (the session, the pace) says nothing about the events: no split', async () => {
+    let sessionCalls = 0;
+    let paceCalls = 0;
+    const fake: StreamStripe = {
+      createSession() {
+        sessionCalls++;
+        return Promise.reject(new Stripe.errors.StripeAPIError({ message: 'session service down', statusCode: 500 } as never));
+      },
+      sendEvents: () => Promise.reject(new Error('no request expected')),
+    };
+    const stream = new MeterEventStream(fake, { pace: () => Promise.resolve(void paceCalls++) });
+    const outcomes = await within(
+      5_000,
+      'the batch',
+      Promise.all(Array.from({ length: 10 }, (_, i) => stream.send(event(`pre-${i}`)).then(() => 'sent', (err: unknown) => err))),
+    );
+    expect(outcomes.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    expect([sessionCalls, paceCalls, stream.requests]).toEqual([1, 1, 0]);
+  });
+
   it('a plain outage (every request fails): at most three requests per batch, every event takes the error', async () => {
     const server = await startStripe();
     server.failNext(10_000, 500);

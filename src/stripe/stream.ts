@@ -25,6 +25,7 @@
  * three requests (the batch, then its two halves). Duplicates of an identifier are dropped by
  * Stripe silently (24 h), so a resend after a lost answer is harmless.
  */
+import { performance } from 'node:perf_hooks';
 import Stripe from 'stripe';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
@@ -67,6 +68,12 @@ export function stripeStream(secretKeyClient: Stripe, clientFor: (token: string)
       await client.v2.billing.meterEventStream.create({ events });
     },
   };
+}
+
+/** How a request failed; `requestMs` is how long the request itself took, absent when none was made (the pace or the session failed). */
+interface Failure {
+  err: unknown;
+  requestMs?: number;
 }
 
 interface Waiting {
@@ -160,10 +167,10 @@ export class MeterEventStream implements MeterEventSender {
       const halves: Waiting[][] = [];
       const alone: Waiting[] = [];
       for (const f of failing) {
-        if (f.batch.length > 1 && f.err instanceof Stripe.errors.StripeInvalidRequestError) {
+        if (f.batch.length > 1 && refusedAsMalformed(f)) {
           // Which event made the request invalid is not said: each one goes again on its own.
           alone.push(...f.batch);
-        } else if (someThrough && f.batch.length > 1 && splittable(f.err) && f.tookMs <= SPLIT_ONLY_FAILURES_WITHIN_MS) {
+        } else if (someThrough && f.batch.length > 1 && mayHalve(f)) {
           halves.push(...halve(f.batch));
         } else {
           for (const w of f.batch) w.reject(f.err);
@@ -176,7 +183,7 @@ export class MeterEventStream implements MeterEventSender {
       failing = results.flatMap((r) => (r.failed ? [{ batch: r.batch, ...r.failed }] : []));
       // A level where no request went through (nor was answered as malformed, an answer about the
       // request): Stripe is failing, not one event; no more splits.
-      someThrough = results.some((r) => !r.failed || r.failed.err instanceof Stripe.errors.StripeInvalidRequestError);
+      someThrough = results.some((r) => !r.failed || refusedAsMalformed(r.failed));
     }
   }
 
@@ -185,36 +192,43 @@ export class MeterEventStream implements MeterEventSender {
     if (failed) w.reject(failed.err);
   }
 
-  /** One request for `batch`: resolves its events and returns nothing, or returns the failure. */
-  private async attempt(batch: Waiting[]): Promise<{ err: unknown; tookMs: number } | undefined> {
-    const startedAt = this.now();
-    try {
-      await this.post(batch.map((w) => w.event));
-    } catch (err) {
-      return { err, tookMs: this.now() - startedAt };
-    }
-    for (const w of batch) w.resolve();
-    return undefined;
+  /** One request for `batch`: resolves its events and returns nothing, or returns how it failed. */
+  private async attempt(batch: Waiting[]): Promise<Failure | undefined> {
+    const failure = await this.post(batch.map((w) => w.event));
+    if (!failure) for (const w of batch) w.resolve();
+    return failure;
   }
 
-  private async post(events: MeterEvent[]): Promise<void> {
-    await this.opts.pace?.();
+  private async post(events: MeterEvent[]): Promise<Failure | undefined> {
     const body = events.map(toWireEvent);
+    try {
+      await this.opts.pace?.();
+    } catch (err) {
+      return { err };
+    }
     for (let tries = 1; ; tries++) {
-      const { pending, session } = await this.currentSession();
+      let held: { pending: Promise<HeldSession>; session: HeldSession };
+      try {
+        held = await this.currentSession();
+      } catch (err) {
+        return { err };
+      }
+      const { pending, session } = held;
+      const startedAt = performance.now();
       try {
         this.requests++;
         await this.stripe.sendEvents(session.token, body);
         session.used = true;
         this.sessionFailures = 0;
-        return;
+        return undefined;
       } catch (err) {
-        if (!isSessionExpired(err)) throw err;
+        const failure = { err, requestMs: performance.now() - startedAt };
+        if (!isSessionExpired(err)) return failure;
         // Refused before it ever worked: a session that is no good, counted like a failed session request.
         if (!session.used) this.sessionFailures++;
         // Stripe's clock says the session is over before ours does: a new one, and this request again.
         if (this.session === pending) this.session = undefined;
-        if (tries > 1) throw err;
+        if (tries > 1) return failure;
       }
     }
   }
@@ -301,10 +315,20 @@ export class MeterEventStream implements MeterEventSender {
   }
 }
 
-/** A failure of the request that may pass another time (5xx, 409, a connection error), not the account's (429, 401, 403). */
-function splittable(err: unknown): boolean {
-  if (isSessionExpired(err)) return false;
-  return classifyStripeError(err).kind === 'retryable';
+/** Stripe answered the request itself with a 400: one of its events is malformed. */
+function refusedAsMalformed(f: Failure): boolean {
+  return f.requestMs !== undefined && f.err instanceof Stripe.errors.StripeInvalidRequestError;
+}
+
+/**
+ * A request that failed in a way that may pass another time (5xx, 409, a connection error), not the
+ * account's way (429, 401, 403), and quickly: a request that took long to fail is a slow Stripe,
+ * and halving it would stack more such waits inside one attempt. A failure before any request
+ * (the pace, the session) says nothing about the events.
+ */
+function mayHalve(f: Failure): boolean {
+  if (f.requestMs === undefined || f.requestMs > SPLIT_ONLY_FAILURES_WITHIN_MS || isSessionExpired(f.err)) return false;
+  return classifyStripeError(f.err).kind === 'retryable';
 }
 
 function halve<T>(items: T[]): [T[], T[]] {
