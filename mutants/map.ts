@@ -233,7 +233,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'stream-outage-split-unbounded',
     guarantee: "Stripe's limits (v2): in an outage a batch costs at most three stream requests (the split stops when a whole level fails)",
-    find: 'someThrough = results.some((r) => !r.failed || r.failed.err instanceof Stripe.errors.StripeInvalidRequestError);',
+    find: 'someThrough = results.some((r) => !r.failed || refusedAsMalformed(r.failed));',
     replace: 'someThrough = true;',
     test: 'test/stream-batcher.test.ts',
     name: 'a plain outage',
