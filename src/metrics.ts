@@ -80,6 +80,13 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers,
   });
 
+  const stripeClockSkew = new Gauge({
+    name: 'billing_outbox_stripe_clock_skew_seconds',
+    help:
+      "v2: Stripe's clock minus this worker's, from the created time of the last meter event session (0 until the first). Far from 0: fix the worker's time sync.",
+    registers,
+  });
+
   const outboxRegisters = options.db ? registers : [];
   const outboxRows = new Gauge({
     name: 'billing_outbox_rows',
@@ -130,6 +137,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     eventsSent,
     stripeErrors,
     asyncRejections,
+    stripeClockSkew,
     prunedRows,
     claimBatchSize,
     claimDuration,

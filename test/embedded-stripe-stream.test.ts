@@ -282,6 +282,21 @@ describe('stream sessions', () => {
     ]);
   });
 
+  it('sessionLifetimeMs (and setSessionLifetime) make a Stripe that issues shorter sessions; sessionsIssued counts them', async () => {
+    const clock = fakeClock();
+    const server = await startStripe({ now: clock.now, sessionLifetimeMs: 45_000 });
+    const { session, stream } = await openStream(server);
+    expect(Date.parse(session.expires_at) - Date.parse(session.created)).toBe(45_000);
+    clock.advance(45_000);
+    const expired = await failureOf(stream.v2.billing.meterEventStream.create({ events: [usage('short-1')] }));
+    expect(expired).toBeInstanceOf(Stripe.errors.TemporarySessionExpiredError);
+
+    server.setSessionLifetime(5 * MINUTE);
+    const { session: longer } = await openStream(server);
+    expect(Date.parse(longer.expires_at) - Date.parse(longer.created)).toBe(5 * MINUTE);
+    expect(server.sessionsIssued()).toBe(2);
+  });
+
   it('an unknown token is a plain 401', async () => {
     const server = await startStripe();
     const error = await failureOf(clientFor(server, 'ek_test_made_up').v2.billing.meterEventStream.create({ events: [usage('u-1')] }));
@@ -399,6 +414,25 @@ describe('faults and limits on the stream', () => {
     await server.flushAsyncErrors();
     expect(server.events().map((e) => e.identifier)).toEqual(['f-1']);
     expect(server.streamRequests().map((r) => r.status)).toEqual([500, 200]);
+  });
+
+  it('failStreamRequestsWith fails every request carrying that identifier, whatever else it carries, until heal()', async () => {
+    const server = await startStripe();
+    const { stream } = await openStream(server);
+    server.failStreamRequestsWith('bad-1', 500);
+
+    const withIt = await failureOf(stream.v2.billing.meterEventStream.create({ events: [usage('good-1'), usage('bad-1')] }));
+    expect(withIt).toBeInstanceOf(Stripe.errors.StripeAPIError);
+    expect(withIt.statusCode).toBe(500);
+    const alone = await failureOf(stream.v2.billing.meterEventStream.create({ events: [usage('bad-1')] }));
+    expect(alone.statusCode).toBe(500);
+    await stream.v2.billing.meterEventStream.create({ events: [usage('good-1'), usage('good-2')] });
+    server.heal();
+    await stream.v2.billing.meterEventStream.create({ events: [usage('bad-1')] });
+
+    await server.flushAsyncErrors();
+    expect(server.events().map((e) => e.identifier)).toEqual(['good-1', 'good-2', 'bad-1']);
+    expect(server.streamRequests().map((r) => r.status)).toEqual([500, 500, 200, 200]);
   });
 
   it('an injected 429 and the account rate limit are StripeRateLimitErrors with Retry-After', async () => {

@@ -1,9 +1,12 @@
 /**
  * STRIPE_METER_API=v2 on the real pipeline: events go out in batches on the meter event stream,
- * end `accepted` (Stripe validates them later), once each, with no per-customer lane limit, and a
- * session that expires is replaced without losing an event.
+ * end `accepted` (Stripe validates them later), once each, with no per-customer lane limit, a
+ * session that expires is replaced without losing an event, and one event that makes every request
+ * it is in fail does not take its batch-mates with it.
  */
+import { randomUUID } from 'node:crypto';
 import { beforeAll, expect, it } from 'vitest';
+import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({
@@ -66,4 +69,38 @@ it('replaces a session that Stripe says has expired, and loses nothing', async (
   }, 60_000);
   expect(recorded(keys)).toHaveLength(keys.length);
   expect(t.stripe.streamRequests().some((r) => r.status === 401)).toBe(true);
+}, 90_000);
+
+it('one event that makes every stream request it is in fail (500): the others are accepted, it dies alone with its own reason', async () => {
+  const prefix = `one-${randomUUID().slice(0, 8)}-`;
+  const poison = idempotencyKeyFor('one', `${prefix}11`);
+  t.stripe.failStreamRequestsWith(poison, 500);
+  try {
+    const keys = await backlog('one', 21, { prefix });
+    expect(keys).toContain(poison);
+    const rows = await waitFor(
+      'the 20 accepted and the poison dead',
+      async () => {
+        const { rows } = await t.pool.query<{ idempotency_key: string; status: string; attempt_count: number; last_error_code: string | null }>(
+          `SELECT idempotency_key, status, attempt_count, last_error_code FROM outbox WHERE idempotency_key = ANY($1)`,
+          [keys],
+        );
+        const settled = rows.every((r) => r.status === 'accepted' || r.status === 'dead');
+        return settled && rows.length === keys.length ? rows : undefined;
+      },
+      60_000,
+    );
+    const others = rows.filter((r) => r.idempotency_key !== poison);
+    expect(others.map((r) => r.status)).toEqual(Array(20).fill('accepted'));
+    expect(recorded(keys.filter((k) => k !== poison))).toHaveLength(20);
+    // Its own reason and its own retry schedule: every attempt spent on it, the 500 on the row.
+    expect(rows.find((r) => r.idempotency_key === poison)).toMatchObject({ status: 'dead', attempt_count: t.config.retry.maximumAttempts, last_error_code: 'http_500' });
+    expect(recorded([poison])).toEqual([]);
+    // Every request that carried it failed; the others went through in requests without it.
+    const carrying = t.stripe.streamRequests().filter((r) => r.identifiers.includes(poison));
+    expect(carrying.length).toBeGreaterThanOrEqual(t.config.retry.maximumAttempts);
+    expect(carrying.every((r) => r.status === 500)).toBe(true);
+  } finally {
+    t.stripe.heal();
+  }
 }, 90_000);

@@ -5,26 +5,48 @@
  * in one request (Stripe's limit); a batch leaves when it is full or `lingerMs` after its first
  * event, so an idle worker adds a few milliseconds and a busy one fills its requests.
  *
- * The stream authenticates with a session token (`POST /v2/billing/meter_event_session`, valid
- * 15 minutes): created when first needed, shared by the worker's requests, replaced a minute
- * before it expires and at once when Stripe says it expired (`temporary_session_expired`, one
- * retry of that request with the new token).
+ * The stream authenticates with a session token (`POST /v2/billing/meter_event_session`, 15 minutes
+ * today): created when first needed, shared by the worker's requests. A session is judged by its
+ * own lifetime (`expires_at − created`, both Stripe's), counted on our clock from when we asked for
+ * it: it is replaced once less than a quarter of that lifetime (at most a minute) is left, so
+ * neither a short-lived session nor a worker clock far from Stripe's makes it look spent on
+ * arrival. A new session is always used at least once. Stripe saying it expired
+ * (`temporary_session_expired`) replaces it at once, with one retry of that request. A session
+ * request that fails, or a session Stripe refuses on its first use, makes the next session request
+ * wait (exponential backoff with jitter, bounded), shared by every caller. The gap between Stripe's
+ * `created` and our clock is the clock skew: a gauge, and one warning past 30 s.
  *
  * A request Stripe refuses as a whole (400) when it carried several events is sent again one event
- * per request: one malformed event must not take 99 good ones down with it. Duplicates of an
- * identifier are dropped by Stripe silently (24 h), so a resend after a lost answer is harmless.
+ * per request: one malformed event must not take 99 good ones down with it. A request that fails
+ * another way that may pass (5xx, a connection error) is split in halves and each half resent, level
+ * by level, for as long as some request of the level before went through: one event that makes
+ * every request it is in fail ends up failing alone, the others accepted. When a whole level fails
+ * it is Stripe, not an event, and the rest share the failure: in an outage a batch costs at most
+ * three requests (the batch, then its two halves). Duplicates of an identifier are dropped by
+ * Stripe silently (24 h), so a resend after a lost answer is harmless.
  */
+import { performance } from 'node:perf_hooks';
 import Stripe from 'stripe';
+import type { Logger } from '../log.js';
+import type { Metrics } from '../metrics.js';
+import { classifyStripeError } from './errors.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
-import { MAX_STREAM_BATCH } from './rules.js';
+import { MAX_STREAM_BATCH, STREAM_SESSION_TTL_MS } from './rules.js';
 import type { MeterEventSender } from './sender.js';
 
 /** One event as the stream takes it (the package's own parameter type). */
 type WireEvent = Parameters<Stripe['v2']['billing']['meterEventStream']['create']>[0]['events'][number];
 
+/** A session as Stripe hands it out; both times are Stripe's clock. */
+export interface StreamSession {
+  token: string;
+  created: Date;
+  expiresAt: Date;
+}
+
 /** What the batcher needs of Stripe: sessions from the secret-key client, streams from a token's. */
 export interface StreamStripe {
-  createSession(): Promise<{ token: string; expiresAt: Date }>;
+  createSession(): Promise<StreamSession>;
   sendEvents(token: string, events: WireEvent[]): Promise<void>;
 }
 
@@ -34,8 +56,8 @@ export function stripeStream(secretKeyClient: Stripe, clientFor: (token: string)
   return {
     async createSession() {
       const s = await secretKeyClient.v2.billing.meterEventSession.create();
-      // An ISO-8601 string: parsed as one (the package's own example multiplies it by 1000).
-      return { token: s.authentication_token, expiresAt: new Date(s.expires_at) };
+      // ISO-8601 strings: parsed as such (the package's own example multiplies them by 1000).
+      return { token: s.authentication_token, created: new Date(s.created), expiresAt: new Date(s.expires_at) };
     },
     async sendEvents(token, events) {
       let client = clients.get(token);
@@ -48,31 +70,69 @@ export function stripeStream(secretKeyClient: Stripe, clientFor: (token: string)
   };
 }
 
+/** How a request failed; `requestMs` is how long the request itself took, absent when none was made (the pace or the session failed). */
+interface Failure {
+  err: unknown;
+  requestMs?: number;
+}
+
 interface Waiting {
   event: MeterEvent;
   resolve: () => void;
   reject: (err: unknown) => void;
 }
 
+/** A session in use: its token, how long Stripe gave it, and when (our clock) we asked for it. */
+interface HeldSession {
+  token: string;
+  lifetimeMs: number;
+  /** Our clock when the session was requested: Stripe made it no earlier, so it lasts at least until this + lifetime. */
+  askedAt: number;
+  /** A stream request with it went through. */
+  used: boolean;
+}
+
+/** Replace a session once less than this share of its lifetime is left ... */
+const REFRESH_WHEN_LEFT = 0.25;
+/** ... or this much, whichever is less (with 15-minute sessions: a minute before the end). */
 const REFRESH_BEFORE_EXPIRY_MS = 60_000;
+/** A gap this large between Stripe's clock and ours is logged (once). */
+export const CLOCK_SKEW_WARN_MS = 30_000;
+/** A failed request that took longer than this is a slow Stripe, not one bad event: it is not split. */
+const SPLIT_ONLY_FAILURES_WITHIN_MS = 5_000;
+
+export interface MeterEventStreamOptions {
+  lingerMs?: number;
+  maxBatch?: number;
+  /** Waits for a slot of the account-wide pace before each request. */
+  pace?: () => Promise<void>;
+  /** Our clock (ms); only differences of it are used to age a session. */
+  now?: () => number;
+  /** Backoff of session requests after failures: the first wait, and the most any one wait is. */
+  sessionBackoff?: { initialMs: number; maxMs: number };
+  /** Where the clock skew against Stripe goes (`billing_outbox_stripe_clock_skew_seconds`). */
+  metrics?: Pick<Metrics, 'stripeClockSkew'>;
+  log?: Pick<Logger, 'warn'>;
+}
 
 export class MeterEventStream implements MeterEventSender {
   readonly api = 'v2';
   private queue: Waiting[] = [];
   private timer: NodeJS.Timeout | undefined;
-  private session: Promise<{ token: string; expiresAt: Date }> | undefined;
-  /** Requests made, for the benchmarks' requests-per-event figure. */
+  private session: Promise<HeldSession> | undefined;
+  /** Session requests that failed, and sessions refused on first use, since a stream request last went through. */
+  private sessionFailures = 0;
+  private skewWarned = false;
+  /** Stream requests made, for the benchmarks' requests-per-event figure. */
   requests = 0;
+  /** Session requests made. */
+  sessionRequests = 0;
+  /** Stripe's clock minus ours (ms), as of the last session; undefined before the first. */
+  clockSkewMs: number | undefined;
 
   constructor(
     private readonly stripe: StreamStripe,
-    private readonly opts: {
-      lingerMs?: number;
-      maxBatch?: number;
-      /** Waits for a slot of the account-wide pace before each request. */
-      pace?: () => Promise<void>;
-      now?: () => number;
-    } = {},
+    private readonly opts: MeterEventStreamOptions = {},
   ) {}
 
   /** Sends `event` in the next batch; settles with that batch's outcome. */
@@ -93,57 +153,187 @@ export class MeterEventStream implements MeterEventSender {
     }
   }
 
+  /**
+   * Sends `batch` and settles each event. A failed request is followed up level by level: a 400
+   * (the request refused as a whole) resends its events one by one; a failure that may pass (5xx,
+   * a connection error) halves the request and resends both halves, as long as some request of the
+   * level before went through (the first split is always made). Whatever is left takes its error.
+   */
   private async deliver(batch: Waiting[]): Promise<void> {
-    try {
-      await this.post(batch.map((w) => w.event));
-      for (const w of batch) w.resolve();
-    } catch (err) {
-      if (batch.length > 1 && err instanceof Stripe.errors.StripeInvalidRequestError) {
-        // Which event made the request invalid is not said: each one goes again on its own.
-        await Promise.all(batch.map((w) => this.deliver([w])));
-        return;
+    const first = await this.attempt(batch);
+    let failing = first ? [{ batch, ...first }] : [];
+    let someThrough = true;
+    while (failing.length > 0) {
+      const halves: Waiting[][] = [];
+      const alone: Waiting[] = [];
+      for (const f of failing) {
+        if (f.batch.length > 1 && refusedAsMalformed(f)) {
+          // Which event made the request invalid is not said: each one goes again on its own.
+          alone.push(...f.batch);
+        } else if (someThrough && f.batch.length > 1 && mayHalve(f)) {
+          halves.push(...halve(f.batch));
+        } else {
+          for (const w of f.batch) w.reject(f.err);
+        }
       }
-      for (const w of batch) w.reject(err);
+      const [results] = await Promise.all([
+        Promise.all(halves.map(async (half) => ({ batch: half, failed: await this.attempt(half) }))),
+        Promise.all(alone.map((w) => this.deliverAlone(w))),
+      ]);
+      failing = results.flatMap((r) => (r.failed ? [{ batch: r.batch, ...r.failed }] : []));
+      // A level where no request went through (nor was answered as malformed, an answer about the
+      // request): Stripe is failing, not one event; no more splits.
+      someThrough = results.some((r) => !r.failed || refusedAsMalformed(r.failed));
     }
   }
 
-  private async post(events: MeterEvent[]): Promise<void> {
-    await this.opts.pace?.();
+  private async deliverAlone(w: Waiting): Promise<void> {
+    const failed = await this.attempt([w]);
+    if (failed) w.reject(failed.err);
+  }
+
+  /** One request for `batch`: resolves its events and returns nothing, or returns how it failed. */
+  private async attempt(batch: Waiting[]): Promise<Failure | undefined> {
+    const failure = await this.post(batch.map((w) => w.event));
+    if (!failure) for (const w of batch) w.resolve();
+    return failure;
+  }
+
+  private async post(events: MeterEvent[]): Promise<Failure | undefined> {
     const body = events.map(toWireEvent);
+    try {
+      await this.opts.pace?.();
+    } catch (err) {
+      return { err };
+    }
     for (let tries = 1; ; tries++) {
-      const { pending, token } = await this.currentSession();
+      let held: { pending: Promise<HeldSession>; session: HeldSession };
+      try {
+        held = await this.currentSession();
+      } catch (err) {
+        return { err };
+      }
+      const { pending, session } = held;
+      const startedAt = performance.now();
       try {
         this.requests++;
-        await this.stripe.sendEvents(token, body);
-        return;
+        await this.stripe.sendEvents(session.token, body);
+        session.used = true;
+        this.sessionFailures = 0;
+        return undefined;
       } catch (err) {
-        if (!isSessionExpired(err) || tries > 1) throw err;
+        const failure = { err, requestMs: performance.now() - startedAt };
+        if (!isSessionExpired(err)) return failure;
+        // Refused before it ever worked: a session that is no good, counted like a failed session request.
+        if (!session.used) this.sessionFailures++;
         // Stripe's clock says the session is over before ours does: a new one, and this request again.
         if (this.session === pending) this.session = undefined;
+        if (tries > 1) return failure;
       }
     }
   }
 
-  /** The session to use: the worker's, unless it expires within a minute (then a new one, shared). */
-  private async currentSession(): Promise<{ pending: Promise<{ token: string; expiresAt: Date }>; token: string }> {
-    for (;;) {
-      const pending = (this.session ??= this.stripe.createSession());
-      let session: { token: string; expiresAt: Date };
-      try {
-        session = await pending;
-      } catch (err) {
-        if (this.session === pending) this.session = undefined;
-        throw err;
-      }
-      if (session.expiresAt.getTime() - (this.opts.now ?? Date.now)() > REFRESH_BEFORE_EXPIRY_MS) return { pending, token: session.token };
-      if (this.session === pending) this.session = undefined;
+  /**
+   * The session to use: the worker's, unless it is near the end of its lifetime; then a new one
+   * (shared), used whatever its age: at most one session request per call.
+   */
+  private async currentSession(): Promise<{ pending: Promise<HeldSession>; session: HeldSession }> {
+    const held = this.session;
+    if (held) {
+      const session = await this.settle(held);
+      if (!this.spent(session)) return { pending: held, session };
+      if (this.session === held) this.session = undefined;
     }
+    const pending = (this.session ??= this.openSession());
+    return { pending, session: await this.settle(pending) };
+  }
+
+  private async settle(pending: Promise<HeldSession>): Promise<HeldSession> {
+    try {
+      return await pending;
+    } catch (err) {
+      if (this.session === pending) this.session = undefined;
+      throw err;
+    }
+  }
+
+  /** Less than a quarter of its lifetime (at most a minute) left, by the time elapsed on our clock since we asked for it. */
+  private spent(session: HeldSession): boolean {
+    const margin = Math.min(REFRESH_BEFORE_EXPIRY_MS, session.lifetimeMs * REFRESH_WHEN_LEFT);
+    return this.now() - session.askedAt >= session.lifetimeMs - margin;
+  }
+
+  /** A new session, after the backoff the failures so far call for. */
+  private async openSession(): Promise<HeldSession> {
+    const waitMs = this.sessionBackoffMs();
+    if (waitMs > 0) await new Promise((resolve) => setTimeout(resolve, waitMs));
+    const askedAt = this.now();
+    this.sessionRequests++;
+    let s: StreamSession;
+    try {
+      s = await this.stripe.createSession();
+    } catch (err) {
+      this.sessionFailures++;
+      throw err;
+    }
+    const answeredAt = this.now();
+    const created = s.created.getTime();
+    const lifetime = s.expiresAt.getTime() - created;
+    // Unreadable times: Stripe's documented 15 minutes, and Stripe's word (401) if it is less.
+    const lifetimeMs = Number.isFinite(lifetime) && lifetime > 0 ? lifetime : STREAM_SESSION_TTL_MS;
+    if (Number.isFinite(created)) this.observeSkew(created - (askedAt + answeredAt) / 2);
+    return { token: s.token, lifetimeMs, askedAt, used: false };
+  }
+
+  /** Exponential with jitter: nothing at first; then `initialMs`, doubling, at most `maxMs`, each drawn from its upper half. */
+  private sessionBackoffMs(): number {
+    if (this.sessionFailures === 0) return 0;
+    const { initialMs, maxMs } = this.opts.sessionBackoff ?? { initialMs: 500, maxMs: 10_000 };
+    const ceiling = Math.min(maxMs, initialMs * 2 ** Math.min(this.sessionFailures - 1, 30));
+    return ceiling / 2 + Math.random() * (ceiling / 2);
+  }
+
+  private observeSkew(skewMs: number): void {
+    this.clockSkewMs = skewMs;
+    this.opts.metrics?.stripeClockSkew.set(skewMs / 1000);
+    if (Math.abs(skewMs) >= CLOCK_SKEW_WARN_MS && !this.skewWarned) {
+      this.skewWarned = true;
+      this.opts.log?.warn(
+        { clockSkewSeconds: Math.round(skewMs / 1000) },
+        "this worker's clock is off Stripe's (Stripe's minus ours, by a meter event session's created time): fix its time sync",
+      );
+    }
+  }
+
+  private now(): number {
+    return (this.opts.now ?? Date.now)();
   }
 
   /** Sends what is queued now (a worker shutting down). */
   drain(): void {
     this.flush();
   }
+}
+
+/** Stripe answered the request itself with a 400: one of its events is malformed. */
+function refusedAsMalformed(f: Failure): boolean {
+  return f.requestMs !== undefined && f.err instanceof Stripe.errors.StripeInvalidRequestError;
+}
+
+/**
+ * A request that failed in a way that may pass another time (5xx, 409, a connection error), not the
+ * account's way (429, 401, 403), and quickly: a request that took long to fail is a slow Stripe,
+ * and halving it would stack more such waits inside one attempt. A failure before any request
+ * (the pace, the session) says nothing about the events.
+ */
+function mayHalve(f: Failure): boolean {
+  if (f.requestMs === undefined || f.requestMs > SPLIT_ONLY_FAILURES_WITHIN_MS || isSessionExpired(f.err)) return false;
+  return classifyStripeError(f.err).kind === 'retryable';
+}
+
+function halve<T>(items: T[]): [T[], T[]] {
+  const middle = Math.ceil(items.length / 2);
+  return [items.slice(0, middle), items.slice(middle)];
 }
 
 export function isSessionExpired(err: unknown): boolean {

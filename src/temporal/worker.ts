@@ -55,7 +55,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const requestPace = new SlotPacer(pool, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const stream =
     config.stripe.meterApi === 'v2'
-      ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), { pace: () => requestPace.waitForSlot() })
+      ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), {
+          pace: () => requestPace.waitForSlot(),
+          metrics: deps.metrics,
+          log: deps.log,
+        })
       : undefined;
   const activities = createActivities({
     db: pool,

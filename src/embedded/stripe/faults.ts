@@ -44,8 +44,25 @@ export class FaultPlan {
   private readonly drops = new CountedQueue<true>();
   private readonly garbles = new CountedQueue<true>();
   private readonly asyncErrors = new CountedQueue<AsyncErrorInfo>();
+  /** Identifiers that make every stream request carrying them fail, with this status. */
+  private readonly poisoned = new Map<string, number>();
   private refuseUntil = 0;
   latencyMs = 0;
+
+  /** Every stream request carrying `identifier` fails with `status` (5xx: a StripeAPIError), until reset. */
+  failRequestsWith(identifier: string, status: number): void {
+    if (status < 400 || status > 599) throw new RangeError(`failRequestsWith needs an error status, got ${status}`);
+    this.poisoned.set(identifier, status);
+  }
+
+  /** The failure for a request carrying `identifiers`, when one of them is poisoned. */
+  takePoisoned(identifiers: readonly (string | null)[]): InjectedFailure | undefined {
+    for (const id of identifiers) {
+      const status = id === null ? undefined : this.poisoned.get(id);
+      if (status !== undefined) return { status, message: `Something went wrong on Stripe's end (injected for requests carrying ${id}).` };
+    }
+    return undefined;
+  }
 
   failNext(count: number, status: number, opts: FailNextOptions = {}): void {
     if (status < 400 || status > 599) throw new RangeError(`failNext needs an error status, got ${status}`);
@@ -107,6 +124,7 @@ export class FaultPlan {
     this.drops.clear();
     this.garbles.clear();
     this.asyncErrors.clear();
+    this.poisoned.clear();
     this.refuseUntil = 0;
     this.latencyMs = 0;
   }

@@ -160,7 +160,7 @@ export class LocalStripe implements ControlTarget {
     this.idempotency = new IdempotencyStore(() => this.now());
     this.limiter = new SlidingWindowLimiter(options.rateLimitPerSecond);
     this.reporter = new ErrorReporter(() => this.now(), options.webhook);
-    this.sessions = new MeterEventSessions(() => this.now());
+    this.sessions = new MeterEventSessions(() => this.now(), options.sessionLifetimeMs);
     if (options.state) {
       this.catalog.restore(options.state.customers, options.state.meters);
       this.ledger.restore(options.state.events);
@@ -250,6 +250,25 @@ export class LocalStripe implements ControlTarget {
   /** The next `count` meter-event requests fail with `status` (Stripe-shaped body); nothing is recorded. */
   failNext(count: number, status: number, opts?: FailNextOptions): void {
     this.faults.failNext(count, status, opts);
+  }
+
+  /**
+   * Every v2 stream request whose events include `identifier` fails with `status` (before anything
+   * of it is kept), whatever else it carries, until `heal()`: one event that breaks the request it
+   * is in. Other requests go through.
+   */
+  failStreamRequestsWith(identifier: string, status: number): void {
+    this.faults.failRequestsWith(identifier, status);
+  }
+
+  /** How long sessions created from now on last (ms of the `now` clock). */
+  setSessionLifetime(ms: number): void {
+    this.sessions.lifetimeMs = ms;
+  }
+
+  /** v2 meter event sessions handed out so far. */
+  sessionsIssued(): number {
+    return this.sessions.issued;
   }
 
   /** Meter-event calls Stripe is working on right now (arrived, answer not yet due). */
@@ -561,7 +580,7 @@ export class LocalStripe implements ControlTarget {
     const session = checkSessionToken(call.authorization, this.sessions);
     if ('status' in session) return { response: session, sessionId: null };
     const sessionId = session.id;
-    const failure = this.faults.takeFailure();
+    const failure = this.faults.takeFailure() ?? this.faults.takePoisoned(streamRequestKeys(call.json?.ok ? call.json.value : undefined).identifiers);
     if (failure) return { response: failureResponse(failure), sessionId };
     if (!this.limiter.tryAcquire()) return { response: rateLimited(), sessionId };
     const events = call.json?.ok

@@ -21,8 +21,20 @@ export type SessionLookup = { kind: 'valid'; session: MeterEventSession } | { ki
 
 export class MeterEventSessions {
   private readonly byToken = new Map<string, MeterEventSession>();
+  /** How long a new session lasts: Stripe's 15 minutes, unless a test wants another Stripe. */
+  lifetimeMs: number;
 
-  constructor(private readonly now: () => number) {}
+  constructor(
+    private readonly now: () => number,
+    lifetimeMs = STREAM_SESSION_TTL_MS,
+  ) {
+    this.lifetimeMs = lifetimeMs;
+  }
+
+  /** Sessions handed out so far. */
+  get issued(): number {
+    return this.byToken.size;
+  }
 
   create(): MeterEventSession {
     const createdAt = this.now();
@@ -31,7 +43,7 @@ export class MeterEventSessions {
       // Opaque to clients; the prefix only makes a token recognisable in a log.
       token: newId('ek_test', 48),
       createdAt,
-      expiresAt: createdAt + STREAM_SESSION_TTL_MS,
+      expiresAt: createdAt + this.lifetimeMs,
     };
     this.byToken.set(session.token, session);
     return session;

@@ -57,6 +57,11 @@ export interface LocalStripeOptions {
   streamProcessingDelayMs?: number;
   /** Where to POST asynchronous error reports (`v1.billing.meter.error_report_triggered`). */
   webhook?: WebhookTarget;
+  /**
+   * How long a v2 meter event session lasts (ms of the `now` clock). Default: Stripe's 15 minutes.
+   * A stand-in issuing shorter sessions is how the batcher's refresh is tested against them.
+   */
+  sessionLifetimeMs?: number;
 }
 
 export interface WebhookTarget {

@@ -1,0 +1,246 @@
+/**
+ * The v2 batcher (`MeterEventStream`) on its own, against the local Stripe through the real
+ * `stripe` client: how it keeps its session (sessions shorter than a minute, a worker clock far
+ * from Stripe's, session requests that fail) and how one event that breaks every request it is in
+ * is kept from taking its batch-mates with it. No PostgreSQL, no Temporal: the pipeline around it
+ * is in stream.test.ts.
+ */
+import { Registry } from 'prom-client';
+import Stripe from 'stripe';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
+import { createMetrics } from '../src/metrics.js';
+import type { MeterEvent } from '../src/stripe/meters.js';
+import { MeterEventStream, stripeStream, type MeterEventStreamOptions, type StreamStripe } from '../src/stripe/stream.js';
+
+const CUSTOMER = 'cus_batcher';
+const MINUTE = 60_000;
+
+const started: LocalStripe[] = [];
+afterEach(async () => {
+  await Promise.all(started.splice(0).map((s) => s.close()));
+});
+
+async function startStripe(opts: LocalStripeOptions = {}): Promise<LocalStripe> {
+  const server = await LocalStripe.start({ customers: [CUSTOMER], ...opts });
+  started.push(server);
+  return server;
+}
+
+function client(server: LocalStripe, key = 'sk_test_batcher'): Stripe {
+  return new Stripe(key, { host: '127.0.0.1', port: server.port, protocol: 'http', maxNetworkRetries: 0 });
+}
+
+function batcher(server: LocalStripe, opts: MeterEventStreamOptions = {}): MeterEventStream {
+  return new MeterEventStream(
+    stripeStream(client(server), (token) => client(server, token)),
+    opts,
+  );
+}
+
+function event(identifier: string, at = new Date()): MeterEvent {
+  return {
+    eventName: 'api_requests',
+    keys: { customerKey: 'stripe_customer_id', valueKey: 'value' },
+    stripeCustomerId: CUSTOMER,
+    quantity: 1,
+    identifier,
+    occurredAt: at,
+  };
+}
+
+/** Settles within `ms`, or says what did not. */
+async function within<T>(ms: number, what: string, p: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not settled within ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([p, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe('sessions', () => {
+  it('45-second sessions: each used, replaced by its own lifetime, a handful of session requests', async () => {
+    // One simulated clock for Stripe and the worker, so three minutes pass at once.
+    let now = Date.parse('2026-03-10T12:00:00Z');
+    const server = await startStripe({ now: () => now, sessionLifetimeMs: 45_000 });
+    const stream = batcher(server, { now: () => now });
+
+    const ids: string[] = [];
+    for (let step = 0; step <= 18; step++) {
+      const batch = [0, 1, 2].map((i) => `short-${step}-${i}`);
+      ids.push(...batch);
+      await within(5_000, `batch at ${step * 10} s`, Promise.all(batch.map((id) => stream.send(event(id, new Date(now))))));
+      now += 10_000;
+    }
+
+    await server.flushAsyncErrors();
+    expect(server.events().map((e) => e.identifier).sort()).toEqual([...ids].sort());
+    // 180 s of 45 s sessions, each replaced after three quarters of its life (33.75 s): 5 or 6.
+    expect(server.sessionsIssued()).toBeLessThanOrEqual(7);
+    expect(stream.sessionRequests).toBe(server.sessionsIssued());
+    // Replaced before Stripe would refuse it: no request met an expired session.
+    expect(server.streamRequests().map((r) => r.status)).toEqual(Array(19).fill(200));
+  });
+
+  it('a worker clock 14 minutes ahead of Stripe: sessions still used, the skew reported once', async () => {
+    const server = await startStripe();
+    const metrics = createMetrics(new Registry());
+    const warn = vi.fn();
+    const skew = 14 * MINUTE;
+    const stream = batcher(server, { now: () => Date.now() + skew, metrics, log: { warn } as never });
+
+    for (let i = 0; i < 5; i++) {
+      await within(5_000, `batch ${i}`, Promise.all([0, 1].map((j) => stream.send(event(`skew-${i}-${j}`)))));
+    }
+
+    await server.flushAsyncErrors();
+    expect(server.events()).toHaveLength(10);
+    expect(server.sessionsIssued()).toBe(1);
+    // Stripe's clock minus ours: 14 minutes behind, within the request's round trip.
+    expect(Math.abs(stream.clockSkewMs! + skew)).toBeLessThan(5_000);
+    const gauge = (await metrics.stripeClockSkew.get()).values[0]?.value;
+    expect(Math.round(gauge!)).toBe(-840);
+    expect(warn).toHaveBeenCalledTimes(1);
+    expect(warn.mock.calls[0]?.[0]).toEqual({ clockSkewSeconds: -840 });
+  });
+
+  it('a worker clock 14 minutes behind: the same, and no warning below 30 s of skew', async () => {
+    const server = await startStripe();
+    const warn = vi.fn();
+    const behind = batcher(server, { now: () => Date.now() - 14 * MINUTE, log: { warn } as never });
+    await within(5_000, 'behind', behind.send(event('behind-1')));
+    expect(warn.mock.calls[0]?.[0]).toEqual({ clockSkewSeconds: 840 });
+
+    const quiet = vi.fn();
+    const close = batcher(server, { now: () => Date.now() + 10_000, log: { warn: quiet } as never });
+    await within(5_000, 'close', close.send(event('close-1')));
+    expect(quiet).not.toHaveBeenCalled();
+    expect(server.sessionsIssued()).toBe(2);
+  });
+
+  it('session requests that fail are backed off (exponential, bounded), shared by every caller; success resets it', async () => {
+    let sessionCalls = 0;
+    let failing = true;
+    const sent: string[] = [];
+    const fake: StreamStripe = {
+      createSession() {
+        sessionCalls++;
+        if (failing) return Promise.reject(new Stripe.errors.StripeAPIError({ message: 'session service down', statusCode: 500 } as never));
+        const created = new Date();
+        return Promise.resolve({ token: `tok_${sessionCalls}`, created, expiresAt: new Date(created.getTime() + 15 * MINUTE) });
+      },
+      sendEvents(_token, events) {
+        sent.push(...events.map((e) => e.identifier!));
+        return Promise.resolve();
+      },
+    };
+    const stream = new MeterEventStream(fake, { sessionBackoff: { initialMs: 50, maxMs: 400 } });
+
+    // Two seconds of a busy worker: a batch every 10 ms, each wanting a session.
+    const outcomes: Promise<unknown>[] = [];
+    const until = Date.now() + 2_000;
+    for (let i = 0; Date.now() < until; i++) {
+      outcomes.push(stream.send(event(`down-${i}`)).then(() => 'sent', (err: unknown) => err));
+      await sleep(10);
+    }
+    const settled = await within(5_000, 'the batches during the outage', Promise.all(outcomes));
+
+    // Without backoff: one session request per batch (about 150). With it: waits of 25-50, 50-100,
+    // 100-200, 200-400 ms, then 200-400 ms each: at most 5 + 1 + 1600 / 200 = 14 in two seconds.
+    expect(outcomes.length).toBeGreaterThan(100);
+    expect(sessionCalls).toBeGreaterThanOrEqual(4);
+    expect(sessionCalls).toBeLessThanOrEqual(14);
+    expect(settled.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    expect(sent).toEqual([]);
+
+    // The service back: the next session request (after at most one more wait) works, and events flow.
+    failing = false;
+    await within(2_000, 'after the outage', stream.send(event('up-1')));
+    expect(sent).toEqual(['up-1']);
+    const callsAfter = sessionCalls;
+    await within(2_000, 'next', stream.send(event('up-2')));
+    expect(sessionCalls).toBe(callsAfter);
+  });
+});
+
+describe('one event that fails every request it is in', () => {
+  it('a 500 for every request carrying X: its 20 batch-mates are accepted, X fails alone, in a few requests', async () => {
+    const server = await startStripe();
+    server.failStreamRequestsWith('poison', 500);
+    const stream = batcher(server);
+
+    const ids = ['poison', ...Array.from({ length: 20 }, (_, i) => `mate-${i}`)];
+    const outcomes = await within(
+      10_000,
+      'the batch',
+      Promise.all(ids.map((id) => stream.send(event(id)).then(() => 'accepted', (err: unknown) => err))),
+    );
+
+    expect(outcomes.slice(1)).toEqual(Array(20).fill('accepted'));
+    expect(outcomes[0]).toBeInstanceOf(Stripe.errors.StripeAPIError);
+    expect((outcomes[0] as Stripe.errors.StripeError).statusCode).toBe(500);
+    await server.flushAsyncErrors();
+    expect(server.events().map((e) => e.identifier).sort()).toEqual(ids.slice(1).sort());
+    // One batch of 21, then halves down to X alone: 1 + 2 × ceil(log2 21) = 11 requests at most.
+    const requests = server.streamRequests();
+    expect(requests.length).toBeLessThanOrEqual(11);
+    expect(requests.filter((r) => r.identifiers.length === 1 && r.identifiers[0] === 'poison').map((r) => r.status)).toEqual([500]);
+    expect(requests.filter((r) => r.status === 500).every((r) => r.identifiers.includes('poison'))).toBe(true);
+  });
+
+  it('an event that breaks requests beside one Stripe refuses as malformed: each meets its own fate', async () => {
+    const server = await startStripe();
+    server.failStreamRequestsWith('poison', 503);
+    const stream = batcher(server);
+    const malformed = { ...event('x'.repeat(101)) };
+
+    const ids = ['poison', ...Array.from({ length: 9 }, (_, i) => `ok-${i}`)];
+    const sends = [...ids.map((id) => stream.send(event(id))), stream.send(malformed)];
+    const outcomes = await within(10_000, 'the batch', Promise.all(sends.map((p) => p.then(() => 'accepted', (err: unknown) => err))));
+
+    expect(outcomes.slice(1, 10)).toEqual(Array(9).fill('accepted'));
+    expect((outcomes[0] as Stripe.errors.StripeError).statusCode).toBe(503);
+    expect(outcomes[10]).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
+  });
+
+  it('a failure before any request (the session, the pace) says nothing about the events: no split', async () => {
+    let sessionCalls = 0;
+    let paceCalls = 0;
+    const fake: StreamStripe = {
+      createSession() {
+        sessionCalls++;
+        return Promise.reject(new Stripe.errors.StripeAPIError({ message: 'session service down', statusCode: 500 } as never));
+      },
+      sendEvents: () => Promise.reject(new Error('no request expected')),
+    };
+    const stream = new MeterEventStream(fake, { pace: () => Promise.resolve(void paceCalls++) });
+    const outcomes = await within(
+      5_000,
+      'the batch',
+      Promise.all(Array.from({ length: 10 }, (_, i) => stream.send(event(`pre-${i}`)).then(() => 'sent', (err: unknown) => err))),
+    );
+    expect(outcomes.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    expect([sessionCalls, paceCalls, stream.requests]).toEqual([1, 1, 0]);
+  });
+
+  it('a plain outage (every request fails): at most three requests per batch, every event takes the error', async () => {
+    const server = await startStripe();
+    server.failNext(10_000, 500);
+    const stream = batcher(server);
+
+    const outcomes = await within(
+      10_000,
+      'the batches',
+      Promise.all(Array.from({ length: 250 }, (_, i) => stream.send(event(`out-${i}`)).then(() => 'accepted', (err: unknown) => err))),
+    );
+
+    expect(outcomes.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    // Three batches (100, 100, 50): each, then its two halves, and no further (the whole level failed).
+    expect(server.streamRequests()).toHaveLength(9);
+    expect(stream.requests).toBe(9);
+  });
+});
