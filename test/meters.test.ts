@@ -49,3 +49,20 @@ it('answers a burst of misses for a meter that does not exist with a read or two
   expect(listCalls - before).toBeGreaterThanOrEqual(1);
   expect(listCalls - before).toBeLessThanOrEqual(2);
 });
+
+it('asks Stripe again after a minute: a meter replaced by one with other payload keys is followed', async () => {
+  let now = 1_000_000;
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 0, now: () => now });
+  local.addMeter('replaced_later');
+  expect(await catalog.keysFor('replaced_later')).toMatchObject({ customerKey: 'stripe_customer_id', valueKey: 'value' });
+  local.replaceMeter('replaced_later', { customerKey: 'account', valueKey: 'units' });
+  const before = listCalls;
+  // Within the minute: the cache answers, no call.
+  now += 59_000;
+  expect(await catalog.keysFor('replaced_later')).toMatchObject({ customerKey: 'stripe_customer_id' });
+  expect(listCalls).toBe(before);
+  // Past it: read again, and the new meter's keys are used.
+  now += 2_000;
+  expect(await catalog.keysFor('replaced_later')).toMatchObject({ customerKey: 'account', valueKey: 'units' });
+  expect(listCalls).toBe(before + 1);
+});

@@ -46,9 +46,11 @@ export function meterEventPayload(event: MeterEvent): Record<string, string> {
 }
 
 /**
- * The payload keys of each meter, read from Stripe's meter list and cached for the life of the
- * worker. Stripe does not let a meter's payload keys change, so an entry never goes stale (a meter
- * deactivated since is Stripe's to refuse: `archived_meter`).
+ * The payload keys of each meter, read from Stripe's meter list and cached for `maxAgeMs` (a
+ * minute). A meter's own keys never change, but the meter an event name goes to does: a meter
+ * deactivated and replaced by one with other payload keys would otherwise get events under the old
+ * keys, which Stripe takes and rejects later. After `maxAgeMs` the next event asks again: one list
+ * call a minute per worker.
  *
  * An event name not in the cache is answered from a list read *after* it was asked about, so a
  * meter created a moment ago is found and "no meter" always means Stripe said so. Reads are
@@ -64,7 +66,7 @@ export class MeterCatalog {
 
   constructor(
     private readonly stripe: Pick<Stripe, 'billing'>,
-    private readonly opts: { minReloadIntervalMs?: number; now?: () => number } = {},
+    private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number } = {},
   ) {}
 
   private now(): number {
@@ -74,8 +76,9 @@ export class MeterCatalog {
   /** The keys of the active meter for `eventName`; undefined when Stripe has no active meter for it. */
   async keysFor(eventName: string): Promise<MeterKeys | undefined> {
     const cached = this.byName.get(eventName);
-    if (cached) return cached;
-    await this.readStartedAfter(this.now());
+    const now = this.now();
+    if (cached && now - this.loadedFrom < (this.opts.maxAgeMs ?? 60_000)) return cached;
+    await this.readStartedAfter(now);
     return this.byName.get(eventName);
   }
 

@@ -21,8 +21,8 @@ export interface MeterObject {
   event_name: string;
   event_time_window: null;
   livemode: false;
-  status: 'active';
-  status_transitions: { deactivated_at: null };
+  status: 'active' | 'inactive';
+  status_transitions: { deactivated_at: number | null };
   updated: number;
   default_aggregation: { formula: 'sum' };
   customer_mapping: { event_payload_key: string; type: 'by_id' };
@@ -100,8 +100,22 @@ export class Catalog {
 
   /** Stripe routes a meter event to the one active meter whose `event_name` matches exactly. */
   meterForEvent(eventName: string): MeterObject | undefined {
-    for (const meter of this.meters.values()) if (meter.event_name === eventName) return meter;
+    for (const meter of this.meters.values()) if (meter.event_name === eventName && meter.status === 'active') return meter;
     return undefined;
+  }
+
+  /**
+   * What an operator does to change a meter's payload keys (Stripe does not let them change):
+   * deactivates the active meter for `eventName` and creates another with `keys`. Returns its id.
+   */
+  replaceMeter(eventName: string, keys: { customerKey?: string; valueKey?: string }): string {
+    const old = this.meterForEvent(eventName);
+    if (old) {
+      old.status = 'inactive';
+      old.status_transitions = { deactivated_at: this.nowSeconds() };
+      old.updated = this.nowSeconds();
+    }
+    return this.addMeter(eventName, keys);
   }
 
   meter(id: string): MeterObject | undefined {

@@ -200,6 +200,11 @@ export class LocalStripe implements ControlTarget {
   }
 
   /** A meter for `eventName`; `keys` are the payload keys it reads (Stripe's defaults otherwise). */
+  /** Deactivates the meter for `eventName` and creates another that reads other payload keys. */
+  replaceMeter(eventName: string, keys: MeterKeyOptions): string {
+    return this.catalog.replaceMeter(eventName, keys);
+  }
+
   addMeter(eventName: string, keys: MeterKeyOptions = {}): string {
     return this.catalog.addMeter(eventName, keys);
   }
