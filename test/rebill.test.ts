@@ -20,6 +20,7 @@ import { createMetrics } from '../src/metrics.js';
 import { recordErrorReport } from '../src/ops/error-reports.js';
 import { rebillEvent } from '../src/ops/rebill.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
+import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
@@ -215,6 +216,26 @@ describe('an event Stripe rejected after accepting it', () => {
     const again = await rebillEvent(deps, key, { actor: 'carol' });
     expect(again.outcome).toBe('refused');
     expect((await row(key)).identifier_revision).toBe(1);
+  });
+
+  it("a retry signalled to a rejected dead letter's workflow by hand (Web UI, temporal CLI) sends nothing and leaves it rejected", async () => {
+    stripe.failNext(config.retry.maximumAttempts, 503);
+    const key = await enqueue(6);
+    await waitStatus(key, 'dead');
+    const handle = client.workflow.getHandle(key);
+    await waitFor(`${key} workflow to wait as a dead letter`, async () => (await handle.query(stateQuery)).status === 'dead');
+    // Stripe's report names it (as if an attempt had reached Stripe with its answer lost).
+    const report = await recordErrorReport(
+      db.pool,
+      { eventId: `evt_dead_${randomUUID()}`, type: 'v1.billing.meter.error_report_triggered', meterId: null, errorCount: 1, errorTypes: [{ code: CODE, errorCount: 1, samples: [{ identifier: key, message: 'no customer' }] }], validationStart: null, validationEnd: null },
+      {},
+    );
+    expect(report.marked).toEqual([key]);
+    const before = requestsFor(key).length;
+    await handle.signal(reopenSignal, { requestedBy: 'someone in the Web UI' });
+    await waitFor(`${key} run to end`, async () => (await handle.describe()).status.name === 'COMPLETED');
+    expect(requestsFor(key)).toHaveLength(before);
+    expect(await row(key)).toMatchObject({ status: 'rejected_async', last_error_code: CODE, identifier_revision: 0 });
   });
 
   it('refuses to rebill a sent or a dead row: nothing sent, no new identifier', async () => {
