@@ -175,6 +175,8 @@ describe('an event Stripe rejected after accepting it', () => {
     expect(result.message).toMatch(/signalled its open workflow/);
     const sent = await waitStatus(key, 'sent');
     expect(sent).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}`, attempt_count: 1 });
+    const inspected = JSON.parse((await cli(['inspect', key, '--json'])).out) as { row: Record<string, unknown> };
+    expect(inspected.row).toMatchObject({ status: 'sent', identifier: `r1:${key}`, identifierRevision: 1 });
 
     // Billed exactly once, under the new identifier; the old one still not counted.
     expect(counted(`r1:${key}`)).toHaveLength(1);

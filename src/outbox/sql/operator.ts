@@ -213,12 +213,16 @@ export interface InspectedRow {
   dispatched_at: Date | null;
   sent_at: Date | null;
   dead_at: Date | null;
+  /** The identifier Stripe got (the stored one, or the key) and its revision (rebills). */
+  identifier: string;
+  identifier_revision: number;
 }
 
 export async function findInspectedRow(db: Queryable, key: string): Promise<InspectedRow | undefined> {
   const { rows } = await db.query<InspectedRow>(
     `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
-            last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at
+            last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at,
+            COALESCE(stripe_identifier, idempotency_key) AS identifier, identifier_revision
        FROM outbox WHERE idempotency_key = $1::text`,
     [key],
   );
