@@ -241,9 +241,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     return { outcome: 'accepted', attempts };
   }
 
-  /** The event as Stripe gets it, built once for either API: its identifier is always the key. */
-  function meterEvent(key: string, { row, customer, keys }: Ready): MeterEvent {
-    return { eventName: row.event_name, keys, stripeCustomerId: customer, quantity: row.quantity, identifier: key, occurredAt: row.occurred_at };
+  /**
+   * The event as Stripe gets it, built once for either API. Its identifier is the row's, read by
+   * the attempt's own statement (src/outbox/keys.ts `stripeIdentifierFor`: the key, unless a
+   * namespace or a rebill makes it another).
+   */
+  function meterEvent(_key: string, { row, customer, keys }: Ready): MeterEvent {
+    return { eventName: row.event_name, keys, stripeCustomerId: customer, quantity: row.quantity, identifier: row.identifier, occurredAt: row.occurred_at };
   }
 
   /** An attempt begun but no call made (the pace put it off, the lease lapsed): not counted. */

@@ -28,7 +28,7 @@ export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
 export function createActivities(deps: ActivityDeps) {
   const { db, config } = deps;
   const delivery = createDeliveryActivities({
-    store: deliveryStore(db),
+    store: deliveryStore(db, { identifierNamespace: config.stripe.identifierNamespace }),
     sender: deps.stream ?? meterEventsV1(deps.stripe),
     lease: new MeterLease(db, config.timings, deps.notifier, deps.stopping),
     pacer: new SlotPacer(db, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),

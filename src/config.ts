@@ -99,6 +99,11 @@ const schema = z.object({
     .optional(),
   STRIPE_RATE_LIMIT_PER_SECOND: decimal(0.1, 10_000).optional(),
   STRIPE_METER_API: z.enum(['v1', 'v2'], 'must be v1 (meter events) or v2 (the meter event stream)').default('v1'),
+  STRIPE_IDENTIFIER_NAMESPACE: z
+    .string()
+    .trim()
+    .regex(/^$|^[A-Za-z0-9_-]{1,24}$/, 'must be at most 24 letters, digits, - or _ (or empty: no namespace)')
+    .default(''),
   TEMPORAL_UI_URL: z
     .string()
     .trim()
@@ -278,6 +283,13 @@ export interface Config {
      * (validated asynchronously; no per-customer rule; the rate limit counts requests).
      */
     meterApi: 'v1' | 'v2';
+    /**
+     * STRIPE_IDENTIFIER_NAMESPACE: put in front of every identifier Stripe gets (not the key, not
+     * the workflow id), so that deployments sharing one Stripe account never take each other's
+     * identifiers (src/outbox/keys.ts `stripeIdentifierFor`). Empty (the default): identifiers
+     * are the keys, as before.
+     */
+    identifierNamespace: string;
   };
   /** Base URL of the Temporal Web UI, for links (default http://localhost:8233). */
   temporalUiUrl: string;
@@ -420,6 +432,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
       rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
       meterApi: c.STRIPE_METER_API,
+      identifierNamespace: c.STRIPE_IDENTIFIER_NAMESPACE,
     },
     temporalUiUrl: (c.TEMPORAL_UI_URL ?? 'http://localhost:8233').replace(/\/$/, ''),
     retry: {

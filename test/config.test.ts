@@ -47,6 +47,7 @@ describe('configuration', () => {
       STRIPE_WEBHOOK_SECRET: 'whsec_abc',
       STRIPE_RATE_LIMIT_PER_SECOND: '50',
       STRIPE_METER_API: 'v2',
+      STRIPE_IDENTIFIER_NAMESPACE: 'east',
       TEMPORAL_UI_URL: 'http://ui.internal:8233',
       RETRY_INITIAL_INTERVAL_MS: '2000',
       RETRY_BACKOFF_COEFFICIENT: '1.5',
@@ -114,6 +115,14 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('TEMPORAL_ADDRESS:'))).toMatch(/host:port/);
     expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toMatch(/http/);
     expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
+  });
+
+  it('STRIPE_IDENTIFIER_NAMESPACE: empty by default (identifiers unchanged), short and safe characters only', () => {
+    expect(loadConfig({}).stripe.identifierNamespace).toBe('');
+    expect(loadConfig({ STRIPE_IDENTIFIER_NAMESPACE: 'eu-west_2' }).stripe.identifierNamespace).toBe('eu-west_2');
+    for (const bad of ['a/b', 'a:b', 'x'.repeat(25), 'café', 'a b']) {
+      expect(problems({ STRIPE_IDENTIFIER_NAMESPACE: bad })[0], bad).toMatch(/^STRIPE_IDENTIFIER_NAMESPACE: must be at most 24 letters, digits/);
+    }
   });
 
   it('never echoes a secret value in its messages', () => {

@@ -137,7 +137,9 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
     migrating = false;
     await recorder;
 
-    expect(applied).toEqual(['008_online_indexes.sql']);
+    // 008 and every later migration (009 adds columns with a constant default or none: no rewrite;
+    // 010 builds its index concurrently): all of them must leave the inserts running.
+    expect(applied).toEqual(['008_online_indexes.sql', '009_identifier_revision.sql', '010_identifier_index.sql']);
     // Every recording that overlapped the migration, blocked ones included.
     const during = latencies.filter((l) => l.startedAt < started + took && l.startedAt + l.ms > started);
     const slowest = Math.max(...during.map((l) => l.ms));
@@ -150,9 +152,13 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
     // Both indexes stand, valid, and serve the statements they were made for.
     const { rows: indexes } = await pool.query<{ name: string; valid: boolean }>(
       `SELECT c.relname AS name, i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE c.relname IN ('meter_leases_holder_idx', 'outbox_occurred_at_idx') ORDER BY 1`,
+        WHERE c.relname IN ('meter_leases_holder_idx', 'outbox_occurred_at_idx', 'outbox_stripe_identifier_idx') ORDER BY 1`,
     );
-    expect(indexes).toEqual([{ name: 'meter_leases_holder_idx', valid: true }, { name: 'outbox_occurred_at_idx', valid: true }]);
+    expect(indexes).toEqual([
+      { name: 'meter_leases_holder_idx', valid: true },
+      { name: 'outbox_occurred_at_idx', valid: true },
+      { name: 'outbox_stripe_identifier_idx', valid: true },
+    ]);
     const plan = (await pool.query(
       `EXPLAIN SELECT idempotency_key FROM outbox WHERE tenant_id = 'acme' AND event_name = 'api_requests'
           AND occurred_at >= now() - interval '2 hours' AND occurred_at < now() - interval '1 hour'`,

@@ -10,7 +10,7 @@
  * the raw body (else 400) → already processed? (200, nothing else) → fetch the full event from
  * Stripe (else 503: Stripe redelivers) → record it (src/ops/error-reports.ts: in one transaction,
  * the event id, whose primary key makes a concurrent redelivery wait and then do nothing, and the
- * named rows that are `sent` or `dispatched` moved to `rejected_async`) → 200.
+ * named rows that are `sent`, `accepted`, `dispatched` or `dead`, found by the identifier Stripe got, moved to `rejected_async`) → 200.
  *
  * No bearer token (Stripe cannot send one): the signature is the authentication. The route has its
  * own raw-body parser, registered in an encapsulated scope so every other route keeps JSON only.

@@ -10,6 +10,7 @@ import { CUSTOMERS_HELP, customersCommand } from './commands/customers.js';
 import { DEAD_HELP, deadCommand } from './commands/dead.js';
 import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
 import { PRUNE_HELP, pruneCommand } from './commands/prune.js';
+import { REBILL_HELP, rebillCommand } from './commands/rebill.js';
 import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
@@ -29,6 +30,7 @@ const COMMANDS: Record<string, Command> = {
   dead: { summary: 'list dead letters (--rejected: events Stripe rejected after accepting)', help: DEAD_HELP, run: deadCommand },
   inspect: { summary: "one event's row, workflow state and Web UI link", help: INSPECT_HELP, run: inspectCommand },
   retry: { summary: 'retry one dead letter, or all of them (--all-dead)', help: RETRY_HELP, run: retryCommand },
+  rebill: { summary: 'bill again, under a new identifier, an event Stripe rejected (rejected_async)', help: REBILL_HELP, run: rebillCommand },
   reconcile: { summary: "compare sent usage with Stripe's meter event summaries, hour by hour", help: RECONCILE_HELP, run: reconcileCommand },
   cancel: { summary: 'cancel a sent event at Stripe (within 24 h of receipt)', help: CANCEL_HELP, run: cancelCommand },
   customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },

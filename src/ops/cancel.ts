@@ -94,7 +94,8 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
   }
 
   try {
-    await cancelMeterEvent(opts.stripe(), { eventName: row.event_name, identifier: key });
+    // The identifier Stripe got, not necessarily the key (a namespace, a rebill).
+    await cancelMeterEvent(opts.stripe(), { eventName: row.event_name, identifier: row.identifier });
   } catch (err) {
     if (err instanceof Stripe.errors.StripeInvalidRequestError) {
       const missing = err.code === 'resource_missing';

@@ -1,7 +1,9 @@
 /**
  * Stripe's asynchronous rejections (error reports, read from its webhook by src/api/webhooks.ts):
- * each report is recorded once, and the rows it names that Stripe had accepted become
- * `rejected_async`.
+ * each report is recorded once, and the rows it names become `rejected_async` (sent, accepted,
+ * dispatched, or dead: an attempt of a dead row may have reached Stripe with its answer lost). Rows
+ * are found by the identifier Stripe got (src/outbox/keys.ts `stripeIdentifierFor`, stored on the
+ * row), not by key: a namespaced or rebilled row's identifier is not its key.
  *
  * Stripe's report names only a *sample* of the failed requests. `error_count` minus the samples
  * that name one of our rows is stored as `unmatched`: those events are affected too but cannot be
@@ -29,9 +31,9 @@ export interface ErrorReportOutcome {
   errorCount: number;
   /** Samples naming one of our rows (any status). */
   matched: number;
-  /** Rows moved from `sent` or `dispatched` to `rejected_async`. */
+  /** Keys of the rows moved from `sent`, `accepted`, `dispatched` or `dead` to `rejected_async`. */
   marked: string[];
-  /** Named rows in another status (not yet sent to Stripe, dead, already rejected or cancelled): left as they were. */
+  /** Named rows in another status (not yet sent, already rejected, cancelled, or `superseded`: an identifier a rebill replaced): left as they were. */
   notSent: { key: string; status: string }[];
   /** Sample identifiers that are not in our outbox. */
   unknown: string[];
@@ -45,7 +47,7 @@ export async function errorReportProcessed(db: Queryable, eventId: string): Prom
 }
 
 /**
- * Records one error report, once: marks the named `sent`/`dispatched` rows `rejected_async` with Stripe's code
+ * Records one error report, once: marks the named `sent`/`accepted`/`dispatched`/`dead` rows `rejected_async` with Stripe's code
  * and message. A redelivered event changes nothing and says `duplicate`.
  */
 export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
@@ -54,7 +56,7 @@ export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: u
     for (const s of type.samples) {
       if (samples.has(s.identifier)) continue;
       const message = `${s.message || type.code} (rejected by Stripe after it accepted the event; error report ${report.eventId})`;
-      samples.set(s.identifier, { key: s.identifier, code: type.code, message });
+      samples.set(s.identifier, { identifier: s.identifier, code: type.code, message });
     }
   }
   return withTransaction(db, async (client) => {
@@ -74,7 +76,7 @@ export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: u
     const results = await markRejectedAsync(client, [...samples.values()]);
     const outcome: ErrorReportOutcome = { ...none, duplicate: false };
     for (const r of results) {
-      if (r.status_before === null) outcome.unknown.push(r.key);
+      if (r.status_before === null || r.key === null) outcome.unknown.push(r.identifier);
       else if (r.marked) outcome.marked.push(r.key);
       else outcome.notSent.push({ key: r.key, status: r.status_before });
     }

@@ -43,6 +43,10 @@ export interface EventRowView {
   dispatchedAt: string | null;
   sentAt: string | null;
   deadAt: string | null;
+  /** The identifier Stripe got: the key, unless STRIPE_IDENTIFIER_NAMESPACE or a rebill made it another. */
+  identifier: string;
+  /** How many times it was rebilled under a new identifier after Stripe rejected it. */
+  identifierRevision: number;
 }
 
 export interface OperatorActionView {
@@ -112,6 +116,8 @@ function rowView(row: InspectedRow): EventRowView {
     dispatchedAt: iso(row.dispatched_at),
     sentAt: iso(row.sent_at),
     deadAt: iso(row.dead_at),
+    identifier: row.identifier,
+    identifierRevision: row.identifier_revision,
   };
 }
 

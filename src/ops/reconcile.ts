@@ -34,6 +34,10 @@ const isUnsettled = (status: string) => (UNSETTLED as readonly string[]).include
 
 export interface ReconcileEvent {
   key: string;
+  /** The identifier Stripe got for it (the key, unless STRIPE_IDENTIFIER_NAMESPACE or a rebill made it another). */
+  identifier: string;
+  /** 0, or how many times it was rebilled under a new identifier after Stripe rejected it. */
+  revision: number;
   tenantId: string;
   quantity: number;
   status: string;
@@ -219,6 +223,8 @@ async function attachEvents(db: Queryable, groups: ReconcileGroup[]): Promise<vo
     if (!w) continue;
     w.events.push({
       key: r.idempotency_key,
+      identifier: r.identifier,
+      revision: r.identifier_revision,
       tenantId: r.tenant_id,
       quantity: r.quantity,
       status: r.status,

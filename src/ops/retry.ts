@@ -170,7 +170,7 @@ export class DeadLetterRetrier {
     if (row.status === 'rejected_async') {
       return done(
         'refused',
-        `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}); its identifier stays taken at Stripe, so a retry cannot deliver it: fix the cause and record the usage again as a new usage`,
+        `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}); its identifier stays taken at Stripe, so a retry would only be told "already exists": fix the cause, then \`billing-outbox rebill ${key}\` bills it under a new identifier`,
       );
     }
     if (row.status === 'cancelled') {

@@ -29,6 +29,7 @@ const row = (over: Partial<AttemptRow> = {}): AttemptRow => ({
   first_attempted_at: new Date(),
   stripe_customer_id: 'cus_a',
   created_at: new Date(Date.now() - 1_000),
+  identifier: KEY,
   ...over,
 });
 
@@ -92,6 +93,14 @@ describe('v1: under the (customer, meter) lease', () => {
     // Handed on already: not again, and not held.
     expect(lease.handOff).not.toHaveBeenCalled();
     expect(lease.hold).not.toHaveBeenCalled();
+  });
+
+  it("sends the identifier the row's attempt read (a namespaced or rebilled one), never the bare key", async () => {
+    for (const api of ['v1', 'v2'] as const) {
+      const { deps, sent } = parts({ api, row: row({ identifier: `eu/r2:${KEY}` }) });
+      await deliver(deps);
+      expect(sent.map((e) => e.identifier)).toEqual([`eu/r2:${KEY}`]);
+    }
   });
 
   it('a new lease holder for every execution, even of the same attempt number', async () => {

@@ -1,7 +1,7 @@
 /** Idempotency keys, pure: readable when they fit, hashed when not, never two pairs on one key. */
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { idempotencyKeyFor } from '../../src/outbox/keys.js';
+import { idempotencyKeyFor, stripeIdentifierFor } from '../../src/outbox/keys.js';
 
 describe('idempotencyKeyFor', () => {
   it('is readable when it fits: u:<tenant>:<usage id>', () => {
@@ -31,5 +31,46 @@ describe('idempotencyKeyFor', () => {
     expect(idempotencyKeyFor(`a${long}`, 'b')).not.toBe(idempotencyKeyFor('a', `${long}b`));
     expect(idempotencyKeyFor('t', long)).toHaveLength(66);
     expect(idempotencyKeyFor('t', long)).toBe(idempotencyKeyFor('t', long));
+  });
+});
+
+describe('stripeIdentifierFor', () => {
+  const key = 'u:acme:req-1';
+  it('is the key itself at revision 0 without a namespace (every identifier sent so far)', () => {
+    expect(stripeIdentifierFor(key, 0, '')).toBe(key);
+  });
+
+  it('prefixes the revision and the namespace: r<n>:<key>, <ns>/<key>, <ns>/r<n>:<key>', () => {
+    expect(stripeIdentifierFor(key, 1, '')).toBe(`r1:${key}`);
+    expect(stripeIdentifierFor(key, 12, '')).toBe(`r12:${key}`);
+    expect(stripeIdentifierFor(key, 0, 'east')).toBe(`east/${key}`);
+    expect(stripeIdentifierFor(key, 2, 'east')).toBe(`east/r2:${key}`);
+  });
+
+  it('never gives another event\'s key or another deployment\'s identifier', () => {
+    // A suffix would: usage id `req-1#r1` is a key of its own.
+    expect(stripeIdentifierFor(key, 1, '')).not.toBe(idempotencyKeyFor('acme', 'req-1#r1'));
+    // Tenant `u`, usage id `u:acme:req-1` has the key `u:u:acme:req-1`; namespace `u` gives `u/…`.
+    expect(stripeIdentifierFor(key, 0, 'u')).not.toBe(idempotencyKeyFor('u', key));
+    expect(stripeIdentifierFor(key, 0, 'r1')).not.toBe(stripeIdentifierFor(key, 1, ''));
+    const all = new Set<string>();
+    for (const ns of ['', 'a', 'b', 'u', 'r1', 'h']) for (const rev of [0, 1, 2]) all.add(stripeIdentifierFor(key, rev, ns));
+    expect(all.size).toBe(18);
+  });
+
+  it('hashes what follows the namespace when the whole would pass 100 bytes, keeping the namespace', () => {
+    const long = idempotencyKeyFor('t', 'x'.repeat(96)); // exactly 100 bytes
+    expect(long).toHaveLength(100);
+    expect(stripeIdentifierFor(long, 0, '')).toBe(long);
+    expect(stripeIdentifierFor(long, 1, '')).toBe(`h:${createHash('sha256').update(`r1:${long}`).digest('hex')}`);
+    expect(stripeIdentifierFor(long, 0, 'east')).toBe(`east/h:${createHash('sha256').update(long).digest('hex')}`);
+    expect(stripeIdentifierFor(long, 3, 'x'.repeat(24)).length).toBeLessThanOrEqual(100);
+  });
+
+  it('refuses a bad revision or namespace', () => {
+    expect(() => stripeIdentifierFor(key, -1, '')).toThrow(RangeError);
+    expect(() => stripeIdentifierFor(key, 1.5, '')).toThrow(RangeError);
+    expect(() => stripeIdentifierFor(key, 0, 'a/b')).toThrow(RangeError);
+    expect(() => stripeIdentifierFor(key, 0, 'x'.repeat(25))).toThrow(RangeError);
   });
 });

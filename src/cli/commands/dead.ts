@@ -16,8 +16,8 @@ no retry can deliver them.
 
 With --rejected, lists instead the events Stripe answered 200 for and rejected later
 (rejected_async, from Stripe's error reports), oldest rejection first, with Stripe's error code.
-Stripe does not bill them, and their identifier stays taken at Stripe: fix the cause, then record
-the usage again as a new usage; retry does not apply to them.
+Stripe does not bill them, and their identifier stays taken at Stripe: fix the cause, then
+\`billing-outbox rebill <key>\` bills each once under a new identifier; retry does not apply to them.
 
 Options:
   --rejected   list rejected_async events instead of dead letters; --json prints {total, items:
@@ -113,7 +113,7 @@ function printRejected(out: Output, { total, items }: Listing<RejectedItem>, opt
   );
   out.write(`${items.length} of ${total} event${total === 1 ? '' : 's'} rejected by Stripe after a 200${items.length < total ? ' (raise --limit for more)' : ''}\n`);
   out.write(
-    'Stripe does not bill these. Fix the cause, then record the usage again as a new usage (the identifier stays taken at Stripe). ' +
+    'Stripe does not bill these. Fix the cause, then `billing-outbox rebill <key>` each (a new identifier: the old one stays taken at Stripe). ' +
       "Stripe's reports name only a sample of failed events: billing-outbox status shows how many were not matched to a row.\n",
   );
   return EXIT_OK;

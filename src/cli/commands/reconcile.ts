@@ -165,7 +165,7 @@ function printGroup(out: Output, g: ReconcileGroup): void {
           { header: 'SENT AT' },
           { header: 'LAST ERROR', max: 40 },
         ],
-        w.events.map((e) => [e.key, e.tenantId, String(e.quantity), e.status, e.occurredAt, e.sentAt ?? '-', e.lastErrorCode ?? '']),
+        w.events.map((e) => [e.identifier === e.key ? e.key : `${e.key} (as ${e.identifier})`, e.tenantId, String(e.quantity), e.status, e.occurredAt, e.sentAt ?? '-', e.lastErrorCode ?? '']),
       )
         .split('\n')
         .map((line) => (line ? `    ${line}` : line))

@@ -7,6 +7,7 @@ import { LEASE_CHANNEL, OUTBOX_CHANNEL } from '../notifier.js';
 import { AT_STRIPE, DELIVERED, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
 import type { HandOff } from './lease.js';
+import { stripeIdentifierFor } from '../keys.js';
 
 export interface AttemptRow {
   status: OutboxStatus;
@@ -18,6 +19,11 @@ export interface AttemptRow {
   stripe_customer_id: string | null;
   /** When the row was committed: the start of the commit-to-acknowledgement latency. */
   created_at: Date;
+  /**
+   * The meter-event identifier this attempt sends (src/outbox/keys.ts `stripeIdentifierFor`): the
+   * one stored on the row, fixed at its first attempt or by a rebill; the key when none is stored.
+   */
+  identifier: string;
 }
 
 /**
@@ -34,7 +40,14 @@ export interface AttemptRow {
 export async function beginAttempt(
   db: Queryable,
   key: string,
-  opts: { workflowId: string; safeWindowMs: number; force: boolean; lease?: { holder: string; leaseMs: number } },
+  opts: {
+    workflowId: string;
+    safeWindowMs: number;
+    force: boolean;
+    lease?: { holder: string; leaseMs: number };
+    /** STRIPE_IDENTIFIER_NAMESPACE ('' or absent: none). */
+    identifierNamespace?: string;
+  },
 ): Promise<{ leaseHeld: boolean; row: AttemptRow | undefined }> {
   const { rows } = await db.query<AttemptRow & { lease_held: boolean; found: boolean }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
@@ -52,12 +65,17 @@ export async function beginAttempt(
                 WHEN $4::boolean AND o.first_attempted_at <= now() - $3::bigint * interval '1 millisecond' THEN now()
                 ELSE COALESCE(o.first_attempted_at, now()) END,
               workflow_id = COALESCE(o.workflow_id, $2::text),
+              -- The identifier is fixed by the first attempt (or a rebill) and never changes after:
+              -- a row attempted before it was stored (NULL, first_attempted_at set) went out under
+              -- its key and stays so, whatever the namespace is now. $8: NULL when it is the key.
+              stripe_identifier = COALESCE(o.stripe_identifier, CASE WHEN o.first_attempted_at IS NULL THEN $8::text END),
               updated_at = now()
         WHERE o.idempotency_key = $1::text
           AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended))
           AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
                OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
         RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
+                  COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier,
                   (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
      )
      SELECT ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended)) AS lease_held, a.status IS NOT NULL AS found, a.*,
@@ -67,11 +85,26 @@ export async function beginAttempt(
             -- window that much later, well inside its hour of margin.
             set_config('synchronous_commit', 'off', true) AS async_commit
        FROM (SELECT 1) AS one LEFT JOIN attempt a ON true`,
-    values: [key, opts.workflowId, opts.safeWindowMs, opts.force, [...AT_STRIPE], opts.lease?.holder ?? null, opts.lease?.leaseMs ?? 0],
+    values: [
+      key,
+      opts.workflowId,
+      opts.safeWindowMs,
+      opts.force,
+      [...AT_STRIPE],
+      opts.lease?.holder ?? null,
+      opts.lease?.leaseMs ?? 0,
+      storedIdentifier(key, 0, opts.identifierNamespace ?? ''),
+    ],
   });
   const r = rows[0]!;
   const { lease_held, found, ...row } = r;
   return { leaseHeld: lease_held, row: found ? (row as AttemptRow) : undefined };
+}
+
+/** What the row stores for an identifier: null when it is the key itself (the common case). */
+export function storedIdentifier(key: string, revision: number, namespace: string): string | null {
+  const identifier = stripeIdentifierFor(key, revision, namespace);
+  return identifier === key ? null : identifier;
 }
 
 /**
@@ -203,9 +236,9 @@ export interface DeliveryStore {
   markRowReopened(key: string): Promise<void>;
 }
 
-export function deliveryStore(db: Queryable): DeliveryStore {
+export function deliveryStore(db: Queryable, opts: { identifierNamespace?: string } = {}): DeliveryStore {
   return {
-    beginAttempt: (key, opts) => beginAttempt(db, key, opts),
+    beginAttempt: (key, o) => beginAttempt(db, key, { ...o, identifierNamespace: opts.identifierNamespace ?? '' }),
     undoAttempt: (key, opts) => undoAttempt(db, key, opts),
     findRow: (key) => findRowByKey(db, key),
     recordAttemptError: (key, code, message) => recordAttemptError(db, key, code, message),

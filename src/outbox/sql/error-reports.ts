@@ -33,45 +33,66 @@ export async function finishErrorReport(db: Queryable, eventId: string, counts: 
 }
 
 export interface RejectedSample {
-  key: string;
+  /** The identifier Stripe names (src/outbox/keys.ts `stripeIdentifierFor`: the key, or a namespaced or revised one). */
+  identifier: string;
   code: string;
   message: string;
 }
 
 export interface RejectedSampleResult {
-  key: string;
-  /** Null when no outbox row has this key. */
+  identifier: string;
+  /** The row's key; null when no outbox row has this identifier (now or before a rebill). */
+  key: string | null;
+  /** Null when no outbox row has this identifier; `superseded` when it is a rebilled row's earlier identifier. */
   status_before: string | null;
   tenant_id: string | null;
-  /** True when the row was `sent` and is now `rejected_async`. */
+  /** True when the row was sent, accepted, dispatched or dead and is now `rejected_async`. */
   marked: boolean;
 }
 
+/** What an error report may move to `rejected_async`: every status an attempt may have reached Stripe from. */
+export const REJECTABLE = ['sent', 'accepted', 'dispatched', 'dead'] as const;
+
 /**
- * Marks the rows Stripe named in an error report `rejected_async`, while they are `sent`, or
- * `dispatched` (Stripe accepted the call but our `markDelivered` has not run yet; it will leave the
- * rejection alone). Cancelled or already rejected rows are left alone. Says for every
- * sample what its row was. One statement: the outer SELECT reads the rows as they were before the
- * UPDATE (a data-modifying CTE's effects are invisible to the rest of its statement).
+ * Marks the rows Stripe named in an error report `rejected_async`, while they are `sent`,
+ * `accepted`, `dispatched` (Stripe accepted the call but our `markDelivered` has not run yet; it
+ * will leave the rejection alone) or `dead` (an attempt reached Stripe but its answer was lost, and
+ * the later ones failed: without this a retry would be told "already exists" and mark it sent,
+ * never billed). Cancelled or already rejected rows are left alone. Says for every sample what its
+ * row was.
+ *
+ * A sample names an identifier, not a key: the row's stored `stripe_identifier`, or its key when
+ * none is stored (unique index each). An identifier a rebill has replaced finds its row by key
+ * only to say `superseded`: Stripe's verdict on the old identifier says nothing of the new one.
+ * One statement: the outer SELECT reads the rows as they were before the UPDATE (a data-modifying
+ * CTE's effects are invisible to the rest of its statement).
  */
 export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]): Promise<RejectedSampleResult[]> {
   if (samples.length === 0) return [];
   const { rows } = await db.query<RejectedSampleResult>(
     `WITH s AS (
-       SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS s(key, code, message)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS s(identifier, code, message)
+     ), found AS (
+       SELECT s.*,
+              COALESCE((SELECT o.id FROM outbox o WHERE o.stripe_identifier = s.identifier),
+                       (SELECT o.id FROM outbox o WHERE o.idempotency_key = s.identifier AND o.stripe_identifier IS NULL)) AS row_id,
+              (SELECT o.id FROM outbox o WHERE o.idempotency_key = s.identifier) AS key_id
+         FROM s
      ), marked AS (
        UPDATE outbox o
-          SET status = 'rejected_async', rejected_at = now(), last_error_code = s.code,
-              last_error_message = s.message, updated_at = now()
-         FROM s
-        WHERE o.idempotency_key = s.key AND o.status IN ('sent', 'accepted', 'dispatched')
-       RETURNING o.idempotency_key
+          SET status = 'rejected_async', rejected_at = now(), last_error_code = f.code,
+              last_error_message = f.message, claim_id = NULL, processing_deadline = NULL, updated_at = now()
+         FROM found f
+        WHERE o.id = f.row_id AND o.status = ANY($4::text[])
+       RETURNING o.id
      )
-     SELECT s.key, o.status AS status_before, o.tenant_id, (m.idempotency_key IS NOT NULL) AS marked
-       FROM s
-       LEFT JOIN outbox o ON o.idempotency_key = s.key
-       LEFT JOIN marked m ON m.idempotency_key = s.key`,
-    [samples.map((s) => s.key), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000))],
+     SELECT f.identifier, o.idempotency_key AS key,
+            CASE WHEN f.row_id IS NULL AND o.id IS NOT NULL THEN 'superseded' ELSE o.status END AS status_before,
+            o.tenant_id, (m.id IS NOT NULL) AS marked
+       FROM found f
+       LEFT JOIN outbox o ON o.id = COALESCE(f.row_id, f.key_id)
+       LEFT JOIN marked m ON m.id = f.row_id`,
+    [samples.map((s) => s.identifier), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000)), [...REJECTABLE]],
   );
   return rows;
 }

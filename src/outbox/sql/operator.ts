@@ -101,9 +101,66 @@ export async function restoreDeadLetter(db: Queryable, key: string, deadAt: Date
   return (result.rowCount ?? 0) > 0;
 }
 
+/** A row as a rebill reads it: the operator's view plus its identifier and revision. */
+export interface RebillCandidateRow extends OperatorRow {
+  identifier_revision: number;
+  /** The identifier Stripe got for the current revision: the stored one, or the key. */
+  identifier: string;
+  rejected_at: Date | null;
+}
+
+export async function findRebillCandidate(db: Queryable, key: string): Promise<RebillCandidateRow | undefined> {
+  const { rows } = await db.query<RebillCandidateRow>(
+    `SELECT ${OPERATOR_COLUMNS}, o.identifier_revision, COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.rejected_at
+       FROM outbox o WHERE o.idempotency_key = $1::text`,
+    [key],
+  );
+  return rows[0];
+}
+
+/**
+ * Gives an event Stripe rejected a new identifier and puts it back in flight, in one guarded
+ * statement: only from `rejected_async` at revision `fromRevision`, so of two operators rebilling
+ * at once exactly one moves it (the other's UPDATE finds the row changed and matches nothing). The
+ * attempt count and the first attempt's time start again: the new identifier has never been sent,
+ * so Stripe's 24-hour dedup window starts with its own first attempt. Returns the row's tenant, or
+ * nothing when another operator (or anything else) changed the row first.
+ */
+export async function rebillRejected(
+  db: Queryable,
+  key: string,
+  next: { fromRevision: number; identifier: string },
+): Promise<{ tenant_id: string } | undefined> {
+  const { rows } = await db.query<{ tenant_id: string }>(
+    `UPDATE outbox
+        SET status = 'dispatched', identifier_revision = $2::int + 1, stripe_identifier = $3::text,
+            dispatched_at = now(), first_attempted_at = NULL, attempt_count = 0, dead_at = NULL,
+            claim_id = NULL, processing_deadline = NULL,
+            workflow_id = COALESCE(workflow_id, idempotency_key), updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'rejected_async' AND identifier_revision = $2::int
+     RETURNING tenant_id`,
+    [key, next.fromRevision, next.identifier],
+  );
+  return rows[0];
+}
+
+/**
+ * Undoes `rebillRejected` when no run could deliver it: back to `rejected_async`, keeping the new
+ * revision. Only while nothing was attempted under it (first_attempted_at still NULL): that
+ * identifier never reached Stripe, so "Stripe does not count it" stays true of it.
+ */
+export async function restoreRejected(db: Queryable, key: string, revision: number): Promise<boolean> {
+  const result = await db.query(
+    `UPDATE outbox SET status = 'rejected_async', updated_at = now()
+      WHERE idempotency_key = $1::text AND status = 'dispatched' AND identifier_revision = $2::int AND first_attempted_at IS NULL`,
+    [key, revision],
+  );
+  return (result.rowCount ?? 0) > 0;
+}
+
 export interface OperatorAction {
   actor: string;
-  action: 'retry' | 'customers.set' | 'cancel';
+  action: 'retry' | 'customers.set' | 'cancel' | 'rebill';
   key: string | null;
   tenantId: string | null;
   forced: boolean;
@@ -156,12 +213,16 @@ export interface InspectedRow {
   dispatched_at: Date | null;
   sent_at: Date | null;
   dead_at: Date | null;
+  /** The identifier Stripe got (the stored one, or the key) and its revision (rebills). */
+  identifier: string;
+  identifier_revision: number;
 }
 
 export async function findInspectedRow(db: Queryable, key: string): Promise<InspectedRow | undefined> {
   const { rows } = await db.query<InspectedRow>(
     `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
-            last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at
+            last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at,
+            COALESCE(stripe_identifier, idempotency_key) AS identifier, identifier_revision
        FROM outbox WHERE idempotency_key = $1::text`,
     [key],
   );
@@ -195,11 +256,14 @@ export interface CancelCandidateRow {
   rejected_at: Date | null;
   cancelled_at: Date | null;
   last_error_code: string | null;
+  /** The identifier Stripe got (the stored one, or the key): what a cancel names. */
+  identifier: string;
 }
 
 export async function findCancelCandidate(db: Queryable, key: string): Promise<CancelCandidateRow | undefined> {
   const { rows } = await db.query<CancelCandidateRow>(
-    `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code
+    `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code,
+            COALESCE(stripe_identifier, idempotency_key) AS identifier
        FROM outbox WHERE idempotency_key = $1::text`,
     [key],
   );

@@ -62,6 +62,9 @@ export interface ReconcileEventRow {
   event_name: string;
   window_start: number;
   idempotency_key: string;
+  /** The identifier Stripe got for the row's current revision (the stored one, or the key). */
+  identifier: string;
+  identifier_revision: number;
   tenant_id: string;
   quantity: number;
   status: string;
@@ -86,7 +89,8 @@ export async function listWindowEvents(
     `WITH w AS (
        SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(stripe_customer_id, event_name, window_start)
      ), r AS (
-       SELECT w.stripe_customer_id, w.event_name, w.window_start, o.idempotency_key, o.tenant_id, o.quantity, o.status,
+       SELECT w.stripe_customer_id, w.event_name, w.window_start, o.idempotency_key,
+              COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision, o.tenant_id, o.quantity, o.status,
               o.occurred_at, o.sent_at, o.last_error_code,
               row_number() OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start ORDER BY o.occurred_at, o.id) AS n,
               count(*) OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start) AS window_rows
@@ -95,7 +99,7 @@ export async function listWindowEvents(
          JOIN outbox o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
           AND o.occurred_at >= to_timestamp(w.window_start) AND o.occurred_at < to_timestamp(w.window_start + 3600)
      )
-     SELECT stripe_customer_id, event_name, window_start, idempotency_key, tenant_id, quantity, status, occurred_at,
+     SELECT stripe_customer_id, event_name, window_start, idempotency_key, identifier, identifier_revision, tenant_id, quantity, status, occurred_at,
             sent_at, last_error_code, window_rows
        FROM r WHERE n <= $4::int
       ORDER BY stripe_customer_id, event_name, window_start, occurred_at, idempotency_key`,
