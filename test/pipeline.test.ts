@@ -177,7 +177,8 @@ describe('the core pipeline', () => {
     await waitStatus(key, 'sent');
     await waitFor('workflow to complete', async () => (await client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
     // A late relay (or a restart) tries to start it again after it finished.
-    expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(false);
+    // The relay makes such a row dead (workflow_closed); no second run either way.
+    expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toMatchObject({ kind: 'closed', status: 'COMPLETED' });
     const runs: string[] = [];
     for await (const wf of client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
     expect(runs).toHaveLength(1);
@@ -190,7 +191,7 @@ describe('the core pipeline', () => {
       open = await enqueue('acme', 3);
       await waitStatus(open, 'dispatched', 10_000);
       expect((await client.workflow.getHandle(open).describe()).status.name).toBe('RUNNING');
-      expect(await startUsageWorkflow(client, { idempotency_key: open, tenant_id: 'acme' }, config)).toBe(false);
+      expect(await startUsageWorkflow(client, { idempotency_key: open, tenant_id: 'acme' }, config)).toEqual({ kind: 'running' });
     } finally {
       stripe.setLatency(0);
     }
@@ -233,7 +234,7 @@ describe('the core pipeline', () => {
          VALUES ('acme', 'api_requests', 11, now(), $1, 'claimed', 'dead-relay', $2, clock_timestamp() + interval '1 second')`,
         [key, randomUUID()],
       );
-      expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toBe(true);
+      expect(await startUsageWorkflow(client, { idempotency_key: key, tenant_id: 'acme' }, config)).toEqual({ kind: 'started' });
       // The live relay re-claims it, finds the run already started, and marks it dispatched.
       const dispatched = await waitStatus(key, 'dispatched', 10_000);
       expect(dispatched.claimed_by).not.toBe('dead-relay');
