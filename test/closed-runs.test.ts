@@ -1,7 +1,7 @@
 /**
  * A row whose run has closed without delivering it must not stay `dispatched` (in flight for good,
  * holding its lane, out of `retry`'s reach): terminated runs are found by the closed-run sweep,
- * closed runs met at start by the relay. Each ends dead
+ * closed runs met at start by the relay, cancelled runs mark their row themselves. Each ends dead
  * with the reason, and `retry` reopens it with a new run that bills it once.
  */
 import { randomUUID } from 'node:crypto';
@@ -109,6 +109,22 @@ describe('a row whose run has closed', () => {
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     // Stripe already had it: the resend was told "already exists", which is delivered.
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('cancelled: the workflow marks its row dead (workflow_cancelled) before it ends; retry reopens it, billed once', async () => {
+    const key = await inFlightDuringOutage(5);
+    try {
+      const handle = client.workflow.getHandle(key);
+      await handle.cancel();
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowCancelled);
+      await waitFor('the run to be cancelled', async () => (await handle.describe()).status.name === 'CANCELLED');
+    } finally {
+      stripe.heal();
+    }
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
   });
 });
