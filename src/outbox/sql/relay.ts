@@ -147,7 +147,7 @@ export async function markClaimDead(db: Queryable, id: number, claimId: string, 
        UPDATE outbox
           SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text,
               claim_id = NULL, processing_deadline = NULL, updated_at = now()
-        WHERE id = $1::bigint AND status = 'claimed' AND claim_id = $2::uuid
+        WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'
         RETURNING id
      )
      SELECT pg_notify($5::text, '') FROM dead`,
@@ -164,7 +164,7 @@ export async function markClaimDead(db: Queryable, id: number, claimId: string, 
 export async function recordStartFailure(db: Queryable, id: number, claimId: string, code: string, message: string): Promise<void> {
   await db.query(
     `UPDATE outbox SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
-      WHERE id = $1::bigint AND status = 'claimed' AND claim_id = $2::uuid`,
+      WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'`,
     [id, claimId, code, message.slice(0, 1000)],
   );
 }
