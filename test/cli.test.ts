@@ -135,8 +135,9 @@ describe('status and dead', () => {
     const status = await cliJson<Record<string, unknown>>(['status']);
     expect(status.code).toBe(0);
     expect(Object.keys(status.json).sort()).toEqual(
-      ['counts', 'deadByErrorCode', 'errorReports', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute'].sort(),
+      ['counts', 'deadByErrorCode', 'errorReports', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
     );
+    expect(status.json.startFailing).toBe(0);
     expect(Object.keys(status.json.counts as object).sort()).toEqual(['accepted', 'cancelled', 'claimed', 'dead', 'dispatched', 'pending', 'rejected_async', 'sent']);
     expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
     expect(status.json.sentEstimated).toBe(false);
