@@ -253,4 +253,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/workflows.test.ts',
     name: 'a cancelled run marks its row dead',
   },
+  {
+    id: 'worker-never-sweeps',
+    guarantee: 'Nothing stuck silently: every worker runs the closed-run sweep, so a terminated run is found without anyone asking',
+    find: '  const sweeper = startClosedRunSweep(deps, stopping.signal);',
+    replace: '  const sweeper = Promise.resolve();',
+    test: 'test/closed-runs.test.ts',
+    name: 'the worker runs the sweep by itself',
+  },
 ];

@@ -14,8 +14,10 @@ import { sweepClosedRuns } from '../src/ops/closed-runs.js';
 import { DeadLetterRetrier, type RetryResult } from '../src/ops/retry.js';
 import { outboxStatus } from '../src/ops/status.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { startWorker } from '../src/temporal/worker.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 
 let db: TestDb;
 let stripe: LocalStripe;
@@ -126,5 +128,33 @@ describe('a row whose run has closed', () => {
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {
+    const key = await inFlightDuringOutage(2);
+    // The pipeline's worker makes way (one worker per task queue on a connection) for one whose
+    // sweep runs every 200 ms (the default: a minute); the pipeline stops it at the end.
+    for (const w of pipeline.workers.splice(0)) await w.shutdown();
+    const sweeping = await startWorker({
+      config,
+      databaseUrl: db.url,
+      pool: db.pool,
+      stripe: createStripeClient(config.stripe),
+      connection: pipeline.connection,
+      client,
+      workflowBundle: workflowBundle(),
+      relayRunForMs: 5_000,
+      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+      closedRunSweep: { intervalMs: 200, staleAfterMs: 0 },
+    });
+    pipeline.workers.push(sweeping);
+    try {
+      await client.workflow.getHandle(key).terminate('operator terminated it from the CLI');
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
+      expect(dead.last_error_message).toMatch(/terminated/);
+    } finally {
+      stripe.heal();
+    }
   });
 });
