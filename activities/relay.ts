@@ -13,10 +13,11 @@ import type pg from 'pg';
 import type { Config } from '../src/config.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
-import { claimBatch, markDispatched } from '../src/outbox/sql/relay.js';
+import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
-import { startUsageWorkflow } from '../src/temporal/start-usage.js';
+import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
+import { TemporalErrorCodes } from '../workflows/shared.js';
 
 export interface RelayDeps {
   db: pg.Pool;
@@ -44,7 +45,12 @@ export interface RelayResult {
   claimed: number;
   started: number;
   alreadyStarted: number;
+  /** Starts that failed for a reason that may pass: the rows stay claimed and are tried again. */
   failedToStart: number;
+  /** Starts Temporal refused for good: the rows are dead (temporal_start_refused). */
+  refused: number;
+  /** Rows whose run had already closed: dead (workflow_closed). */
+  closedRuns: number;
 }
 
 export function createRelayActivities(deps: RelayDeps) {
@@ -75,28 +81,56 @@ export function createRelayActivities(deps: RelayDeps) {
     const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const inTemporal: number[] = [];
-    outcomes.forEach((outcome, i) => {
-      const row = rows[i]!;
-      if (outcome.status === 'fulfilled') {
-        inTemporal.push(row.id);
-        if (outcome.value) totals.started++;
-        else totals.alreadyStarted++;
-      } else {
-        // Left claimed: the lease lapses and a relay picks the row up again.
-        totals.failedToStart++;
-        log('failed to start usage workflow', { key: row.idempotency_key, error: String(outcome.reason) });
-      }
-    });
+    // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
+    // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
+    // failure on the row, counted and logged (its lease lapses and a relay tries again).
+    await Promise.all(
+      outcomes.map(async (outcome, i) => {
+        const row = rows[i]!;
+        if (outcome.status === 'fulfilled') {
+          if (outcome.value.kind === 'closed') return closedRun(row, claimId, outcome.value, totals);
+          inTemporal.push(row.id);
+          if (outcome.value.kind === 'started') totals.started++;
+          else totals.alreadyStarted++;
+        } else {
+          await startFailed(row, claimId, outcome.reason, totals);
+        }
+      }),
+    );
     await markDispatched(db, inTemporal, claimId);
     totals.claimed += rows.length;
     return { claimed: rows.length, paceMs: pace.spanEndMs };
+  }
+
+  async function closedRun(row: ClaimedRow, claimId: string, run: Extract<StartOutcome, { kind: 'closed' }>, totals: RelayResult): Promise<void> {
+    totals.closedRuns++;
+    deps.metrics?.closedRuns.inc({ status: run.status.toLowerCase() });
+    const message = closedRunMessage(row.idempotency_key, run, 'waiting for a relay');
+    log('usage workflow already closed; the row is dead', { key: row.idempotency_key, runStatus: run.status, code: TemporalErrorCodes.workflowClosed });
+    await markClaimDead(db, row.id, claimId, TemporalErrorCodes.workflowClosed, message);
+  }
+
+  async function startFailed(row: ClaimedRow, claimId: string, err: unknown, totals: RelayResult): Promise<void> {
+    if (err instanceof StartRefusedError) {
+      totals.refused++;
+      deps.metrics?.startFailures.inc({ reason: 'refused' });
+      log('Temporal refused to start the usage workflow; the row is dead', { key: row.idempotency_key, grpcStatus: err.grpcStatus, error: err.answer });
+      await markClaimDead(db, row.id, claimId, TemporalErrorCodes.startRefused, `${err.grpcStatus}: ${err.answer}`);
+      return;
+    }
+    // Left claimed: the lease lapses and a relay picks the row up again; the row, the metric and
+    // the log say so meanwhile.
+    totals.failedToStart++;
+    deps.metrics?.startFailures.inc({ reason: 'transient' });
+    log('failed to start usage workflow; trying again after the claim lapses', { key: row.idempotency_key, error: String(err) });
+    await recordStartFailure(db, row.id, claimId, TemporalErrorCodes.startFailing, String(err)).catch(() => undefined);
   }
 
   return {
     async relayOutbox(relayId: string): Promise<RelayResult> {
       const ctx = Context.current();
       const claimedBy = `${hostname()}:${process.pid}:${relayId}`;
-      const totals: RelayResult = { claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0 };
+      const totals: RelayResult = { claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0, refused: 0, closedRuns: 0 };
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
       const until = Date.now() + runForMs;

@@ -72,6 +72,21 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers,
   });
   for (const c of STRIPE_ERROR_CLASSES) stripeErrors.inc({ class: c }, 0);
+  const startFailures = new Counter({
+    name: 'billing_outbox_start_failures_total',
+    help:
+      'Usage workflow starts that failed: refused (Temporal refused the start for good; the row is dead with temporal_start_refused) or transient (it may pass; the row is tried again, counted by status as temporal_start_failed).',
+    labelNames: ['reason'] as const,
+    registers,
+  });
+  for (const reason of ['refused', 'transient']) startFailures.inc({ reason }, 0);
+  const closedRuns = new Counter({
+    name: 'billing_outbox_closed_runs_total',
+    help:
+      "Outbox rows found in flight whose workflow run had closed without delivering them (terminated, cancelled, timed out, failed, gone, completed), by the run's status; each is made dead with workflow_closed.",
+    labelNames: ['status'] as const,
+    registers,
+  });
   const asyncRejections = new Counter({
     name: 'billing_outbox_async_rejections_total',
     help:
@@ -136,6 +151,8 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registry,
     eventsSent,
     stripeErrors,
+    startFailures,
+    closedRuns,
     asyncRejections,
     stripeClockSkew,
     prunedRows,
@@ -164,7 +181,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
 /** What the delivery activity records. */
 export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'commitToAck'>;
 /** What the relay activity records. */
-export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration'>;
+export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'startFailures' | 'closedRuns'>;
 
 export interface MetricsServer {
   url: string;

@@ -99,8 +99,9 @@ describe('status and dead', () => {
     const status = await cliJson<Record<string, unknown>>(['status']);
     expect(status.code).toBe(0);
     expect(Object.keys(status.json).sort()).toEqual(
-      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute'].sort(),
+      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
     );
+    expect(status.json.startFailing).toBe(0);
     expect(Object.keys(status.json.counts as object).sort()).toEqual([...OUTBOX_STATUSES].sort());
     expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
     expect(status.json.sentEstimated).toBe(false);

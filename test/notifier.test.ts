@@ -63,7 +63,7 @@ it('the relay activity keeps polling and heartbeating while its LISTEN connectio
   try {
     // Bounded by runForMs: before the fix it never got past awaiting the connection.
     const result = await env.run(relayOutbox, 'relay-test');
-    expect(result).toEqual({ claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0 });
+    expect(result).toEqual({ claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0, refused: 0, closedRuns: 0 });
     expect(heartbeats).toBeGreaterThanOrEqual(2);
   } finally {
     await notifier.close();

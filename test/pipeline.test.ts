@@ -140,7 +140,8 @@ describe('the core pipeline', () => {
     await waitStatus(key, 'sent');
     await waitFor('workflow to complete', async () => (await t.client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
     // A late relay (or a restart) tries to start it again after it finished.
-    expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toBe(false);
+    // The relay makes such a row dead (workflow_closed); no second run either way.
+    expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toMatchObject({ kind: 'closed', status: 'COMPLETED' });
     const runs: string[] = [];
     for await (const wf of t.client.workflow.list({ query: `WorkflowId = "${key}"` })) runs.push(wf.runId);
     expect(runs).toHaveLength(1);
@@ -153,7 +154,7 @@ describe('the core pipeline', () => {
       open = await enqueue('acme', 3);
       await waitStatus(open, 'dispatched', 10_000);
       expect((await t.client.workflow.getHandle(open).describe()).status.name).toBe('RUNNING');
-      expect(await startUsageWorkflow(t.client, { idempotency_key: open, tenant_id: 'acme' }, t.config)).toBe(false);
+      expect(await startUsageWorkflow(t.client, { idempotency_key: open, tenant_id: 'acme' }, t.config)).toEqual({ kind: 'running' });
     } finally {
       t.stripe.setLatency(0);
     }
@@ -197,7 +198,7 @@ describe('the core pipeline', () => {
     // Stripe answers slowly, so the run is still in flight when a relay re-claims the row.
     t.stripe.setLatency(2_000);
     try {
-      expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toBe(true);
+      expect(await startUsageWorkflow(t.client, { idempotency_key: key, tenant_id: 'acme' }, t.config)).toEqual({ kind: 'started' });
       // The live relay re-claims it, finds the run already started, and marks it dispatched.
       const dispatched = await waitStatus(key, 'dispatched', 10_000);
       expect(dispatched.claimed_by).not.toBe('dead-relay');

@@ -17,7 +17,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, reopenSignal, SEARCH_ATTRIBUTES, stateQuery, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, reopenSignal, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -251,3 +251,35 @@ it("uses a forced retry's force for one attempt only (that attempt starts a new 
     expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, false]);
   });
 });
+it('a cancelled run marks its row dead (workflow_cancelled) before it ends, in flight or as a dead letter', async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    throw retryable();
+  });
+  await withWorker(activities, async (taskQueue) => {
+    // Cancelled while waiting as a dead letter: the row says why its run is gone.
+    const handle = await start(taskQueue);
+    await env.sleep('1 minute');
+    expect(calls.dead.map((d) => d.code)).toEqual(['http_500']);
+    await handle.cancel();
+    await expect(handle.result()).rejects.toThrow();
+    expect((await handle.describe()).status.name).toBe('CANCELLED');
+    expect(calls.dead.map((d) => d.code)).toEqual(['http_500', TemporalErrorCodes.workflowCancelled]);
+    expect(calls.dead[1]!.message).toContain(`retry '${handle.workflowId}'`);
+  });
+  // Cancelled between attempts (in the retry policy's backoff): marked once, as cancelled, not as a delivery failure.
+  const slow = fakeActivities(async () => {
+    throw retryable();
+  });
+  await withWorker(slow.activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { retry: { ...RETRY, maximumAttempts: 100, initialIntervalMs: 60_000, maximumIntervalMs: 60_000 } });
+    await waitUntil(() => slow.calls.deliver.length >= 1);
+    await handle.cancel();
+    await expect(handle.result()).rejects.toThrow();
+    expect(slow.calls.dead.map((d) => d.code)).toEqual([TemporalErrorCodes.workflowCancelled]);
+  });
+});
+
+async function waitUntil(ok: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 25));
+  expect(ok()).toBe(true);
+}

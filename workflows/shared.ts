@@ -142,6 +142,21 @@ export const ErrorTypes = {
   unsafeToSend: 'UnsafeToSend',
 } as const;
 
+/**
+ * The `last_error_code`s written when Temporal, not Stripe, is why an event is not on its way: the
+ * operator's `dead` list and `status` group dead letters by them, and `retry` reopens each.
+ */
+export const TemporalErrorCodes = {
+  /** Temporal refused the start for good (InvalidArgument and the like); its answer is the message. */
+  startRefused: 'temporal_start_refused',
+  /** The last start failed for a reason that may pass (Temporal away): the row waits for a relay, still counted. */
+  startFailing: 'temporal_start_failed',
+  /** The key's run closed (terminated, cancelled, timed out, failed, gone, or completed) and left the row undelivered. */
+  workflowClosed: 'workflow_closed',
+  /** The usage workflow was cancelled; it marked its row dead on the way out. */
+  workflowCancelled: 'workflow_cancelled',
+} as const;
+
 /** Relays are per task queue, so deployments sharing a namespace keep their relays apart. */
 export function relayWorkflowId(taskQueue: string, index: number): string {
   return `billing-outbox-relay:${taskQueue}:${index}`;

@@ -14,6 +14,7 @@
 import {
   ActivityFailure,
   ApplicationFailure,
+  CancellationScope,
   condition,
   continueAsNew,
   isCancellation,
@@ -31,6 +32,7 @@ import {
   OutboxStatusKey,
   reopenSignal,
   stateQuery,
+  TemporalErrorCodes,
   type DeliveryResult,
   type OutboxStatus,
   type ReopenRequest,
@@ -44,6 +46,32 @@ const DEFERRALS_PER_RUN = 200;
 const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend, ErrorTypes.deferredTooLong];
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
+  try {
+    return await deliverEvent(input);
+  } catch (err) {
+    // Cancelled (from the Web UI, the CLI, a client): no run would ever mark the row again, so it
+    // becomes a dead letter with the reason before the run ends, in a scope the cancellation
+    // cannot reach; `retry` then starts a new run. (A terminated run runs no code: the worker's
+    // closed-run sweep finds its row.)
+    if (isCancellation(err)) {
+      const { markDead } = proxyActivities<DeliveryActivities>({
+        startToCloseTimeout: '30 seconds',
+        retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
+        summary: 'Mark the outbox row dead: the workflow was cancelled',
+      });
+      await CancellationScope.nonCancellable(() =>
+        markDead({
+          key: input.key,
+          code: TemporalErrorCodes.workflowCancelled,
+          message: `its workflow was cancelled before the event was delivered; billing-outbox retry '${input.key}' starts a new run (same identifier)`,
+        }),
+      );
+    }
+    throw err;
+  }
+}
+
+async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   const { attemptTimeoutMs, maxRateLimitedMs, maximumAttempts } = input.retry;
   const retryPolicy = (attempts: number) => ({
     initialInterval: input.retry.initialIntervalMs,
@@ -191,7 +219,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
       state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
       return state;
     } catch (err) {
-      if (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure)) throw err;
+      if (isCancellation(err) || (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure))) throw err;
       state.lastError = describeFailure(err);
       // Dead from here on, before the row is: an operator who sees the dead row and signals at
       // once must not have the signal dropped while the bookkeeping is still running.

@@ -40,6 +40,11 @@ export async function startTemporalDevServer(opts: {
   logFile?: (line: string) => void;
   /** TEMPORAL_CLI_PATH; otherwise what scripts/tools.sh found. */
   cliPath?: string | undefined;
+  /**
+   * More dynamic config, as `key=value` (each one a `--dynamic-config-value`): a test provokes a
+   * server-side refusal with a limit, e.g. `limit.maxIDLength=60`.
+   */
+  dynamicConfig?: string[];
 } = {}): Promise<DevServer> {
   if (opts.dbFile) await keepPrivate(opts.dbFile);
   const cli = findTemporalCli(opts.cliPath);
@@ -60,6 +65,7 @@ export async function startTemporalDevServer(opts: {
     '--dynamic-config-value', 'matching.numTaskqueueReadPartitions=1',
     '--dynamic-config-value', 'matching.numTaskqueueWritePartitions=1',
   ];
+  for (const value of opts.dynamicConfig ?? []) args.push('--dynamic-config-value', value);
   if (opts.dbFile) args.push('--db-filename', opts.dbFile);
   let uiUrl: string | undefined;
   if (opts.headless ?? true) {
@@ -120,6 +126,7 @@ async function startDownloadedDevServer(opts: {
   uiPort?: number;
   headless?: boolean;
   namespace?: string;
+  dynamicConfig?: string[];
 }): Promise<DevServer> {
   const { TestWorkflowEnvironment } = await import('@temporalio/testing');
   const { SEARCH_ATTRIBUTES } = await import('../../workflows/shared.js');
@@ -133,6 +140,7 @@ async function startDownloadedDevServer(opts: {
       searchAttributes: SEARCH_ATTRIBUTES,
       ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
       ...(ui ? { ui: true, uiPort } : {}),
+      extraArgs: (opts.dynamicConfig ?? []).flatMap((value) => ['--dynamic-config-value', value]),
     },
   });
   let stopped = false;

@@ -9,11 +9,15 @@
  *    a new event. The operator reconciles first, then forces.
  * 3. If the event's workflow is open (a dead letter's workflow waits for a `retry` signal), signal
  *    it. The delivery activity re-checks the window itself, so a stale decision here cannot send.
- * 4. If the workflow has closed (terminated, timed out, failed, or gone past retention), reopen:
+ * 4. If the workflow has closed (terminated, cancelled, timed out, failed, or gone past retention), reopen:
  *    move the row dead → dispatched with a guarded UPDATE (only one operator can win it), then
  *    start a new run with the same workflow id (conflict policy FAIL, reuse policy ALLOW_DUPLICATE:
  *    the relay keeps REJECT_DUPLICATE; only this path, behind the row guard, may start a second
  *    run). If the start fails the row goes back to dead.
+ * 5. If the workflow completed (Temporal recorded the event delivered) yet the row is dead, refuse,
+ *    except for a row made dead as `workflow_closed` (put back by hand after its run delivered it,
+ *    or restored from an older backup): reopened while a resend is still caught by Stripe's
+ *    identifier dedup (within the safe resend window of the run's close), or when forced.
  */
 import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
@@ -30,7 +34,7 @@ import {
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
-import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
+import { reopenSignal, stateQuery, TemporalErrorCodes, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 
@@ -191,8 +195,11 @@ export class DeadLetterRetrier {
     const { client } = this.deps;
     const handle = client.workflow.getHandle(key);
     let status: WorkflowExecutionStatusName | 'NOT_FOUND';
+    let closedAt: Date | undefined;
     try {
-      status = (await handle.describe()).status.name;
+      const described = await handle.describe();
+      status = described.status.name;
+      closedAt = described.closeTime;
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
       status = 'NOT_FOUND';
@@ -213,6 +220,19 @@ export class DeadLetterRetrier {
       // Another operator may have reopened and delivered it since the row was read.
       const current = await findOperatorRow(this.deps.db, key);
       if (current?.status !== 'dead') return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
+      // Found by the relay or the closed-run sweep: the row was put back (by hand, or a database
+      // restored from an older backup) after its run delivered it. A resend under the same
+      // identifier is told "already exists" by Stripe while its dedup still holds, which marks the
+      // row delivered: safe within the resend window counted from the run's close (the event
+      // reached Stripe before it), and only forced after that.
+      if (current.last_error_code === TemporalErrorCodes.workflowClosed && closedAt) {
+        if (opts.force || now - closedAt.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts);
+        return done(
+          'refused',
+          `its workflow completed at ${closedAt.toISOString()} (Temporal recorded it as delivered), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window: ` +
+            'reconcile first (billing-outbox reconcile); retry with --force only if Stripe does not have it',
+        );
+      }
       return done('refused', 'its workflow completed (Temporal recorded it as delivered) yet the row is dead: investigate with `billing-outbox inspect` before anything else');
     }
     if (status !== 'NOT_FOUND' && !REOPENABLE.has(status)) {

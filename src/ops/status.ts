@@ -6,9 +6,10 @@
 import type { Queryable } from '../db.js';
 import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
-import { countByErrorCode, countRecentlySent, statusSummary } from '../outbox/sql/status.js';
+import { countByErrorCode, countRecentlySent, countStartFailing, statusSummary } from '../outbox/sql/status.js';
 import type { OutboxStatus } from '../outbox/statuses.js';
 import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
+import { TemporalErrorCodes } from '../../workflows/shared.js';
 
 export interface StatusReport {
   counts: Record<OutboxStatus, number>;
@@ -19,6 +20,12 @@ export interface StatusReport {
   sentLastMinute: number;
   sentLastHour: number;
   deadByErrorCode: { code: string | null; count: number }[];
+  /**
+   * Rows waiting for a relay whose last workflow start failed for a reason that may pass (Temporal
+   * away, overloaded): tried again, never silently. Refused starts and closed runs are dead letters
+   * (`temporal_start_refused`, `workflow_closed`, `workflow_cancelled` in deadByErrorCode).
+   */
+  startFailing: number;
   /** Rows Stripe rejected after answering 200, by Stripe's error code. */
   rejectedAsyncByErrorCode: { code: string | null; count: number }[];
   /**
@@ -35,13 +42,14 @@ export interface StatusReport {
 
 /** The outbox's state at `now` (the send rate is counted back from it). */
 export async function outboxStatus(db: Queryable, now: Date): Promise<StatusReport> {
-  const [summary, recent, dead, rejected, reports, inFlight] = await Promise.all([
+  const [summary, recent, dead, rejected, reports, inFlight, startFailing] = await Promise.all([
     statusSummary(db),
     countRecentlySent(db, now),
     countByErrorCode(db, 'dead'),
     countByErrorCode(db, 'rejected_async'),
     errorReportTotals(db),
     countByErrorCode(db, 'dispatched'),
+    countStartFailing(db, TemporalErrorCodes.startFailing),
   ]);
   const inFlightByLastError = inFlight.filter((r): r is { code: string; count: number } => r.code !== null);
   const alarms: string[] = [];
@@ -57,6 +65,7 @@ export async function outboxStatus(db: Queryable, now: Date): Promise<StatusRepo
     sentLastMinute: recent.last_minute,
     sentLastHour: recent.last_hour,
     deadByErrorCode: dead,
+    startFailing,
     rejectedAsyncByErrorCode: rejected,
     inFlightByLastError,
     alarms,

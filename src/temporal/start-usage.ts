@@ -3,7 +3,7 @@
  * (src/ops/retry.ts) both start runs here, so the id, the policies, the input and the search
  * attributes are decided in one place.
  */
-import { WorkflowExecutionAlreadyStartedError, type Client } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
 
@@ -17,13 +17,44 @@ export interface UsageEventRef {
 }
 
 /**
+ * Temporal's frontend refuses a start whose static summary, as a serialized payload, exceeds
+ * `limit.userMetadataSummarySize` (400 bytes by default) with InvalidArgument: every start of the
+ * event would be refused. The summary's JSON text is kept to this many UTF-8 bytes; the rest of the
+ * 400 is the payload's framing and its `encoding: json/plain` metadata (about 30 bytes) with room
+ * to spare.
+ */
+export const SUMMARY_MAX_DATA_BYTES = 320;
+
+/**
+ * `text` cut so that its payload data (the JSON string the default payload converter sends, quotes
+ * and escapes included) fits `maxBytes` UTF-8 bytes, ending with an ellipsis when cut. Cut between
+ * code points, never inside one (a surrogate pair stays whole), so the result is valid UTF-8.
+ */
+export function boundedSummary(text: string, maxBytes = SUMMARY_MAX_DATA_BYTES): string {
+  const size = (s: string) => Buffer.byteLength(JSON.stringify(s), 'utf8');
+  if (size(text) <= maxBytes) return text;
+  const ellipsis = '…';
+  let used = size(ellipsis);
+  let out = '';
+  for (const ch of text) {
+    // Each code point's share of the JSON text: its escape (control characters, quotes) or itself.
+    const bytes = size(ch) - 2;
+    if (used + bytes > maxBytes) break;
+    used += bytes;
+    out += ch;
+  }
+  return out + ellipsis;
+}
+
+/**
  * The run's static summary in the Web UI's list and page: tenant, quantity, meter, time. Set once at
- * start (the run's current details tell what is happening now).
+ * start (the run's current details tell what is happening now). Bounded in bytes (a tenant of 120
+ * CJK characters alone is 360): a summary Temporal refuses would refuse the start itself.
  */
 export function usageSummary(row: UsageEventRef): string {
   const what = row.quantity !== undefined && row.event_name ? `${row.quantity} × ${row.event_name}` : 'usage';
   const when = row.occurred_at ? ` at ${row.occurred_at.toISOString()}` : '';
-  return `${row.tenant_id}: ${what}${when}`;
+  return boundedSummary(`${row.tenant_id}: ${what}${when}`);
 }
 
 /**
@@ -58,17 +89,117 @@ export function usageWorkflowStartOptions(
 }
 
 /**
+ * gRPC status codes with which Temporal refuses a start for what the request itself is (an id too
+ * long, a payload or search attribute over a limit): sending the same start again is refused again.
+ * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, and
+ * deployment-wide ones like PERMISSION_DENIED or an unknown namespace) may pass, and is tried again.
+ */
+const REFUSED_FOR_GOOD: ReadonlyMap<number, string> = new Map([
+  [3, 'INVALID_ARGUMENT'],
+  [9, 'FAILED_PRECONDITION'],
+  [11, 'OUT_OF_RANGE'],
+]);
+
+/** The gRPC status code of a failed call, from the error or its causes (the SDK wraps it in ServiceError). */
+export function grpcCode(err: unknown): number | undefined {
+  for (let e: unknown = err, depth = 0; e && typeof e === 'object' && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === 'number') return code;
+  }
+  return undefined;
+}
+
+/** What Temporal said, from the innermost error that has a message (the SDK's outer one is generic). */
+function temporalAnswer(err: unknown): string {
+  const parts: string[] = [];
+  for (let e: unknown = err, depth = 0; e && typeof e === 'object' && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const details = (e as { details?: unknown }).details;
+    const message = typeof details === 'string' && details ? details : (e as { message?: unknown }).message;
+    if (typeof message === 'string' && message && !parts.includes(message)) parts.push(message);
+  }
+  return parts.join(': ') || String(err);
+}
+
+/**
+ * A start Temporal refused for good (see REFUSED_FOR_GOOD): the event cannot be started as it is,
+ * and trying again would loop. The relay makes its row a dead letter with this reason.
+ */
+export class StartRefusedError extends Error {
+  override readonly name = 'StartRefusedError';
+  constructor(
+    readonly grpcStatus: string,
+    readonly answer: string,
+  ) {
+    super(`Temporal refused to start the workflow (${grpcStatus}): ${answer}`);
+  }
+}
+
+/** Rethrows a failed start as StartRefusedError when Temporal refused it for good; as it is otherwise. */
+export function classifyStartError(err: unknown): Error {
+  const code = grpcCode(err);
+  const name = code === undefined ? undefined : REFUSED_FOR_GOOD.get(code);
+  return name ? new StartRefusedError(name, temporalAnswer(err)) : (err as Error);
+}
+
+/** Closed statuses of a run: anything but RUNNING or PAUSED (and the unknown, taken as open). */
+export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | 'PAUSED' | 'UNSPECIFIED' | 'UNKNOWN'> | 'NOT_FOUND';
+
+/** What the relay's start found: a new run, an open run (in Temporal's hands), or a closed run. */
+export type StartOutcome =
+  | { kind: 'started' }
+  | { kind: 'running' }
+  /** The key's run has closed (or is gone past retention): no run will ever mark the row. */
+  | { kind: 'closed'; status: ClosedRunStatus; closedAt: Date | undefined };
+
+const CLOSED_AS: Record<ClosedRunStatus, string> = {
+  COMPLETED: 'completed, yet the row was not delivered (put back by hand, or a database restored from an older backup)',
+  FAILED: 'failed',
+  CANCELLED: 'cancelled',
+  TERMINATED: 'terminated',
+  CONTINUED_AS_NEW: 'continued as new',
+  TIMED_OUT: 'timed out',
+  NOT_FOUND: 'gone (past the namespace retention)',
+};
+
+/**
+ * Why a row whose run has closed is a dead letter (`workflow_closed`): how the run closed, when, and
+ * what the operator does. Read on the row by `dead`, `inspect` and the Web UI's operators.
+ */
+export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind: 'closed' }>, rowWas: string): string {
+  const when = run.closedAt ? ` at ${run.closedAt.toISOString()}` : '';
+  return (
+    `its workflow run ${CLOSED_AS[run.status]}${when} while the row was ${rowWas}: no run will deliver it. ` +
+    `Once the cause is understood: billing-outbox retry '${key}' starts a new run (same identifier)`
+  );
+}
+
+/** The key's latest run, as `describe` sees it: RUNNING, closed (how and when), or gone. */
+export async function describeRun(client: Client, key: string): Promise<{ kind: 'running' } | Extract<StartOutcome, { kind: 'closed' }>> {
+  try {
+    const d = await client.workflow.getHandle(key).describe();
+    const status = d.status.name;
+    if (status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN') return { kind: 'running' };
+    return { kind: 'closed', status, closedAt: d.closeTime };
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) return { kind: 'closed', status: 'NOT_FOUND', closedAt: undefined };
+    throw err;
+  }
+}
+
+/**
  * Starts the usage workflow of one event for the relay. Workflow id = idempotency key, and the
  * policies make a second run impossible: FAIL if one is running, REJECT_DUPLICATE if one ever ran
- * (within the namespace's retention). Either refusal means the event is already in Temporal's
- * hands: returns false then.
+ * (within the namespace's retention). When the start meets an existing run, that run is described:
+ * an open run has the event in hand (`running`); a closed one (terminated, cancelled, timed out, or
+ * even completed while the row was put back, e.g. a database restored from an older backup) will
+ * never mark the row (`closed`). Throws StartRefusedError when Temporal refuses the start for good.
  */
 export async function startUsageWorkflow(
   client: Client,
   row: UsageEventRef,
   config: Pick<Config, 'retry' | 'temporal'>,
   opts: { eager?: boolean } = {},
-): Promise<boolean> {
+): Promise<StartOutcome> {
   try {
     await client.workflow.start('usageWorkflow', {
       ...usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }),
@@ -78,10 +209,9 @@ export async function startUsageWorkflow(
       // an ordinary start.
       ...(opts.eager ? { requestEagerStart: true } : {}),
     });
-    return true;
+    return { kind: 'started' };
   } catch (err) {
-    if (err instanceof WorkflowExecutionAlreadyStartedError) return false;
-    throw err;
+    if (err instanceof WorkflowExecutionAlreadyStartedError) return describeRun(client, row.idempotency_key);
+    throw classifyStartError(err);
   }
 }
-

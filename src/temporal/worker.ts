@@ -13,6 +13,7 @@ import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared
 import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
+import { sweepClosedRuns, type SweepOptions } from '../ops/closed-runs.js';
 import { pruneDelivered } from '../ops/prune.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
 import { createStripeClient } from '../stripe/client.js';
@@ -36,7 +37,19 @@ export interface WorkerDeps {
   /** Where the activities count deliveries and claims (nothing is counted without it). */
   metrics?: Metrics;
   workerOptions?: Partial<WorkerOptions>;
+  /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
+  closedRunSweep?: Partial<ClosedRunSweepOptions>;
 }
+
+export interface ClosedRunSweepOptions extends Omit<SweepOptions, 'afterId'> {
+  intervalMs: number;
+}
+
+/**
+ * A pass a minute, over rows untouched for five minutes (a run being started or reopened is never
+ * taken for closed), a hundred runs described at most per pass.
+ */
+export const CLOSED_RUN_SWEEP: ClosedRunSweepOptions = { intervalMs: 60_000, staleAfterMs: 300_000, batchSize: 100 };
 
 export interface RunningWorker {
   worker: Worker;
@@ -91,10 +104,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     ...deps.workerOptions,
   });
   const pruner = startPruner(deps, stopping.signal);
+  const sweeper = startClosedRunSweep(deps, stopping.signal);
   const done = worker.run().finally(async () => {
-    // However the worker ended (shutdown or a crash), the pruner's loop ends with it.
+    // However the worker ended (shutdown or a crash), the pruner's and the sweep's loops end with it.
     stopping.abort();
-    await Promise.all([notifier.close(), pruner]);
+    await Promise.all([notifier.close(), pruner, sweeper]);
   });
   await ensureRelays(client, config);
   deps.log?.info(
@@ -153,6 +167,38 @@ async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void>
     }
     await wait(config.retention.intervalMs);
   }
+}
+
+/**
+ * The closed-run sweep: every interval, one bounded pass over dispatched rows whose run may have
+ * closed without them (src/ops/closed-runs.ts). A failure is logged and tried again next time.
+ */
+async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promise<void> {
+  const opts = { ...CLOSED_RUN_SWEEP, ...deps.closedRunSweep };
+  const log = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
+  let afterId = 0;
+  while (!signal.aborted) {
+    await abortableWait(opts.intervalMs, signal);
+    if (signal.aborted) return;
+    try {
+      ({ nextAfterId: afterId } = await sweepClosedRuns({ db: deps.pool, client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
+    } catch (err) {
+      deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
+    }
+  }
+}
+
+function abortableWait(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
 }
 
 /** Starts the relay workflows unless they are already running. Every worker calls this at boot. */

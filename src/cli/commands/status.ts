@@ -4,6 +4,7 @@ import { OUTBOX_STATUSES } from '../../outbox/statuses.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';
+import { TemporalErrorCodes } from '../../../workflows/shared.js';
 
 export const STATUS_HELP = `Usage: billing-outbox status [--json]
 
@@ -17,7 +18,7 @@ that could not be tied to a row, so more events may be affected than are marked 
 Options:
   --json   print {counts: {pending, claimed, dispatched, sent, accepted, dead, rejected_async, cancelled},
            sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
-           deadByErrorCode: [{code, count}], rejectedAsyncByErrorCode: [{code, count}],
+           deadByErrorCode: [{code, count}], startFailing, rejectedAsyncByErrorCode: [{code, count}],
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched},
            inFlightByLastError: [{code, count}], alarms: [sentence]}
 `;
@@ -52,6 +53,11 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   const oldest = report.oldestPendingAgeSeconds === null ? 'none waiting' : formatDuration(report.oldestPendingAgeSeconds * 1000);
   ctx.out.write(`\noldest pending: ${oldest}\n`);
   ctx.out.write(`sent: ${report.sentLastMinute} in the last minute, ${report.sentLastHour} in the last hour\n`);
+  if (report.startFailing > 0) {
+    ctx.out.write(
+      `workflow starts failing: ${report.startFailing} event(s) whose last start Temporal did not take (tried again; inspect one for the error; is Temporal reachable?)\n`,
+    );
+  }
   if (report.deadByErrorCode.length > 0) {
     ctx.out.write('\n');
     ctx.out.write(
@@ -61,6 +67,12 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
       ),
     );
     ctx.out.write('list them: billing-outbox dead\n');
+    if (report.deadByErrorCode.some((d) => d.code === TemporalErrorCodes.workflowClosed || d.code === TemporalErrorCodes.workflowCancelled)) {
+      ctx.out.write('workflow_closed / workflow_cancelled: their run ended without delivering them (see inspect); retry starts a new run\n');
+    }
+    if (report.deadByErrorCode.some((d) => d.code === TemporalErrorCodes.startRefused)) {
+      ctx.out.write("temporal_start_refused: Temporal refused the event's start (its answer is on the row); fix the cause, then retry\n");
+    }
     if (report.deadByErrorCode.some((d) => d.code !== null && TIMESTAMP_CODE.test(d.code))) {
       ctx.out.write("timestamp_* dead letters are outside Stripe's 35-day / 5-minute window: retrying cannot deliver them\n");
     }

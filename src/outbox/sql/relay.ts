@@ -4,6 +4,8 @@
  */
 import type pg from 'pg';
 import type { Queryable } from '../../db.js';
+import { TemporalErrorCodes } from '../../../workflows/shared.js';
+import { OUTBOX_CHANNEL } from '../notifier.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
 
 export interface ClaimedRow {
@@ -115,15 +117,54 @@ export async function claimStatement(
   return rows;
 }
 
-/** Marks rows dispatched, only while they are still held by this claim. Returns how many were. */
+/**
+ * Marks rows dispatched, only while they are still held by this claim. Returns how many were. An
+ * earlier failed start's note (recordStartFailure) goes: the start has now succeeded.
+ */
 export async function markDispatched(db: Queryable, ids: number[], claimId: string): Promise<number> {
   if (ids.length === 0) return 0;
   const result = await db.query(
     `UPDATE outbox
         SET status = 'dispatched', dispatched_at = now(), workflow_id = idempotency_key,
-            claim_id = NULL, processing_deadline = NULL, updated_at = now()
+            claim_id = NULL, processing_deadline = NULL, updated_at = now(),
+            last_error_message = CASE WHEN last_error_code = $3::text THEN NULL ELSE last_error_message END,
+            last_error_code = NULLIF(last_error_code, $3::text)
       WHERE id = ANY($1::bigint[]) AND status = 'claimed' AND claim_id = $2::uuid`,
-    [ids, claimId],
+    [ids, claimId, TemporalErrorCodes.startFailing],
   );
   return result.rowCount ?? 0;
+}
+
+/**
+ * A claimed row that no run will ever deliver (Temporal refused its start for good, or its run has
+ * closed): a dead letter with the reason, so that it leaves its lane and an operator sees it and
+ * can `retry` it once the cause is fixed. Guarded by the claim, as markDispatched is. Wakes the
+ * relays: the lane has room again.
+ */
+export async function markClaimDead(db: Queryable, id: number, claimId: string, code: string, message: string): Promise<boolean> {
+  const { rows } = await db.query(
+    `WITH dead AS (
+       UPDATE outbox
+          SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text,
+              claim_id = NULL, processing_deadline = NULL, updated_at = now()
+        WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'
+        RETURNING id
+     )
+     SELECT pg_notify($5::text, '') FROM dead`,
+    [id, claimId, code, message.slice(0, 1000), OUTBOX_CHANNEL],
+  );
+  return rows.length > 0;
+}
+
+/**
+ * A claimed row whose start failed for a reason that may pass: it stays claimed (its lease lapses
+ * and a relay tries again), and says why on the row, so `status` counts it and `inspect` shows it.
+ * Cleared when a start succeeds (markDispatched).
+ */
+export async function recordStartFailure(db: Queryable, id: number, claimId: string, code: string, message: string): Promise<void> {
+  await db.query(
+    `UPDATE outbox SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
+      WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'`,
+    [id, claimId, code, message.slice(0, 1000)],
+  );
 }

@@ -106,3 +106,16 @@ export async function countByErrorCode(db: Queryable, status: Extract<OutboxStat
   );
   return rows;
 }
+
+/**
+ * Rows waiting for a relay whose last workflow start failed for a reason that may pass (code
+ * `startFailing`, written by the relay, cleared by a successful start): never silent, even while
+ * they are tried again. Read from the lanes' partial index (pending and claimed rows only).
+ */
+export async function countStartFailing(db: Queryable, code: string): Promise<number> {
+  const { rows } = await db.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM outbox WHERE status = ANY($1::text[]) AND last_error_code = $2::text`,
+    [[...AWAITING_RELAY], code],
+  );
+  return rows[0]!.n;
+}

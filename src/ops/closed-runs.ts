@@ -1,0 +1,61 @@
+/**
+ * Finds outbox rows left `dispatched` by a run that has closed without delivering them: a run
+ * terminated or cancelled from the Web UI or the CLI, a database restored from a backup older than
+ * Temporal's state, a row put back by hand. No run will ever mark such a row, `retry` only takes
+ * dead letters, and the row holds a place of its lane: the sweep makes it a dead letter with the
+ * reason (`workflow_closed`, naming how the run closed), which `status`, `dead` and the metric
+ * `billing_outbox_closed_runs_total` show, and which `retry` reopens with a new run.
+ *
+ * Bounded: each pass reads at most `batchSize` rows and describes each one's run; the worker runs a
+ * pass every interval, walking all dispatched rows in turn (a keyset cursor that wraps around).
+ */
+import type { Client } from '@temporalio/client';
+import type { Queryable } from '../db.js';
+import type { Metrics } from '../metrics.js';
+import { listStaleDispatched, markStaleDispatchedDead } from '../outbox/sql/sweep.js';
+import { closedRunMessage, describeRun } from '../temporal/start-usage.js';
+import { TemporalErrorCodes } from '../../workflows/shared.js';
+
+export interface ClosedRunSweepDeps {
+  db: Queryable;
+  client: Client;
+  metrics?: Pick<Metrics, 'closedRuns'> | undefined;
+  log?: ((msg: string, fields: Record<string, unknown>) => void) | undefined;
+}
+
+export interface SweepOptions {
+  /** Rows dispatched or updated more recently than this are not looked at (their run may be starting). */
+  staleAfterMs: number;
+  batchSize: number;
+  /** Where the previous pass stopped (0: from the start). */
+  afterId?: number;
+}
+
+export interface SweepResult {
+  checked: number;
+  /** Rows made dead because their run had closed. */
+  closed: number;
+  /** Where the next pass starts: 0 once every dispatched row has been looked at. */
+  nextAfterId: number;
+}
+
+/** One pass of the sweep. A run that cannot be described (Temporal away) is skipped until next time. */
+export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptions): Promise<SweepResult> {
+  const rows = await listStaleDispatched(deps.db, { afterId: opts.afterId ?? 0, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
+  let closed = 0;
+  for (const row of rows) {
+    const run = await describeRun(deps.client, row.idempotency_key).catch(() => undefined);
+    if (run?.kind !== 'closed') continue;
+    const message = closedRunMessage(row.idempotency_key, run, 'dispatched');
+    const marked = await markStaleDispatchedDead(deps.db, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });
+    if (!marked) continue;
+    closed++;
+    deps.metrics?.closedRuns.inc({ status: run.status.toLowerCase() });
+    deps.log?.('usage workflow closed without delivering its dispatched row; the row is dead', {
+      key: row.idempotency_key,
+      runStatus: run.status,
+      code: TemporalErrorCodes.workflowClosed,
+    });
+  }
+  return { checked: rows.length, closed, nextAfterId: rows.length < opts.batchSize ? 0 : rows.at(-1)!.id };
+}

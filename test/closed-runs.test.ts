@@ -1,0 +1,160 @@
+/**
+ * A row whose run has closed without delivering it must not stay `dispatched` (in flight for good,
+ * holding its lane, out of `retry`'s reach): terminated runs are found by the closed-run sweep,
+ * closed runs met at start by the relay, cancelled runs mark their row themselves. Each ends dead
+ * with the reason, and `retry` reopens it with a new run that bills it once.
+ */
+import { randomUUID } from 'node:crypto';
+import type { Client } from '@temporalio/client';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Config } from '../src/config.js';
+import { withTransaction } from '../src/db.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
+import { sweepClosedRuns } from '../src/ops/closed-runs.js';
+import { DeadLetterRetrier, type RetryResult } from '../src/ops/retry.js';
+import { outboxStatus } from '../src/ops/status.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { startWorker } from '../src/temporal/worker.js';
+import { TemporalErrorCodes } from '../workflows/shared.js';
+import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
+
+let db: TestDb;
+let stripe: LocalStripe;
+let config: Config;
+let pipeline: TestPipeline;
+let client: Client;
+let retrier: DeadLetterRetrier;
+
+beforeAll(async () => {
+  db = await createTestDb();
+  stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
+  await addCustomer(db.pool, 'acme', 'cus_acme');
+  // Enough attempts that an event keeps retrying through the outages below instead of dying.
+  // A run cancelled or terminated mid-call leaves its (customer, meter) lease to expire (the Stripe
+  // timeout plus 5 s) before the reopened run may call: a short timeout keeps that wait short.
+  config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_closed_runs', RETRY_MAXIMUM_ATTEMPTS: '1000', STRIPE_TIMEOUT_MS: '2000' });
+  pipeline = await startTestPipeline({ db, config });
+  client = pipeline.client;
+  retrier = new DeadLetterRetrier({ db: db.pool, client, config, now: Date.now });
+});
+
+afterAll(async () => {
+  await pipeline?.stop();
+  await stripe?.close();
+  await db?.drop();
+});
+
+async function enqueue(quantity: number): Promise<string> {
+  const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity }));
+  return r.entry.idempotencyKey;
+}
+
+async function row(key: string) {
+  const { rows } = await db.pool.query('SELECT * FROM outbox WHERE idempotency_key = $1', [key]);
+  return rows[0];
+}
+
+const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
+  waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
+const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
+const sweep = () => sweepClosedRuns({ db: db.pool, client }, { staleAfterMs: 0, batchSize: 100 });
+
+/** A usage event whose delivery is retrying against a Stripe that refuses every connection. */
+async function inFlightDuringOutage(quantity: number): Promise<string> {
+  stripe.refuseFor(600);
+  const key = await enqueue(quantity);
+  await waitFor(`${key} attempted`, async () => {
+    const r = await row(key);
+    return r?.status === 'dispatched' && r.attempt_count >= 1;
+  });
+  return key;
+}
+
+describe('a row whose run has closed', () => {
+  it('terminated during a Stripe outage: the sweep makes it dead (workflow_closed), retry --all-dead reopens it, billed once', async () => {
+    const key = await inFlightDuringOutage(7);
+    try {
+      // Its run is open: the sweep leaves it alone.
+      expect((await sweep()).closed).toBe(0);
+      expect((await row(key)).status).toBe('dispatched');
+
+      await client.workflow.getHandle(key).terminate('operator terminated it from the Web UI');
+      await waitFor('the run to be terminated', async () => (await client.workflow.getHandle(key).describe()).status.name === 'TERMINATED');
+      expect((await sweep()).closed).toBe(1);
+      const dead = await row(key);
+      expect(dead).toMatchObject({ status: 'dead', last_error_code: TemporalErrorCodes.workflowClosed });
+      expect(dead.last_error_message).toMatch(/^its workflow run terminated at .* while the row was dispatched/);
+      expect((await outboxStatus(db.pool, new Date())).deadByErrorCode).toContainEqual({ code: TemporalErrorCodes.workflowClosed, count: 1 });
+    } finally {
+      stripe.heal();
+    }
+
+    const results: RetryResult[] = [];
+    await retrier.retryAllDead({ tenantId: 'acme', errorCode: TemporalErrorCodes.workflowClosed }, { force: false, requestedBy: 'test' }, (r) => results.push(r));
+    expect(results).toEqual([expect.objectContaining({ key, outcome: 'reopened' })]);
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('put back to pending after its run completed: dead (workflow_closed, completed), not dispatched; retry resends under the same identifier, one event', async () => {
+    const key = await enqueue(3);
+    await waitStatus(key, 'sent');
+    await waitFor('the run to complete', async () => (await client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
+    // The runbook's "set it back to pending", or a database restored from a backup older than Temporal's state.
+    await db.pool.query(`UPDATE outbox SET status = 'pending', sent_at = NULL, updated_at = now() WHERE idempotency_key = $1`, [key]);
+
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
+    expect(dead.last_error_message).toMatch(/^its workflow run completed, yet the row was not delivered/);
+
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
+    // Stripe already had it: the resend was told "already exists", which is delivered.
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('cancelled: the workflow marks its row dead (workflow_cancelled) before it ends; retry reopens it, billed once', async () => {
+    const key = await inFlightDuringOutage(5);
+    try {
+      const handle = client.workflow.getHandle(key);
+      await handle.cancel();
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowCancelled);
+      await waitFor('the run to be cancelled', async () => (await handle.describe()).status.name === 'CANCELLED');
+    } finally {
+      stripe.heal();
+    }
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {
+    const key = await inFlightDuringOutage(2);
+    // The pipeline's worker makes way (one worker per task queue on a connection) for one whose
+    // sweep runs every 200 ms (the default: a minute); the pipeline stops it at the end.
+    for (const w of pipeline.workers.splice(0)) await w.shutdown();
+    const sweeping = await startWorker({
+      config,
+      databaseUrl: db.url,
+      pool: db.pool,
+      stripe: createStripeClient(config.stripe),
+      connection: pipeline.connection,
+      client,
+      workflowBundle: workflowBundle(),
+      relayRunForMs: 5_000,
+      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+      closedRunSweep: { intervalMs: 200, staleAfterMs: 0 },
+    });
+    pipeline.workers.push(sweeping);
+    try {
+      await client.workflow.getHandle(key).terminate('operator terminated it from the CLI');
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
+      expect(dead.last_error_message).toMatch(/terminated/);
+    } finally {
+      stripe.heal();
+    }
+  });
+});
