@@ -364,4 +364,13 @@ export const MUTANTS: Mutant[] = [
     test: 'test/closed-runs.test.ts',
     name: 'the worker runs the sweep by itself',
   },
+  {
+    id: 'credentials-dead-letter',
+    guarantee: 'Nothing stuck silently / one slip takes many down: Stripe refusing the API key (401/403) holds delivery with an alarm, it never dead-letters the events',
+    find: "if (status === 401 || status === 403) return { kind: 'credentials', code: err.code ?? `http_${status}`, message };",
+    replace: '',
+    test: 'test/unit/stripe-errors.test.ts',
+    name: "about the deployment's key",
+    quick: true,
+  },
 ];
