@@ -346,7 +346,11 @@ describe('customers', () => {
     expect(created.code).toBe(0);
     expect(created.out).toContain(`tenant ${tenant} is billed as cus_New1`);
     const replaced = await cliJson(['customers', 'set', tenant, 'cus_New2']);
-    expect(replaced.json).toEqual({ tenantId: tenant, stripeCustomerId: 'cus_New2', previousStripeCustomerId: 'cus_New1', created: false });
+    expect(replaced.json).toEqual({ tenantId: tenant, stripeCustomerId: 'cus_New2', previousStripeCustomerId: 'cus_New1', created: false, sharedWith: [] });
+    // Billed as a customer another tenant already is: allowed, with a warning naming that tenant.
+    const shared = await cli(['customers', 'set', `${tenant}-b`, 'cus_New2']);
+    expect(shared).toMatchObject({ code: 0, err: `warning: cus_New2 is also the Stripe customer of ${tenant}: their usage is billed together\n` });
+    expect((await cli(['customers', 'set', `${tenant}-c`, 'cus_Alone'])).err).toBe('');
 
     const list = await cliJson<{ customers: Record<string, unknown>[] }>(['customers', 'list']);
     expect(list.code).toBe(0);

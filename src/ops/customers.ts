@@ -4,7 +4,7 @@
  */
 import type pg from 'pg';
 import { withTransaction, type Queryable } from '../db.js';
-import { insertBillingCustomerIfAbsent, listBillingCustomers, upsertBillingCustomer } from '../outbox/sql/customers.js';
+import { insertBillingCustomerIfAbsent, listBillingCustomers, tenantsBilledAs, upsertBillingCustomer } from '../outbox/sql/customers.js';
 import { recordOperatorAction } from '../outbox/sql/operator.js';
 import { tenantProblem } from '../outbox/validate.js';
 
@@ -26,6 +26,11 @@ export interface MappingResult {
   stripeCustomerId: string;
   previousStripeCustomerId: string | null;
   created: boolean;
+  /**
+   * Other tenants already billed as this customer: their usage and this tenant's now land on one
+   * invoice. Allowed (one company, several workspaces), but never by accident: the CLI says so.
+   */
+  sharedWith: string[];
 }
 
 /** Maps (or remaps) a tenant, and records who did it, in one transaction. Validate with mappingProblem first. */
@@ -42,7 +47,8 @@ export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerI
       outcome: created ? 'created' : 'updated',
       detail: created ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
     });
-    return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created };
+    const sharedWith = await tenantsBilledAs(db, stripeCustomerId, tenantId);
+    return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created, sharedWith };
   });
 }
 

@@ -11,7 +11,7 @@ export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <str
 set    maps a tenant (1-${MAX_TENANT_ID_LENGTH} characters) to a Stripe customer id (cus_…), creating or
        replacing the mapping; recorded in operator_actions. Usage already queued is sent to the
        customer mapped when it is delivered.
-       --json prints {tenantId, stripeCustomerId, previousStripeCustomerId, created}
+       --json prints {tenantId, stripeCustomerId, previousStripeCustomerId, created, sharedWith}
 list   every mapping; --json prints {customers: [{tenantId, stripeCustomerId, createdAt, updatedAt}]}
 `;
 
@@ -50,6 +50,9 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
     ctx.out.write(`tenant ${tenant} was already billed as ${customer}\n`);
   } else {
     ctx.out.write(`tenant ${tenant} is now billed as ${customer} (was ${previous})\n`);
+  }
+  if (!values.json && result.sharedWith.length > 0) {
+    ctx.err.write(`warning: ${customer} is also the Stripe customer of ${result.sharedWith.join(', ')}: their usage is billed together\n`);
   }
   return EXIT_OK;
 }

@@ -39,6 +39,15 @@ export async function insertBillingCustomerIfAbsent(db: Queryable, tenantId: str
   return (result.rowCount ?? 0) > 0;
 }
 
+/** The other tenants billed as `stripeCustomerId`. */
+export async function tenantsBilledAs(db: Queryable, stripeCustomerId: string, exceptTenantId: string): Promise<string[]> {
+  const { rows } = await db.query<{ tenant_id: string }>(
+    'SELECT tenant_id FROM billing_customers WHERE stripe_customer_id = $1::text AND tenant_id <> $2::text ORDER BY tenant_id',
+    [stripeCustomerId, exceptTenantId],
+  );
+  return rows.map((r) => r.tenant_id);
+}
+
 export async function listBillingCustomers(db: Queryable): Promise<BillingCustomerRow[]> {
   const { rows } = await db.query<BillingCustomerRow>(
     'SELECT tenant_id, stripe_customer_id, created_at, updated_at FROM billing_customers ORDER BY tenant_id',
