@@ -74,7 +74,7 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, leaseMs: config.relay.leaseMs, laneMax });
+    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0 };
@@ -83,7 +83,7 @@ export function createRelayActivities(deps: RelayDeps) {
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
-    // failure on the row, counted and logged (its lease lapses and a relay tries again).
+    // failure on the row, counted and logged (its claim times out and a relay tries again).
     await Promise.all(
       outcomes.map(async (outcome, i) => {
         const row = rows[i]!;
@@ -118,7 +118,7 @@ export function createRelayActivities(deps: RelayDeps) {
       await markClaimDead(db, row.id, claimId, TemporalErrorCodes.startRefused, `${err.grpcStatus}: ${err.answer}`);
       return;
     }
-    // Left claimed: the lease lapses and a relay picks the row up again; the row, the metric and
+    // Left claimed: the claim times out and a relay picks the row up again; the row, the metric and
     // the log say so meanwhile.
     totals.failedToStart++;
     deps.metrics?.startFailures.inc({ reason: 'transient' });

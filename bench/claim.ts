@@ -25,7 +25,7 @@ export async function claim(services: Services, report: Report, opts: { sentRows
     await db.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN (SELECT 'live-' || g FROM generate_series(1, 200) g)`);
     await db.pool.query('VACUUM ANALYZE outbox');
 
-    const params = { limit: 200, claimedBy: 'bench', claimId: randomUUID(), leaseMs: 60_000, laneMax: 4 };
+    const params = { limit: 200, claimedBy: 'bench', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 };
     let sent: { text: string; values: unknown[] } | undefined;
     const capture: Queryable = {
       query: ((text: string, values: unknown[]) => ((sent = { text, values }), Promise.resolve({ rows: [] }))) as unknown as Queryable['query'],

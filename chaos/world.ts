@@ -48,7 +48,7 @@ function productEnv(w: { pg: EmbeddedPg; temporal: DevServer; stripe: LocalStrip
     RETRY_MAXIMUM_INTERVAL_MS: '2000',
     RETRY_MAXIMUM_ATTEMPTS: '1000',
     RETRY_MAX_RATE_LIMITED_MS: '3600000',
-    RELAY_LEASE_MS: '5000',
+    RELAY_CLAIM_TIMEOUT_MS: '5000',
     RELAY_POLL_INTERVAL_MS: '500',
     LOG_LEVEL: 'info',
   };

@@ -74,11 +74,11 @@ export const MUTANTS: Mutant[] = [
   },
   {
     id: 'stale-claim-marks',
-    guarantee: "At-least-once: a crashed relay's claimed rows come back when their lease lapses, and its old claim can no longer mark them",
+    guarantee: "At-least-once: a crashed relay's claimed rows come back when their claim times out, and its old claim can no longer mark them",
     find: "AND status = 'claimed' AND claim_id = $2::uuid",
     replace: "AND status = 'claimed' AND ($2::uuid IS NOT NULL OR claim_id = $2::uuid)",
     test: 'test/claim.test.ts',
-    name: 'gives a row back once its lease lapses',
+    name: 'gives a row back once its claim times out',
     quick: true,
   },
   {
@@ -101,8 +101,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'lane-limit-ignored',
     guarantee: 'Lanes: at most LANE_MAX_IN_FLIGHT events of one (tenant, meter) claimed or in flight',
-    find: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax,',
-    replace: 'opts.leaseMs, [...AWAITING_RELAY], opts.laneMax * 1_000,',
+    find: 'opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax,',
+    replace: 'opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax * 1_000,',
     test: 'test/claim.test.ts',
     name: 'keeps at most laneMax',
     quick: true,

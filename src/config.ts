@@ -117,7 +117,7 @@ const schema = z.object({
   DEAD_LETTER_OPEN_DAYS: decimal(0.001, 365).default(7),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
-  RELAY_LEASE_MS: int(1_000, 3_600_000).default(60_000),
+  RELAY_CLAIM_TIMEOUT_MS: int(1_000, 3_600_000).default(60_000),
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
   LANE_MAX_IN_FLIGHT: int(1, 10_000).default(4),
   WORKER_MAX_CONCURRENT_DELIVERIES: int(2, 100_000).default(500),
@@ -297,7 +297,7 @@ export interface Config {
   retry: RetryPolicy;
   /** Every timing of a delivery, resolved once (see DeliveryTimings). */
   timings: DeliveryTimings;
-  relay: { batchSize: number; count: number; leaseMs: number; pollIntervalMs: number };
+  relay: { batchSize: number; count: number; claimTimeoutMs: number; pollIntervalMs: number };
   /**
    * A lane is one tenant's events for one meter. At most `maxInFlight` of a lane's events are
    * claimed or dispatched at once (the rest wait, pending).
@@ -451,7 +451,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,
       count: c.RELAY_COUNT,
-      leaseMs: c.RELAY_LEASE_MS,
+      claimTimeoutMs: c.RELAY_CLAIM_TIMEOUT_MS,
       pollIntervalMs: c.RELAY_POLL_INTERVAL_MS,
     },
     api: {

@@ -57,7 +57,7 @@ describe('configuration', () => {
       DEAD_LETTER_OPEN_DAYS: '2',
       RELAY_BATCH_SIZE: '50',
       RELAY_COUNT: '3',
-      RELAY_LEASE_MS: '30000',
+      RELAY_CLAIM_TIMEOUT_MS: '30000',
       RELAY_POLL_INTERVAL_MS: '500',
       LANE_MAX_IN_FLIGHT: '2',
       LOCAL_STRIPE_URL: 'http://127.0.0.1:12111/',

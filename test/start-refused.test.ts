@@ -42,7 +42,7 @@ beforeAll(async () => {
     STRIPE_API_BASE: stripe.url,
     STRIPE_API_KEY: 'sk_test_start_refused',
     LANE_MAX_IN_FLIGHT: '2',
-    RELAY_LEASE_MS: '1000',
+    RELAY_CLAIM_TIMEOUT_MS: '1000',
   });
   metrics = createMetrics(new Registry());
   pipeline = await startTestPipeline({ db, config, metrics });
@@ -133,7 +133,7 @@ describe('a start that fails for a reason that may pass', () => {
       expect(logged.some((l) => l.fields.key === key && /failed to start/.test(l.msg))).toBe(true);
 
       // Temporal back (a task queue no worker polls: only the start matters here): dispatched, the note gone.
-      await new Promise((resolve) => setTimeout(resolve, Number(config.relay.leaseMs)));
+      await new Promise((resolve) => setTimeout(resolve, Number(config.relay.claimTimeoutMs)));
       const working = new Client({ connection: pipeline.connection, namespace: config.temporal.namespace });
       await new MockActivityEnvironment().run(relayWith(working, `tq-idle-${randomUUID().slice(0, 8)}`), 'relay-working');
       const { rows: after } = await own.pool.query('SELECT status, last_error_code, last_error_message FROM outbox WHERE idempotency_key = $1', [key]);

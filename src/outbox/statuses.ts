@@ -5,7 +5,7 @@
  * the same list; test/statuses.test.ts fails if the two ever differ.
  *
  *   pending ──claim──▶ claimed ──start workflow──▶ dispatched ──Stripe 200──▶ sent | accepted ──▶ rejected_async
- *      ▲                  │ (lease lapses)              │                                   └──▶ cancelled
+ *      ▲                  │ (claim times out)            │                                   └──▶ cancelled
  *      └──────────────────┘                             └──last attempt──▶ dead ──retry──▶ dispatched
  *
  * `sent`: Stripe's v1 meter-events endpoint answered 200, after its synchronous checks (customer,

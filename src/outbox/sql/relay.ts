@@ -32,7 +32,7 @@ const CLAIM_LOCK = 727_274_002;
  * read from `outbox_lane_idx`; the oldest `limit` of those are locked with `FOR UPDATE SKIP
  * LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
  * `UPDATE … RETURNING` guarded by the same "still claimable" condition, so a row is only ever taken
- * while pending or after its previous lease lapsed. Every index read is partial: sized by the
+ * while pending or after its previous claim timed out. Every index read is partial: sized by the
  * backlog, not by the millions of sent rows (test/claim.test.ts checks the plan of this very
  * statement).
  *
@@ -48,7 +48,7 @@ const CLAIM_LOCK = 727_274_002;
  */
 export async function claimBatch(
   db: pg.Pool | pg.PoolClient,
-  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number; laneMax: number },
+  opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
 ): Promise<ClaimedRow[]> {
   const client = 'release' in db ? db : await db.connect();
   try {
@@ -72,7 +72,7 @@ export async function claimBatch(
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
 export async function claimStatement(
   db: Queryable,
-  opts: { limit: number; claimedBy: string; claimId: string; leaseMs: number; laneMax: number },
+  opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
 ): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
     `WITH RECURSIVE lanes AS (
@@ -112,7 +112,7 @@ export async function claimStatement(
       WHERE o.id = k.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
      RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at`,
-    [opts.limit, opts.claimedBy, opts.claimId, opts.leaseMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
+    [opts.limit, opts.claimedBy, opts.claimId, opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
   );
   return rows;
 }
@@ -157,7 +157,7 @@ export async function markClaimDead(db: Queryable, id: number, claimId: string, 
 }
 
 /**
- * A claimed row whose start failed for a reason that may pass: it stays claimed (its lease lapses
+ * A claimed row whose start failed for a reason that may pass: it stays claimed (its claim times out
  * and a relay tries again), and says why on the row, so `status` counts it and `inspect` shows it.
  * Cleared when a start succeeds (markDispatched).
  */
