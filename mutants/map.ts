@@ -43,7 +43,6 @@ export const MUTANTS: Mutant[] = [
     find: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000;',
     replace: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000 * 1_000;',
     test: 'test/enqueue.test.ts',
-    quick: true,
   },
   {
     id: 'enqueue-accepts-conflicting-duplicate',
@@ -211,7 +210,6 @@ export const MUTANTS: Mutant[] = [
     replace: 'retry: retryPolicy(Math.max(1, maximumAttempts - 1)),',
     test: 'test/workflows.test.ts',
     name: 'spends RETRY_MAXIMUM_ATTEMPTS once per event',
-    quick: true,
   },
   {
     id: 'rate-limit-400-rejected',
@@ -220,7 +218,6 @@ export const MUTANTS: Mutant[] = [
     replace: 'if (status === 429) {',
     test: 'test/unit/stripe-errors.test.ts',
     name: 'a 400 whose code is rate_limit',
-    quick: true,
   },
   {
     id: 'database-overload-spends-attempts',
@@ -238,7 +235,6 @@ export const MUTANTS: Mutant[] = [
     replace: '',
     test: 'test/unit/send-check.test.ts',
     name: 'waited for until it is in',
-    quick: true,
   },
   {
     id: 'stream-session-fixed-margin',
@@ -371,6 +367,5 @@ export const MUTANTS: Mutant[] = [
     replace: '',
     test: 'test/unit/stripe-errors.test.ts',
     name: "about the deployment's key",
-    quick: true,
   },
 ];
