@@ -226,7 +226,6 @@ export const MUTANTS: Mutant[] = [
     replace: '|^(NONE)$/;',
     test: 'test/db.test.ts',
     name: 'takes overload for',
-    quick: true,
   },
   {
     id: 'stamped-ahead-refused',
@@ -243,7 +242,6 @@ export const MUTANTS: Mutant[] = [
     replace: 'const margin = REFRESH_BEFORE_EXPIRY_MS;',
     test: 'test/stream-batcher.test.ts',
     name: '45-second sessions',
-    quick: true,
   },
   {
     id: 'stream-session-no-backoff',
@@ -260,7 +258,6 @@ export const MUTANTS: Mutant[] = [
     replace: 'for (const w of f.batch) w.reject(f.err);',
     test: 'test/stream-batcher.test.ts',
     name: 'its 20 batch-mates are accepted',
-    quick: true,
   },
   {
     id: 'stream-outage-split-unbounded',
@@ -269,7 +266,6 @@ export const MUTANTS: Mutant[] = [
     replace: 'someThrough = true;',
     test: 'test/stream-batcher.test.ts',
     name: 'a plain outage',
-    quick: true,
   },
   {
     id: 'error-report-skips-dead',
@@ -318,7 +314,6 @@ export const MUTANTS: Mutant[] = [
     replace: '  return `${row.tenant_id}: ${what}${when}`;',
     test: 'test/unit/summary.test.ts',
     name: '120-CJK-character tenant',
-    quick: true,
   },
   {
     id: 'start-failure-silent',
