@@ -1,6 +1,7 @@
 /**
  * recordUsage inside the transactions of what applications use: node-postgres as it is, Kysely,
- * Drizzle (node-postgres driver) and Knex through billing-outbox's adapters, each on its own pool
+ * Drizzle (node-postgres driver), Knex and Prisma (interactive transactions, @prisma/adapter-pg)
+ * through billing-outbox's adapters, each on its own pool
  * with the driver's default type parsing (not ours). For each: a commit leaves one event, a rollback
  * none, a repeat adds nothing, and bad input throws a UsageError before anything is written and
  * leaves the transaction usable.
@@ -16,7 +17,9 @@ import { InvalidUsageError, recordUsage, UnknownTenantError, type TransactionCli
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
+import { fromPrisma } from '../src/outbox/adapters/prisma.js';
 import { useDatabase } from './hooks.js';
+import { generatePrismaClient, type GeneratedPrisma } from './prisma.js';
 
 const t = useDatabase({ customers: { acme: 'cus_acme' } });
 
@@ -26,6 +29,10 @@ interface Driver {
   transaction<T>(fn: (client: TransactionClient, own: (text: string) => Promise<unknown>) => Promise<T>): Promise<T>;
   close(): Promise<void>;
 }
+
+let prisma: GeneratedPrisma | undefined;
+beforeAll(async () => void (prisma = await generatePrismaClient()), 120_000);
+afterAll(() => prisma?.remove());
 
 const drivers: [string, () => Driver][] = [
   [
@@ -80,6 +87,16 @@ const drivers: [string, () => Driver][] = [
       name: 'Knex',
       transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx), (text) => trx.raw(text))),
       close: () => knex.destroy(),
+    };
+  }],
+  [
+    'Prisma',
+    () => {
+    const client = prisma!.connect(t.db.url, 2);
+    return {
+      name: 'Prisma',
+      transaction: (fn) => client.$transaction((tx) => fn(fromPrisma(tx), (text) => tx.$queryRawUnsafe(text))),
+      close: () => client.$disconnect(),
     };
   }],
 ];

@@ -1,0 +1,22 @@
+/**
+ * recordUsage inside a Prisma interactive transaction (Prisma 6.16+ / 7 with a PostgreSQL driver
+ * adapter such as @prisma/adapter-pg):
+ *
+ *   await prisma.$transaction(async (tx) => {
+ *     await tx.job.create({ data: job });
+ *     await recordUsage(fromPrisma(tx), { tenantId, usageId: job.id, quantity: 1 });
+ *   });
+ *
+ * Nothing of Prisma is imported: any client (or transaction client) with `$queryRawUnsafe` fits.
+ */
+import type { TransactionClient } from '../sql/enqueue.js';
+
+export function fromPrisma(db: { $queryRawUnsafe(query: string, ...values: unknown[]): PromiseLike<unknown> }): TransactionClient {
+  return {
+    async query({ text, values }) {
+      // Prisma binds `$n` itself and answers the rows, bigint columns as BigInt (recordUsage reads
+      // numbers with Number(), which takes those).
+      return { rows: (await db.$queryRawUnsafe(text, ...values)) as unknown[] };
+    },
+  };
+}
