@@ -68,3 +68,42 @@ elif [ -n "$with_test_server" ] && command -v python3 >/dev/null 2>&1; then
 else
   rm -f "$tools/temporal-test-server-path"
 fi
+
+# PgBouncer for test/pgbouncer.test.ts (transaction pooling in front of the test PostgreSQL):
+# $PGBOUNCER_PATH, else `pgbouncer` on $PATH or in /usr/sbin, else the project's tool folder. Otherwise,
+# with --test-server on Debian, it fetches the Debian packages (pgbouncer and the two libraries it
+# needs that a slim machine lacks, about 0.4 MB) with `apt-get download` and unpacks them into
+# .tools/pgbouncer without installing: installing would pull postgresql-common and start a system
+# service on port 6432. Without any, the PgBouncer test is skipped (and fails under CI=true).
+pgbouncer_dir="$tools/pgbouncer"
+if [ -n "${PGBOUNCER_PATH:-}" ]; then
+  printf '%s\n' "$PGBOUNCER_PATH" > "$tools/pgbouncer-path"
+elif command -v pgbouncer >/dev/null 2>&1; then
+  command -v pgbouncer > "$tools/pgbouncer-path"
+elif [ -x /usr/sbin/pgbouncer ]; then
+  printf '%s\n' /usr/sbin/pgbouncer > "$tools/pgbouncer-path"
+elif [ -x "$pgbouncer_dir/pgbouncer" ]; then
+  printf '%s\n' "$pgbouncer_dir/pgbouncer" > "$tools/pgbouncer-path"
+elif [ -n "$with_test_server" ] && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+  echo "tools: fetching PgBouncer (Debian packages pgbouncer, libc-ares2, libevent-2.1-7) into .tools/pgbouncer" >&2
+  debs="$pgbouncer_dir/debs"
+  rm -rf "$pgbouncer_dir" && mkdir -p "$debs"
+  # A fresh machine may have no package lists yet.
+  if [ -z "$(apt-cache policy pgbouncer 2>/dev/null | sed -n 's/^ *Candidate: *//p' | grep -v '(none)')" ]; then
+    apt-get update -qq >&2
+  fi
+  # As root, apt warns that its sandbox user cannot write here; the download is the same.
+  (cd "$debs" && apt-get download -qq pgbouncer libc-ares2 libevent-2.1-7 2>&1 | grep -v 'unsandboxed' >&2 || true)
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$pgbouncer_dir/root"; done
+  rm -rf "$debs"
+  cat > "$pgbouncer_dir/pgbouncer" <<'WRAPPER'
+#!/usr/bin/env bash
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LD_LIBRARY_PATH="$here/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/root/usr/sbin/pgbouncer" "$@"
+WRAPPER
+  chmod 755 "$pgbouncer_dir/pgbouncer"
+  "$pgbouncer_dir/pgbouncer" --version | head -1 >&2
+  printf '%s\n' "$pgbouncer_dir/pgbouncer" > "$tools/pgbouncer-path"
+else
+  rm -f "$tools/pgbouncer-path"
+fi

@@ -7,6 +7,7 @@
 export { recordUsage, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
 export { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
 export { idempotencyKeyFor } from './outbox/keys.js';
+export { withoutPreparedStatements } from './outbox/adapters/unprepared.js';
 export { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from './outbox/validate.js';
 export { OUTBOX_STATUSES, type OutboxStatus } from './outbox/statuses.js';
 export { migrate, withTransaction } from './db.js';
