@@ -1,7 +1,9 @@
 /**
  * The compose file passes every setting the worker and the API read on to them: a variable missing
- * there is silently dropped (a deployment that picks STRIPE_METER_API=v2 stays on v1).
+ * there is silently dropped (a deployment that picks STRIPE_METER_API=v2 stays on v1). And its
+ * settings have a file of their own, not the `.env` that npm start and the CLI read.
  */
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { expect, it } from 'vitest';
@@ -41,4 +43,17 @@ it('passes every variable src/config.ts reads to the worker and the API (secrets
   // And nothing it passes is unknown to the application (a typo would be dropped silently too).
   const known = new Set([...CONFIG_VARIABLES, ...CONFIG_VARIABLES.map((v) => `${v}_FILE`)]);
   expect([...api, ...worker].filter((v) => !known.has(v))).toEqual([]);
+});
+
+it("keeps the deployment's settings out of `.env`, which npm start and the CLI read", () => {
+  const root = path.join(import.meta.dirname, '..');
+  // git-ignored, like .env.
+  expect(execFileSync('git', ['check-ignore', 'deploy/compose.env'], { cwd: root, encoding: 'utf8' }).trim()).toBe('deploy/compose.env');
+  // No instruction copies the deployment's example to `.env` any more, and each names its own file.
+  const docs = ['docker-compose.yml', 'deploy/compose.env.example', 'README.md', 'docs/operations.md'].map((f) => [f, readFileSync(path.join(root, f), 'utf8')] as const);
+  for (const [file, text] of docs) {
+    expect(text, file).not.toMatch(/compose\.env\.example\s+\.env\b/);
+    expect(text, file).toMatch(/deploy\/compose\.env\b/);
+  }
+  expect(compose).toMatch(/--env-file deploy\/compose\.env up/);
 });

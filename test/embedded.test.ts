@@ -3,8 +3,9 @@
  * own (random per data folder) and an application role that is not a superuser, and none of it in
  * production.
  */
+import { execFile } from 'node:child_process';
 import { watch } from 'node:fs';
-import { chmod, mkdir, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
@@ -12,7 +13,7 @@ import { afterAll, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { EmbeddedPostgresError, startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { startStack } from '../src/embedded/stack.js';
-import { startTemporalDevServer } from '../src/embedded/temporal.js';
+import { PROJECT_ROOT, startTemporalDevServer } from '../src/embedded/temporal.js';
 
 const dirs: string[] = [];
 afterAll(async () => {
@@ -108,3 +109,39 @@ it('refuses to run embedded PostgreSQL or Temporal when NODE_ENV=production, bef
   expect(err).toBeInstanceOf(ConfigError);
   expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^DATABASE_URL: is required when NODE_ENV=production/), expect.stringMatching(/^TEMPORAL_ADDRESS: is required/)]);
 });
+
+it('refuses a live Stripe key outside NODE_ENV=production, before starting anything; production may use one', async () => {
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-live-'));
+  dirs.push(dataDir);
+  for (const key of ['sk_live_localstackrefusal', 'rk_live_localstackrefusal']) {
+    const err = await startStack(loadConfig({ STRIPE_API_KEY: key, LOG_LEVEL: 'silent' }), { dataDir }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ConfigError);
+    expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^STRIPE_API_KEY: is a live key, which the local stack never uses/)]);
+    expect(String(err)).not.toContain(key);
+  }
+  expect(await readdir(dataDir)).toEqual([]);
+  // A test-mode key to Stripe itself bills nothing: not refused (it fails later, on NODE_ENV=production's services).
+  const live = await startStack(loadConfig({ NODE_ENV: 'production', STRIPE_API_KEY: 'sk_live_productionallowed', LOG_LEVEL: 'silent' }), { dataDir }).catch((e: unknown) => e);
+  expect((live as ConfigError).problems.map((p) => p.split(':')[0])).toEqual(['DATABASE_URL', 'TEMPORAL_ADDRESS']);
+});
+
+it("npm start in a checkout whose .env holds the deployment's live key refuses, exit 2, and writes nothing", async () => {
+  const checkout = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-checkout-'));
+  dirs.push(checkout);
+  // What `cp deploy/compose.env.example .env` with the deployment's values used to leave behind.
+  const example = await readFile(path.join(PROJECT_ROOT, 'deploy/compose.env.example'), 'utf8');
+  const key = 'sk_live_fromthedeploymentsenv';
+  await writeFile(path.join(checkout, '.env'), example.replace(/^STRIPE_API_KEY=.*$/m, `STRIPE_API_KEY=${key}`).replace(/^API_TOKENS=.*$/m, ''));
+  const dataDir = path.join(checkout, 'data');
+  const run = await new Promise<{ code: number | null; output: string }>((resolve) => {
+    // `npm start` less its tools step, from the checkout with the .env.
+    const child = execFile(path.join(PROJECT_ROOT, 'node_modules/.bin/tsx'), [path.join(PROJECT_ROOT, 'src/bin/main.ts')], {
+      cwd: checkout,
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', DATA_DIR: dataDir },
+    }, (_err, stdout, stderr) => resolve({ code: child.exitCode, output: stdout + stderr }));
+  });
+  expect(run.output).toMatch(/STRIPE_API_KEY: is a live key/);
+  expect(run.code).toBe(2);
+  expect(run.output).not.toContain(key);
+  await expect(stat(dataDir)).rejects.toThrow(/ENOENT/);
+}, 60_000);

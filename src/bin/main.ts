@@ -4,6 +4,7 @@
  * - no DATABASE_URL      → embedded PostgreSQL with its data under .data/pg
  * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (.data/temporal.db) with its Web UI
  * - no STRIPE_API_KEY    → the local Stripe-compatible server: NOTHING IS BILLED
+ * - a live STRIPE_API_KEY is refused unless NODE_ENV=production (src/embedded/stack.ts)
  * - no API_TOKENS        → a local token, generated once into .data/api-token
  * then migrates and runs a worker (relays + usage workflows) and the HTTP API (API_HOST:API_PORT)
  * in one process, sharing one metrics registry, until SIGTERM/SIGINT. `.env` is read first.
@@ -13,7 +14,7 @@ import path from 'node:path';
 import { API_SCOPES, loadConfig } from '../config.js';
 import { redactUrl } from '../db.js';
 import { defaultDataDir, loadDotEnv, localApiToken, removeEndpoints, writeEndpoints } from '../embedded/local-files.js';
-import { localStripeBanner, startStack } from '../embedded/stack.js';
+import { localStripeBanner, refuseUnfitConfig, startStack } from '../embedded/stack.js';
 import { createLogger } from '../log.js';
 import { webUiLinks } from '../temporal/web-ui.js';
 import { runMain, untilSignal } from './run-main.js';
@@ -22,6 +23,8 @@ await runMain(async () => {
   loadDotEnv();
   const config = loadConfig();
   const log = createLogger(config.logLevel);
+  // Before anything is written: a live key or a production configuration without its services.
+  refuseUnfitConfig(config);
   const dataDir = defaultDataDir(config.dataDir);
   // No tokens configured, on a developer's machine: one local token, so the API is usable at once.
   const local = config.api.tokens.length === 0 && !config.production ? await localApiToken(dataDir) : undefined;

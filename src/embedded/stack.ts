@@ -6,6 +6,7 @@
  * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (`<dataDir>/temporal.db`) with its Web UI
  * - no STRIPE_API_KEY    → the local Stripe-compatible server (nothing is billed), with the demo
  *                          customers seeded on both sides
+ * - a live STRIPE_API_KEY → refused outside NODE_ENV=production (refuseUnfitConfig)
  * then it migrates and runs a worker (relays + usage workflows) and the HTTP API, sharing one
  * metrics registry. `stop()` undoes all of it, newest first.
  */
@@ -111,6 +112,39 @@ export interface StopOptions {
   stepTimeoutMs?: number;
 }
 
+const LIVE_KEY = /^(sk|rk)_live_/;
+
+/**
+ * Throws a ConfigError before anything starts when this configuration must not run as the stack:
+ *
+ * - Embedded services are for a developer's machine (a local PostgreSQL, a single-node Temporal on
+ *   SQLite): in production they must be named.
+ * - Outside production, a live Stripe key is refused. `npm start` and the CLI read `.env` in the
+ *   checkout, the very file a deployment's settings used to be copied to: a developer starting the
+ *   stack there would report synthetic or local usage to live Stripe, billed to real customers.
+ *   NODE_ENV=production is the explicit way to run the main job against live Stripe (and it
+ *   already requires a real PostgreSQL and Temporal). A test-mode key to Stripe itself bills
+ *   nothing and stays allowed.
+ *
+ * `npm start` calls it before it writes anything (its API token); startStack calls it again for
+ * every other caller.
+ */
+export function refuseUnfitConfig(config: Config): void {
+  const problems: string[] = [];
+  if (config.production) {
+    if (!config.databaseUrl) problems.push('DATABASE_URL: is required when NODE_ENV=production (npm start does not run an embedded PostgreSQL in production)');
+    if (!config.temporal.address) problems.push('TEMPORAL_ADDRESS: is required when NODE_ENV=production (npm start does not run an embedded Temporal dev server in production)');
+  } else if (config.stripe.apiKey && LIVE_KEY.test(config.stripe.apiKey)) {
+    problems.push(
+      'STRIPE_API_KEY: is a live key, which the local stack never uses: live Stripe bills real customers. ' +
+        'Use a test-mode key (sk_test_…), or none for the local Stripe-compatible server. ' +
+        'A deployment keeps its settings in deploy/compose.env, not in .env (which npm start and the CLI read). ' +
+        'To run the main job against live Stripe on purpose, set NODE_ENV=production (with DATABASE_URL and TEMPORAL_ADDRESS).',
+    );
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
+}
+
 /**
  * `preferred` if nothing listens there now, else any free port (0: any free port). A taken port is
  * said loudly, with what holds it: often a server an earlier run left behind, which links and
@@ -196,15 +230,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       }
     })());
 
-  // Embedded services are for a developer's machine: a superuser-free but local PostgreSQL, a
-  // single-node Temporal on SQLite. In production they must be named.
-  if (config.production) {
-    const missing = [
-      !config.databaseUrl && 'DATABASE_URL: is required when NODE_ENV=production (npm start does not run an embedded PostgreSQL in production)',
-      !config.temporal.address && 'TEMPORAL_ADDRESS: is required when NODE_ENV=production (npm start does not run an embedded Temporal dev server in production)',
-    ].filter((m): m is string => typeof m === 'string');
-    if (missing.length > 0) throw new ConfigError(missing);
-  }
+  refuseUnfitConfig(config);
 
   // Servers an earlier run left on these files would hold their locks and ports.
   if (!config.databaseUrl || !config.temporal.address) await stopLeftovers(dataDir, (line) => console.error(line));
