@@ -4,7 +4,7 @@
  *
  *   import { recordUsage, migrate } from 'billing-outbox';
  */
-export { recordUsage, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
+export { DEFAULT_EVENT_NAME, recordUsage, type RecordUsageOptions, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
 export { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
 export { idempotencyKeyFor } from './outbox/keys.js';
 export { withoutPreparedStatements } from './outbox/adapters/unprepared.js';

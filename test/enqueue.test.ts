@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import pg from 'pg';
 // Through the package's public entry point, as an application imports it.
 import {
+  DEFAULT_EVENT_NAME,
   InvalidUsageError,
   MAX_QUANTITY,
   recordUsage,
@@ -12,6 +13,7 @@ import {
   type TransactionClient,
   type UsageInput,
 } from 'billing-outbox';
+import { loadConfig } from '../src/config.js';
 import { useDatabase } from './hooks.js';
 
 const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
@@ -182,5 +184,31 @@ describe('importing the package', () => {
     } finally {
       await app.end();
     }
+  });
+});
+
+describe("recordUsage's meter event name when the usage names none", () => {
+  it('is defaultEventName when the caller passes one, else DEFAULT_EVENT_NAME; the usage\'s own name wins', async () => {
+    const own = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-own', tenantId: 'acme', quantity: 1, eventName: 'tokens' }, { defaultEventName: 'other' }));
+    const given = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-given', tenantId: 'acme', quantity: 1 }, { defaultEventName: 'tokens' }));
+    const none = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-none', tenantId: 'acme', quantity: 1 }));
+    expect([own.entry.eventName, given.entry.eventName, none.entry.eventName]).toEqual(['tokens', 'tokens', 'api_requests']);
+    expect(DEFAULT_EVENT_NAME).toBe('api_requests');
+  });
+
+  it("never reads STRIPE_METER_EVENT_NAME from the application's environment", async () => {
+    const before = process.env.STRIPE_METER_EVENT_NAME;
+    process.env.STRIPE_METER_EVENT_NAME = 'from_the_environment';
+    try {
+      const r = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-env', tenantId: 'acme', quantity: 1 }));
+      expect(r.entry.eventName).toBe(DEFAULT_EVENT_NAME);
+    } finally {
+      if (before === undefined) delete process.env.STRIPE_METER_EVENT_NAME;
+      else process.env.STRIPE_METER_EVENT_NAME = before;
+    }
+  });
+
+  it('is the default of STRIPE_METER_EVENT_NAME too, so the library and the HTTP API agree when nothing is configured', () => {
+    expect(loadConfig({}).stripe.meterEventName).toBe(DEFAULT_EVENT_NAME);
   });
 });

@@ -7,6 +7,23 @@ import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
+/**
+ * The meter event name of a usage that names none, unless the caller passes `defaultEventName`.
+ * STRIPE_METER_EVENT_NAME has the same default, so an application and the HTTP API that configure
+ * nothing agree; the library itself never reads the variable (it runs in the application's
+ * process: its environment is the application's business).
+ */
+export const DEFAULT_EVENT_NAME = 'api_requests';
+
+export interface RecordUsageOptions {
+  /**
+   * The meter event name for a usage without `eventName` (default DEFAULT_EVENT_NAME). To follow a
+   * deployment's STRIPE_METER_EVENT_NAME, read it in the application and pass it here, as the HTTP
+   * API does with its own configuration.
+   */
+  defaultEventName?: string | undefined;
+}
+
 export interface RecordUsageResult {
   entry: OutboxEntry;
   /** False when this usage was already recorded (the existing entry is returned, nothing added). */
@@ -33,6 +50,8 @@ function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
  *   node-postgres client works as it is; Kysely, Drizzle and Knex transactions through
  *   `billing-outbox/kysely`, `/drizzle` and `/knex`; anything else that runs a statement with
  *   positional parameters ($1…) and returns its rows through a `TransactionClient` of your own.
+ * - A usage without `eventName` goes to `options.defaultEventName`, else DEFAULT_EVENT_NAME
+ *   (`api_requests`); no environment variable is read.
  * - A usage is identified by (tenantId, usageId): recording it again returns the existing entry
  *   with `created: false`; other tenants' ids are never seen.
  * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
@@ -42,9 +61,9 @@ function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
 export async function recordUsage(
   client: TransactionClient,
   input: UsageInput,
-  options: { defaultEventName?: string } = {},
+  options: RecordUsageOptions = {},
 ): Promise<RecordUsageResult> {
-  const usage = validateUsage(input, options.defaultEventName ?? 'api_requests');
+  const usage = validateUsage(input, options.defaultEventName ?? DEFAULT_EVENT_NAME);
   const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
   const inserted = await insertUsage(client, { ...usage, key });
   if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
