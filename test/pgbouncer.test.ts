@@ -15,11 +15,15 @@ import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import knexFactory from 'knex';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
 import { recordUsage, withoutPreparedStatements, type RecordUsageResult, type TransactionClient } from '../src/index.js';
+import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
+import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
 import { fromPrisma } from '../src/outbox/adapters/prisma.js';
 import { useDatabase } from './hooks.js';
@@ -169,7 +173,7 @@ const eventsFor = async (usageId: string) =>
  * server connections: a quarter roll back, a quarter record a usage that a concurrent transaction
  * records too, the rest commit. Returns the server process ids the transactions ran on.
  */
-async function concurrentWorkload(driver: Driver): Promise<Set<number>> {
+async function concurrentWorkload(driver: Pick<Driver, 'transaction'>): Promise<Set<number>> {
   const pids = new Set<number>();
   const record = (usageId: string, rollback = false) =>
     driver.transaction(async (client) => {
@@ -265,16 +269,35 @@ describe.skipIf(!executable)('behind PgBouncer in transaction pooling', () => {
   it('the Kysely adapter works as it is', async () => {
     const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: bouncer.url, max: CLIENT_CONNECTIONS }) }) });
     try {
-      await concurrentWorkload({ transaction: (fn) => kysely.transaction().execute((trx) => fn(fromKysely(trx))), close: () => kysely.destroy() });
+      await concurrentWorkload({ transaction: (fn) => kysely.transaction().execute((trx) => fn(fromKysely(trx))) });
     } finally {
       await kysely.destroy();
+    }
+  });
+
+  it('the Drizzle adapter works as it is', async () => {
+    const pool = new pg.Pool({ connectionString: bouncer.url, max: CLIENT_CONNECTIONS });
+    const orm = drizzle(pool);
+    try {
+      await concurrentWorkload({ transaction: (fn) => orm.transaction((tx) => fn(fromDrizzle(tx))) });
+    } finally {
+      await pool.end();
+    }
+  });
+
+  it('the Knex adapter works as it is', async () => {
+    const knex = knexFactory({ client: 'pg', connection: bouncer.url, pool: { min: 0, max: CLIENT_CONNECTIONS } });
+    try {
+      await concurrentWorkload({ transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx))) });
+    } finally {
+      await knex.destroy();
     }
   });
 
   it('the Prisma adapter works as it is (interactive transactions, @prisma/adapter-pg)', async () => {
     const client = prisma.connect(bouncer.url, CLIENT_CONNECTIONS);
     try {
-      await concurrentWorkload({ transaction: (fn) => client.$transaction((tx) => fn(fromPrisma(tx)), { timeout: 30_000 }), close: () => client.$disconnect() });
+      await concurrentWorkload({ transaction: (fn) => client.$transaction((tx) => fn(fromPrisma(tx)), { timeout: 30_000 }) });
     } finally {
       await client.$disconnect();
     }
