@@ -138,9 +138,12 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         const got = await lease.wait(input.key, holder, waitCtx, inTask ? t.inTaskLeaseWaitMs : t.leaseWaitMs);
         if (got === 'gave_up') return deferred('lease_busy', t.leaseBusyRetryMs, 0);
         const result = await callUnderLease(input, holder, got === 'acquired', after, ctx);
-        // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
-        // the queue, nothing sent, nothing counted.
+        // The lease lapsed before the call could begin (a hand-off not taken up in time), or it is
+        // the pair of the customer the tenant was mapped to before a remap: back in the queue (of
+        // the pair the call is made with now), nothing sent, nothing counted. What the holder still
+        // has goes to the next delivery waiting for it first, not left to lapse.
         if (result !== 'lease_lost') return result;
+        await lease.handOff(holder);
       }
     } finally {
       clearInterval(beat);

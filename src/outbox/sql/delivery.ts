@@ -35,7 +35,9 @@ export interface AttemptRow {
  *
  * With `lease`, the attempt also extends that holder's (customer, meter) lease to cover the call,
  * and begins only if the holder still has it (`leaseHeld`): a lease handed over briefly
- * (./lease.ts `handOffLease`) or one that lapsed is never called on.
+ * (./lease.ts `handOffLease`) or one that lapsed is never called on. The lease must also be the
+ * pair the call is made with (the customer is read by this same statement): a lease of the
+ * customer the tenant was mapped to before a remap is not held for this call.
  */
 export async function beginAttempt(
   db: Queryable,
@@ -53,8 +55,14 @@ export async function beginAttempt(
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: 'billing-outbox/begin-attempt',
     text: `WITH extended AS (
-       UPDATE meter_leases SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
-        WHERE holder = $6::text AND expires_at > clock_timestamp()
+       UPDATE meter_leases l SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
+        WHERE l.holder = $6::text AND l.expires_at > clock_timestamp()
+          -- Only the lease of the pair this attempt calls with: the row's meter and the customer its
+          -- tenant maps to now, read below in the same snapshot. A tenant remapped since the lease
+          -- was taken leaves it on the old customer: the attempt queues again for the new pair.
+          AND EXISTS (SELECT 1 FROM outbox lo JOIN billing_customers lc ON lc.tenant_id = lo.tenant_id
+                       WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id
+                         AND lo.event_name = l.event_name)
        RETURNING 1
      ), attempt AS (
        UPDATE outbox o
