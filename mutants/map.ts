@@ -292,6 +292,14 @@ export const MUTANTS: Mutant[] = [
     name: 'lost answer',
   },
   {
+    id: 'late-answer-marks-rebilled-row',
+    guarantee: 'Effectively once at Stripe / rebill: an attempt under the identifier before a rebill, answered late, never marks the rebilled row sent',
+    find: 'AND identifier_revision = $7::int',
+    replace: 'AND $7::int IS NOT NULL',
+    test: 'test/rebill.test.ts',
+    name: 'answered late',
+  },
+  {
     id: 'rebill-unguarded',
     guarantee: 'Effectively once at Stripe: two operators rebilling at once make one new revision and one delivery',
     find: "WHERE idempotency_key = $1::text AND status = 'rejected_async' AND identifier_revision = $2::int\n",
