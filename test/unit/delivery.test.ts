@@ -136,10 +136,14 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(lease.handOff).toHaveBeenCalledTimes(1);
   });
 
-  it('a lease that lapsed before the attempt began: back in the queue, then sent', async () => {
-    const { deps, lease, sent } = parts({ leaseHeld: [false, true] });
+  it('a lease that lapsed before the attempt began (or is the customer of before a remap): handed on, back in the queue, then sent', async () => {
+    const { deps, lease, store, sent } = parts({ leaseHeld: [false, true] });
     expect(await deliver(deps)).toMatchObject({ outcome: 'sent' });
     expect(lease.wait).toHaveBeenCalledTimes(2);
+    // What the holder still had goes to the next waiter before it queues again, not left to lapse.
+    expect(lease.handOff).toHaveBeenCalledTimes(1);
+    expect(lease.handOff.mock.invocationCallOrder[0]).toBeLessThan(lease.wait.mock.invocationCallOrder[1]!);
+    expect(store.markSentAndHandOff).toHaveBeenCalledTimes(1);
     expect(sent).toHaveLength(1);
   });
 
