@@ -78,12 +78,27 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     attempts,
     failedBefore: activityInfo().attempt - 1,
   });
-  /** Counted once the row is marked delivered, timed from its commit. */
-  const acknowledged = (key: string, outcome: string, attempts: number, createdAt: Date) => {
+  /**
+   * Counted once the row is marked delivered, timed from its commit. `marked` null: the row was not
+   * the attempt's to mark any more (rebilled under a new identifier revision, rejected by Stripe's
+   * later validation, cancelled): Stripe's answer is about the identifier this attempt sent, so it
+   * is logged, not counted. Returns the attempts to report.
+   */
+  const acknowledged = (key: string, outcome: string, marked: number | null, row: AttemptRow): number => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
-    log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts });
+    if (marked === null) {
+      log.warn('meter event acknowledged by Stripe, but the row moved on meanwhile and was left as it is', {
+        idempotencyKey: key,
+        outcome,
+        identifier: row.identifier,
+        identifierRevision: row.identifier_revision,
+      });
+      return row.attempt_count;
+    }
+    log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts: marked });
     metrics?.eventsSent.inc();
-    metrics?.commitToAck.observe(Math.max(0, Date.now() - createdAt.getTime()) / 1000);
+    metrics?.commitToAck.observe(Math.max(0, Date.now() - row.created_at.getTime()) / 1000);
+    return marked;
   };
 
   return {
@@ -138,9 +153,12 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         const got = await lease.wait(input.key, holder, waitCtx, inTask ? t.inTaskLeaseWaitMs : t.leaseWaitMs);
         if (got === 'gave_up') return deferred('lease_busy', t.leaseBusyRetryMs, 0);
         const result = await callUnderLease(input, holder, got === 'acquired', after, ctx);
-        // The lease lapsed before the call could begin (a hand-off not taken up in time): back in
-        // the queue, nothing sent, nothing counted.
+        // The lease lapsed before the call could begin (a hand-off not taken up in time), or it is
+        // the pair of the customer the tenant was mapped to before a remap: back in the queue (of
+        // the pair the call is made with now), nothing sent, nothing counted. What the holder still
+        // has goes to the next delivery waiting for it first, not left to lapse.
         if (result !== 'lease_lost') return result;
+        await lease.handOff(holder);
       }
     } finally {
       clearInterval(beat);
@@ -201,7 +219,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     /** Marks the row sent and hands the lease off, in one statement. */
     const sent = async () => {
-      const { attempts, handOffs } = await store.markSentAndHandOff(key, holder, t.handOffMs);
+      const { attempts, handOffs } = await store.markSentAndHandOff(key, holder, t.handOffMs, ready.row.identifier_revision);
       after.handedOff = true;
       lease.handedOff(handOffs);
       return attempts;
@@ -215,8 +233,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
       return failed(key, ready.row, err, sent);
     }
-    const attempts = await sent();
-    acknowledged(key, 'sent', attempts, ready.row.created_at);
+    const attempts = acknowledged(key, 'sent', await sent(), ready.row);
     return { outcome: 'sent', attempts };
   }
 
@@ -230,14 +247,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const begun = await store.beginAttempt(key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
     const ready = await readyToSend(key, begun.row);
     if ('outcome' in ready) return ready;
-    const accepted = () => store.markDelivered(key, 'accepted');
+    const accepted = () => store.markDelivered(key, 'accepted', ready.row.identifier_revision);
     try {
       await sender.send(meterEvent(key, ready));
     } catch (err) {
       return failed(key, ready.row, err, accepted);
     }
-    const attempts = await accepted();
-    acknowledged(key, 'accepted', attempts, ready.row.created_at);
+    const attempts = acknowledged(key, 'accepted', await accepted(), ready.row);
     return { outcome: 'accepted', attempts };
   }
 
@@ -301,13 +317,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * A call that did not simply succeed, classified where it was made: Stripe already had it
    * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
    */
-  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number>): Promise<DeliveryResult> {
+  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number | null>): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     if (failure.kind === 'delivered') {
-      const attempts = await delivered();
+      const marked = await delivered();
       metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
-      acknowledged(key, 'duplicate', attempts, row.created_at);
+      const attempts = acknowledged(key, 'duplicate', marked, row);
       return { outcome: 'duplicate', attempts };
     }
     if (failure.kind === 'credentials') {

@@ -147,6 +147,14 @@ export const MUTANTS: Mutant[] = [
     name: 'keeps a hot lane',
   },
   {
+    id: 'lease-of-old-customer-after-remap',
+    guarantee: "Stripe's limits: never two meter-event calls in flight for one (customer, meter), also when a tenant is remapped to another customer mid-delivery",
+    find: 'WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id',
+    replace: 'WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id IS NOT NULL',
+    test: 'test/remap.test.ts',
+    name: 'remapped mid-backlog',
+  },
+  {
     id: 'no-hold-after-unanswered-call',
     guarantee: "Stripe's limits: after a call that got no answer, the pair stays closed (Stripe may still be on it)",
     find: '      if (after.unanswered) {',
@@ -282,6 +290,14 @@ export const MUTANTS: Mutant[] = [
     replace: 'const identifier = stripeIdentifierFor(key, row.identifier_revision, config.stripe.identifierNamespace);',
     test: 'test/rebill.test.ts',
     name: 'lost answer',
+  },
+  {
+    id: 'late-answer-marks-rebilled-row',
+    guarantee: 'Effectively once at Stripe / rebill: an attempt under the identifier before a rebill, answered late, never marks the rebilled row sent',
+    find: 'AND identifier_revision = $7::int',
+    replace: 'AND $7::int IS NOT NULL',
+    test: 'test/rebill.test.ts',
+    name: 'answered late',
   },
   {
     id: 'rebill-unguarded',

@@ -472,6 +472,11 @@ describe('summaries and adjustments', () => {
     clock.advance(23 * HOUR);
     const adjustment = await stripe.billing.meterEventAdjustments.create({ event_name: METER_EVENT, type: 'cancel', cancel: { identifier: 'cancel-me' } });
     expect(adjustment).toMatchObject({ object: 'billing.meter_event_adjustment', status: 'pending', type: 'cancel', cancel: { identifier: 'cancel-me' } });
+    // A second cancel of the same event is refused, for good, not answered as the first was.
+    const twice = await failureOf(stripe.billing.meterEventAdjustments.create({ event_name: METER_EVENT, type: 'cancel', cancel: { identifier: 'cancel-me' } }));
+    expect(twice).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
+    expect(twice.message).toBe("The meter event with identifier 'cancel-me' has already been cancelled.");
+    expect(twice.headers?.['stripe-should-retry']).toBe('false');
 
     clock.advance(2 * HOUR);
     const late = await failureOf(stripe.billing.meterEventAdjustments.create({ event_name: METER_EVENT, type: 'cancel', cancel: { identifier: 'too-old' } }));

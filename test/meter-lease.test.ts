@@ -69,3 +69,26 @@ it('a newer delivery does not take a free lease while an older one waits for it'
   expect((await take('lease:4', 'newer')).outcome).toBe('busy');
   expect((await take('lease:2', 'older-waiting')).outcome).toBe('acquired');
 });
+
+it('a tenant remapped to another customer: the lease of the old pair is not held for a call with the new one', async () => {
+  await db.pool.query('DELETE FROM meter_leases; DELETE FROM meter_lease_waiters');
+  await addCustomer(db.pool, 'movers', 'cus_before');
+  await db.pool.query(
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+     VALUES ('movers', 'api_requests', 1, now(), 'remap:1', 'dispatched')`,
+  );
+  expect(await take('remap:1', 'mover')).toEqual({ outcome: 'acquired', lease: leaseId('cus_before', 'api_requests') });
+  // Remapped while the delivery holds the lease (or was handed it) and before its attempt begins.
+  await addCustomer(db.pool, 'movers', 'cus_after');
+  const begin = () => beginAttempt(db.pool, 'remap:1', { workflowId: 'wr', safeWindowMs: 3_600_000, force: false, lease: { holder: 'mover', leaseMs: 30_000 } });
+  // Begun, it would call with cus_after under cus_before's lease: not begun, nothing counted.
+  expect(await begin()).toEqual({ leaseHeld: false, row: undefined });
+  expect((await db.pool.query(`SELECT attempt_count FROM outbox WHERE idempotency_key = 'remap:1'`)).rows[0].attempt_count).toBe(0);
+
+  // The delivery gives back what it has and queues again: for the new pair, which it then holds.
+  expect(await handOffLease(db.pool, 'mover', 5_000)).toEqual([{ lease: leaseId('cus_before', 'api_requests'), nextHolder: null }]);
+  expect(await take('remap:1', 'mover')).toEqual({ outcome: 'acquired', lease: leaseId('cus_after', 'api_requests') });
+  const begun = await begin();
+  expect(begun.leaseHeld).toBe(true);
+  expect(begun.row?.stripe_customer_id).toBe('cus_after');
+});

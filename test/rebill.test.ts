@@ -20,6 +20,9 @@ import { createMetrics } from '../src/metrics.js';
 import { recordErrorReport } from '../src/ops/error-reports.js';
 import { rebillEvent } from '../src/ops/rebill.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
+import { beginAttempt, markDelivered, markSentAndHandOff } from '../src/outbox/sql/delivery.js';
+import { markRejectedAsync } from '../src/outbox/sql/error-reports.js';
+import { rebillRejected } from '../src/outbox/sql/operator.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
@@ -257,5 +260,36 @@ describe('an event Stripe rejected after accepting it', () => {
     expect(d.err).toMatch(/retry it with the same identifier/);
     expect(await row(deadKey)).toMatchObject({ status: 'dead', identifier_revision: 0 });
     expect(stripe.requests().length).toBe(before + config.retry.maximumAttempts);
+  });
+});
+
+describe('an attempt of the identifier before a rebill, answered late', () => {
+  it('does not mark the rebilled row: it stays in flight under the new identifier until that one is delivered', async () => {
+    // A row no relay claims (already dispatched) and no run delivers: its statements are driven here.
+    const key = `u:acme:late-${randomUUID()}`;
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+       VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
+      [key],
+    );
+    const begin = () => beginAttempt(db.pool, key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+    // An attempt under the key (revision 0) is begun and calls Stripe; its answer is slow to come
+    // (a stalled worker, a zombie attempt Temporal already gave up on).
+    const old = (await begin()).row!;
+    expect(old).toMatchObject({ identifier: key, identifier_revision: 0 });
+    // Meanwhile Stripe rejects that identifier (error report) and an operator rebills the row.
+    await markRejectedAsync(db.pool, [{ identifier: key, code: CODE, message: 'No such customer' }]);
+    expect(await rebillRejected(db.pool, key, { fromRevision: 0, identifier: `r1:${key}` })).toBeDefined();
+
+    // The old attempt's answer ("already exists", or a late 200) arrives: it does not mark the row.
+    expect(await markSentAndHandOff(db.pool, key, 'old-holder', 1_000, old.identifier_revision)).toMatchObject({ attempts: null });
+    expect(await markDelivered(db.pool, key, 'accepted', old.identifier_revision)).toBeNull();
+    expect(await row(key)).toMatchObject({ status: 'dispatched', identifier_revision: 1, stripe_identifier: `r1:${key}` });
+
+    // The rebilled identifier's own attempt marks it.
+    const next = (await begin()).row!;
+    expect(next).toMatchObject({ identifier: `r1:${key}`, identifier_revision: 1 });
+    expect((await markSentAndHandOff(db.pool, key, 'new-holder', 1_000, next.identifier_revision)).attempts).toBe(1);
+    expect(await row(key)).toMatchObject({ status: 'sent', identifier_revision: 1 });
   });
 });

@@ -305,6 +305,30 @@ describe('billing-outbox cancel', () => {
     expect((await row(unknown)).status).toBe('sent');
   });
 
+  it('a cancel repeated after one whose answer was lost: Stripe refuses it as already cancelled, and the row becomes cancelled', async () => {
+    const tn = await tenant();
+    const key = await event(tn, 4, 60);
+    // Stripe cancels the event, the answer is lost (twice: stripe-node retries a closed connection
+    // once, and that retry is answered from the idempotency store).
+    t.stripe.dropAfterRecord(2);
+    const first = await cli(['cancel', key, '--by', 'alice']);
+    expect(first.code).toBe(1);
+    expect(first.err).toContain('could not reach a decision');
+    expect(t.stripe.events().find((e) => e.identifier === key)?.cancelled).toBe(true);
+    expect((await row(key)).status).toBe('sent');
+
+    const again = await cli(['cancel', key, '--by', 'alice', '--json']);
+    expect(again.code).toBe(0);
+    const result = JSON.parse(again.out) as { outcome: string; message: string; row: { status: string } };
+    expect(result).toMatchObject({ outcome: 'cancelled', row: { status: 'cancelled' } });
+    expect(result.message).toContain('already cancelled');
+    expect((await row(key)).cancelled_at).toBeInstanceOf(Date);
+    expect((await actionsFor(key)).map((a) => [a.outcome, a.detail.includes('already been cancelled')])).toEqual([
+      ['failed', false],
+      ['cancelled', true],
+    ]);
+  });
+
   it('refuses rows that are not sent, and unknown keys; bad arguments exit 2', async () => {
     const tn = await tenant();
     const dead = await event(tn, 1, 50, { toStripe: false, status: 'dead' });

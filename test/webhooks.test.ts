@@ -266,7 +266,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await row(ours)).status).toBe('rejected_async');
     expect((await row(inFlight)).status).toBe('rejected_async');
     // The workflow's own bookkeeping arrives late and must leave the rejection in place.
-    await markDelivered(t.pool, inFlight);
+    await markDelivered(t.pool, inFlight, 'sent', 0);
     expect((await row(inFlight)).status).toBe('rejected_async');
     const recorded = (await reports()).filter((r) => events.some((e) => e.id === r.event_id));
     expect(recorded.reduce((n, r) => n + r.unmatched, 0)).toBe(1);

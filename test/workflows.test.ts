@@ -5,7 +5,7 @@
  * (PostgreSQL, Stripe, workers dying) is tested end to end in pipeline.test.ts and faults.test.ts.
  */
 // First: installs the SDK runtime (quiet logging) before anything else touches it.
-import { workflowBundle } from './helpers.js';
+import { waitFor, workflowBundle } from './helpers.js';
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -86,6 +86,11 @@ function start(taskQueue: string, input: Partial<UsageWorkflowInput> = {}) {
   });
 }
 
+/** A history event's time, in ms. */
+function timestampMs(t: { seconds?: unknown; nanos?: number | null } | null | undefined): number {
+  return Number(t?.seconds ?? 0) * 1000 + Math.floor((t?.nanos ?? 0) / 1e6);
+}
+
 const retryable = () => ApplicationFailure.create({ type: ErrorTypes.retryable, message: 'Stripe answered 500', details: ['http_500'] });
 const sent = async (): Promise<DeliveryResult> => ({ outcome: 'sent', attempts: 1 });
 
@@ -144,6 +149,43 @@ it('does not drop a retry signal sent while the dead mark is still being written
     expect(calls.deliver).toHaveLength(2);
     expect(calls.retrying).toBe(1);
   });
+});
+
+it('honours a retry signal that arrives in the same workflow task as the dead letter\'s deadline', async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    if (calls.deliver.length === 1) {
+      throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+    }
+    return sent();
+  });
+  const taskQueue = `wf-${randomUUID()}`;
+  // No workflow cache, so no sticky queue: the next task goes to whichever worker polls the task queue.
+  const dying = await Worker.create({ connection: env.nativeConnection, taskQueue, workflowBundle: workflowBundle(), activities, maxCachedWorkflows: 0 });
+  const { h: handle, startedAt } = await dying.runUntil(async () => {
+    const h = await start(taskQueue);
+    // Dead, and waiting on the deadline's timer (the only timer of this run).
+    const timer = await waitFor('the dead letter to wait for its deadline', async () => {
+      const { events } = await h.fetchHistory();
+      return events?.find((e) => e.timerStartedEventAttributes);
+    });
+    return { h, startedAt: timestampMs(timer.eventTime) };
+  });
+  // No worker now: time is moved exactly to the deadline. The timer fires, and its workflow task
+  // waits for a worker (the test server skips no further while a task is pending: a sleep past the
+  // deadline would never end); the operator's retry signal joins that same task.
+  await env.sleep(startedAt + RETRY.deadLetterOpenMs - (await env.currentTimeMs()));
+  await handle.signal(reopenSignal, { requestedBy: 'test' });
+  const { events } = await handle.fetchHistory();
+  // The race itself, in the history: the deadline fired and the signal came before a worker took
+  // the task they share.
+  const tail = (events ?? []).slice(-3).map((e) => temporal.api.enums.v1.EventType[e.eventType ?? 0]);
+  expect(tail).toEqual(['EVENT_TYPE_TIMER_FIRED', 'EVENT_TYPE_WORKFLOW_TASK_SCHEDULED', 'EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED']);
+
+  const worker = await Worker.create({ connection: env.nativeConnection, taskQueue, workflowBundle: workflowBundle(), activities });
+  const result = await worker.runUntil(handle.result());
+  expect(result).toMatchObject({ status: 'sent' });
+  expect(calls.retrying).toBe(1);
+  expect(calls.deliver).toHaveLength(2);
 });
 
 it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", async () => {

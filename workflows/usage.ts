@@ -131,7 +131,10 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   const nextReopen = async (): Promise<ReopenRequest | undefined> => {
     await condition(() => requested !== undefined, input.retry.deadLetterOpenMs);
     // Judged by the request, not by how the wait ended: a signal that arrives in the same workflow
-    // task as the deadline is taken (the CLI said it signalled), not dropped with the run.
+    // task as the deadline is taken (the CLI said it signalled), not dropped with the run. Which of
+    // the two settles `condition` first is the SDK's order of the task's jobs (today: signals before
+    // timers, so the wait says true); this line does not depend on it. workflows.test.ts puts both
+    // in one task and checks the retry happens.
     if (requested === undefined) return undefined;
     const request = requested ?? {};
     requested = undefined;

@@ -7,7 +7,9 @@
  * cancel as far as we know); its `sent_at` must be less than 24 h ago (checked here so that a hopeless
  * call is not made; Stripe received the event at or before `sent_at`, so Stripe may still refuse a
  * little earlier, and that refusal is reported as such); then Stripe is asked; on success the row
- * becomes `cancelled` (guarded by `status = 'sent'`). Every outcome is recorded in operator_actions.
+ * becomes `cancelled` (guarded by `status = 'sent'`). Stripe's refusal to cancel an event it has already
+ * cancelled counts as success: it is what a repeated cancel meets when the first one got through
+ * without an answer (a timeout). Every outcome is recorded in operator_actions.
  * The CLI (`billing-outbox cancel`) only parses and prints.
  */
 import Stripe from 'stripe';
@@ -97,6 +99,16 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
     // The identifier Stripe got, not necessarily the key (a namespace, a rebill).
     await cancelMeterEvent(opts.stripe(), { eventName: row.event_name, identifier: row.identifier });
   } catch (err) {
+    if (isAlreadyCancelled(err)) {
+      // An earlier cancel got through although its caller never heard (a timeout, a lost answer):
+      // Stripe refuses to cancel twice. The event is cancelled at Stripe, so the row says so.
+      return recordCancelled(
+        db,
+        row,
+        `Stripe had already cancelled it (an earlier cancel got through without an answer): ${(err as Error).message}`,
+        done,
+      );
+    }
     if (err instanceof Stripe.errors.StripeInvalidRequestError) {
       const missing = err.code === 'resource_missing';
       return done(
@@ -108,12 +120,29 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
     // No answer, or an unexpected one: nothing changed on our side. A cancel may be repeated.
     return done('failed', `could not reach a decision from Stripe: ${scrub((err as Error).message)}; the row is unchanged, try again`);
   }
-  if (await markCancelled(db, key)) {
-    return done('cancelled', `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}; the row is cancelled`);
-  }
+  return recordCancelled(db, row, `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}`, done);
+}
+
+/** Stripe has the event cancelled: the row becomes `cancelled` (if it is still delivered). */
+async function recordCancelled(
+  db: Queryable,
+  row: CancelCandidateRow,
+  what: string,
+  done: (outcome: CancelOutcome, message: string) => Promise<CancelResult>,
+): Promise<CancelResult> {
+  const key = row.idempotency_key;
+  if (await markCancelled(db, key)) return done('cancelled', `${what}; the row is cancelled`);
   const current = await findCancelCandidate(db, key);
-  return done(
-    'cancelled',
-    `Stripe accepted the cancel, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`,
-  );
+  return done('cancelled', `${what}, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`);
+}
+
+/**
+ * Stripe's refusal of a second cancel of one event. It has no error code (like "An event already
+ * exists" for a resent meter event), so the message is the signal: the local Stripe's wording
+ * (src/embedded/stripe/adjustments.ts `alreadyCancelled`), and an adjustment said to exist already.
+ */
+const ALREADY_CANCELLED = /\bhas already been cancell?ed\b|\badjustment already exists\b/i;
+
+function isAlreadyCancelled(err: unknown): boolean {
+  return err instanceof Stripe.errors.StripeInvalidRequestError && ALREADY_CANCELLED.test(err.message);
 }

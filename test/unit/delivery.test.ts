@@ -30,6 +30,7 @@ const row = (over: Partial<AttemptRow> = {}): AttemptRow => ({
   stripe_customer_id: 'cus_a',
   created_at: new Date(Date.now() - 1_000),
   identifier: KEY,
+  identifier_revision: 0,
   ...over,
 });
 
@@ -43,8 +44,8 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
     undoAttempt: vi.fn(async () => undefined),
     findRow: vi.fn(async () => undefined),
     recordAttemptError: vi.fn(async () => undefined),
-    markDelivered: vi.fn(async () => 1),
-    markSentAndHandOff: vi.fn(async () => ({ attempts: 1, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
+    markDelivered: vi.fn(async (): Promise<number | null> => 1),
+    markSentAndHandOff: vi.fn(async (): Promise<{ attempts: number | null; handOffs: { lease: string; nextHolder: string | null }[] }> => ({ attempts: 1, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
     markRowDead: vi.fn(async () => 1),
     markRowReopened: vi.fn(async () => undefined),
   } satisfies DeliveryStore;
@@ -88,11 +89,24 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(await deliver(deps)).toEqual({ outcome: 'sent', attempts: 1 });
     expect(sent).toEqual([{ eventName: 'api_requests', keys: KEYS, stripeCustomerId: 'cus_a', quantity: 3, identifier: KEY, occurredAt: expect.any(Date) }]);
     expect(store.beginAttempt).toHaveBeenCalledWith(KEY, expect.objectContaining({ lease: { holder: expect.any(String), leaseMs: timings.leaseMs } }));
-    expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs);
+    expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs, 0);
     expect(lease.handedOff).toHaveBeenCalledWith([{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }]);
     // Handed on already: not again, and not held.
     expect(lease.handOff).not.toHaveBeenCalled();
     expect(lease.hold).not.toHaveBeenCalled();
+  });
+
+  it("marks the row under the identifier revision it sent; a row rebilled meanwhile is left as it is and the call not counted", async () => {
+    for (const api of ['v1', 'v2'] as const) {
+      const { deps, store } = parts({ api, row: row({ identifier: `r1:${KEY}`, identifier_revision: 1 }) });
+      store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, handOffs: [] });
+      store.markDelivered.mockResolvedValueOnce(null);
+      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() } };
+      expect(await deliver({ ...deps, metrics: metrics as never })).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 1 });
+      if (api === 'v1') expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs, 1);
+      else expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted', 1);
+      expect(metrics.eventsSent.inc).not.toHaveBeenCalled();
+    }
   });
 
   it("sends the identifier the row's attempt read (a namespaced or rebilled one), never the bare key", async () => {
@@ -122,10 +136,14 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(lease.handOff).toHaveBeenCalledTimes(1);
   });
 
-  it('a lease that lapsed before the attempt began: back in the queue, then sent', async () => {
-    const { deps, lease, sent } = parts({ leaseHeld: [false, true] });
+  it('a lease that lapsed before the attempt began (or is the customer of before a remap): handed on, back in the queue, then sent', async () => {
+    const { deps, lease, store, sent } = parts({ leaseHeld: [false, true] });
     expect(await deliver(deps)).toMatchObject({ outcome: 'sent' });
     expect(lease.wait).toHaveBeenCalledTimes(2);
+    // What the holder still had goes to the next waiter before it queues again, not left to lapse.
+    expect(lease.handOff).toHaveBeenCalledTimes(1);
+    expect(lease.handOff.mock.invocationCallOrder[0]).toBeLessThan(lease.wait.mock.invocationCallOrder[1]!);
+    expect(store.markSentAndHandOff).toHaveBeenCalledTimes(1);
     expect(sent).toHaveLength(1);
   });
 
@@ -230,7 +248,7 @@ describe('v2: the meter event stream', () => {
   it('no lease and no per-event pace; the row becomes accepted, and the outcome says so', async () => {
     const { deps, store, lease, pacer, sent } = parts({ api: 'v2' });
     expect(await deliver(deps)).toEqual({ outcome: 'accepted', attempts: 1 });
-    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted');
+    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted', 0);
     expect(sent.map((e) => e.identifier)).toEqual([KEY]);
     expect(lease.wait).not.toHaveBeenCalled();
     expect(pacer.take).not.toHaveBeenCalled();
@@ -240,7 +258,7 @@ describe('v2: the meter event stream', () => {
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {
     const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(stripeError.duplicate()) });
     expect(await deliver(deps)).toEqual({ outcome: 'duplicate', attempts: 1 });
-    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted');
+    expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted', 0);
   });
 });
 

@@ -34,7 +34,10 @@ export function createAdjustment(form: FormObject, ledger: MeterEventLedger, now
       'cancel[identifier]',
     );
   }
-  // Cancelling twice is harmless: the event stays cancelled and the answer is the same.
+  // A cancel is taken once, like the event it cancels: a second cancel of the same event is refused
+  // (a 400 that resending cannot change), not answered as if it were the first. A caller whose
+  // first cancel got no answer learns this way that it did happen.
+  if (event.cancelled) return alreadyCancelled(identifier);
   ledger.cancel(event);
   return json({
     object: 'billing.meter_event_adjustment',
@@ -44,4 +47,13 @@ export function createAdjustment(form: FormObject, ledger: MeterEventLedger, now
     cancel: { identifier },
     livemode: false,
   });
+}
+
+/**
+ * The answer to a second cancel of one event. Like "An event already exists with identifier …" for
+ * a resent meter event, it carries no error code: the message is the only signal.
+ */
+export function alreadyCancelled(identifier: string): ApiResponse {
+  const response = invalidRequest(`The meter event with identifier '${identifier}' has already been cancelled.`, 'cancel[identifier]');
+  return { ...response, headers: { 'stripe-should-retry': 'false' } };
 }

@@ -118,6 +118,7 @@ interface Route {
 
 const METER_EVENTS_PATH = '/v1/billing/meter_events';
 const METER_EVENT_STREAM_PATH = '/v2/billing/meter_event_stream';
+const ADJUSTMENTS_PATH = '/v1/billing/meter_event_adjustments';
 
 /** Stream events answered 200 and waiting for Stripe's later validation. */
 interface PendingStreamRequest {
@@ -286,7 +287,7 @@ export class LocalStripe implements ControlTarget {
     this.faults.latencyMs = ms;
   }
 
-  /** The next `count` meter-event requests are processed (and recorded) but never answered. */
+  /** The next `count` meter-event (or cancel adjustment) requests are processed (and recorded) but never answered. */
   dropAfterRecord(count: number): void {
     this.faults.dropAfterRecord(count);
   }
@@ -427,6 +428,11 @@ export class LocalStripe implements ControlTarget {
       return;
     }
     const response = checkApiKey(call.authorization, this.options.apiKey) ?? this.withIdempotency(call, () => this.dispatch(call)).response;
+    // A cancel's answer can be lost too (Stripe cancelled the event; the caller hears nothing).
+    if (call.method === 'POST' && call.path === ADJUSTMENTS_PATH && this.faults.takeDrop()) {
+      res.destroy();
+      return;
+    }
     writeResponse(res, response, headers);
   }
 
@@ -672,7 +678,7 @@ export class LocalStripe implements ControlTarget {
       },
       {
         method: 'POST',
-        pattern: /^\/v1\/billing\/meter_event_adjustments$/,
+        pattern: new RegExp(`^${ADJUSTMENTS_PATH}$`),
         handle: (c) => createAdjustment(c.form, this.ledger, this.now()),
       },
       { method: 'POST', pattern: /^\/v2\/billing\/meter_event_session$/, handle: () => json(sessionBody(this.sessions.create())) },

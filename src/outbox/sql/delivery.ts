@@ -24,6 +24,11 @@ export interface AttemptRow {
    * one stored on the row, fixed at its first attempt or by a rebill; the key when none is stored.
    */
   identifier: string;
+  /**
+   * The identifier's revision (0 until a rebill): the attempt marks the row delivered only while
+   * it is still the row's (`markDelivered`, `markSentAndHandOff`).
+   */
+  identifier_revision: number;
 }
 
 /**
@@ -35,7 +40,9 @@ export interface AttemptRow {
  *
  * With `lease`, the attempt also extends that holder's (customer, meter) lease to cover the call,
  * and begins only if the holder still has it (`leaseHeld`): a lease handed over briefly
- * (./lease.ts `handOffLease`) or one that lapsed is never called on.
+ * (./lease.ts `handOffLease`) or one that lapsed is never called on. The lease must also be the
+ * pair the call is made with (the customer is read by this same statement): a lease of the
+ * customer the tenant was mapped to before a remap is not held for this call.
  */
 export async function beginAttempt(
   db: Queryable,
@@ -53,8 +60,14 @@ export async function beginAttempt(
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: 'billing-outbox/begin-attempt',
     text: `WITH extended AS (
-       UPDATE meter_leases SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
-        WHERE holder = $6::text AND expires_at > clock_timestamp()
+       UPDATE meter_leases l SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
+        WHERE l.holder = $6::text AND l.expires_at > clock_timestamp()
+          -- Only the lease of the pair this attempt calls with: the row's meter and the customer its
+          -- tenant maps to now, read below in the same snapshot. A tenant remapped since the lease
+          -- was taken leaves it on the old customer: the attempt queues again for the new pair.
+          AND EXISTS (SELECT 1 FROM outbox lo JOIN billing_customers lc ON lc.tenant_id = lo.tenant_id
+                       WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id
+                         AND lo.event_name = l.event_name)
        RETURNING 1
      ), attempt AS (
        UPDATE outbox o
@@ -75,7 +88,7 @@ export async function beginAttempt(
           AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
                OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
         RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
-                  COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier,
+                  COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision,
                   (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
      )
      SELECT ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended)) AS lease_held, a.status IS NOT NULL AS found, a.*,
@@ -152,34 +165,47 @@ export async function recordAttemptError(db: Queryable, key: string, code: strin
  * The row is delivered: `sent` (v1) or `accepted` (the v2 stream). Its lane has room again, so idle
  * relays are woken (OUTBOX_CHANNEL, at commit) to claim the lane's next event, as they are for
  * dead letters.
+ *
+ * Only under the identifier revision the attempt sent (`revision`, from `beginAttempt`): a row
+ * rebilled meanwhile (src/ops/rebill.ts: a new identifier, not sent yet) is not the attempt's to
+ * mark. Stripe's answer to the old identifier says nothing of the new one; marking the row would
+ * leave the rebilled event unbilled. Returns the attempts counted, or null when nothing was marked.
  */
-export async function markDelivered(db: Queryable, key: string, status: (typeof DELIVERED)[number] = 'sent'): Promise<number> {
+export async function markDelivered(
+  db: Queryable,
+  key: string,
+  status: (typeof DELIVERED)[number],
+  revision: number,
+): Promise<number | null> {
   const { rows } = await db.query<{ attempt_count: number }>(
     `WITH sent AS (
        UPDATE outbox
           SET status = $4::text, sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
-        WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
+        WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $5::int
         RETURNING attempt_count
      )
      SELECT attempt_count, pg_notify($3::text, '') FROM sent`,
-    [key, [...UNBILLED], OUTBOX_CHANNEL, status],
+    [key, [...UNBILLED], OUTBOX_CHANNEL, status, revision],
   );
-  return rows[0]?.attempt_count ?? 0;
+  return rows[0]?.attempt_count ?? null;
 }
 
 /**
  * `markDelivered` (as `sent`) and the hand-off of the (customer, meter) lease to the next waiting
  * delivery (./lease.ts `handOffLease`) in one round trip: the common end of every v1 delivery.
- * Returns the attempts counted and the hand-offs made (NOTIFY at commit; the caller tells its own
- * process's waiters at once).
+ * Returns the attempts counted (null: not marked, as in `markDelivered`: the row was rebilled under
+ * another identifier revision, or Stripe's later validation rejected it, or it was cancelled) and
+ * the hand-offs made (NOTIFY at commit; the caller tells its own process's waiters at once). The
+ * lease is handed on either way.
  */
 export async function markSentAndHandOff(
   db: Queryable,
   key: string,
   holder: string,
   handOffMs: number,
-): Promise<{ attempts: number; handOffs: HandOff[] }> {
+  revision: number,
+): Promise<{ attempts: number | null; handOffs: HandOff[] }> {
   const { rows } = await db.query<{ attempt_count: number | null; hand_offs: HandOff[] | null }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: 'billing-outbox/mark-sent-and-hand-off',
@@ -187,16 +213,16 @@ export async function markSentAndHandOff(
        UPDATE outbox
           SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
-        WHERE idempotency_key = $1::text AND status <> ALL($2::text[])
+        WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $7::int
         RETURNING attempt_count
      )
      SELECT (SELECT attempt_count FROM sent) AS attempt_count,
             (SELECT json_agg(json_build_object('lease', h.lane, 'nextHolder', h.next_holder))
                FROM meter_lease_hand_off($3::text, $6::int, $5::text) h) AS hand_offs,
             (SELECT pg_notify($4::text, '') FROM sent) AS relays`,
-    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LEASE_CHANNEL, handOffMs],
+    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LEASE_CHANNEL, handOffMs, revision],
   });
-  return { attempts: rows[0]?.attempt_count ?? 0, handOffs: rows[0]?.hand_offs ?? [] };
+  return { attempts: rows[0]?.attempt_count ?? null, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
@@ -230,8 +256,8 @@ export interface DeliveryStore {
   undoAttempt(key: string, opts: { wasFirst: boolean }): Promise<void>;
   findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at'> | undefined>;
   recordAttemptError(key: string, code: string, message: string): Promise<void>;
-  markDelivered(key: string, status: (typeof DELIVERED)[number]): Promise<number>;
-  markSentAndHandOff(key: string, holder: string, handOffMs: number): ReturnType<typeof markSentAndHandOff>;
+  markDelivered(key: string, status: (typeof DELIVERED)[number], revision: number): ReturnType<typeof markDelivered>;
+  markSentAndHandOff(key: string, holder: string, handOffMs: number, revision: number): ReturnType<typeof markSentAndHandOff>;
   markRowDead(key: string, code: string, message: string): Promise<number>;
   markRowReopened(key: string): Promise<void>;
 }
@@ -242,8 +268,8 @@ export function deliveryStore(db: Queryable, opts: { identifierNamespace?: strin
     undoAttempt: (key, opts) => undoAttempt(db, key, opts),
     findRow: (key) => findRowByKey(db, key),
     recordAttemptError: (key, code, message) => recordAttemptError(db, key, code, message),
-    markDelivered: (key, status) => markDelivered(db, key, status),
-    markSentAndHandOff: (key, holder, handOffMs) => markSentAndHandOff(db, key, holder, handOffMs),
+    markDelivered: (key, status, revision) => markDelivered(db, key, status, revision),
+    markSentAndHandOff: (key, holder, handOffMs, revision) => markSentAndHandOff(db, key, holder, handOffMs, revision),
     markRowDead: (key, code, message) => markRowDead(db, key, code, message),
     markRowReopened: (key) => markRowReopened(db, key),
   };

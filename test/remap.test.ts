@@ -1,0 +1,43 @@
+/**
+ * A tenant remapped to another Stripe customer (`billing-outbox customers set`) while its events
+ * are in flight and waiting for the (customer, meter) lease: every event is billed once, those
+ * called after the remap to the new customer, and never under the old customer's lease with the
+ * new one (which would make two calls for the new pair at once: Stripe refuses the second).
+ */
+import { expect, it } from 'vitest';
+import { mapTenant } from '../src/ops/customers.js';
+import { usePipeline, waitFor } from './hooks.js';
+
+const METER = 'api_requests';
+const t = usePipeline({
+  customers: { movers: 'cus_before' },
+  stripe: { customers: ['cus_before', 'cus_after'], meters: [METER] },
+  env: { STRIPE_RATE_LIMIT_PER_SECOND: '1000' },
+});
+
+it('remapped mid-backlog: each event billed once, to the new customer from the remap on, one call at a time per pair', async () => {
+  // Each call takes a while, so the lane's deliveries queue for the lease behind it, and the remap
+  // below commits while the first call is still under way (600 ms: room for a busy CPU's delays).
+  t.stripe.setLatency(600);
+  const keys = await t.backlog('movers', 8);
+  await waitFor('the first call to be in flight', async () => t.stripe.callsInFlight() > 0 || undefined);
+  // Remapped while one call holds cus_before's lease and the others wait for it.
+  const calledBefore = new Set(t.stripe.requests().map((r) => r.identifier));
+  await mapTenant(t.pool, 'movers', 'cus_after', 'test');
+
+  for (const key of keys) await t.waitStatus(key, 'sent', 60_000);
+  // Billed once each: to cus_before only if its call was under way before the remap.
+  for (const key of keys) {
+    const events = t.eventsFor(key);
+    expect(events, key).toHaveLength(1);
+    expect(events[0]!.payload.stripe_customer_id, key).toBe(calledBefore.has(key) ? 'cus_before' : 'cus_after');
+  }
+  expect(keys.filter((k) => calledBefore.has(k)).length).toBeLessThan(keys.length);
+  // One call at a time per (customer, meter), also across the remap. Without the check in
+  // beginAttempt, a delivery handed cus_before's lease calls with cus_after beside the new pair's
+  // own holder: two in flight (caught in 3 of 3 runs at 600 ms, 2 of 2 at 400 ms; at 1 s the
+  // waiters had moved to the new pair's queue first and it went unseen: the latency stays short).
+  expect(t.stripe.maxConcurrencySeen('cus_after', METER)).toBe(1);
+  expect(t.stripe.maxConcurrencySeen('cus_before', METER)).toBe(1);
+  expect(t.stripe.requests().filter((r) => r.status === 429)).toEqual([]);
+}, 90_000);
