@@ -305,7 +305,7 @@ describe('billing-outbox cancel', () => {
     expect((await row(unknown)).status).toBe('sent');
   });
 
-  it('a cancel repeated after one whose answer was lost: Stripe refuses it as already cancelled, and the row becomes cancelled', async () => {
+  it('a cancel repeated after one whose answer was lost gets the first answer again (one Idempotency-Key per cancel), and the row becomes cancelled', async () => {
     const tn = await tenant();
     const key = await event(tn, 4, 60);
     // Stripe cancels the event, the answer is lost (twice: stripe-node retries a closed connection
@@ -321,12 +321,23 @@ describe('billing-outbox cancel', () => {
     expect(again.code).toBe(0);
     const result = JSON.parse(again.out) as { outcome: string; message: string; row: { status: string } };
     expect(result).toMatchObject({ outcome: 'cancelled', row: { status: 'cancelled' } });
-    expect(result.message).toContain('already cancelled');
+    expect(result.message).toContain('Stripe accepted the cancel');
     expect((await row(key)).cancelled_at).toBeInstanceOf(Date);
-    expect((await actionsFor(key)).map((a) => [a.outcome, a.detail.includes('already been cancelled')])).toEqual([
-      ['failed', false],
-      ['cancelled', true],
-    ]);
+    expect((await actionsFor(key)).map((a) => a.outcome)).toEqual(['failed', 'cancelled']);
+  });
+
+  it('an event cancelled at Stripe by someone else (another Idempotency-Key): the refusal as already cancelled makes the row cancelled', async () => {
+    const tn = await tenant();
+    const key = await event(tn, 2, 61);
+    // As the Dashboard or a script would: the same cancel, not through billing-outbox.
+    await client.billing.meterEventAdjustments.create({ event_name: 'api_requests', type: 'cancel', cancel: { identifier: key } });
+
+    const r = await cli(['cancel', key, '--by', 'alice', '--json']);
+    expect(r.code).toBe(0);
+    const result = JSON.parse(r.out) as { outcome: string; message: string };
+    expect(result).toMatchObject({ outcome: 'cancelled' });
+    expect(result.message).toContain('already cancelled');
+    expect((await actionsFor(key)).map((a) => [a.outcome, a.detail.includes('already been cancelled')])).toEqual([['cancelled', true]]);
   });
 
   it('refuses rows that are not sent, and unknown keys; bad arguments exit 2', async () => {

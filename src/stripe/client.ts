@@ -68,9 +68,20 @@ export async function hourlyEventSummaries(
  * allows it within 24 hours of receiving the event; it answers 400 after that.
  */
 export async function cancelMeterEvent(client: Pick<Stripe, 'billing'>, event: { eventName: string; identifier: string }): Promise<void> {
-  await client.billing.meterEventAdjustments.create({
-    event_name: event.eventName,
-    type: 'cancel',
-    cancel: { identifier: event.identifier },
-  });
+  await client.billing.meterEventAdjustments.create(
+    {
+      event_name: event.eventName,
+      type: 'cancel',
+      cancel: { identifier: event.identifier },
+    },
+    // One Idempotency-Key per event's cancel, not one per call: a cancel repeated after one whose
+    // answer was lost gets the first answer again from Stripe's idempotency store (kept at least 24 h,
+    // as long as the cancel window itself) instead of a refusal.
+    { idempotencyKey: cancelIdempotencyKey(event.identifier) },
+  );
+}
+
+/** The Idempotency-Key of an event's cancel (an identifier is at most 100 characters; Stripe takes 255). */
+export function cancelIdempotencyKey(identifier: string): string {
+  return `billing-outbox-cancel:${identifier}`;
 }

@@ -34,9 +34,10 @@ export function createAdjustment(form: FormObject, ledger: MeterEventLedger, now
       'cancel[identifier]',
     );
   }
-  // A cancel is taken once, like the event it cancels: a second cancel of the same event is refused
-  // (a 400 that resending cannot change), not answered as if it were the first. A caller whose
-  // first cancel got no answer learns this way that it did happen.
+  // A cancel is taken once, like the event it cancels: a second cancel of the same event under
+  // another Idempotency-Key is refused (a 400 that resending cannot change), not answered as if it
+  // were the first. Stripe documents no wording for this refusal: this one is ours (see
+  // src/ops/cancel.ts, which also reads it), so that repeated cancels are exercised at all.
   if (event.cancelled) return alreadyCancelled(identifier);
   ledger.cancel(event);
   return json({
