@@ -62,6 +62,21 @@ async function scratchApp(name: string, packages: string[]): Promise<string> {
   return app;
 }
 
+it('billing-outbox-worker is released with this version and brings each optional peer at the range package.json states', () => {
+  type Manifest = { version: string; dependencies?: Record<string, string>; peerDependencies: Record<string, string>; peerDependenciesMeta: Record<string, { optional?: boolean }> };
+  const read = (dir: string) => JSON.parse(readFileSync(path.join(dir, 'package.json'), 'utf8')) as Manifest;
+  const main = read(ROOT);
+  const worker = read(path.join(ROOT, 'packages', 'worker'));
+  expect(worker.version).toBe(main.version);
+  const { 'billing-outbox': pinned, ...brought } = worker.dependencies ?? {};
+  expect(pinned).toBe(main.version);
+  // Every optional peer but the ORMs and the types is the worker's, at the same range.
+  const notTheWorkers = new Set(['kysely', 'drizzle-orm', 'knex', '@types/pg']);
+  const optional = Object.keys(main.peerDependenciesMeta).filter((name) => main.peerDependenciesMeta[name]!.optional && !notTheWorkers.has(name));
+  expect(brought).toEqual(Object.fromEntries(optional.map((name) => [name, main.peerDependencies[name]])));
+  expect(main.dependencies ?? {}).toEqual({});
+});
+
 // Side by side: each test spends most of its time in npm install.
 describe.concurrent('installed from the tarballs', () => {
   it('records usage from a TypeScript application that installed billing-outbox and pg alone (compiled against the declarations: nodenext, ES2022, skipLibCheck off)', async () => {
