@@ -19,28 +19,15 @@ const source = path.join(root, 'src', 'bin', 'cli.ts');
 if (existsSync(source)) {
   runSource(source);
 } else {
-  const built = path.join(root, 'dist', 'src', 'bin', 'cli.js');
+  const dist = path.join(root, 'dist', 'src');
+  const { loadPart, MissingPeerError } = await import(pathToFileURL(path.join(dist, 'optional-peers.js')).href);
   try {
-    await import(pathToFileURL(built).href);
+    await loadPart('this command', () => import(pathToFileURL(path.join(dist, 'bin', 'cli.js')).href));
   } catch (err) {
-    const missing = missingPackage(err, built);
-    if (!missing) throw err;
-    process.stderr.write(
-      `billing-outbox: this command needs the package ${missing}, which is not installed.\n` +
-        '  The worker, the API and the operator commands come with billing-outbox-worker: npm install billing-outbox-worker\n',
-    );
+    if (!(err instanceof MissingPeerError)) throw err;
+    process.stderr.write(`billing-outbox: ${err.message}\n`);
     process.exit(1);
   }
-}
-
-/**
- * The optional peer dependency whose absence made loading fail (Node's ERR_MODULE_NOT_FOUND for a
- * bare package name), or undefined for any other failure, a missing file of this package included.
- */
-function missingPackage(err, built) {
-  if (err?.code !== 'ERR_MODULE_NOT_FOUND') return undefined;
-  const name = /Cannot find package '([^']+)'/.exec(String(err.message))?.[1];
-  return name && !name.startsWith('/') && name !== built ? name : undefined;
 }
 
 function runSource(entry) {

@@ -122,6 +122,16 @@ describe.concurrent('installed from the tarballs', () => {
     const result = JSON.parse(stdout) as { key: string; expected: string; refused: string };
     expect(result).toEqual({ key: result.expected, expected: expect.any(String), refused: 'invalid_usage' });
     expect(await t.row(result.key)).toMatchObject({ status: 'pending', quantity: 2 });
+
+    // The worker's parts, without the worker's packages, say what to install.
+    const failed = (p: Promise<unknown>) => p.then(() => ({ code: 0, stderr: '' }), (err: { code: number; stderr: string }) => err);
+    const command = await failed(exec('npx', ['--no-install', 'billing-outbox', '--help'], { cwd: app, env }));
+    expect(command.code).toBe(1);
+    expect(command.stderr).toMatch(/this command needs the package \S+, which is not installed: npm install billing-outbox-worker/);
+    if (existsSync(path.join(ROOT, 'src', 'worker.ts'))) {
+      const library = await failed(exec(process.execPath, ['--input-type=module', '-e', "await import('billing-outbox/worker')"], { cwd: app, env }));
+      expect(library.stderr).toMatch(/billing-outbox\/worker needs the package \S+, which is not installed: npm install billing-outbox-worker/);
+    }
   }, 120_000);
 
   // The worker's library API (src/worker.ts: createWorker) and the `migrate` command arrive with the
