@@ -107,7 +107,9 @@ describe.concurrent('installed from the tarballs', () => {
       refused = err.code;
     }
     await client.query('COMMIT');
-    console.log(JSON.stringify({ key: entry.idempotencyKey, expected: idempotencyKeyFor('acme', usage.usageId), refused }));
+    // The application's own pg reads bigint as pg does: importing billing-outbox changed nothing.
+    const { big } = (await client.query<{ big: unknown }>('SELECT 9007199254740993::bigint AS big')).rows[0]!;
+    console.log(JSON.stringify({ key: entry.idempotencyKey, expected: idempotencyKeyFor('acme', usage.usageId), refused, big }));
   } finally {
     await client.end();
   }
@@ -119,8 +121,8 @@ describe.concurrent('installed from the tarballs', () => {
 
     const usageId = randomUUID();
     const { stdout } = await exec(process.execPath, ['out/record.js'], { cwd: app, env: { ...env, DATABASE_URL: t.db.url, USAGE_ID: usageId } });
-    const result = JSON.parse(stdout) as { key: string; expected: string; refused: string };
-    expect(result).toEqual({ key: result.expected, expected: expect.any(String), refused: 'invalid_usage' });
+    const result = JSON.parse(stdout) as { key: string; expected: string; refused: string; big: unknown };
+    expect(result).toEqual({ key: result.expected, expected: expect.any(String), refused: 'invalid_usage', big: '9007199254740993' });
     expect(await t.row(result.key)).toMatchObject({ status: 'pending', quantity: 2 });
 
     // The worker's parts, without the worker's packages, say what to install.
