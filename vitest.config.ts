@@ -1,6 +1,9 @@
+import { defaultServerConditions } from 'vite';
 import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
+  // A test that imports the package by its name ('billing-outbox') gets the sources, not a build.
+  ssr: { resolve: { conditions: ['billing-outbox-source', ...defaultServerConditions] } },
   test: {
     include: ['test/**/*.test.ts'],
     // The Temporal SDK's native module is unreliable in worker threads.

@@ -90,12 +90,21 @@ export class Load {
   private serial = 0;
   private burstDone = false;
 
+  private readonly world: LoadTarget;
+  private readonly rng: Rng;
+  private readonly opts: LoadOptions;
+  private readonly say: (line: string) => void;
   constructor(
-    private readonly world: LoadTarget,
-    private readonly rng: Rng,
-    private readonly opts: LoadOptions,
-    private readonly say: (line: string) => void,
-  ) {}
+    world: LoadTarget,
+    rng: Rng,
+    opts: LoadOptions,
+    say: (line: string) => void,
+  ) {
+    this.world = world;
+    this.rng = rng;
+    this.opts = opts;
+    this.say = say;
+  }
 
   /** Runs until `events` usages have been issued and every client has its answer. */
   async run(): Promise<void> {

@@ -61,12 +61,18 @@ export class ProductProcess {
   private readonly logFile: WriteStream;
   starts = 0;
 
+  readonly name: string;
+  private readonly script: string;
+  private readonly env: () => Record<string, string>;
   constructor(
-    readonly name: string,
-    private readonly script: string,
-    private readonly env: () => Record<string, string>,
+    name: string,
+    script: string,
+    env: () => Record<string, string>,
     dir: string,
   ) {
+    this.name = name;
+    this.script = script;
+    this.env = env;
     this.logFile = createWriteStream(path.join(dir, `${name}.log`), { flags: 'a' });
   }
 
@@ -147,7 +153,9 @@ export class World {
   private pgPort = 0;
   private temporalPort = 0;
 
-  private constructor(readonly opts: WorldOptions) {
+  readonly opts: WorldOptions;
+  private constructor(opts: WorldOptions) {
+    this.opts = opts;
     this.tenants = Array.from({ length: opts.tenants }, (_, i) => ({ tenantId: `tenant-${i}`, customer: `cus_chaos_${i}` }));
   }
 

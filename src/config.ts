@@ -330,8 +330,10 @@ export interface Config {
 export const CONFIG_VARIABLES: readonly string[] = Object.keys(schema.shape);
 
 export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
+  readonly problems: string[];
+  constructor(problems: string[]) {
     super(`Invalid configuration:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.problems = problems;
     this.name = 'ConfigError';
   }
 }

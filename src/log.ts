@@ -25,7 +25,10 @@ export type Logger = pino.Logger;
  * every field of every line is covered (a serializer's output included).
  */
 class ScrubbingStream implements pino.DestinationStream {
-  constructor(private readonly inner: pino.DestinationStream) {}
+  private readonly inner: pino.DestinationStream;
+  constructor(inner: pino.DestinationStream) {
+    this.inner = inner;
+  }
   write(line: string): void {
     this.inner.write(scrub(line));
   }
@@ -33,10 +36,15 @@ class ScrubbingStream implements pino.DestinationStream {
 
 /** Writes each JSON line as `formatForHumans` reads it. */
 class HumanStream implements pino.DestinationStream {
+  private readonly inner: pino.DestinationStream;
+  private readonly colors: boolean;
   constructor(
-    private readonly inner: pino.DestinationStream,
-    private readonly colors: boolean,
-  ) {}
+    inner: pino.DestinationStream,
+    colors: boolean,
+  ) {
+    this.inner = inner;
+    this.colors = colors;
+  }
   write(line: string): void {
     this.inner.write(`${formatForHumans(line, this.colors)}\n`);
   }

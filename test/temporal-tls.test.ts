@@ -106,10 +106,10 @@ describe('Temporal over TLS', () => {
   });
 
   it('says what to check when the server requires a client certificate and none is given, or one it does not trust', async () => {
-    for (const env of <Record<string, string>[]>[
+    for (const env of [
       { TEMPORAL_TLS_CA_FILE: file('server-ca.pem') },
       { TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('stranger.pem'), TEMPORAL_TLS_KEY_FILE: file('stranger.key') },
-    ]) {
+    ] as Record<string, string>[]) {
       const config = configWith(env);
       const err = await connectTemporal(config.temporal).catch((e: unknown) => e);
       expect(err, JSON.stringify(env)).toBeInstanceOf(TemporalConnectionError);

@@ -18,14 +18,22 @@ export interface ErrorBody {
 }
 
 export class ApiError extends Error {
+  readonly statusCode: number;
+  readonly code: string;
+  readonly fields?: FieldError[];
+  readonly headers: Record<string, string>;
   constructor(
-    readonly statusCode: number,
-    readonly code: string,
+    statusCode: number,
+    code: string,
     message: string,
-    readonly fields?: FieldError[],
-    readonly headers: Record<string, string> = {},
+    fields?: FieldError[],
+    headers: Record<string, string> = {},
   ) {
     super(message);
+    this.statusCode = statusCode;
+    this.code = code;
+    this.fields = fields;
+    this.headers = headers;
     this.name = 'ApiError';
   }
 }

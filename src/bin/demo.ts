@@ -122,7 +122,10 @@ function parseOptions(argv: string[]): Options | 'help' {
 /** Lines for the record, plus one live status line that a terminal redraws in place. */
 class Output {
   private live = '';
-  constructor(private readonly tty: boolean) {}
+  private readonly tty: boolean;
+  constructor(tty: boolean) {
+    this.tty = tty;
+  }
 
   line(text = ''): void {
     if (this.tty && this.live) process.stdout.write(`\r\x1b[2K${text}\n${this.live}`);

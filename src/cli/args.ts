@@ -7,7 +7,10 @@ import { CommandLineError } from './context.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 
-export function parse<O extends Options>(args: string[], options: O, help: string) {
+// Spelled out: the declaration emit cannot name the parseArgs types that the inferred type uses.
+type Parsed<O extends Options> = ReturnType<typeof parseArgs<{ args: string[]; options: O & { help: { type: 'boolean'; short: 'h' } }; allowPositionals: true; strict: true }>>;
+
+export function parse<O extends Options>(args: string[], options: O, help: string): Parsed<O> {
   try {
     return parseArgs({ args, options: { ...options, help: { type: 'boolean', short: 'h' } }, allowPositionals: true, strict: true });
   } catch (err) {

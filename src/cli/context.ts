@@ -38,11 +38,13 @@ export const EXIT_USAGE = 2;
 
 /** A mistake on the command line: printed with the command's usage, exit code 2. */
 export class CommandLineError extends Error {
+  readonly help?: string;
   constructor(
     message: string,
-    readonly help?: string,
+    help?: string,
   ) {
     super(message);
+    this.help = help;
     this.name = 'CommandLineError';
   }
 }

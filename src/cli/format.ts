@@ -41,12 +41,21 @@ export class ProgressBar {
   private lastDraw = 0;
   private line = '';
 
+  private readonly out: Output;
+  private readonly total: number;
+  private readonly width: number;
+  private readonly everyMs: number;
   constructor(
-    private readonly out: Output,
-    private readonly total: number,
-    private readonly width = 28,
-    private readonly everyMs = 100,
-  ) {}
+    out: Output,
+    total: number,
+    width = 28,
+    everyMs = 100,
+  ) {
+    this.out = out;
+    this.total = total;
+    this.width = width;
+    this.everyMs = everyMs;
+  }
 
   update(done: number, label: string, force = false): void {
     const now = Date.now();

@@ -107,7 +107,10 @@ async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T)
 }
 
 export class DeadLetterRetrier {
-  constructor(private readonly deps: RetrierDeps) {}
+  private readonly deps: RetrierDeps;
+  constructor(deps: RetrierDeps) {
+    this.deps = deps;
+  }
 
   /** Retries the event with `key`; never throws (errors come back as `failed`). */
   async retryKey(key: string, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {

@@ -18,41 +18,53 @@ export interface OutboxEntry {
 
 /** Base class of every error recordUsage throws. `field` names the input field at fault, if one is. */
 export class UsageError extends Error {
+  readonly code: string;
+  readonly field?: string;
   constructor(
-    readonly code: string,
+    code: string,
     message: string,
-    readonly field?: string,
+    field?: string,
   ) {
     super(message);
+    this.code = code;
+    this.field = field;
     this.name = 'UsageError';
   }
 }
 
 /** A field that can never be recorded as it is; `reason` says why, without the field's name. */
 export class InvalidUsageError extends UsageError {
+  readonly reason: string;
   constructor(
     field: string,
-    readonly reason: string,
+    reason: string,
   ) {
     super('invalid_usage', `${field}: ${reason}`, field);
+    this.reason = reason;
     this.name = 'InvalidUsageError';
   }
 }
 
 export class UnknownTenantError extends UsageError {
-  constructor(readonly tenantId: string) {
+  readonly tenantId: string;
+  constructor(tenantId: string) {
     super('unknown_tenant', `tenant ${JSON.stringify(tenantId)} has no billing customer; add one first`, 'tenantId');
+    this.tenantId = tenantId;
     this.name = 'UnknownTenantError';
   }
 }
 
 /** The same usage id was recorded before, for this tenant, with different values: refusing beats silently diverging. */
 export class UsageConflictError extends UsageError {
+  readonly usageId: string;
+  readonly existing: OutboxEntry;
   constructor(
-    readonly usageId: string,
-    readonly existing: OutboxEntry,
+    usageId: string,
+    existing: OutboxEntry,
   ) {
     super('usage_conflict', `usage ${JSON.stringify(usageId)} was already recorded with different values`, 'usageId');
+    this.usageId = usageId;
+    this.existing = existing;
     this.name = 'UsageConflictError';
   }
 }

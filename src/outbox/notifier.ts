@@ -34,7 +34,10 @@ export class OutboxNotifier {
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
 
-  constructor(private readonly databaseUrl: string) {}
+  private readonly databaseUrl: string;
+  constructor(databaseUrl: string) {
+    this.databaseUrl = databaseUrl;
+  }
 
   /**
    * Starts listening (idempotent) and returns at once: connecting, and reconnecting with backoff

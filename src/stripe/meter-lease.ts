@@ -64,14 +64,23 @@ export type LeaseTimings = Pick<DeliveryTimings, 'leaseMs' | 'leaseWaitMs' | 'le
 
 /** One worker's side of the leases: PostgreSQL for the truth, the notifier for the hand-offs. */
 export class MeterLease implements Lease {
+  private readonly db: Queryable;
+  private readonly timings: LeaseTimings;
+  /** Wakes a waiting delivery when the holder hands the lease off (without it: polling). */
+  private readonly notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>;
+  /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
+  private readonly stopping?: AbortSignal;
   constructor(
-    private readonly db: Queryable,
-    private readonly timings: LeaseTimings,
-    /** Wakes a waiting delivery when the holder hands the lease off (without it: polling). */
-    private readonly notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>,
-    /** Aborted when this worker is shutting down: waiting deliveries step aside at once. */
-    private readonly stopping?: AbortSignal,
-  ) {}
+    db: Queryable,
+    timings: LeaseTimings,
+    notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>,
+    stopping?: AbortSignal,
+  ) {
+    this.db = db;
+    this.timings = timings;
+    this.notifier = notifier;
+    this.stopping = stopping;
+  }
 
   /**
    * Waits, inside the activity, for the lease of `key`'s customer and meter: woken by the holder's

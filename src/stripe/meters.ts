@@ -64,10 +64,15 @@ export class MeterCatalog {
   /** When the read behind the current cache started. */
   private loadedFrom = Number.NEGATIVE_INFINITY;
 
+  private readonly stripe: Pick<Stripe, 'billing'>;
+  private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number };
   constructor(
-    private readonly stripe: Pick<Stripe, 'billing'>,
-    private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number } = {},
-  ) {}
+    stripe: Pick<Stripe, 'billing'>,
+    opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number } = {},
+  ) {
+    this.stripe = stripe;
+    this.opts = opts;
+  }
 
   private now(): number {
     return (this.opts.now ?? Date.now)();

@@ -32,10 +32,15 @@ export class SlotPacer {
   private waiting: { resolve: (r: { granted: boolean; waitMs: number }) => void; reject: (e: unknown) => void }[] = [];
   private inFlight = false;
 
+  private readonly db: Queryable;
+  private readonly opts: { bucket: Bucket; perSecond: number; maxWaitMs: number };
   constructor(
-    private readonly db: Queryable,
-    private readonly opts: { bucket: Bucket; perSecond: number; maxWaitMs: number },
-  ) {}
+    db: Queryable,
+    opts: { bucket: Bucket; perSecond: number; maxWaitMs: number },
+  ) {
+    this.db = db;
+    this.opts = opts;
+  }
 
   /** A slot for one call: granted with how long to wait for it, or not granted and how long the queue is. */
   take(): Promise<{ granted: boolean; waitMs: number }> {

@@ -130,10 +130,15 @@ export class MeterEventStream implements MeterEventSender {
   /** Stripe's clock minus ours (ms), as of the last session; undefined before the first. */
   clockSkewMs: number | undefined;
 
+  private readonly stripe: StreamStripe;
+  private readonly opts: MeterEventStreamOptions;
   constructor(
-    private readonly stripe: StreamStripe,
-    private readonly opts: MeterEventStreamOptions = {},
-  ) {}
+    stripe: StreamStripe,
+    opts: MeterEventStreamOptions = {},
+  ) {
+    this.stripe = stripe;
+    this.opts = opts;
+  }
 
   /** Sends `event` in the next batch; settles with that batch's outcome. */
   send(event: MeterEvent): Promise<void> {

@@ -126,11 +126,15 @@ function temporalAnswer(err: unknown): string {
  */
 export class StartRefusedError extends Error {
   override readonly name = 'StartRefusedError';
+  readonly grpcStatus: string;
+  readonly answer: string;
   constructor(
-    readonly grpcStatus: string,
-    readonly answer: string,
+    grpcStatus: string,
+    answer: string,
   ) {
     super(`Temporal refused to start the workflow (${grpcStatus}): ${answer}`);
+    this.grpcStatus = grpcStatus;
+    this.answer = answer;
   }
 }
 

@@ -20,6 +20,7 @@ import { createStripeClient } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
+import { shippedWorkflowBundle } from './workflow-bundle.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -94,7 +95,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     namespace: config.temporal.namespace,
     taskQueue: config.temporal.taskQueue,
     activities,
-    workflowBundle: deps.workflowBundle ?? (await bundleWorkflows(deps.log)),
+    workflowBundle: deps.workflowBundle ?? shippedWorkflowBundle() ?? (await bundleWorkflows(deps.log)),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
     // as long as it waits for its lease (a second at most; longer waits are the regular
     // activity's) and calls Stripe: the slots bound concurrent deliveries.

@@ -35,7 +35,10 @@ export class Catalog {
   private customerSeq = 0;
   private meterSeq = 0;
 
-  constructor(private readonly nowSeconds: () => number) {}
+  private readonly nowSeconds: () => number;
+  constructor(nowSeconds: () => number) {
+    this.nowSeconds = nowSeconds;
+  }
 
   /** Registers a customer with a chosen id (test setup; the API itself never lets you choose). */
   addCustomer(id: string, fields: Partial<Pick<CustomerObject, 'name' | 'email' | 'metadata'>> = {}): CustomerObject {

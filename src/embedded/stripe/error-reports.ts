@@ -69,12 +69,19 @@ export class ErrorReporter {
   private deliveryLog: WebhookDelivery[] = [];
   private readonly inFlight = new Set<Promise<void>>();
 
+  private readonly now: () => number;
+  private readonly webhook: WebhookTarget | undefined;
+  /** How long failures collect before a report goes out (Stripe batches them per window). */
+  private readonly batchDelayMs: number;
   constructor(
-    private readonly now: () => number,
-    private readonly webhook: WebhookTarget | undefined,
-    /** How long failures collect before a report goes out (Stripe batches them per window). */
-    private readonly batchDelayMs = 50,
-  ) {}
+    now: () => number,
+    webhook: WebhookTarget | undefined,
+    batchDelayMs = 50,
+  ) {
+    this.now = now;
+    this.webhook = webhook;
+    this.batchDelayMs = batchDelayMs;
+  }
 
   add(failure: FailedMeterEvent): void {
     this.pending.push(failure);

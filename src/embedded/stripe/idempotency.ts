@@ -30,7 +30,10 @@ export type IdempotencyLookup =
 export class IdempotencyStore {
   private results = new Map<string, StoredResult>();
 
-  constructor(private readonly now: () => number) {}
+  private readonly now: () => number;
+  constructor(now: () => number) {
+    this.now = now;
+  }
 
   /**
    * @param endpoint e.g. 'POST /v1/billing/meter_events'

@@ -8,10 +8,15 @@ import { performance } from 'node:perf_hooks';
 export class SlidingWindowLimiter {
   private admitted: number[] = [];
 
+  private readonly perSecond: number | undefined;
+  private readonly clock: () => number;
   constructor(
-    private readonly perSecond: number | undefined,
-    private readonly clock: () => number = () => performance.now(),
-  ) {}
+    perSecond: number | undefined,
+    clock: () => number = () => performance.now(),
+  ) {
+    this.perSecond = perSecond;
+    this.clock = clock;
+  }
 
   tryAcquire(): boolean {
     if (this.perSecond === undefined) return true;

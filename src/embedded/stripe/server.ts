@@ -155,7 +155,9 @@ export class LocalStripe implements ControlTarget {
     return instance;
   }
 
-  private constructor(private readonly options: LocalStripeOptions) {
+  private readonly options: LocalStripeOptions;
+  private constructor(options: LocalStripeOptions) {
+    this.options = options;
     this.clock = options.now ?? Date.now;
     this.catalog = new Catalog(() => Math.floor(this.now() / 1000));
     this.idempotency = new IdempotencyStore(() => this.now());

@@ -24,10 +24,12 @@ export class MeterEventSessions {
   /** How long a new session lasts: Stripe's 15 minutes, unless a test wants another Stripe. */
   lifetimeMs: number;
 
+  private readonly now: () => number;
   constructor(
-    private readonly now: () => number,
+    now: () => number,
     lifetimeMs = STREAM_SESSION_TTL_MS,
   ) {
+    this.now = now;
     this.lifetimeMs = lifetimeMs;
   }
 

@@ -1,0 +1,38 @@
+/**
+ * The worker, the HTTP API and the `billing-outbox` command need packages that billing-outbox lists
+ * as optional peer dependencies (the Temporal SDK, stripe, fastify, pino, prom-client, zod), so that
+ * an application that only records usage does not install them; billing-outbox-worker brings them.
+ * Without them, loading one of those parts fails in Node's module resolution, naming a package the
+ * application never asked for. These say what to install instead.
+ */
+
+/** The package whose absence made an import fail (Node's ERR_MODULE_NOT_FOUND for a bare name), or undefined. */
+export function missingPackage(err: unknown): string | undefined {
+  const e = err as { code?: unknown; message?: unknown } | null;
+  if (e?.code !== 'ERR_MODULE_NOT_FOUND' || typeof e.message !== 'string') return undefined;
+  return /Cannot find package '([^']+)'/.exec(e.message)?.[1];
+}
+
+export class MissingPeerError extends Error {
+  /** The package that is not installed. */
+  readonly packageName: string;
+  constructor(part: string, packageName: string, cause: unknown) {
+    super(
+      `${part} needs the package ${packageName}, which is not installed: npm install billing-outbox-worker ` +
+        "(it brings the dependencies of billing-outbox's worker, HTTP API and command)",
+      { cause },
+    );
+    this.name = 'MissingPeerError';
+    this.packageName = packageName;
+  }
+}
+
+/** `load()`, with a missing optional peer dependency turned into a MissingPeerError naming `part`. */
+export async function loadPart<T>(part: string, load: () => Promise<T>): Promise<T> {
+  try {
+    return await load();
+  } catch (err) {
+    const name = missingPackage(err);
+    throw name === undefined ? err : new MissingPeerError(part, name, err);
+  }
+}

