@@ -16,32 +16,17 @@ import { createMetrics } from '../../metrics.js';
 import { installTemporalRuntime, sdkLogLevel } from '../../temporal/runtime.js';
 import { launchWorker } from '../../temporal/worker.js';
 
-export const WORKER_HELP = `Usage: billing-outbox worker
-
-Runs a worker: the relays (claiming outbox rows) and the usage workflows (reporting each to
-Stripe), on TEMPORAL_TASK_QUEUE. Run as many as you like. Migrates the database first (safe with
-many at once). On SIGTERM or SIGINT it stops claiming and lets in-flight deliveries finish.
-
-Environment: DATABASE_URL (required), TEMPORAL_ADDRESS (default localhost:7233),
-TEMPORAL_NAMESPACE, TEMPORAL_TLS_* or TEMPORAL_API_KEY, STRIPE_API_KEY (required for Stripe
-itself), STRIPE_METER_API, and the tuning variables of .env.example. With WORKER_METRICS_PORT:
-GET /metrics and GET /health (200 while it runs and reaches PostgreSQL, else 503 and why) on
-API_HOST:WORKER_METRICS_PORT. In your own process instead: createWorker from billing-outbox/worker.
-
-Exit codes: 0 stopped by a signal, 1 failed, 2 a configuration error.
-`;
-
 /** Runs the worker until a signal has drained it; throws what stops it otherwise. */
 export async function runWorker(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
-  const log = createLogger(config.logLevel);
-  const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
-  installTemporalRuntime(log, sdkLogLevel(config.logLevel), sdkMetricsAddress);
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
   if (!config.stripe.apiKey && config.stripe.isRealStripe) {
     throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
   }
+  const log = createLogger(config.logLevel);
+  const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
+  installTemporalRuntime(log, sdkLogLevel(config.logLevel), sdkMetricsAddress);
   const worker = await launchWorker(config, {
     migrate: true,
     handleSignals: true,
