@@ -3,7 +3,9 @@
  * application's own pool or on a URL, against the shared Temporal dev server and the local
  * Stripe-compatible server; its drain at shutdown, its GET /health, and its refusal of bad options.
  */
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import net from 'node:net';
 import { Client, Connection } from '@temporalio/client';
 import pg from 'pg';
 import { afterEach, describe, expect, inject, it } from 'vitest';
@@ -148,5 +150,49 @@ describe('createWorker', () => {
     await expect(
       createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { tls: { certFile: '/nonexistent/client.pem' } } }),
     ).rejects.toThrow(/temporal\.tls\.certFile: mTLS needs both temporal\.tls\.certFile and temporal\.tls\.keyFile/);
+  });
+});
+
+describe('billing-outbox worker (the standalone process, on the same launch)', () => {
+  it('serves GET /health on WORKER_METRICS_PORT while it runs, and drains and exits 0 on SIGTERM', async () => {
+    const port = await new Promise<number>((resolve) => {
+      const probe = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port: p } = probe.address() as net.AddressInfo;
+        probe.close(() => resolve(p));
+      });
+    });
+    const taskQueue = `worker-bin-${randomUUID()}`;
+    queues.push(taskQueue);
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
+      env: {
+        PATH: process.env.PATH ?? '',
+        DATABASE_URL: t.db.url,
+        TEMPORAL_ADDRESS: inject('temporalAddress'),
+        TEMPORAL_TASK_QUEUE: taskQueue,
+        STRIPE_API_KEY: 'sk_test_worker_bin',
+        STRIPE_API_BASE: t.stripe.url,
+        RELAY_COUNT: '1',
+        WORKER_METRICS_PORT: String(port),
+        LOG_LEVEL: 'info',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (b: Buffer) => (output += b.toString()));
+    child.stderr.on('data', (b: Buffer) => (output += b.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+    try {
+      await waitFor('the worker to run', async () => output.includes('billing-outbox worker running') || (child.exitCode !== null && Promise.reject(new Error(output))), 60_000);
+      const health = await fetch(`http://127.0.0.1:${port}/health`);
+      expect(health.status).toBe(200);
+      expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', taskQueue });
+      const key = await t.enqueue('acme', 4);
+      await t.waitStatus(key, 'sent');
+      child.kill('SIGTERM');
+      expect(await exited, output).toBe(0);
+      expect(output).toContain('worker stopped');
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
   });
 });

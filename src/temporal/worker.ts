@@ -261,6 +261,8 @@ export interface LaunchOptions {
   metrics?: (pool: pg.Pool) => Metrics;
   workflowBundle?: WorkerOptions['workflowBundle'];
   workerOptions?: Partial<WorkerOptions>;
+  /** Called once the worker runs (polling its task queue, relays started). */
+  onRunning?: () => void;
   /** How long a health probe waits for PostgreSQL (default 2 s). */
   healthTimeoutMs?: number;
 }
@@ -340,7 +342,10 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
             }
             // A shutdown asked for while the worker was starting stops it now.
             if (stopRequested) void running.shutdown();
-            else state = 'running';
+            else {
+              state = 'running';
+              opts.onRunning?.();
+            }
             await running.done;
             state = 'stopped';
           } catch (err) {

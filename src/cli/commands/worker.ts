@@ -20,7 +20,8 @@ import { launchWorker } from '../../temporal/worker.js';
 export async function runWorker(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
-  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  const databaseUrl = config.databaseUrl;
+  if (!databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
   if (!config.stripe.apiKey && config.stripe.isRealStripe) {
     throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
   }
@@ -34,10 +35,11 @@ export async function runWorker(): Promise<void> {
     // Created here rather than by the launch: the SDK's exporter is appended to every scrape.
     metrics: (pool) => createMetrics(undefined, { db: pool, temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` }),
     ...(config.workerMetricsPort === undefined ? {} : { http: { host: config.api.host, port: config.workerMetricsPort } }),
+    onRunning: () => {
+      if (worker.url) log.info({ metrics: `${worker.url}/metrics`, health: `${worker.url}/health` }, 'worker metrics and health served');
+      log.info({ database: redactUrl(databaseUrl), temporal: config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS, stripe: config.stripe.apiBase }, 'billing-outbox worker running');
+    },
   });
-  const running = worker.run();
-  if (worker.url) log.info({ metrics: `${worker.url}/metrics`, health: `${worker.url}/health` }, 'worker metrics and health served');
-  log.info({ database: redactUrl(config.databaseUrl), temporal: config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS, stripe: config.stripe.apiBase }, 'billing-outbox worker running');
-  await running;
+  await worker.run();
   log.info('worker stopped');
 }
