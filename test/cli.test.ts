@@ -491,6 +491,10 @@ describe('the commands a deployment runs', () => {
     for (const name of ['migrate', 'worker', 'api', 'start', 'status', 'retry']) expect(top.out).toMatch(new RegExp(`^  ${name} `, 'm'));
     // In-process (no entry point to run it as a process): refused, not started.
     expect((await cli(['worker'])).code).toBe(1);
+    // Without a database, migrate fails as `npm run migrate` always has (exit 1, said why).
+    const noDb = await cli(['migrate'], { config: { ...t.config, databaseUrl: undefined } });
+    expect(noDb.code).toBe(1);
+    expect(noDb.err).toContain('DATABASE_URL is not set');
   });
 });
 

@@ -1,6 +1,5 @@
 /** `billing-outbox migrate` (`npm run migrate`): apply pending migrations to DATABASE_URL. */
 import { migrate, redactUrl } from '../../db.js';
-import { ConfigError } from '../../config.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 
@@ -23,7 +22,8 @@ export async function migrateCommand(args: string[], ctx: CliContext): Promise<n
   }
   noPositionals(positionals, MIGRATE_HELP);
   const url = ctx.config.databaseUrl;
-  if (!url) throw new ConfigError(['DATABASE_URL: is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)']);
+  // A failure (exit 1), as `npm run migrate` has always said it.
+  if (!url) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)');
   const applied = await migrate(url);
   if (values.json) writeJson(ctx.out, { applied });
   else ctx.out.write(applied.length ? `applied ${applied.join(', ')} to ${redactUrl(url)}\n` : `${redactUrl(url)} is up to date\n`);
