@@ -7,6 +7,7 @@ import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import net from 'node:net';
 import { Client, Connection } from '@temporalio/client';
+import { NativeConnection } from '@temporalio/worker';
 import pg from 'pg';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError } from '../src/config.js';
@@ -98,6 +99,23 @@ describe('createWorker', () => {
     );
     expect(Number(ours.rows[0]!.n)).toBe(0);
     expect((await worker.health()).worker).toBe('stopped');
+  });
+
+  it("on the application's own Temporal connection: delivers, and leaves the connection open", async () => {
+    const connection = await NativeConnection.connect({ address: inject('temporalAddress') });
+    try {
+      const opts = options(t.db.url);
+      const { worker, running } = await started({ ...opts, temporal: { connection } });
+      const key = await t.enqueue('acme', 9);
+      await t.waitStatus(key, 'sent');
+      await worker.shutdown();
+      await running;
+      // Still the application's: a call on it succeeds after the worker has gone.
+      await expect(connection.workflowService.getSystemInfo({})).resolves.toBeDefined();
+      await expect(createWorker({ ...opts, temporal: { connection, address: 'elsewhere:7233' } })).rejects.toThrow(/temporal\.address: is set with temporal\.connection/);
+    } finally {
+      await connection.close();
+    }
   });
 
   it('a shutdown while an event is at Stripe drains it: the event ends sent, once', async () => {
