@@ -22,6 +22,41 @@ export const pgTypes: pg.CustomTypesConfig = {
       : pg.types.getTypeParser(oid, format as 'text')) as pg.CustomTypesConfig['getTypeParser'],
 };
 
+/**
+ * An application's pool seen through billing-outbox's type parsers: every query made through it,
+ * or through a client it hands out, carries `pgTypes`. The pool itself, its clients and `pg.types`
+ * are left as they were, so the application's own queries read bigint as before. Used where the
+ * application gives us its pool (the worker library, the Fastify plugin); our own pools get
+ * `pgTypes` at creation instead.
+ */
+export function withPgTypes(pool: pg.Pool): pg.Pool {
+  type Query = (first: unknown, ...rest: unknown[]) => unknown;
+  const typed = (query: Query): Query => (first, ...rest) => {
+    if (typeof first === 'string') return query({ text: first, types: pgTypes }, ...rest);
+    // A submittable (a cursor, a stream) brings its own reader; a config that names types keeps them.
+    if (first !== null && typeof first === 'object' && !('submit' in first) && !('types' in first)) return query({ ...first, types: pgTypes }, ...rest);
+    return query(first, ...rest);
+  };
+  const view = <T extends object>(target: T, own: (prop: string | symbol) => unknown): T =>
+    new Proxy(target, {
+      get(t, prop) {
+        const special = own(prop);
+        if (special !== undefined) return special;
+        const value: unknown = Reflect.get(t, prop, t);
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(t) : value;
+      },
+    });
+  const client = (c: pg.PoolClient): pg.PoolClient => view(c, (prop) => (prop === 'query' ? typed(c.query.bind(c) as Query) : undefined));
+  return view(pool, (prop) => {
+    if (prop === 'query') return typed(pool.query.bind(pool) as Query);
+    if (prop === 'connect') {
+      return (cb?: (err: Error | undefined, c: pg.PoolClient | undefined, done: (release?: unknown) => void) => void) =>
+        cb ? pool.connect((err, c, done) => cb(err, c && client(c), done)) : pool.connect().then(client);
+    }
+    return undefined;
+  });
+}
+
 export function createPool(databaseUrl: string, max = 10): pg.Pool {
   const pool = new pg.Pool({ connectionString: databaseUrl, max, application_name: 'billing-outbox', types: pgTypes });
   // An idle client losing its connection (server restart) must not crash the process; the pool
@@ -56,8 +91,11 @@ const NO_TRANSACTION = '-- billing-outbox: no transaction';
  * the outbox are built CONCURRENTLY, new constraints added NOT VALID and validated apart (see
  * docs/operations.md, "Upgrading"; test/migrate.test.ts records usage while one runs).
  */
-export async function migrate(databaseUrl: string, opts: { upTo?: string } = {}): Promise<string[]> {
-  const client = new pg.Client({ connectionString: databaseUrl, application_name: 'billing-outbox-migrate', types: pgTypes });
+export async function migrate(database: string | pg.ClientConfig, opts: { upTo?: string } = {}): Promise<string[]> {
+  // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
+  // advisory lock on a connection of its own, never one of the application's pool.
+  const settings = typeof database === 'string' ? { connectionString: database } : database;
+  const client = new pg.Client({ ...settings, application_name: 'billing-outbox-migrate', types: pgTypes });
   await client.connect();
   try {
     // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,

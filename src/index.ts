@@ -1,6 +1,7 @@
 /**
- * billing-outbox for applications: what you call inside your own transaction. Everything else
- * (workers, the API, the CLI) runs as its own process (src/bin/).
+ * billing-outbox for applications: what you call inside your own transaction. A worker in your
+ * own process comes from billing-outbox/worker, the ingestion route for your Fastify server from
+ * billing-outbox/fastify; or run them as processes (`billing-outbox worker`, `api`: src/bin/).
  *
  *   import { recordUsage, migrate } from 'billing-outbox';
  */

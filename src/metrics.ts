@@ -1,7 +1,8 @@
 /**
  * Prometheus metrics: what the worker's activities count, what the outbox table holds (read from
  * PostgreSQL at scrape time), and the Node process. One registry per process: in `npm start` the
- * API serves it at GET /metrics; a standalone worker serves it on WORKER_METRICS_PORT.
+ * API serves it at GET /metrics; a standalone worker serves it on WORKER_METRICS_PORT, with its
+ * GET /health next to it.
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -188,20 +189,36 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
+/** What GET /health answers: 200 with the body when `ok`, else 503 with it (it says why). */
+export interface HealthAnswer {
+  ok: boolean;
+  body: Record<string, unknown>;
+}
+
 /**
- * A bare HTTP server with GET /metrics, for a worker process that has no API. Unauthenticated:
- * bind it to an address only the scraper reaches.
+ * A bare HTTP server for a worker process that has no API: GET /metrics and, given `health`,
+ * GET /health (a container's HEALTHCHECK, a load balancer). Unauthenticated: bind it to an address
+ * only the scraper and the orchestrator reach.
  */
-export async function startMetricsServer(metrics: Pick<Metrics, 'render' | 'contentType'>, opts: { host: string; port: number }): Promise<MetricsServer> {
+export async function startMetricsServer(
+  metrics: Pick<Metrics, 'render' | 'contentType'>,
+  opts: { host: string; port: number; health?: () => Promise<HealthAnswer> },
+): Promise<MetricsServer> {
   const server = http.createServer((req, res) => {
-    if (req.method !== 'GET' || (req.url ?? '').split('?')[0] !== '/metrics') {
+    const route = req.method === 'GET' ? (req.url ?? '').split('?')[0] : undefined;
+    if (route === '/metrics') {
+      metrics.render().then(
+        (text) => res.writeHead(200, { 'content-type': metrics.contentType }).end(text),
+        () => res.writeHead(500, { 'content-type': 'text/plain' }).end('metrics unavailable\n'),
+      );
+    } else if (route === '/health' && opts.health) {
+      opts.health().then(
+        ({ ok, body }) => res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' }).end(JSON.stringify(body)),
+        (err: unknown) => res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ status: 'unavailable', reason: `health check failed: ${String(err)}` })),
+      );
+    } else {
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found\n');
-      return;
     }
-    metrics.render().then(
-      (text) => res.writeHead(200, { 'content-type': metrics.contentType }).end(text),
-      () => res.writeHead(500, { 'content-type': 'text/plain' }).end('metrics unavailable\n'),
-    );
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

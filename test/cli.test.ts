@@ -13,7 +13,8 @@ import { inject } from 'vitest';
 import { runCli, type CliContext } from '../src/cli/run.js';
 import { OUTBOX_STATUSES } from '../src/outbox/statuses.js';
 import { stateQuery } from '../workflows/shared.js';
-import { idempotencyKeyFor, usePipeline, waitFor } from './hooks.js';
+import pg from 'pg';
+import { databaseUrlFor, idempotencyKeyFor, usePipeline, waitFor } from './hooks.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const OPERATOR = 'test-operator';
@@ -440,6 +441,60 @@ describe('bin/billing-outbox.mjs', () => {
     expect(badDb.code).toBe(1);
     if (password) expect(badDb.err).not.toContain(password);
     expect((await bin(['bogus'], {})).code).toBe(2);
+  });
+
+  it('`migrate` applies the migrations to an empty database, then finds nothing to do', async () => {
+    const name = `bo_cli_migrate_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+    const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+    await admin.connect();
+    await admin.query(`CREATE DATABASE ${name}`);
+    try {
+      const env = { DATABASE_URL: databaseUrlFor(name) };
+      const first = await bin(['migrate'], env);
+      expect(first.err).toBe('');
+      expect(first.code).toBe(0);
+      expect(first.out).toMatch(/^applied 001_\S+\.sql, /);
+      const again = await bin(['migrate', '--json'], env);
+      expect(again.code).toBe(0);
+      expect(JSON.parse(again.out)).toEqual({ applied: [] });
+    } finally {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await admin.end();
+    }
+  });
+
+  it('`worker` runs as its own process: without a database it fails as before (exit 1, said why)', async () => {
+    const worker = await bin(['worker'], {});
+    expect(worker.code).toBe(1);
+    expect(worker.err).toContain('DATABASE_URL is not set');
+  });
+});
+
+describe('the commands a deployment runs', () => {
+  it('`migrate`, `worker`, `api` and `start` have their --help, listed at the top; a wrong option is a usage error', async () => {
+    for (const [name, says] of [
+      ['worker', 'GET /health'],
+      ['api', 'POST /v1/usage'],
+      ['start', 'embedded-postgres'],
+      ['migrate', 'Safe to run from several processes'],
+    ] as const) {
+      const help = await cli([name, '--help']);
+      expect(help.code, name).toBe(0);
+      expect(help.out).toContain(`Usage: billing-outbox ${name}`);
+      expect(help.out).toContain(says);
+      expect((await cli(['help', name])).out).toBe(help.out);
+      const wrong = await cli([name, '--bogus']);
+      expect(wrong.code, name).toBe(2);
+      expect(wrong.err).toContain(`Usage: billing-outbox ${name}`);
+    }
+    const top = await cli(['--help']);
+    for (const name of ['migrate', 'worker', 'api', 'start', 'status', 'retry']) expect(top.out).toMatch(new RegExp(`^  ${name} `, 'm'));
+    // In-process (no entry point to run it as a process): refused, not started.
+    expect((await cli(['worker'])).code).toBe(1);
+    // Without a database, migrate fails as `npm run migrate` always has (exit 1, said why).
+    const noDb = await cli(['migrate'], { config: { ...t.config, databaseUrl: undefined } });
+    expect(noDb.code).toBe(1);
+    expect(noDb.err).toContain('DATABASE_URL is not set');
   });
 });
 

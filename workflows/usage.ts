@@ -232,7 +232,9 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       const closesAt = new Date(Date.now() + input.retry.deadLetterOpenMs);
       show([
         `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,
-        `Fix the cause, then retry with the same identifier: \`npm run cli -- retry '${input.key}'\` (or signal \`retry\` here).`,
+        // The command as it runs in the image (on PATH); from a checkout or an application that
+        // installed the package, npx finds the same bin.
+        `Fix the cause, then retry with the same identifier: \`billing-outbox retry '${input.key}'\` (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
         `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
       ]);
     }

@@ -2,7 +2,8 @@
  * The HTTP ingestion API: POST /v1/usage, GET /healthz, GET /metrics, and POST /v1/stripe/webhooks
  * (Stripe's asynchronous error reports; signed by Stripe instead of a bearer token, see webhooks.ts).
  *
- * `buildApi` returns a Fastify instance that is not listening (tests use `app.inject()`;
+ * POST /v1/usage is the ingestion plugin (ingestion.ts), the one applications register on their
+ * own server (billing-outbox/fastify). `buildApi` returns a Fastify instance that is not listening (tests use `app.inject()`;
  * src/bin/api.ts and src/embedded/stack.ts call `listen`). Request order: request id → bearer token and
  * route scope (before the body is read, so an unauthenticated client cannot make us parse
  * anything) → content type and body limit → JSON Schema → tenant → recordUsage.
@@ -22,7 +23,7 @@ import { checkHealth, type TemporalHealth } from './health.js';
 
 export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
-import { registerUsageRoutes } from './usage.js';
+import { ingestion, STRICT_AJV } from './ingestion.js';
 import { registerWebhookRoutes, type WebhookStripe } from './webhooks.js';
 
 declare module 'fastify' {
@@ -87,9 +88,8 @@ export function buildApi(deps: ApiDeps) {
       return typeof incoming === 'string' && SANE_REQUEST_ID.test(incoming) ? incoming : randomUUID();
     },
     logController: new RequestLogController(),
-    // Fastify's defaults coerce "5" into 5 and silently drop unknown fields; an ingestion API
-    // must refuse both, and report every bad field at once.
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: true } },
+    // The same Ajv as the ingestion route's (which sets its own), for every other route.
+    ajv: { customOptions: STRICT_AJV },
     return503OnClosing: true,
   });
 
@@ -116,7 +116,13 @@ export function buildApi(deps: ApiDeps) {
     if (routeConfig.scope) requireScope(token, routeConfig.scope);
   });
 
-  registerUsageRoutes(app, { db: deps.db, defaultEventName: deps.config.stripe.meterEventName, meters: deps.meters });
+  void app.register(ingestion, {
+    db: deps.db,
+    tokens: deps.config.api.tokens,
+    defaultEventName: deps.config.stripe.meterEventName,
+    bodyLimitBytes: deps.config.api.bodyLimitBytes,
+    meters: deps.meters,
+  });
   registerWebhookRoutes(app, { db: deps.db, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
   app.get('/healthz', { config: { public: true } }, async (request, reply) => {

@@ -33,7 +33,7 @@ export interface UsageResponseBody {
   created: boolean;
 }
 
-// Types are not coerced and unknown fields are refused (see the Ajv options in buildApi): "5" is
+// Types are not coerced and unknown fields are refused (see STRICT_AJV in ingestion.ts): "5" is
 // not a quantity, and a misspelt `ocurred_at` must not silently become "now". recordUsage checks
 // again what JSON Schema cannot (control characters, surrounding spaces, impossible dates).
 export const usageBodySchema = {
@@ -83,11 +83,11 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor'>, eventName: st
 
 export function registerUsageRoutes(
   app: FastifyInstance,
-  deps: { db: pg.Pool; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined },
+  deps: { db: pg.Pool; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined; bodyLimitBytes: number },
 ): void {
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',
-    { schema: { body: usageBodySchema }, config: { scope: 'usage:write' } },
+    { schema: { body: usageBodySchema }, config: { scope: 'usage:write' }, bodyLimit: deps.bodyLimitBytes },
     async (request: FastifyRequest<{ Body: UsageRequestBody }>, reply: FastifyReply) => {
       const body = request.body;
       requireTenant(request.apiToken!, body.tenant_id);

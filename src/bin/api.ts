@@ -1,51 +1,5 @@
-/**
- * `npm run api`: the HTTP ingestion API on its own (DATABASE_URL and API_TOKENS required). Listens
- * on API_HOST:API_PORT; on SIGTERM/SIGINT it stops accepting connections, lets in-flight requests
- * finish, then closes the pool. Run it next to any number of workers (`npm run worker`).
- */
-import { DEFAULT_TEMPORAL_ADDRESS } from '../temporal/connection.js';
-import { buildApi, temporalHealthConnection } from '../api/index.js';
-import { loadConfig } from '../config.js';
-import { loadDotEnv } from '../embedded/local-files.js';
-import { createPool, migrate, redactUrl } from '../db.js';
-import { createLogger } from '../log.js';
-import { runMain, untilSignal } from './run-main.js';
-import { createMetrics } from '../metrics.js';
-import { createStripeClient } from '../stripe/client.js';
-import { MeterCatalog } from '../stripe/meters.js';
+// `npm run api`: the same as `billing-outbox api` (src/cli/commands/api.ts).
+import { runApi } from '../cli/commands/api.js';
+import { runMain } from './run-main.js';
 
-await runMain(async () => {
-  loadDotEnv();
-  const config = loadConfig();
-  const log = createLogger(config.logLevel);
-  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
-  if (config.api.tokens.length === 0) {
-    throw new Error('API_TOKENS is not set: every route but /healthz needs a bearer token (see .env.example)');
-  }
-  const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
-
-  // Safe with workers migrating at the same time; the API may well be the first process up.
-  await migrate(config.databaseUrl);
-  const pool = createPool(config.databaseUrl);
-  // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
-  const temporal = temporalHealthConnection(config.temporal);
-  const metrics = createMetrics(undefined, { db: pool });
-  const meters = new MeterCatalog(createStripeClient(config.stripe));
-  const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
-
-  try {
-    await app.listen({ host: config.api.host, port: config.api.port });
-    log.info(
-      { address: app.server.address(), database: redactUrl(config.databaseUrl), temporal: temporalAddress, tokens: config.api.tokens.map((t) => t.name) },
-      'billing-outbox API listening',
-    );
-    const signal = await untilSignal();
-    log.info({ signal }, 'shutting down: finishing in-flight requests');
-  } finally {
-    // close(): stop accepting, answer 503 to new requests on kept-alive sockets, wait for the rest.
-    await app.close();
-    await temporal.close();
-    await pool.end();
-  }
-  log.info('API stopped');
-});
+await runMain(runApi);

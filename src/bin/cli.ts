@@ -1,7 +1,8 @@
 /**
  * `billing-outbox <command>` (bin/billing-outbox.mjs, or `npm run cli -- <command>`): builds the
  * real database pool and Temporal client from the environment, lazily (so `--help` and usage
- * errors need neither), runs the command, closes them, and sets the exit code.
+ * errors need neither), runs the command, closes them, and sets the exit code. `worker`, `api`
+ * and `start` run as this process (see `serve`).
  */
 import { Client, type Connection } from '@temporalio/client';
 import { connectClient } from '../temporal/connection.js';
@@ -12,6 +13,7 @@ import { ConfigError, loadConfig, type Config } from '../config.js';
 import { createPool } from '../db.js';
 import { runCli } from '../cli/run.js';
 import { defaultDataDir, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
+import { exitCodeOf } from './run-main.js';
 
 
 function osUser(): string {
@@ -48,6 +50,32 @@ function withRunningStack(config: Config): Config {
   };
 }
 
+/**
+ * `worker`, `api`, `start`: imported only now, so that neither `--help` nor the operator commands
+ * need the Temporal SDK's worker or the embedded stack installed; a missing one is named.
+ */
+async function serve(name: 'worker' | 'api' | 'start'): Promise<number> {
+  let run: () => Promise<void>;
+  try {
+    if (name === 'worker') run = (await import('../cli/commands/worker.js')).runWorker;
+    else if (name === 'api') run = (await import('../cli/commands/api.js')).runApi;
+    else run = (await import('../cli/commands/start.js')).runStart;
+  } catch (err) {
+    const missing = /Cannot find (?:package|module) '([^']+)'/.exec(String(err))?.[1];
+    if (!missing) throw err;
+    process.stderr.write(`billing-outbox ${name}: needs the package ${missing}, which is not installed here: npm install ${missing}\n`);
+    return 1;
+  }
+  served = true;
+  return exitCodeOf(run);
+}
+
+/**
+ * Set once a process command has run: it ends with process.exit, as `npm run worker` always did,
+ * since what it leaves behind (the Temporal SDK's runtime) would keep the process alive.
+ */
+let served = false;
+
 async function main(): Promise<number> {
   let config: Config;
   try {
@@ -76,6 +104,7 @@ async function main(): Promise<number> {
         connecting ??= connectClient(config.temporal);
         return new Client({ connection: await connecting, namespace: config.temporal.namespace });
       },
+      serve,
       out: process.stdout,
       err: process.stderr,
       user: osUser(),
@@ -87,5 +116,8 @@ async function main(): Promise<number> {
   }
 }
 
-// process.exitCode rather than exit(): stdout is flushed before the process ends.
-process.exitCode = await main();
+// process.exitCode rather than exit(): stdout is flushed before the process ends. A process
+// command logs synchronously, so nothing is lost to its exit.
+const code = await main();
+if (served) process.exit(code);
+process.exitCode = code;

@@ -1,15 +1,12 @@
-// `npm run migrate`: applies pending migrations to DATABASE_URL. Safe to run from several processes.
+// `npm run migrate`: the same as `billing-outbox migrate` (src/cli/commands/migrate.ts).
+import { runCli } from '../cli/run.js';
 import { loadConfig } from '../config.js';
 import { loadDotEnv } from '../embedded/local-files.js';
-import { migrate, redactUrl } from '../db.js';
 import { runMain } from './run-main.js';
 
 await runMain(async () => {
   loadDotEnv();
   const config = loadConfig();
-  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate');
-  const applied = await migrate(config.databaseUrl);
-  console.log(
-    applied.length ? `applied ${applied.join(', ')} to ${redactUrl(config.databaseUrl)}` : `${redactUrl(config.databaseUrl)} is up to date`,
-  );
+  const unused = () => Promise.reject(new Error('migrate uses no pool and no Temporal client'));
+  process.exitCode = await runCli(['migrate', ...process.argv.slice(2)], { config, db: unused, temporal: unused, out: process.stdout, err: process.stderr });
 });

@@ -6,15 +6,22 @@ import { scrub } from '../log.js';
  * prints one scrubbed line and exits 1.
  */
 export async function runMain(fn: () => Promise<void>): Promise<void> {
+  const code = await exitCodeOf(fn);
+  if (code !== 0) process.exit(code);
+}
+
+/** The same, as an exit code (0, 1 or 2) for a caller that exits itself (src/bin/cli.ts). */
+export async function exitCodeOf(fn: () => Promise<void>): Promise<number> {
   try {
     await fn();
+    return 0;
   } catch (err) {
     if (err instanceof ConfigError) {
       console.error(err.message);
-      process.exit(2);
+      return 2;
     }
     console.error(`billing-outbox: ${scrub(err instanceof Error ? err.message : String(err))}`);
-    process.exit(1);
+    return 1;
   }
 }
 

@@ -27,6 +27,11 @@ export interface CliContext {
   user?: string;
   /** Asks a yes/no question on a terminal; absent when there is no one to ask (stdin not a TTY). */
   confirm?: (question: string) => Promise<boolean>;
+  /**
+   * Runs `worker`, `api` or `start` as this process until it is stopped, and returns its exit code
+   * (the entry point provides it; in-process callers, tests, have none).
+   */
+  serve?: (name: 'worker' | 'api' | 'start') => Promise<number>;
   /** Rows per page in bulk operations (tests make it small to cover paging). */
   pageSize?: number;
 }

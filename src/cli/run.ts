@@ -14,6 +14,8 @@ import { REBILL_HELP, rebillCommand } from './commands/rebill.js';
 import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
+import { MIGRATE_HELP, migrateCommand } from './commands/migrate.js';
+import { API_HELP, serviceCommand, START_HELP, WORKER_HELP } from './commands/services.js';
 import { EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandLineError, type CliContext } from './context.js';
 
 export type { CliContext, Output } from './context.js';
@@ -25,7 +27,15 @@ interface Command {
   run(args: string[], ctx: CliContext): Promise<number>;
 }
 
-const COMMANDS: Record<string, Command> = {
+/** What a deployment runs, then what an operator runs: the two groups of the help. */
+const SERVICES: Record<string, Command> = {
+  migrate: { summary: 'apply pending database migrations (safe from many processes at once)', help: MIGRATE_HELP, run: migrateCommand },
+  worker: { summary: 'run a worker: relays and usage workflows, until SIGTERM (then it drains)', help: WORKER_HELP, run: serviceCommand('worker', WORKER_HELP) },
+  api: { summary: 'run the HTTP ingestion API (POST /v1/usage), until SIGTERM', help: API_HELP, run: serviceCommand('api', API_HELP) },
+  start: { summary: 'run everything locally, embedded where unconfigured (development)', help: START_HELP, run: serviceCommand('start', START_HELP) },
+};
+
+const OPERATOR_COMMANDS: Record<string, Command> = {
   status: { summary: 'counts by status, backlog age, send rate, dead letters by error', help: STATUS_HELP, run: statusCommand },
   dead: { summary: 'list dead letters (--rejected: events Stripe rejected after accepting)', help: DEAD_HELP, run: deadCommand },
   inspect: { summary: "one event's row, workflow state and Web UI link", help: INSPECT_HELP, run: inspectCommand },
@@ -37,14 +47,23 @@ const COMMANDS: Record<string, Command> = {
   prune: { summary: 'delete delivered rows past OUTBOX_RETENTION_DAYS (workers do it on a timer)', help: PRUNE_HELP, run: pruneCommand },
 };
 
+const COMMANDS: Record<string, Command> = { ...SERVICES, ...OPERATOR_COMMANDS };
+
+const list = (commands: Record<string, Command>) =>
+  Object.entries(commands)
+    .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
+    .join('\n');
+
 export const MAIN_HELP = `Usage: billing-outbox <command> [options]
 
-Operator commands for the billing outbox.
+The billing outbox's processes and its operator commands. In a checkout or an application that
+installed it: npx billing-outbox <command>.
 
-Commands:
-${Object.entries(COMMANDS)
-  .map(([name, c]) => `  ${name.padEnd(10)} ${c.summary}`)
-  .join('\n')}
+Run:
+${list(SERVICES)}
+
+Operate:
+${list(OPERATOR_COMMANDS)}
 
 Run \`billing-outbox <command> --help\` for a command's options. Most take --json for scripts.
 

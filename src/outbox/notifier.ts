@@ -34,9 +34,13 @@ export class OutboxNotifier {
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
 
-  private readonly databaseUrl: string;
-  constructor(databaseUrl: string) {
-    this.databaseUrl = databaseUrl;
+  /**
+   * `database`: a URL, or the connection settings of an application's pool (`pool.options`), from
+   * which the LISTEN connection is opened apart: a listening client cannot be returned to a pool.
+   */
+  private readonly database: string | pg.ClientConfig;
+  constructor(database: string | pg.ClientConfig) {
+    this.database = database;
   }
 
   /**
@@ -55,7 +59,8 @@ export class OutboxNotifier {
 
   private async connect(): Promise<void> {
     while (!this.closed) {
-      const client = new pg.Client({ connectionString: this.databaseUrl, application_name: 'billing-outbox-listen' });
+      const settings = typeof this.database === 'string' ? { connectionString: this.database } : this.database;
+      const client = new pg.Client({ ...settings, application_name: 'billing-outbox-listen' });
       try {
         client.on('notification', (n) => {
           if (n.channel !== LEASE_CHANNEL) return this.wake(OUTBOX_TOPIC);

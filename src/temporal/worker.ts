@@ -7,16 +7,20 @@ import { bundleWorkflowCode, DefaultLogger, NativeConnection, Worker, type Worke
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
+import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
-import type { Config } from '../config.js';
+import { checkHealth, type ProbeResult } from '../api/health.js';
+import { ConfigError, type Config } from '../config.js';
+import { createPool, migrate, withPgTypes } from '../db.js';
 import type { Logger } from '../log.js';
-import type { Metrics } from '../metrics.js';
+import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
 import { sweepClosedRuns, type SweepOptions } from '../ops/closed-runs.js';
 import { pruneDelivered } from '../ops/prune.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
 import { createStripeClient } from '../stripe/client.js';
+import { connectTemporal } from './connection.js';
 import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
@@ -26,7 +30,8 @@ export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.met
 
 export interface WorkerDeps {
   config: Config;
-  databaseUrl: string;
+  /** Where the LISTEN connection goes: a URL, or an application pool's settings (`pool.options`). */
+  databaseUrl: string | pg.ClientConfig;
   pool: pg.Pool;
   stripe: Stripe;
   connection: NativeConnection;
@@ -214,6 +219,194 @@ export async function ensureRelays(client: Client, config: Config): Promise<void
       }),
     ),
   );
+}
+
+
+/** What a worker's GET /health (and `health()`) says: `ok` only while it runs and reaches PostgreSQL. */
+export interface WorkerHealth {
+  status: 'ok' | 'unavailable';
+  /** starting: not yet `run()`; stopping: shutdown under way (in-flight activities draining). */
+  worker: 'starting' | 'running' | 'stopping' | 'stopped' | 'failed';
+  postgres: ProbeResult;
+  taskQueue: string;
+}
+
+/** A worker ready to run: see createWorker (src/worker.ts), the standalone worker (src/bin/worker.ts). */
+export interface WorkerHandle {
+  /**
+   * Runs the relays and the usage workflows until `shutdown()` (or a signal, with
+   * `handleSignals`); resolves once everything the worker owns is closed, rejects if it crashed.
+   */
+  run(): Promise<void>;
+  /** Stops claiming, lets in-flight activities finish (up to the grace time), then closes what it owns. */
+  shutdown(): Promise<void>;
+  health(): Promise<WorkerHealth>;
+  readonly taskQueue: string;
+  /** The HTTP server's base URL (GET /health, GET /metrics), when one was asked for. */
+  readonly url: string | undefined;
+}
+
+export interface LaunchOptions {
+  /** The application's pool (used through `withPgTypes`, never ended); without it one of ours on `config.databaseUrl`. */
+  pool?: pg.Pool;
+  /** A connection of the application's (never closed); without it ours, from `config.temporal`. */
+  connection?: NativeConnection;
+  /** Apply pending migrations before running (safe with many workers at once). */
+  migrate: boolean;
+  /** Drain on the first SIGTERM or SIGINT; the handlers are removed when the worker stops. */
+  handleSignals: boolean;
+  /** GET /health and GET /metrics on this address. */
+  http?: { host: string; port: number };
+  log?: Logger;
+  /** The process's metrics, made once the pool exists (its outbox gauges read it); default: ours, with `http`. */
+  metrics?: (pool: pg.Pool) => Metrics;
+  workflowBundle?: WorkerOptions['workflowBundle'];
+  workerOptions?: Partial<WorkerOptions>;
+  /** Called once the worker runs (polling its task queue, relays started). */
+  onRunning?: () => void;
+  /** How long a health probe waits for PostgreSQL (default 2 s). */
+  healthTimeoutMs?: number;
+}
+
+/**
+ * Opens what a worker needs (pool, Temporal connection, Stripe client, HTTP server), migrating
+ * first if asked, and returns it ready to run. Whatever it opened is closed again if a later step
+ * fails, and when the worker stops; what the caller gave is never closed.
+ */
+export async function launchWorker(config: Config, opts: LaunchOptions): Promise<WorkerHandle> {
+  const { log } = opts;
+  const closers: (() => Promise<unknown>)[] = [];
+  const closeOwned = async () => {
+    for (const close of closers.splice(0).reverse()) await close().catch((err: unknown) => log?.warn({ err: String(err) }, 'closing a worker resource failed'));
+  };
+  let state: WorkerHealth['worker'] = 'starting';
+  let stopRequested = false;
+  let starting: Promise<RunningWorker> | undefined;
+  let running: RunningWorker | undefined;
+  let runPromise: Promise<void> | undefined;
+  let removeSignals: (() => void) | undefined;
+  try {
+    let pool: pg.Pool;
+    let listenWith: string | pg.ClientConfig;
+    if (opts.pool) {
+      pool = withPgTypes(opts.pool);
+      listenWith = opts.pool.options;
+    } else {
+      if (!config.databaseUrl) throw new ConfigError(['database: neither a pool nor a PostgreSQL URL was given']);
+      const own = createPool(config.databaseUrl);
+      closers.push(() => own.end());
+      pool = own;
+      listenWith = config.databaseUrl;
+    }
+    if (opts.migrate) await migrate(listenWith);
+    let connection = opts.connection;
+    let client: Client;
+    if (connection) {
+      client = new Client({ connection, namespace: config.temporal.namespace });
+    } else {
+      const own = await connectTemporal(config.temporal);
+      closers.push(() => own.connection.close(), () => own.clientConnection.close());
+      connection = own.connection;
+      client = own.client;
+    }
+    const stripe = createStripeClient(config.stripe);
+    const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool }) : undefined);
+    const handle: WorkerHandle = {
+      taskQueue: config.temporal.taskQueue,
+      url: undefined,
+      async health() {
+        const { postgres } = await checkHealth({ db: pool, log: log ?? { warn: () => undefined } }, opts.healthTimeoutMs ?? 2_000);
+        return { status: state === 'running' && postgres === 'ok' ? 'ok' : 'unavailable', worker: state, postgres, taskQueue: config.temporal.taskQueue };
+      },
+      run() {
+        runPromise ??= (async () => {
+          if (state !== 'starting') throw new Error(`the worker cannot run: it is ${state}`);
+          try {
+            starting = startWorker({
+              config,
+              databaseUrl: listenWith,
+              pool,
+              stripe,
+              connection,
+              client,
+              log,
+              metrics,
+              workflowBundle: opts.workflowBundle,
+              workerOptions: opts.workerOptions,
+            });
+            running = await starting;
+            if (opts.handleSignals) {
+              removeSignals = onFirstSignal((signal) => {
+                log?.info({ signal }, 'shutting down: finishing in-flight activities');
+                void handle.shutdown();
+              });
+            }
+            // A shutdown asked for while the worker was starting stops it now.
+            if (stopRequested) void running.shutdown();
+            else {
+              state = 'running';
+              opts.onRunning?.();
+            }
+            await running.done;
+            state = 'stopped';
+          } catch (err) {
+            state = 'failed';
+            throw err;
+          } finally {
+            removeSignals?.();
+            await closeOwned();
+          }
+        })();
+        return runPromise;
+      },
+      async shutdown() {
+        stopRequested = true;
+        if (!runPromise) {
+          if (state === 'starting') state = 'stopped';
+          return closeOwned();
+        }
+        if (state === 'running') state = 'stopping';
+        await starting?.catch(() => undefined);
+        await running?.shutdown().catch(() => undefined);
+        await runPromise.catch(() => undefined);
+      },
+    };
+    if (opts.http) {
+      const server = await startMetricsServer(metrics!, {
+        ...opts.http,
+        health: async () => {
+          const body = await handle.health();
+          return { ok: body.status === 'ok', body: { ...body } };
+        },
+      });
+      closers.push(() => server.close());
+      (handle as { url: string | undefined }).url = server.url.replace(/\/metrics$/, '');
+    }
+    return handle;
+  } catch (err) {
+    await closeOwned();
+    throw err;
+  }
+}
+
+/**
+ * Calls `fn` on the first SIGTERM or SIGINT; later ones are ignored while the drain runs (Ctrl-C
+ * reaches a process twice through npm or tsx). Returns a function that removes the handlers, so a
+ * library worker leaves `process` as it found it.
+ */
+function onFirstSignal(fn: (signal: NodeJS.Signals) => void): () => void {
+  let fired = false;
+  const on = (signal: NodeJS.Signals) => {
+    if (fired) return;
+    fired = true;
+    fn(signal);
+  };
+  process.on('SIGTERM', on);
+  process.on('SIGINT', on);
+  return () => {
+    process.off('SIGTERM', on);
+    process.off('SIGINT', on);
+  };
 }
 
 export { connectTemporal } from './connection.js';

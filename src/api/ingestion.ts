@@ -1,0 +1,57 @@
+/**
+ * POST /v1/usage with everything that makes its answers what they are, in one encapsulated Fastify
+ * context: the bearer token and scope (checked before the body is read), the strict JSON parser,
+ * JSON Schema without coercion, the error handler. The standalone API (buildApi) and the plugin an
+ * application registers on its own server (src/fastify.ts) both mount it, so both answer alike; in
+ * an application's server none of it reaches the application's own routes, parsers or handlers.
+ */
+import { AjvCompiler } from '@fastify/ajv-compiler';
+import type { FastifyInstance } from 'fastify';
+import type pg from 'pg';
+import type { ApiToken } from '../config.js';
+import type { MeterCatalog } from '../stripe/meters.js';
+import { authenticate, requireScope, TokenVerifier } from './auth.js';
+import { errorHandler } from './errors.js';
+import { useStrictJson } from './json-body.js';
+import { registerUsageRoutes } from './usage.js';
+
+export interface IngestionDeps {
+  db: pg.Pool;
+  tokens: readonly ApiToken[];
+  defaultEventName: string;
+  bodyLimitBytes: number;
+  /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
+  meters?: Pick<MeterCatalog, 'keysFor'> | undefined;
+}
+
+// Fastify's defaults coerce "5" into 5 and silently drop unknown fields; an ingestion API must
+// refuse both, and report every bad field at once. Our own compiler, whatever the server's Ajv says.
+export const STRICT_AJV = { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: true } as const;
+const strictValidator = AjvCompiler()({}, { customOptions: STRICT_AJV });
+
+export async function ingestion(scope: FastifyInstance, deps: IngestionDeps): Promise<void> {
+  const verifier = new TokenVerifier(deps.tokens);
+  scope.setValidatorCompiler(strictValidator);
+  // JSON only: a text/plain body would otherwise reach validation as a string (400, not 415).
+  scope.removeContentTypeParser('text/plain');
+  useStrictJson(scope);
+  scope.setErrorHandler(errorHandler);
+  if (!scope.hasRequestDecorator('apiToken')) scope.decorateRequest('apiToken', null);
+
+  scope.addHook('onRequest', async (request, reply) => {
+    reply.header('x-request-id', request.id);
+    // The standalone API authenticates every route at its root already; an application's server does not.
+    let token = request.apiToken;
+    if (!token) {
+      token = authenticate(verifier, request);
+      request.apiToken = token;
+      const log = request.log.child({ tokenName: token.name });
+      request.log = log;
+      reply.log = log;
+    }
+    const scopeNeeded = request.routeOptions.config.scope;
+    if (scopeNeeded) requireScope(token, scopeNeeded);
+  });
+
+  registerUsageRoutes(scope, { db: deps.db, defaultEventName: deps.defaultEventName, meters: deps.meters, bodyLimitBytes: deps.bodyLimitBytes });
+}

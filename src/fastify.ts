@@ -1,0 +1,83 @@
+/**
+ * billing-outbox/fastify: the HTTP ingestion route (POST /v1/usage) as a plugin for an
+ * application's own Fastify server, with the standalone API's bearer tokens, validation and answers.
+ *
+ *   import billingOutbox from 'billing-outbox/fastify';
+ *   await app.register(billingOutbox, { prefix: '/billing', pool, tokens: [{ name, token, tenants: ['*'], scopes: ['usage:write'] }] });
+ *
+ * Encapsulated: its token check, JSON parser, validator and error handler apply to its route only;
+ * the application's routes, parsers, hooks and error handler are left as they were. The pool is the
+ * application's: used (through billing-outbox's own type parsers), never ended. Timeouts of the
+ * server itself (request, headers, keep-alive) are the application's to set; see src/api/index.ts
+ * for the standalone API's.
+ */
+import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
+import type pg from 'pg';
+import { ingestion } from './api/ingestion.js';
+import { ConfigError, loadConfig, type ApiToken } from './config.js';
+import { withPgTypes } from './db.js';
+import { createStripeClient } from './stripe/client.js';
+import { MeterCatalog } from './stripe/meters.js';
+
+export { ConfigError };
+export type { ApiToken };
+
+export interface BillingOutboxPluginOptions {
+  /** The application's pool; each usage is recorded in a transaction of its own on it. */
+  pool: pg.Pool;
+  /** Bearer tokens, as API_TOKENS: a name (logged instead of the token), the token (24+ characters), tenants (["*"]: all), scopes (usage:write). */
+  tokens: ApiToken[];
+  /** The meter of usage posted without event_name (default api_requests). */
+  meterEventName?: string;
+  /** Largest body accepted, in bytes (default 65536). */
+  bodyLimitBytes?: number;
+  /** With it, usage for a meter Stripe does not have is refused (422); without it, not checked at the door. */
+  stripe?: { apiKey: string; apiBase?: string };
+}
+
+const KNOWN = ['pool', 'tokens', 'meterEventName', 'bodyLimitBytes', 'stripe', 'prefix', 'logLevel', 'logSerializers'];
+
+/** Checks the options as the standalone API checks its environment; throws ConfigError naming each bad one. */
+function resolve(opts: BillingOutboxPluginOptions) {
+  const problems: string[] = [];
+  for (const key of Object.keys(opts)) if (!KNOWN.includes(key)) problems.push(`${key}: is not an option of the billing-outbox plugin`);
+  if (!opts.pool || typeof opts.pool.connect !== 'function') problems.push("pool: is required (the application's pg.Pool)");
+  if (!Array.isArray(opts.tokens) || opts.tokens.length === 0) problems.push('tokens: is required: at least one { name, token, tenants, scopes }');
+  const env: Record<string, string> = {
+    API_TOKENS: JSON.stringify(opts.tokens ?? []),
+    ...(opts.meterEventName === undefined ? {} : { STRIPE_METER_EVENT_NAME: String(opts.meterEventName) }),
+    ...(opts.bodyLimitBytes === undefined ? {} : { API_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes) }),
+    ...(opts.stripe?.apiKey === undefined ? {} : { STRIPE_API_KEY: String(opts.stripe.apiKey) }),
+    ...(opts.stripe?.apiBase === undefined ? {} : { STRIPE_API_BASE: String(opts.stripe.apiBase) }),
+  };
+  const names: Record<string, string> = {
+    API_TOKENS: 'tokens',
+    STRIPE_METER_EVENT_NAME: 'meterEventName',
+    API_BODY_LIMIT_BYTES: 'bodyLimitBytes',
+    STRIPE_API_KEY: 'stripe.apiKey',
+    STRIPE_API_BASE: 'stripe.apiBase',
+  };
+  let config: ReturnType<typeof loadConfig> | undefined;
+  try {
+    config = loadConfig(env);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    const variable = new RegExp(`\\b(${Object.keys(names).join('|')})\\b`, 'g');
+    problems.push(...err.problems.map((p) => p.replace(variable, (v) => names[v] ?? v)));
+  }
+  if (problems.length > 0 || !config) throw new ConfigError(problems);
+  return {
+    db: withPgTypes(opts.pool),
+    tokens: config.api.tokens,
+    defaultEventName: config.stripe.meterEventName,
+    bodyLimitBytes: config.api.bodyLimitBytes,
+    meters: opts.stripe ? new MeterCatalog(createStripeClient(config.stripe)) : undefined,
+  };
+}
+
+/** Register it with `app.register(billingOutbox, { prefix, pool, tokens })`; POST <prefix>/v1/usage. */
+export const billingOutbox: FastifyPluginAsync<BillingOutboxPluginOptions> = async (scope: FastifyInstance, opts: BillingOutboxPluginOptions) => {
+  await ingestion(scope, resolve(opts));
+};
+
+export default billingOutbox;

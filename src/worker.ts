@@ -1,0 +1,257 @@
+/**
+ * billing-outbox/worker: a worker (the relays, the usage workflows and their activities) inside an
+ * application's own process or its own entry file.
+ *
+ *   import { createWorker } from 'billing-outbox/worker';
+ *   const worker = await createWorker({ database: pool, temporal: { address }, stripe: { apiKey }, taskQueue: 'billing' });
+ *   const running = worker.run();   // until shutdown; rejects if the worker crashes
+ *   …
+ *   await worker.shutdown();        // stops claiming, drains in-flight activities
+ *   await running;
+ *
+ * Options are checked as the commands check the environment (src/config.ts, the same ranges and
+ * defaults); a bad or missing one is refused with a ConfigError naming the option. Nothing here
+ * reads `process.env` or changes anything global: signal handlers only with `handleSignals`, and
+ * removed when the worker stops; the Temporal SDK's runtime (its logger) is left to the application.
+ */
+import type { NativeConnection, WorkerOptions as TemporalWorkerOptions } from '@temporalio/worker';
+import type pg from 'pg';
+import { ConfigError, loadConfig, type Config } from './config.js';
+import type { Logger } from './log.js';
+import { launchWorker, type WorkerHandle, type WorkerHealth } from './temporal/worker.js';
+
+export { ConfigError };
+export type { WorkerHandle, WorkerHealth };
+
+/** How to reach Temporal: its address and credentials, or a connection of the application's own. */
+export interface WorkerTemporalOptions {
+  /** host:port (default localhost:7233; Temporal Cloud: <namespace>.<account>.tmprl.cloud:7233). */
+  address?: string;
+  /** Default "default". */
+  namespace?: string;
+  /**
+   * TLS: `true` with the system's CAs; files (PEM paths) for a private CA (`caFile`), a client
+   * certificate for mTLS (`certFile` and `keyFile`), the name on the server's certificate
+   * (`serverName`); `false` refuses TLS. On by default with `apiKey` or any file.
+   */
+  tls?: boolean | { caFile?: string; certFile?: string; keyFile?: string; serverName?: string };
+  /** A Temporal Cloud API key. */
+  apiKey?: string;
+  /**
+   * A connection the application made (certificates from memory, its own settings): used as is,
+   * never closed by the worker; `address`, `tls` and `apiKey` must then be left out.
+   */
+  connection?: NativeConnection;
+}
+
+/** Where usage goes: Stripe, or a Stripe-compatible server (`apiBase`, test keys only). */
+export interface WorkerStripeOptions {
+  /** sk_… or rk_…; required for Stripe itself. */
+  apiKey?: string;
+  /** Default https://api.stripe.com. */
+  apiBase?: string;
+  /** v1: one call per event (default); v2: the meter event stream, in batches. */
+  meterApi?: 'v1' | 'v2';
+  /** The meter of usage recorded without an event name (default api_requests). */
+  meterEventName?: string;
+  timeoutMs?: number;
+  unansweredHoldMs?: number;
+  /** Calls per second across every worker (default 900 with a live key, 20 otherwise). */
+  rateLimitPerSecond?: number;
+  /** Put in front of every identifier Stripe gets, for deployments sharing one account. */
+  identifierNamespace?: string;
+}
+
+/** The knobs of src/config.ts, with its defaults and ranges (the variable each one stands for in brackets). */
+export interface WorkerTuning {
+  relayCount?: number; // RELAY_COUNT
+  relayBatchSize?: number; // RELAY_BATCH_SIZE
+  relayClaimTimeoutMs?: number; // RELAY_CLAIM_TIMEOUT_MS
+  relayPollIntervalMs?: number; // RELAY_POLL_INTERVAL_MS
+  laneMaxInFlight?: number; // LANE_MAX_IN_FLIGHT
+  maxConcurrentDeliveries?: number; // WORKER_MAX_CONCURRENT_DELIVERIES
+  retryInitialIntervalMs?: number; // RETRY_INITIAL_INTERVAL_MS
+  retryBackoffCoefficient?: number; // RETRY_BACKOFF_COEFFICIENT
+  retryMaximumIntervalMs?: number; // RETRY_MAXIMUM_INTERVAL_MS
+  retryMaximumAttempts?: number; // RETRY_MAXIMUM_ATTEMPTS
+  retryMaxRateLimitedMs?: number; // RETRY_MAX_RATE_LIMITED_MS
+  deadLetterOpenDays?: number; // DEAD_LETTER_OPEN_DAYS
+  retentionDays?: number; // OUTBOX_RETENTION_DAYS
+  pruneIntervalMs?: number; // OUTBOX_PRUNE_INTERVAL_MS
+}
+
+export interface CreateWorkerOptions {
+  /**
+   * The application's pool (used, never ended, nothing on it changed) or a PostgreSQL URL (then
+   * the worker opens its own pool and ends it at shutdown). Either way the worker also opens one
+   * connection of its own for LISTEN.
+   */
+  database: pg.Pool | string;
+  temporal?: WorkerTemporalOptions;
+  stripe: WorkerStripeOptions;
+  /** The Temporal task queue (default billing-outbox); one per deployment of billing-outbox. */
+  taskQueue?: string;
+  /** The PostgreSQL schema of billing-outbox's tables (where the build supports it). */
+  schema?: string;
+  /** Apply pending migrations before running (default true; safe with many workers at once). */
+  migrate?: boolean;
+  /** Drain on the first SIGTERM or SIGINT, as the standalone worker does (default false). */
+  handleSignals?: boolean;
+  /** Serve GET /health and GET /metrics on this port (0: any free one; host default 127.0.0.1). */
+  http?: { port: number; host?: string };
+  /** A pino logger (default: none; the worker logs nothing). */
+  log?: Logger;
+  tuning?: WorkerTuning;
+  /** The prebuilt workflow bundle (`bundleWorkflowCode`), or a path to it; default: bundled at start. */
+  workflowBundle?: TemporalWorkerOptions['workflowBundle'];
+  /** Temporal Worker options over ours (shutdownGraceTime, …). */
+  workerOptions?: Partial<TemporalWorkerOptions>;
+}
+
+// Each option stands for one variable of src/config.ts: the same check, default and range.
+const TEMPORAL_VARIABLES = { address: 'TEMPORAL_ADDRESS', namespace: 'TEMPORAL_NAMESPACE', apiKey: 'TEMPORAL_API_KEY' } as const;
+const TLS_VARIABLES = { caFile: 'TEMPORAL_TLS_CA_FILE', certFile: 'TEMPORAL_TLS_CERT_FILE', keyFile: 'TEMPORAL_TLS_KEY_FILE', serverName: 'TEMPORAL_TLS_SERVER_NAME' } as const;
+const STRIPE_VARIABLES = {
+  apiKey: 'STRIPE_API_KEY',
+  apiBase: 'STRIPE_API_BASE',
+  meterApi: 'STRIPE_METER_API',
+  meterEventName: 'STRIPE_METER_EVENT_NAME',
+  timeoutMs: 'STRIPE_TIMEOUT_MS',
+  unansweredHoldMs: 'STRIPE_UNANSWERED_HOLD_MS',
+  rateLimitPerSecond: 'STRIPE_RATE_LIMIT_PER_SECOND',
+  identifierNamespace: 'STRIPE_IDENTIFIER_NAMESPACE',
+} as const satisfies Record<keyof WorkerStripeOptions, string>;
+const TUNING_VARIABLES = {
+  relayCount: 'RELAY_COUNT',
+  relayBatchSize: 'RELAY_BATCH_SIZE',
+  relayClaimTimeoutMs: 'RELAY_CLAIM_TIMEOUT_MS',
+  relayPollIntervalMs: 'RELAY_POLL_INTERVAL_MS',
+  laneMaxInFlight: 'LANE_MAX_IN_FLIGHT',
+  maxConcurrentDeliveries: 'WORKER_MAX_CONCURRENT_DELIVERIES',
+  retryInitialIntervalMs: 'RETRY_INITIAL_INTERVAL_MS',
+  retryBackoffCoefficient: 'RETRY_BACKOFF_COEFFICIENT',
+  retryMaximumIntervalMs: 'RETRY_MAXIMUM_INTERVAL_MS',
+  retryMaximumAttempts: 'RETRY_MAXIMUM_ATTEMPTS',
+  retryMaxRateLimitedMs: 'RETRY_MAX_RATE_LIMITED_MS',
+  deadLetterOpenDays: 'DEAD_LETTER_OPEN_DAYS',
+  retentionDays: 'OUTBOX_RETENTION_DAYS',
+  pruneIntervalMs: 'OUTBOX_PRUNE_INTERVAL_MS',
+} as const satisfies Record<keyof WorkerTuning, string>;
+const TOP_LEVEL: readonly (keyof CreateWorkerOptions)[] = [
+  'database', 'temporal', 'stripe', 'taskQueue', 'schema', 'migrate', 'handleSignals', 'http', 'log', 'tuning', 'workflowBundle', 'workerOptions',
+];
+
+/**
+ * The Config a worker with `options` runs on, built as loadConfig builds it from the environment
+ * (the options are fed to it as the variables they stand for), with every problem named by its
+ * option. Throws ConfigError.
+ */
+export function workerConfig(options: CreateWorkerOptions): Config {
+  const problems: string[] = [];
+  const env: Record<string, string> = {};
+  const take = (group: string, given: unknown, variables: Record<string, string>) => {
+    if (given === undefined) return;
+    if (given === null || typeof given !== 'object' || Array.isArray(given)) return void problems.push(`${group}: must be an object`);
+    for (const [key, value] of Object.entries(given)) {
+      const variable = variables[key];
+      const name = `${group}.${key}`;
+      if (variable === undefined) {
+        if (!(group === 'temporal' && (key === 'tls' || key === 'connection'))) problems.push(`${name}: is not an option (${Object.keys(variables).join(', ')})`);
+        continue;
+      }
+      put(name, variable, value);
+    }
+  };
+  const put = (name: string, variable: string, value: unknown) => {
+    if (value === undefined) return;
+    if (typeof value === 'string' || typeof value === 'number' || typeof value === 'boolean') env[variable] = String(value);
+    else problems.push(`${name}: must be a string or a number`);
+  };
+
+  if (options === null || typeof options !== 'object') throw new ConfigError(['createWorker: takes an options object']);
+  for (const key of Object.keys(options)) {
+    if (!(TOP_LEVEL as readonly string[]).includes(key)) problems.push(`${key}: is not an option of createWorker (${TOP_LEVEL.join(', ')})`);
+  }
+  const { database, temporal = {}, stripe, taskQueue, schema } = options;
+  if (typeof database === 'string') put('database', 'DATABASE_URL', database);
+  else if (database === undefined || database === null || typeof (database as pg.Pool).connect !== 'function') {
+    problems.push('database: is required: a pg.Pool of the application, or a postgres:// URL');
+  }
+  if (stripe === undefined) problems.push('stripe: is required ({ apiKey } for Stripe; { apiKey, apiBase } for a Stripe-compatible server)');
+  take('stripe', stripe, STRIPE_VARIABLES);
+  take('temporal', temporal, TEMPORAL_VARIABLES);
+  if (temporal.connection !== undefined) {
+    for (const key of ['address', 'tls', 'apiKey'] as const) {
+      if (temporal[key] !== undefined) problems.push(`temporal.${key}: is set with temporal.connection (the connection already says how to reach Temporal)`);
+    }
+  }
+  const { tls } = temporal;
+  if (typeof tls === 'boolean') put('temporal.tls', 'TEMPORAL_TLS', tls);
+  else if (tls !== undefined) {
+    // An object, even empty, asks for TLS (the system's CAs when it names no CA).
+    put('temporal.tls', 'TEMPORAL_TLS', true);
+    take('temporal.tls', tls, TLS_VARIABLES);
+  }
+  take('tuning', options.tuning, TUNING_VARIABLES);
+  put('taskQueue', 'TEMPORAL_TASK_QUEUE', taskQueue);
+  if (schema !== undefined) {
+    if (typeof schema !== 'string' || !/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) problems.push('schema: must be a lower-case PostgreSQL identifier (letters, digits, _)');
+    // Fed to the configuration where it reads one (DATABASE_SCHEMA); ignored by a build without it.
+    else put('schema', 'DATABASE_SCHEMA', schema);
+  }
+  for (const flag of ['migrate', 'handleSignals'] as const) {
+    if (options[flag] !== undefined && typeof options[flag] !== 'boolean') problems.push(`${flag}: must be true or false`);
+  }
+  if (options.http !== undefined) {
+    const { port, host } = options.http;
+    if (!Number.isInteger(port) || port < 0 || port > 65_535) problems.push('http.port: must be a whole number from 0 to 65535');
+    if (host !== undefined && (typeof host !== 'string' || host.trim() === '')) problems.push('http.host: must be a host name or address');
+  }
+  // Stripe itself needs a key; the commands ask for it the same way (src/bin/worker.ts).
+  if ((stripe?.apiBase === undefined || /^https:\/\/api\.stripe\.com\/?$/.test(String(stripe.apiBase))) && !stripe?.apiKey) {
+    problems.push('stripe.apiKey: is required to report usage to Stripe (or give stripe.apiBase, a Stripe-compatible server)');
+  }
+  // Every problem at once: ours, then loadConfig's in the options' words.
+  let config: Config | undefined;
+  try {
+    config = loadConfig(env);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    problems.push(...err.problems.map((p) => p.replace(VARIABLE, (v) => OPTION_OF.get(v) ?? v)));
+  }
+  if (problems.length > 0 || !config) throw new ConfigError(problems);
+  return config;
+}
+
+const prefixed = (group: string, variables: Record<string, string>) => Object.entries(variables).map(([key, v]) => [v, `${group}.${key}`] as const);
+/** Each variable's option, to say a problem of loadConfig's in the caller's words. */
+const OPTION_OF = new Map<string, string>([
+  ['DATABASE_URL', 'database'],
+  ['TEMPORAL_TASK_QUEUE', 'taskQueue'],
+  ['TEMPORAL_TLS', 'temporal.tls'],
+  ['DATABASE_SCHEMA', 'schema'],
+  ...prefixed('temporal', TEMPORAL_VARIABLES),
+  ...prefixed('temporal.tls', TLS_VARIABLES),
+  ...prefixed('stripe', STRIPE_VARIABLES),
+  ...prefixed('tuning', TUNING_VARIABLES),
+]);
+// Longest first, so TEMPORAL_TLS_CA_FILE is not read as TEMPORAL_TLS.
+const VARIABLE = new RegExp(`\\b(${[...OPTION_OF.keys()].sort((x, y) => y.length - x.length).join('|')})\\b`, 'g');
+
+/**
+ * A worker for `options`, connected (and migrated, unless `migrate: false`), ready to `run()`.
+ * Refuses bad options with a ConfigError before opening anything.
+ */
+export async function createWorker(options: CreateWorkerOptions): Promise<WorkerHandle> {
+  const config = workerConfig(options);
+  return launchWorker(config, {
+    ...(typeof options.database === 'string' ? {} : { pool: options.database }),
+    ...(options.temporal?.connection ? { connection: options.temporal.connection } : {}),
+    migrate: options.migrate ?? true,
+    handleSignals: options.handleSignals ?? false,
+    ...(options.http ? { http: { host: options.http.host ?? '127.0.0.1', port: options.http.port } } : {}),
+    log: options.log,
+    workflowBundle: options.workflowBundle,
+    workerOptions: options.workerOptions,
+  });
+}

@@ -1,0 +1,106 @@
+/**
+ * billing-outbox/fastify on an application's own Fastify server, as an application registers it:
+ * under a prefix, next to the application's own routes, parser and error handler, on the
+ * application's own pool. The ingestion route answers as the standalone API does; nothing of the
+ * application's changes.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import Fastify, { type FastifyInstance } from 'fastify';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ApiToken } from '../src/config.js';
+import billingOutbox from '../src/fastify.js';
+import { idempotencyKeyFor, useDatabase } from './hooks.js';
+
+const t = useDatabase({ customers: { acme: 'cus_acme' } });
+const writer: ApiToken = { name: 'app-writer', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['usage:write'] };
+let pool: pg.Pool;
+let app: FastifyInstance;
+
+/** The application: its own routes (one coercing a number, one throwing), its own error handler. */
+async function applicationServer(): Promise<FastifyInstance> {
+  const server = Fastify();
+  server.setErrorHandler((err: Error, _request, reply) => reply.code(418).send({ app: 'handled', message: err.message }));
+  server.get('/orders/:id', { schema: { params: { type: 'object', properties: { id: { type: 'integer' } } } } }, async (request) => ({ id: (request.params as { id: number }).id }));
+  server.post('/notes', async (request) => ({ got: request.body }));
+  server.get('/boom', async () => {
+    throw new Error('the application failed');
+  });
+  await server.register(billingOutbox, { prefix: '/billing', pool, tokens: [writer] });
+  await server.ready();
+  return server;
+}
+
+beforeAll(async () => {
+  pool = new pg.Pool({ connectionString: t.db.url, max: 4 });
+  app = await applicationServer();
+});
+
+afterAll(async () => {
+  await app?.close();
+  await pool?.end();
+});
+
+const usage = (extra: Record<string, unknown> = {}) => ({ tenant_id: 'acme', usage_id: randomUUID(), quantity: 3, ...extra });
+const post = (body: unknown, headers: Record<string, string> = { authorization: `Bearer ${writer.token}` }) =>
+  app.inject({ method: 'POST', url: '/billing/v1/usage', headers, payload: body as object });
+
+describe('the Fastify plugin', () => {
+  it('records usage under its prefix with a token (201, then 200 for the same usage_id), on the application pool', async () => {
+    const body = usage();
+    const first = await post(body);
+    expect(first.statusCode).toBe(201);
+    expect(first.json()).toMatchObject({ idempotency_key: idempotencyKeyFor('acme', body.usage_id), status: 'pending', quantity: 3, created: true });
+    expect(first.headers['x-request-id']).toBeDefined();
+    const again = await post(body);
+    expect(again.statusCode).toBe(200);
+    expect(again.json()).toMatchObject({ created: false });
+    expect((await t.row(idempotencyKeyFor('acme', body.usage_id)))?.quantity).toBe(3);
+    // The application's pool still reads bigint its own way.
+    expect((await pool.query<{ big: unknown }>('SELECT 9007199254740993::bigint AS big')).rows[0]!.big).toBe('9007199254740993');
+  });
+
+  it('refuses without a token, with a wrong one, and a body the standalone API refuses, with the same answers', async () => {
+    const none = await post(usage(), {});
+    expect(none.statusCode).toBe(401);
+    expect(none.json()).toMatchObject({ error: { code: 'unauthorized' } });
+    expect(none.headers['www-authenticate']).toContain('Bearer');
+    expect((await post(usage(), { authorization: 'Bearer not-a-token-of-ours-at-all-xx' })).statusCode).toBe(401);
+
+    const coerced = await post(usage({ quantity: '5' }));
+    expect(coerced.statusCode).toBe(400);
+    expect(coerced.json()).toMatchObject({ error: { code: 'invalid_request', fields: [{ field: 'quantity' }] } });
+    const unknownField = await post(usage({ ocurred_at: '2026-01-01T00:00:00Z' }));
+    expect(unknownField.statusCode).toBe(400);
+    const text = await app.inject({ method: 'POST', url: '/billing/v1/usage', headers: { authorization: `Bearer ${writer.token}`, 'content-type': 'text/plain' }, payload: 'hello' });
+    expect(text.statusCode).toBe(415);
+    expect(text.json()).toMatchObject({ error: { code: 'unsupported_media_type' } });
+  });
+
+  it("leaves the application's routes, parsers, validator and error handler as they were", async () => {
+    // The application's Ajv still coerces ("7" → 7), its routes need no token.
+    const order = await app.inject({ method: 'GET', url: '/orders/7' });
+    expect(order.statusCode).toBe(200);
+    expect(order.json()).toEqual({ id: 7 });
+    // Its text/plain parser is still there (the plugin removed it from its own route only).
+    const note = await app.inject({ method: 'POST', url: '/notes', headers: { 'content-type': 'text/plain' }, payload: 'plain' });
+    expect(note.json()).toEqual({ got: 'plain' });
+    // Its error handler still answers for its routes.
+    const boom = await app.inject({ method: 'GET', url: '/boom' });
+    expect(boom.statusCode).toBe(418);
+    expect(boom.json()).toEqual({ app: 'handled', message: 'the application failed' });
+    // Nothing outside the prefix is the plugin's.
+    expect((await app.inject({ method: 'POST', url: '/v1/usage', payload: usage() })).statusCode).toBe(404);
+  });
+
+  it('refuses bad options at registration, naming each', async () => {
+    const server = Fastify();
+    const message = await Promise.resolve(server.register(billingOutbox, { pool, tokens: [{ ...writer, token: 'short' }], bodyLimitBytes: 1 })).then(
+      () => 'registered',
+      (err: Error) => err.message,
+    );
+    expect(message).toContain('tokens: each token must be at least 24 characters');
+    expect(message).toContain('bodyLimitBytes: must be at least 256');
+    await server.close();
+  });
+});

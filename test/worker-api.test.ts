@@ -1,0 +1,216 @@
+/**
+ * The library's worker (billing-outbox/worker, `createWorker`) as an application runs it: on the
+ * application's own pool or on a URL, against the shared Temporal dev server and the local
+ * Stripe-compatible server; its drain at shutdown, its GET /health, and its refusal of bad options.
+ */
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import net from 'node:net';
+import { Client, Connection } from '@temporalio/client';
+import { NativeConnection } from '@temporalio/worker';
+import pg from 'pg';
+import { afterEach, describe, expect, inject, it } from 'vitest';
+import { ConfigError } from '../src/config.js';
+import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
+import { useStripe, waitFor, workflowBundle } from './hooks.js';
+
+const t = useStripe({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] } });
+
+const workers: WorkerHandle[] = [];
+const pools: pg.Pool[] = [];
+const queues: string[] = [];
+
+/** Options as an application would write them, with test timings; a task queue of the test's own. */
+function options(database: CreateWorkerOptions['database'], extra: Partial<CreateWorkerOptions> = {}): CreateWorkerOptions {
+  const taskQueue = `worker-api-${randomUUID()}`;
+  queues.push(taskQueue);
+  return {
+    database,
+    temporal: { address: inject('temporalAddress') },
+    taskQueue,
+    stripe: { apiKey: 'sk_test_worker_api', apiBase: t.stripe.url, unansweredHoldMs: 300 },
+    tuning: { relayCount: 1, relayPollIntervalMs: 200, retryInitialIntervalMs: 50, retryMaximumIntervalMs: 200, retryMaximumAttempts: 4 },
+    workflowBundle: workflowBundle(),
+    workerOptions: { shutdownGraceTime: '10 seconds' },
+    ...extra,
+  };
+}
+
+async function started(opts: CreateWorkerOptions): Promise<{ worker: WorkerHandle; running: Promise<void> }> {
+  const worker = await createWorker(opts);
+  workers.push(worker);
+  return { worker, running: worker.run() };
+}
+
+/** A pool as an application makes it: no type parsers of ours. */
+function applicationPool(url = t.db.url): pg.Pool {
+  const pool = new pg.Pool({ connectionString: url, max: 5 });
+  pools.push(pool);
+  return pool;
+}
+
+afterEach(async () => {
+  for (const w of workers.splice(0)) await w.shutdown();
+  // The relay workflows outlive their workers (each worker starts them if absent): ended here.
+  const connection = await Connection.connect({ address: inject('temporalAddress') });
+  const client = new Client({ connection });
+  for (const taskQueue of queues.splice(0)) {
+    for await (const wf of client.workflow.list({ query: `TaskQueue = "${taskQueue}" AND ExecutionStatus = "Running"` })) {
+      await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+    }
+  }
+  await connection.close();
+  for (const p of pools.splice(0)) await p.end();
+});
+
+describe('createWorker', () => {
+  it("on the application's pool: delivers, answers /health, and leaves the pool open and as it was", async () => {
+    const pool = applicationPool();
+    const { worker, running } = await started(options(pool, { http: { port: 0 } }));
+    const key = await t.enqueue('acme', 7);
+    await t.waitStatus(key, 'sent');
+    expect(t.eventsFor(key)).toHaveLength(1);
+
+    const health = await fetch(`${worker.url}/health`);
+    expect(health.status).toBe(200);
+    expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', postgres: 'ok', taskQueue: worker.taskQueue });
+    expect((await fetch(`${worker.url}/metrics`)).status).toBe(200);
+
+    await worker.shutdown();
+    await running;
+    // Still the application's: open, and reading bigint as pg does by default (a string).
+    const { rows } = await pool.query<{ big: unknown }>('SELECT 9007199254740993::bigint AS big');
+    expect(rows[0]!.big).toBe('9007199254740993');
+    await expect(fetch(`${worker.url}/health`)).rejects.toThrow();
+  });
+
+  it('on a URL: delivers, then ends its own pool at shutdown', async () => {
+    const { worker, running } = await started(options(t.db.url));
+    const key = await t.enqueue('acme', 2);
+    await t.waitStatus(key, 'sent');
+    const connections = async () =>
+      Number((await t.pool.query<{ n: string }>("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'billing-outbox%' AND pid <> pg_backend_pid()")).rows[0]!.n);
+    expect(await connections()).toBeGreaterThan(0);
+    await worker.shutdown();
+    await running;
+    // The test's own pool is also named billing-outbox: only the worker's connections may go.
+    const ours = await t.pool.query<{ n: string }>(
+      "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'billing-outbox-listen'",
+    );
+    expect(Number(ours.rows[0]!.n)).toBe(0);
+    expect((await worker.health()).worker).toBe('stopped');
+  });
+
+  it("on the application's own Temporal connection: delivers, and leaves the connection open", async () => {
+    const connection = await NativeConnection.connect({ address: inject('temporalAddress') });
+    try {
+      const opts = options(t.db.url);
+      const { worker, running } = await started({ ...opts, temporal: { connection } });
+      const key = await t.enqueue('acme', 9);
+      await t.waitStatus(key, 'sent');
+      await worker.shutdown();
+      await running;
+      // Still the application's: a call on it succeeds after the worker has gone.
+      await expect(connection.workflowService.getSystemInfo({})).resolves.toBeDefined();
+      await expect(createWorker({ ...opts, temporal: { connection, address: 'elsewhere:7233' } })).rejects.toThrow(/temporal\.address: is set with temporal\.connection/);
+    } finally {
+      await connection.close();
+    }
+  });
+
+  it('a shutdown while an event is at Stripe drains it: the event ends sent, once', async () => {
+    // On a URL: the pool the delivery finishes on is the worker's own, closed only after the drain.
+    const { worker, running } = await started(options(t.db.url));
+    t.stripe.setLatency(1_500);
+    try {
+      const key = await t.enqueue('acme', 5);
+      await waitFor(`${key} to reach Stripe`, async () => t.requestsFor(key).length > 0);
+      await worker.shutdown();
+      await running;
+      // No worker is left on this task queue: the row was finished by the one that drained.
+      expect((await t.row(key)).status).toBe('sent');
+      expect(t.eventsFor(key)).toHaveLength(1);
+    } finally {
+      t.stripe.setLatency(0);
+    }
+  });
+
+  it('says 503 and why: not yet running, or PostgreSQL unreachable', async () => {
+    const { worker: idle } = { worker: await createWorker(options(applicationPool(), { http: { port: 0 } })) };
+    workers.push(idle);
+    const before = await fetch(`${idle.url}/health`);
+    expect(before.status).toBe(503);
+    expect(await before.json()).toMatchObject({ status: 'unavailable', worker: 'starting', postgres: 'ok' });
+
+    const away = new URL(t.db.url);
+    away.port = '1';
+    const unreachable = await createWorker(options(applicationPool(away.toString()), { migrate: false }));
+    workers.push(unreachable);
+    expect(await unreachable.health()).toMatchObject({ status: 'unavailable', postgres: 'error' });
+  });
+
+  it('refuses bad or missing options, each named, before opening anything', async () => {
+    const bad = createWorker({
+      database: 'mysql://app@db/app',
+      stripe: { meterApi: 'v3' as 'v1' },
+      taskQueue: 'q',
+      tuning: { relayCount: 0, relayCont: 2 } as never,
+    });
+    await expect(bad).rejects.toBeInstanceOf(ConfigError);
+    const message = await bad.catch((err: Error) => err.message);
+    expect(message).toContain('database: must be a postgres:// or postgresql:// URL');
+    expect(message).toContain('stripe.meterApi: must be v1');
+    expect(message).toContain('tuning.relayCount: must be at least 1');
+    expect(message).toContain('tuning.relayCont: is not an option');
+    expect(message).toContain('stripe.apiKey: is required');
+
+    await expect(createWorker({ stripe: { apiKey: 'sk_test_x' } } as CreateWorkerOptions)).rejects.toThrow(/database: is required/);
+    await expect(
+      createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { tls: { certFile: '/nonexistent/client.pem' } } }),
+    ).rejects.toThrow(/temporal\.tls\.certFile: mTLS needs both temporal\.tls\.certFile and temporal\.tls\.keyFile/);
+  });
+});
+
+describe('billing-outbox worker (the standalone process, on the same launch)', () => {
+  it('serves GET /health on WORKER_METRICS_PORT while it runs, and drains and exits 0 on SIGTERM', async () => {
+    const port = await new Promise<number>((resolve) => {
+      const probe = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port: p } = probe.address() as net.AddressInfo;
+        probe.close(() => resolve(p));
+      });
+    });
+    const taskQueue = `worker-bin-${randomUUID()}`;
+    queues.push(taskQueue);
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
+      env: {
+        PATH: process.env.PATH ?? '',
+        DATABASE_URL: t.db.url,
+        TEMPORAL_ADDRESS: inject('temporalAddress'),
+        TEMPORAL_TASK_QUEUE: taskQueue,
+        STRIPE_API_KEY: 'sk_test_worker_bin',
+        STRIPE_API_BASE: t.stripe.url,
+        RELAY_COUNT: '1',
+        WORKER_METRICS_PORT: String(port),
+        LOG_LEVEL: 'info',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (b: Buffer) => (output += b.toString()));
+    child.stderr.on('data', (b: Buffer) => (output += b.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+    try {
+      await waitFor('the worker to run', async () => output.includes('billing-outbox worker running') || (child.exitCode !== null && Promise.reject(new Error(output))), 60_000);
+      const health = await fetch(`http://127.0.0.1:${port}/health`);
+      expect(health.status).toBe(200);
+      expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', taskQueue });
+      const key = await t.enqueue('acme', 4);
+      await t.waitStatus(key, 'sent');
+      child.kill('SIGTERM');
+      expect(await exited, output).toBe(0);
+      expect(output).toContain('worker stopped');
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
+  });
+});
