@@ -14,6 +14,7 @@ import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, type RunningWorker } from '../src/temporal/worker.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
@@ -23,7 +24,13 @@ import './provided.js';
 installTemporalRuntime(undefined, 'ERROR');
 
 export interface TestDb {
+  /** The database's URL, as the product is given it (no search_path of its own). */
   url: string;
+  /**
+   * A pool whose search_path is the default schema's, so that a test reads `FROM outbox`. For the
+   * tests' own statements: the product never relies on search_path (test/schema.test.ts runs it on
+   * connections whose search_path finds an application's tables of the same names first).
+   */
   pool: pg.Pool;
   drop(): Promise<void>;
 }
@@ -43,7 +50,7 @@ export async function createTestDb(): Promise<TestDb> {
   await admin.end();
   const url = databaseUrlFor(name);
   await migrate(url);
-  const pool = createPool(url, 20);
+  const pool = createPool(withSearchPath(url, schemaFor().name), 20);
   return {
     url,
     pool,
@@ -57,9 +64,16 @@ export async function createTestDb(): Promise<TestDb> {
   };
 }
 
+/** `url` with `schema` as its connections' search_path: only for tests' own pools. */
+export function withSearchPath(url: string, schema: string): string {
+  const u = new URL(url);
+  u.searchParams.set('options', `-c search_path=${schema}`);
+  return u.toString();
+}
+
 /** One tenant → customer mapping, through the product's own statement (hooks.ts: seedCustomers for several). */
 export async function addCustomer(db: pg.Pool, tenantId: string, stripeCustomerId: string): Promise<void> {
-  await upsertBillingCustomer(db, tenantId, stripeCustomerId);
+  await upsertBillingCustomer(db, schemaFor(), tenantId, stripeCustomerId);
 }
 
 /** A config for tests: fast retries, a task queue of its own, and whatever `env` overrides. */

@@ -19,6 +19,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const CUSTOMER = 'cus_shared_account';
 
@@ -122,13 +123,13 @@ describe('two deployments sharing one Stripe account', () => {
       validationStart: null,
       validationEnd: null,
     });
-    expect(await recordErrorReport(east.db.pool, report(`west/${westKey}`), {})).toMatchObject({ marked: [], unknown: [`west/${westKey}`] });
-    expect(await recordErrorReport(west.db.pool, report(`west/${westKey}`), {})).toMatchObject({ marked: [westKey] });
+    expect(await recordErrorReport(east.db.pool, schemaFor(), report(`west/${westKey}`), {})).toMatchObject({ marked: [], unknown: [`west/${westKey}`] });
+    expect(await recordErrorReport(west.db.pool, schemaFor(), report(`west/${westKey}`), {})).toMatchObject({ marked: [westKey] });
     expect((await row(east, eastKey)).status).toBe('sent');
     expect((await row(west, westKey)).status).toBe('rejected_async');
 
     // Cancel names east's identifier at Stripe, not the bare key.
-    const cancelled = await cancelEvent(east.db.pool, eastKey, { actor: 'test', now: Date.now(), stripe: () => createStripeClient(east.config.stripe) });
+    const cancelled = await cancelEvent(east.db.pool, schemaFor(), eastKey, { actor: 'test', now: Date.now(), stripe: () => createStripeClient(east.config.stripe) });
     expect(cancelled.outcome).toBe('cancelled');
     expect(counted(`east/${eastKey}`)).toHaveLength(0);
     expect(stripe.events().find((e) => e.identifier === `east/${eastKey}`)?.cancelled).toBe(true);
@@ -141,7 +142,7 @@ describe('two deployments sharing one Stripe account', () => {
       await c.query(`UPDATE outbox SET status = 'dead', first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [r.entry.idempotencyKey]);
       return r.entry.idempotencyKey;
     });
-    const begun = await beginAttempt(east.db.pool, key, { workflowId: key, safeWindowMs: 3_600_000, force: false, identifierNamespace: 'east' });
+    const begun = await beginAttempt(east.db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false, identifierNamespace: 'east' });
     expect(begun.row?.identifier).toBe(key);
     expect((await row(east, key)).stripe_identifier).toBeNull();
 

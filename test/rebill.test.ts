@@ -22,6 +22,7 @@ import { rebillEvent } from '../src/ops/rebill.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
 const CUSTOMER = 'cus_rebill';
@@ -189,7 +190,7 @@ describe('an event Stripe rejected after accepting it', () => {
 
   it('two operators rebilling at once make one new revision and one delivery; a report on the old identifier leaves it alone', async () => {
     const key = await rejectedAfterSent(4);
-    const deps = { db: db.pool, client, config, now: Date.now };
+    const deps = { db: db.pool, schema: schemaFor(), client, config, now: Date.now };
     const results = await Promise.all([rebillEvent(deps, key, { actor: 'alice' }), rebillEvent(deps, key, { actor: 'bob' })]);
     expect(results.map((r) => r.outcome).sort()).toEqual(['rebilled', 'skipped']);
     const sent = await waitStatus(key, 'sent');
@@ -208,6 +209,7 @@ describe('an event Stripe rejected after accepting it', () => {
     // Stripe's verdict on the old identifier (a redelivered or late report) says nothing of the new one.
     const late = await recordErrorReport(
       db.pool,
+      schemaFor(),
       { eventId: `evt_late_${randomUUID()}`, type: 'v1.billing.meter.error_report_triggered', meterId: null, errorCount: 1, errorTypes: [{ code: CODE, errorCount: 1, samples: [{ identifier: key, message: 'late' }] }], validationStart: null, validationEnd: null },
       {},
     );
@@ -229,6 +231,7 @@ describe('an event Stripe rejected after accepting it', () => {
     // Stripe's report names it (as if an attempt had reached Stripe with its answer lost).
     const report = await recordErrorReport(
       db.pool,
+      schemaFor(),
       { eventId: `evt_dead_${randomUUID()}`, type: 'v1.billing.meter.error_report_triggered', meterId: null, errorCount: 1, errorTypes: [{ code: CODE, errorCount: 1, samples: [{ identifier: key, message: 'no customer' }] }], validationStart: null, validationEnd: null },
       {},
     );

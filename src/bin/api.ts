@@ -13,6 +13,7 @@ import { runMain, untilSignal } from './run-main.js';
 import { createMetrics } from '../metrics.js';
 import { createStripeClient } from '../stripe/client.js';
 import { MeterCatalog } from '../stripe/meters.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 
 await runMain(async () => {
   loadDotEnv();
@@ -25,11 +26,11 @@ await runMain(async () => {
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
   // Safe with workers migrating at the same time; the API may well be the first process up.
-  await migrate(config.databaseUrl);
+  await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
-  const metrics = createMetrics(undefined, { db: pool });
+  const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
   const meters = new MeterCatalog(createStripeClient(config.stripe));
   const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
 

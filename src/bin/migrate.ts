@@ -8,8 +8,10 @@ await runMain(async () => {
   loadDotEnv();
   const config = loadConfig();
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate');
-  const applied = await migrate(config.databaseUrl);
+  const applied = await migrate(config.databaseUrl, { schema: config.databaseSchema });
   console.log(
-    applied.length ? `applied ${applied.join(', ')} to ${redactUrl(config.databaseUrl)}` : `${redactUrl(config.databaseUrl)} is up to date`,
+    applied.length
+      ? `applied ${applied.join(', ')} to ${redactUrl(config.databaseUrl)}, schema ${config.databaseSchema}`
+      : `${redactUrl(config.databaseUrl)}, schema ${config.databaseSchema}, is up to date`,
   );
 });

@@ -15,6 +15,7 @@ import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { runMain, untilSignal } from './run-main.js';
 import { createStripeClient } from '../stripe/client.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 
 await runMain(async () => {
   loadDotEnv();
@@ -27,11 +28,11 @@ await runMain(async () => {
     throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
   }
   const address = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
-  await migrate(config.databaseUrl);
+  await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
   const { connection, client, clientConnection } = await connectTemporal(config.temporal);
   const stripe = createStripeClient(config.stripe);
-  const metrics = createMetrics(undefined, { db: pool, temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` });
+  const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` });
   const running = await startWorker({ config, databaseUrl: config.databaseUrl, pool, stripe, connection, client, log, metrics });
   let metricsServer: MetricsServer | undefined;
   if (config.workerMetricsPort !== undefined) {

@@ -17,6 +17,7 @@ import { findCancelCandidate, markCancelled, recordOperatorAction, type CancelCa
 import { cancelMeterEvent } from '../stripe/client.js';
 import { CANCEL_WINDOW_MS } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export type CancelOutcome = 'cancelled' | 'refused' | 'failed';
 
@@ -43,15 +44,16 @@ function notSentReason(row: CancelCandidateRow): string {
 
 export async function cancelEvent(
   db: Queryable,
+  schema: Schema,
   key: string,
   opts: { actor: string; now: number; stripe: () => Pick<Stripe, 'billing'> },
 ): Promise<CancelResult> {
-  const row = await findCancelCandidate(db, key);
+  const row = await findCancelCandidate(db, schema, key);
   if (!row) return { key, outcome: 'failed', message: 'no outbox row with this key', row: null };
 
-  let result = await decide(db, row, opts);
+  let result = await decide(db, schema, row, opts);
   try {
-    await recordOperatorAction(db, {
+    await recordOperatorAction(db, schema, {
       actor: opts.actor,
       action: 'cancel',
       key,
@@ -67,10 +69,10 @@ export async function cancelEvent(
   return result;
 }
 
-async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
+async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
   const key = row.idempotency_key;
   const view = async (): Promise<CancelResult['row']> => {
-    const current = (await findCancelCandidate(db, key)) ?? row;
+    const current = (await findCancelCandidate(db, schema, key)) ?? row;
     return {
       status: current.status,
       eventName: current.event_name,
@@ -108,10 +110,10 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
     // No answer, or an unexpected one: nothing changed on our side. A cancel may be repeated.
     return done('failed', `could not reach a decision from Stripe: ${scrub((err as Error).message)}; the row is unchanged, try again`);
   }
-  if (await markCancelled(db, key)) {
+  if (await markCancelled(db, schema, key)) {
     return done('cancelled', `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}; the row is cancelled`);
   }
-  const current = await findCancelCandidate(db, key);
+  const current = await findCancelCandidate(db, schema, key);
   return done(
     'cancelled',
     `Stripe accepted the cancel, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`,
