@@ -8,7 +8,9 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { inject } from 'vitest';
-import type { Client } from '@temporalio/client';
+import { Connection, type Client } from '@temporalio/client';
+import { msToTs } from '@temporalio/common/lib/time.js';
+import { temporal } from '@temporalio/proto';
 import type { NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
@@ -41,15 +43,15 @@ export function databaseUrlFor(name: string): string {
   return url.toString();
 }
 
-/** A new, migrated database of the test file's own. */
-export async function createTestDb(): Promise<TestDb> {
+/** A new database of the test file's own, migrated into the default schema (unless `migrate: false`). */
+export async function createTestDb(opts: { migrate?: boolean } = {}): Promise<TestDb> {
   const name = `bo_test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
   const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
   await admin.end();
   const url = databaseUrlFor(name);
-  await migrate(url);
+  if (opts.migrate !== false) await migrate(url);
   const pool = createPool(withSearchPath(url, schemaFor().name), 20);
   return {
     url,
@@ -69,6 +71,27 @@ export function withSearchPath(url: string, schema: string): string {
   const u = new URL(url);
   u.searchParams.set('options', `-c search_path=${schema}`);
   return u.toString();
+}
+
+/**
+ * A new Temporal namespace on the shared dev server (with the two search attributes), for a second
+ * deployment in a test: deployments with the same tenant and usage ids have the same keys, so the
+ * same workflow ids, which must live in namespaces of their own.
+ */
+export async function temporalNamespace(): Promise<string> {
+  const name = `bo-ns-${randomUUID().slice(0, 8)}`;
+  const connection = await Connection.connect({ address: inject('temporalAddress') });
+  try {
+    await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
+    const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
+    await waitFor(`namespace ${name}`, async () => {
+      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: { OutboxStatus: keyword, TenantId: keyword } });
+      return true;
+    });
+  } finally {
+    await connection.close();
+  }
+  return name;
 }
 
 /** One tenant → customer mapping, through the product's own statement (hooks.ts: seedCustomers for several). */

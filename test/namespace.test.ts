@@ -5,11 +5,7 @@
  * With one namespace each, both are billed under their own identifiers, and error reports, cancel
  * and reconcile find each row by the identifier Stripe got.
  */
-import { Connection } from '@temporalio/client';
-import { msToTs } from '@temporalio/common/lib/time.js';
-import { temporal } from '@temporalio/proto';
-import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
@@ -18,7 +14,7 @@ import { recordErrorReport } from '../src/ops/error-reports.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const CUSTOMER = 'cus_shared_account';
@@ -32,26 +28,6 @@ interface Deployment {
 let stripe: LocalStripe;
 let east: Deployment;
 let west: Deployment;
-
-/**
- * A Temporal namespace of its own (with the two search attributes): each deployment has its own
- * Temporal, as its own workflow ids (= keys) would otherwise meet. Only Stripe is shared.
- */
-async function temporalNamespace(): Promise<string> {
-  const name = `bo-ns-${randomUUID().slice(0, 8)}`;
-  const connection = await Connection.connect({ address: inject('temporalAddress') });
-  try {
-    await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
-    const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
-    await waitFor(`namespace ${name}`, async () => {
-      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: { OutboxStatus: keyword, TenantId: keyword } });
-      return true;
-    });
-  } finally {
-    await connection.close();
-  }
-  return name;
-}
 
 async function deployment(namespace: string, temporalNs: string): Promise<Deployment> {
   const db = await createTestDb();
