@@ -8,11 +8,10 @@ import type pg from 'pg';
 import { createPool } from '../src/db.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
 import { useDatabase, waitFor } from './hooks.js';
-import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const t = useDatabase();
 let pool: pg.Pool;
-// A pool of its own: eight racers and the holder, each on a connection.
+// A pool of its own (the product's, default search_path): eight racers and the holder, each on a connection.
 beforeAll(() => void (pool = createPool(t.db.url, 12)));
 afterAll(() => pool?.end());
 
@@ -26,8 +25,8 @@ it('gives concurrent reservations from eight connections eight distinct slots', 
   // committed state: the moment at which a read without the row lock would see a stale slot.
   const holder = await pool.connect();
   await holder.query('BEGIN');
-  await holder.query(`SELECT 1 FROM rate_limits WHERE bucket = 'dispatch' FOR UPDATE`);
-  const reservations = Array.from({ length: racers }, () => reserveSlots(pool, schemaFor(), { bucket: 'dispatch', count: 1, perSecond }));
+  await holder.query(`SELECT 1 FROM ${t.schema.rateLimits} WHERE bucket = 'dispatch' FOR UPDATE`);
+  const reservations = Array.from({ length: racers }, () => reserveSlots(pool, t.schema, { bucket: 'dispatch', count: 1, perSecond }));
   await waitFor(
     'every racer blocked on the bucket row',
     async () => {
