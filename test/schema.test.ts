@@ -184,4 +184,23 @@ describe('two deployments in two schemas of one database', () => {
     expect((await record(west, 5)).created).toBe(false);
     expect((await rowIn(product, east.schema, key))?.quantity).toBe(3);
   });
+
+  it("wake only their own relays: a row committed in one schema notifies that schema's channel", async () => {
+    const [east, west] = deployments as [Deployment, Deployment];
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    try {
+      const heard: string[] = [];
+      listener.on('notification', (n) => heard.push(n.channel));
+      await listener.query(`LISTEN "${schemaFor(east.schema).outboxChannel}"`);
+      await listener.query(`LISTEN "${schemaFor(west.schema).outboxChannel}"`);
+      await withTransaction(product, (c) => recordUsage(c, { tenantId: 'acme', usageId: `east-only-${randomUUID()}`, quantity: 1 }, { schema: east.schema }));
+      await waitFor('the notification', async () => (heard.length > 0 ? true : undefined));
+      // A round trip after it: any notification committed with it has arrived by now.
+      await listener.query('SELECT 1');
+      expect(heard.every((channel) => channel === 'bo_east:outbox')).toBe(true);
+    } finally {
+      await listener.end();
+    }
+  });
 });
