@@ -8,6 +8,7 @@ import type Stripe from 'stripe';
 import type { Config } from '../src/config.js';
 import type { Metrics } from '../src/metrics.js';
 import { deliveryStore } from '../src/outbox/sql/delivery.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { MeterLease } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog } from '../src/stripe/meters.js';
 import { SlotPacer } from '../src/stripe/rate-limit.js';
@@ -17,7 +18,7 @@ import { createRelayActivities, type RelayDeps } from './relay.js';
 
 export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
   db: pg.Pool;
-  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'timings'>;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'timings' | 'databaseSchema'>;
   stripe: Pick<Stripe, 'billing'>;
   /** With STRIPE_METER_API=v2: the worker's batcher on Stripe's meter event stream (else v1 calls). */
   stream?: MeterEventSender;
@@ -27,11 +28,12 @@ export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
 
 export function createActivities(deps: ActivityDeps) {
   const { db, config } = deps;
+  const schema = schemaFor(config.databaseSchema);
   const delivery = createDeliveryActivities({
-    store: deliveryStore(db, { identifierNamespace: config.stripe.identifierNamespace }),
+    store: deliveryStore(db, schema, { identifierNamespace: config.stripe.identifierNamespace }),
     sender: deps.stream ?? meterEventsV1(deps.stripe),
-    lease: new MeterLease(db, config.timings, deps.notifier, deps.stopping),
-    pacer: new SlotPacer(db, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
+    lease: new MeterLease(db, schema, config.timings, deps.notifier, deps.stopping),
+    pacer: new SlotPacer(db, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
     meters: deps.meters,
     config,
     metrics: deps.metrics,

@@ -18,12 +18,13 @@ import { reserveSlots } from '../src/outbox/sql/pace.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 export interface RelayDeps {
   db: pg.Pool;
   client: Client;
   notifier: OutboxNotifier;
-  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes'>;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'databaseSchema'>;
   /** How long one relay activity runs before handing back to its workflow. */
   runForMs?: number;
   /** Aborted when this process is shutting down: relays stop claiming at once. */
@@ -55,6 +56,7 @@ export interface RelayResult {
 
 export function createRelayActivities(deps: RelayDeps) {
   const { db, client, notifier, config } = deps;
+  const schema = schemaFor(config.databaseSchema);
   const runForMs = deps.runForMs ?? 60_000;
   const log = deps.log ?? (() => undefined);
 
@@ -74,11 +76,11 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, { limit: batchLimit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
+    const rows = await claimBatch(db, schema, { limit: batchLimit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0 };
-    const pace = await reserveSlots(db, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
+    const pace = await reserveSlots(db, schema, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
@@ -97,7 +99,7 @@ export function createRelayActivities(deps: RelayDeps) {
         }
       }),
     );
-    await markDispatched(db, inTemporal, claimId);
+    await markDispatched(db, schema, inTemporal, claimId);
     totals.claimed += rows.length;
     return { claimed: rows.length, paceMs: pace.spanEndMs };
   }
@@ -107,7 +109,7 @@ export function createRelayActivities(deps: RelayDeps) {
     deps.metrics?.closedRuns.inc({ status: run.status.toLowerCase() });
     const message = closedRunMessage(row.idempotency_key, run, 'waiting for a relay');
     log('usage workflow already closed; the row is dead', { key: row.idempotency_key, runStatus: run.status, code: TemporalErrorCodes.workflowClosed });
-    await markClaimDead(db, row.id, claimId, TemporalErrorCodes.workflowClosed, message);
+    await markClaimDead(db, schema, row.id, claimId, TemporalErrorCodes.workflowClosed, message);
   }
 
   async function startFailed(row: ClaimedRow, claimId: string, err: unknown, totals: RelayResult): Promise<void> {
@@ -115,7 +117,7 @@ export function createRelayActivities(deps: RelayDeps) {
       totals.refused++;
       deps.metrics?.startFailures.inc({ reason: 'refused' });
       log('Temporal refused to start the usage workflow; the row is dead', { key: row.idempotency_key, grpcStatus: err.grpcStatus, error: err.answer });
-      await markClaimDead(db, row.id, claimId, TemporalErrorCodes.startRefused, `${err.grpcStatus}: ${err.answer}`);
+      await markClaimDead(db, schema, row.id, claimId, TemporalErrorCodes.startRefused, `${err.grpcStatus}: ${err.answer}`);
       return;
     }
     // Left claimed: the claim times out and a relay picks the row up again; the row, the metric and
@@ -123,7 +125,7 @@ export function createRelayActivities(deps: RelayDeps) {
     totals.failedToStart++;
     deps.metrics?.startFailures.inc({ reason: 'transient' });
     log('failed to start usage workflow; trying again after the claim lapses', { key: row.idempotency_key, error: String(err) });
-    await recordStartFailure(db, row.id, claimId, TemporalErrorCodes.startFailing, String(err)).catch(() => undefined);
+    await recordStartFailure(db, schema, row.id, claimId, TemporalErrorCodes.startFailing, String(err)).catch(() => undefined);
   }
 
   return {

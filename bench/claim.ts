@@ -8,6 +8,7 @@ import { randomUUID } from 'node:crypto';
 import type { Queryable } from '../src/db.js';
 import { claimStatement } from '../src/outbox/sql/relay.js';
 import { freshDatabase, pct, type Report, type Services } from './harness.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 export async function claim(services: Services, report: Report, opts: { sentRows: number; pending: number; lanes: number; claims: number }): Promise<void> {
   const db = await freshDatabase(services, opts.lanes);
@@ -30,7 +31,7 @@ export async function claim(services: Services, report: Report, opts: { sentRows
     const capture: Queryable = {
       query: ((text: string, values: unknown[]) => ((sent = { text, values }), Promise.resolve({ rows: [] }))) as unknown as Queryable['query'],
     };
-    await claimStatement(capture, params);
+    await claimStatement(capture, schemaFor(), params);
 
     const client = await db.pool.connect();
     const ms: number[] = [];

@@ -19,6 +19,7 @@ import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
 import { startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 installTemporalRuntime(undefined, 'ERROR');
 
@@ -72,7 +73,10 @@ export async function freshDatabase(services: Services, tenants: number): Promis
   admin.pathname = `/${name}`;
   const url = admin.toString();
   await migrate(url);
-  const pool = createPool(url, 20);
+  // The benchmarks' own statements name our tables unqualified: their pool (only) reads our schema first.
+  const withPath = new URL(url);
+  withPath.searchParams.set('options', `-c search_path=${schemaFor().name}`);
+  const pool = createPool(withPath.toString(), 20);
   await pool.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
   await pool.query(`INSERT INTO billing_customers SELECT 't' || g, 'cus_' || g FROM generate_series(1, $1::int) g`, [tenants]);
   return { url, pool };

@@ -6,6 +6,7 @@ import type { Queryable } from '../src/db.js';
 import { statusSummary } from '../src/outbox/sql/status.js';
 import { AWAITING_RELAY, IN_FLIGHT, type OutboxStatus } from '../src/outbox/statuses.js';
 import { sleep } from './world.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const UNFINISHED: readonly OutboxStatus[] = [...new Set<OutboxStatus>([...AWAITING_RELAY, ...IN_FLIGHT])];
 
@@ -18,7 +19,7 @@ export interface OutboxProgress {
 
 /** Rows per status, counted exactly (never the planner's estimate: these tables are small). */
 export async function outboxProgress(db: Queryable): Promise<OutboxProgress> {
-  const { counts } = await statusSummary(db, { exactCountBelow: Number.MAX_SAFE_INTEGER });
+  const { counts } = await statusSummary(db, schemaFor(), { exactCountBelow: Number.MAX_SAFE_INTEGER });
   const total = Object.values(counts).reduce((s, n) => s + n, 0);
   return { counts, total, unfinished: UNFINISHED.reduce((s, status) => s + counts[status], 0) };
 }

@@ -18,6 +18,7 @@ import { createPool, migrate } from '../src/db.js';
 import { freePort, startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 export const METERS = ['api_requests', 'tokens'] as const;
 export const TASK_QUEUE = 'billing-outbox-chaos';
@@ -164,7 +165,10 @@ export class World {
     await mkdir(opts.dir, { recursive: true });
     await w.startPostgres();
     await migrate(w.pg.url);
-    w.pool = createPool(w.pg.url, 20);
+    // The harness's own statements name our tables unqualified: its pool (only) reads our schema first.
+    const url = new URL(w.pg.url);
+    url.searchParams.set('options', `-c search_path=${schemaFor().name}`);
+    w.pool = createPool(url.toString(), 20);
     for (const t of w.tenants) {
       await w.pool.query('INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ($1, $2)', [t.tenantId, t.customer]);
     }

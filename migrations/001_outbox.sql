@@ -57,10 +57,12 @@ CREATE INDEX outbox_status_idx ON outbox (status) WHERE status <> 'sent';
 CREATE INDEX outbox_tenant_idx ON outbox (tenant_id, id);
 
 -- Wake idle relays as soon as events commit (NOTIFY is delivered at commit, and only then).
--- Statement-level, so a bulk insert sends one notification, not one per row.
+-- Statement-level, so a bulk insert sends one notification, not one per row. The channel is the
+-- schema's own (src/outbox/sql/schema.ts `outboxChannel`), so that deployments in other schemas of
+-- the database are not woken. It names no table, so it needs no search_path of its own.
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM pg_notify('billing_outbox', '');
+  PERFORM pg_notify(TG_TABLE_SCHEMA || ':outbox', '');
   RETURN NULL;
 END;
 $$;

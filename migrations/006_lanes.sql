@@ -34,9 +34,11 @@ CREATE INDEX meter_lease_waiters_holder_idx ON meter_lease_waiters (holder);
 -- oldest delivery still waiting for each pair: that delivery holds the lease at once (for
 -- `p_handoff_ms`, which it extends when it makes its call) and is woken by a notification naming
 -- it, so it starts without asking again. Returns each pair given up (as a lane id, see
--- src/stripe/meter-lease.ts) and who holds it now (null: nobody was waiting).
+-- src/stripe/meter-lease.ts) and who holds it now (null: nobody was waiting). Its search_path is
+-- pinned to the schema it is created in (the migration runner's): it is called from the
+-- application's and the workers' connections, whose search_path may find other tables first.
 CREATE FUNCTION meter_lease_hand_off(p_holder text, p_handoff_ms int, p_channel text)
-RETURNS TABLE (lane text, next_holder text) LANGUAGE plpgsql AS $$
+RETURNS TABLE (lane text, next_holder text) LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
   pair record;
   nxt record;

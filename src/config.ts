@@ -8,6 +8,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
+import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
 
@@ -52,6 +53,15 @@ const schema = z.object({
     .trim()
     .refine((v) => /^postgres(ql)?:\/\//.test(v), 'must be a postgres:// or postgresql:// URL')
     .optional(),
+  // The PostgreSQL schema of every table; the application's recordUsage must be given the same.
+  DATABASE_SCHEMA: z
+    .string()
+    .trim()
+    .superRefine((v, ctx) => {
+      const problem = schemaNameProblem(v);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    })
+    .default(DEFAULT_SCHEMA),
   TEMPORAL_ADDRESS: z
     .string()
     .trim()
@@ -260,6 +270,8 @@ export interface TemporalConfig {
 export interface Config {
   production: boolean;
   databaseUrl: string | undefined;
+  /** The PostgreSQL schema of billing-outbox's tables (DATABASE_SCHEMA, default billing_outbox). */
+  databaseSchema: string;
   temporal: TemporalConfig;
   stripe: {
     /** Undefined outside production means "use the local Stripe-compatible server's test key". */
@@ -418,6 +430,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   return {
     production: c.NODE_ENV === 'production',
     databaseUrl: c.DATABASE_URL,
+    databaseSchema: c.DATABASE_SCHEMA,
     temporal: {
       address: c.TEMPORAL_ADDRESS,
       namespace: c.TEMPORAL_NAMESPACE,

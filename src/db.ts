@@ -5,6 +5,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
+import { schemaFor } from './outbox/sql/schema.js';
 
 export type Queryable = Pick<pg.ClientBase, 'query'>;
 
@@ -82,8 +83,9 @@ const MIGRATION_LOCK = 727_274_001;
 const NO_TRANSACTION = '-- billing-outbox: no transaction';
 
 /**
- * Applies every `migrations/NNN_*.sql` file not yet applied, in order: each in its own transaction,
- * or statement by statement when it starts with NO_TRANSACTION. Safe when several processes migrate
+ * Applies every `migrations/NNN_*.sql` file not yet applied to the schema `opts.schema` (default
+ * `billing_outbox`; created if missing, and its own `schema_migrations` says what is applied), in
+ * order: each in its own transaction, or statement by statement when it starts with NO_TRANSACTION. Safe when several processes migrate
  * at once: they take turns on an advisory lock and the later ones find nothing left to do. Returns
  * the names it applied.
  *
@@ -91,7 +93,8 @@ const NO_TRANSACTION = '-- billing-outbox: no transaction';
  * the outbox are built CONCURRENTLY, new constraints added NOT VALID and validated apart (see
  * docs/operations.md, "Upgrading"; test/migrate.test.ts records usage while one runs).
  */
-export async function migrate(database: string | pg.ClientConfig, opts: { upTo?: string } = {}): Promise<string[]> {
+export async function migrate(database: string | pg.ClientConfig, opts: { upTo?: string; schema?: string } = {}): Promise<string[]> {
+  const schema = schemaFor(opts.schema);
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
   // advisory lock on a connection of its own, never one of the application's pool.
   const settings = typeof database === 'string' ? { connectionString: database } : database;
@@ -100,12 +103,18 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
   try {
     // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,
     // and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot (a deadlock).
+    // One lock for the whole database, whatever the schema: two migrators of different schemas
+    // would otherwise meet the same way in each other's CREATE INDEX CONCURRENTLY.
     while (!(await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [MIGRATION_LOCK])).rows[0]!.ok) {
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
-    await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
+    // Created only when missing: CREATE SCHEMA IF NOT EXISTS checks the right to create schemas in
+    // the database before it looks, and a DBA may have created ours for a role without that right.
+    const exists = (await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1::text', [schema.name])).rowCount! > 0;
+    if (!exists) await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema.quoted}`);
+    await client.query(`CREATE TABLE IF NOT EXISTS ${schema.schemaMigrations} (
       name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
-    const done = new Set((await client.query<{ name: string }>('SELECT name FROM schema_migrations')).rows.map((r) => r.name));
+    const done = new Set((await client.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));
     const files = (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
     const applied: string[] = [];
     for (const file of files) {
@@ -113,15 +122,26 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
       if (opts.upTo !== undefined && file > opts.upTo) break;
       if (done.has(file)) continue;
       const sql = await readFile(path.join(MIGRATIONS_DIR, file), 'utf8');
+      // The files name their tables unqualified: they run with the schema alone as search_path
+      // (pg_catalog is always searched first), so whatever they create goes into it and nothing
+      // they name can be found in the application's schemas. Functions they define pin it
+      // (`SET search_path FROM CURRENT`), so they do not depend on their caller's.
       try {
         if (sql.startsWith(NO_TRANSACTION)) {
-          for (const statement of splitStatements(sql)) await client.query(statement);
-          await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
+          const previous = (await client.query<{ path: string }>(`SELECT current_setting('search_path') AS path`)).rows[0]!.path;
+          await client.query(`SELECT set_config('search_path', $1::text, false)`, [schema.quoted]);
+          try {
+            for (const statement of splitStatements(sql)) await client.query(statement);
+          } finally {
+            await client.query(`SELECT set_config('search_path', $1::text, false)`, [previous]);
+          }
+          await client.query(`INSERT INTO ${schema.schemaMigrations} (name) VALUES ($1)`, [file]);
         } else {
           await client.query('BEGIN');
           try {
+            await client.query(`SELECT set_config('search_path', $1::text, true)`, [schema.quoted]);
             await client.query(sql);
-            await client.query('INSERT INTO schema_migrations (name) VALUES ($1)', [file]);
+            await client.query(`INSERT INTO ${schema.schemaMigrations} (name) VALUES ($1)`, [file]);
             await client.query('COMMIT');
           } catch (err) {
             await client.query('ROLLBACK');

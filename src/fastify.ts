@@ -29,13 +29,15 @@ export interface BillingOutboxPluginOptions {
   tokens: ApiToken[];
   /** The meter of usage posted without event_name (default api_requests). */
   meterEventName?: string;
+  /** The PostgreSQL schema billing-outbox's tables are in (default billing_outbox): the one you migrated. */
+  schema?: string;
   /** Largest body accepted, in bytes (default 65536). */
   bodyLimitBytes?: number;
   /** With it, usage for a meter Stripe does not have is refused (422); without it, not checked at the door. */
   stripe?: { apiKey: string; apiBase?: string };
 }
 
-const KNOWN = ['pool', 'tokens', 'meterEventName', 'bodyLimitBytes', 'stripe', 'prefix', 'logLevel', 'logSerializers'];
+const KNOWN = ['pool', 'tokens', 'meterEventName', 'schema', 'bodyLimitBytes', 'stripe', 'prefix', 'logLevel', 'logSerializers'];
 
 /** Checks the options as the standalone API checks its environment; throws ConfigError naming each bad one. */
 function resolve(opts: BillingOutboxPluginOptions) {
@@ -46,6 +48,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
   const env: Record<string, string> = {
     API_TOKENS: JSON.stringify(opts.tokens ?? []),
     ...(opts.meterEventName === undefined ? {} : { STRIPE_METER_EVENT_NAME: String(opts.meterEventName) }),
+    ...(opts.schema === undefined ? {} : { DATABASE_SCHEMA: String(opts.schema) }),
     ...(opts.bodyLimitBytes === undefined ? {} : { API_BODY_LIMIT_BYTES: String(opts.bodyLimitBytes) }),
     ...(opts.stripe?.apiKey === undefined ? {} : { STRIPE_API_KEY: String(opts.stripe.apiKey) }),
     ...(opts.stripe?.apiBase === undefined ? {} : { STRIPE_API_BASE: String(opts.stripe.apiBase) }),
@@ -53,6 +56,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
   const names: Record<string, string> = {
     API_TOKENS: 'tokens',
     STRIPE_METER_EVENT_NAME: 'meterEventName',
+    DATABASE_SCHEMA: 'schema',
     API_BODY_LIMIT_BYTES: 'bodyLimitBytes',
     STRIPE_API_KEY: 'stripe.apiKey',
     STRIPE_API_BASE: 'stripe.apiBase',
@@ -68,6 +72,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
   if (problems.length > 0 || !config) throw new ConfigError(problems);
   return {
     db: withPgTypes(opts.pool),
+    schema: config.databaseSchema,
     tokens: config.api.tokens,
     defaultEventName: config.stripe.meterEventName,
     bodyLimitBytes: config.api.bodyLimitBytes,

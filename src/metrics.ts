@@ -10,6 +10,7 @@ import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom
 import type { Queryable } from './db.js';
 import { statusSummary, type StatusSummary } from './outbox/sql/status.js';
 import { OUTBOX_STATUSES } from './outbox/statuses.js';
+import { schemaFor, type Schema } from './outbox/sql/schema.js';
 
 /** How the delivery activity ended a call to Stripe, when it did not simply succeed. */
 export const STRIPE_ERROR_CLASSES = ['retryable', 'rate_limited', 'rejected', 'delivered_duplicate', 'unsafe', 'credentials'] as const;
@@ -19,6 +20,8 @@ export type StripeErrorClass = (typeof STRIPE_ERROR_CLASSES)[number];
 export interface MetricsOptions {
   /** Read at scrape time for the outbox gauges; without it they are not registered. */
   db?: Queryable;
+  /** The schema of the outbox `db` holds (default billing_outbox). */
+  schema?: Schema;
   /** Table size from which sent rows are estimated instead of counted (see statusSummary). */
   exactCountBelow?: number;
   /**
@@ -136,7 +139,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     if (!options.db) return;
     let summary: StatusSummary;
     try {
-      summary = await statusSummary(options.db, { exactCountBelow: options.exactCountBelow });
+      summary = await statusSummary(options.db, options.schema ?? schemaFor(), { exactCountBelow: options.exactCountBelow });
     } catch {
       // No stale numbers: absent series are what an alert on a dead database should see.
       outboxRows.reset();

@@ -91,7 +91,7 @@ export interface CreateWorkerOptions {
   stripe: WorkerStripeOptions;
   /** The Temporal task queue (default billing-outbox); one per deployment of billing-outbox. */
   taskQueue?: string;
-  /** The PostgreSQL schema of billing-outbox's tables (where the build supports it). */
+  /** The PostgreSQL schema of billing-outbox's tables (default billing_outbox; created by the migration if missing). */
   schema?: string;
   /** Apply pending migrations before running (default true; safe with many workers at once). */
   migrate?: boolean;
@@ -194,11 +194,8 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   }
   take('tuning', options.tuning, TUNING_VARIABLES);
   put('taskQueue', 'TEMPORAL_TASK_QUEUE', taskQueue);
-  if (schema !== undefined) {
-    if (typeof schema !== 'string' || !/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) problems.push('schema: must be a lower-case PostgreSQL identifier (letters, digits, _)');
-    // Fed to the configuration where it reads one (DATABASE_SCHEMA); ignored by a build without it.
-    else put('schema', 'DATABASE_SCHEMA', schema);
-  }
+  // Checked by the configuration, as DATABASE_SCHEMA is.
+  put('schema', 'DATABASE_SCHEMA', schema);
   for (const flag of ['migrate', 'handleSignals'] as const) {
     if (options[flag] !== undefined && typeof options[flag] !== 'boolean') problems.push(`${flag}: must be true or false`);
   }

@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { claimBatch, claimStatement, markDispatched } from '../src/outbox/sql/relay.js';
 import type { Queryable } from '../src/db.js';
 import { useDatabase, waitFor } from './hooks.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
 const { row } = t;
@@ -30,7 +31,7 @@ describe('claiming outbox rows', () => {
     await Promise.all(
       claimers.map(async (name) => {
         for (;;) {
-          const rows = await claimBatch(t.pool, { limit: 37, claimedBy: name, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+          const rows = await claimBatch(t.pool, t.schema, { limit: 37, claimedBy: name, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
           if (rows.length === 0) return;
           for (const r of rows) claimedBy.set(r.id, [...(claimedBy.get(r.id) ?? []), name]);
         }
@@ -49,7 +50,7 @@ describe('claiming outbox rows', () => {
   it('claims oldest first and leaves dispatched, sent and dead rows alone', async () => {
     await seed(3, 'order:');
     await t.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'order:1'`);
-    const rows = await claimBatch(t.pool, { limit: 10, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+    const rows = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
     expect(rows.map((r) => r.idempotency_key)).toEqual(['order:2', 'order:3']);
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'order:%' AND status <> 'dead'`);
   });
@@ -57,18 +58,18 @@ describe('claiming outbox rows', () => {
   it('gives a row back once its claim times out, and the old claim can no longer mark it', async () => {
     await seed(1, 'lease:');
     const first = randomUUID();
-    const a = await claimBatch(t.pool, { limit: 10, claimedBy: 'crashed', claimId: first, claimTimeoutMs: 1000, laneMax: 1_000 });
+    const a = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'crashed', claimId: first, claimTimeoutMs: 1000, laneMax: 1_000 });
     expect(a.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // Within the claim timeout: nobody else can take it.
-    expect(await claimBatch(t.pool, { limit: 10, claimedBy: 'other', claimId: randomUUID(), claimTimeoutMs: 1000, laneMax: 1_000 })).toEqual([]);
+    expect(await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: randomUUID(), claimTimeoutMs: 1000, laneMax: 1_000 })).toEqual([]);
     // Time driven, not slept: the claim's deadline is moved into the past, as the clock would.
     await t.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 millisecond' WHERE idempotency_key = 'lease:1'`);
     const second = randomUUID();
-    const b = await claimBatch(t.pool, { limit: 10, claimedBy: 'other', claimId: second, claimTimeoutMs: 60_000, laneMax: 1_000 });
+    const b = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: second, claimTimeoutMs: 60_000, laneMax: 1_000 });
     expect(b.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // The crashed claimer comes back late: its guarded update finds the row no longer its own.
-    expect(await markDispatched(t.pool, [a[0]!.id], first)).toBe(0);
-    expect(await markDispatched(t.pool, [b[0]!.id], second)).toBe(1);
+    expect(await markDispatched(t.pool, t.schema, [a[0]!.id], first)).toBe(0);
+    expect(await markDispatched(t.pool, t.schema, [b[0]!.id], second)).toBe(1);
     const { rows } = await t.pool.query(`SELECT status, claimed_by FROM outbox WHERE idempotency_key = 'lease:1'`);
     expect(rows[0]).toEqual({ status: 'dispatched', claimed_by: 'other' });
   });
@@ -94,7 +95,7 @@ describe('claiming outbox rows', () => {
         return Promise.resolve({ rows: [] });
       }) as unknown as Queryable['query'],
     };
-    await claimStatement(capture, { limit: 100, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 });
+    await claimStatement(capture, schemaFor(), { limit: 100, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 });
     const { rows } = await t.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
     const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
     if (process.env.SHOW_PLAN) console.error(plan);
@@ -120,7 +121,7 @@ describe('claiming outbox rows', () => {
       expect(locked.rows).toHaveLength(2);
       // A claimer that would wait fails here instead of hanging: the lock timeout makes waiting an error.
       await claimer.query(`SET lock_timeout = '2s'`);
-      const rows = await claimBatch(claimer, { limit: 10, claimedBy: 'second', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+      const rows = await claimBatch(claimer, schemaFor(), { limit: 10, claimedBy: 'second', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
       expect(rows.map((r) => r.idempotency_key).sort()).toEqual(['skip:3', 'skip:4']);
     } finally {
       await holder.query('ROLLBACK');
@@ -134,12 +135,12 @@ describe('claiming outbox rows', () => {
   it('keeps at most laneMax of a lane claimed or dispatched, oldest first, while other lanes flow', async () => {
     await seed(10, 'hot:', 'acme');
     await seed(3, 'other:', 'globex');
-    const claim = () => claimBatch(t.pool, { limit: 100, claimedBy: 'r', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 2 });
+    const claim = () => claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'r', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 2 });
     const keys = (rows: { idempotency_key: string }[]) => rows.map((r) => r.idempotency_key).sort();
     const first = await claim();
     expect(keys(first)).toEqual(['hot:1', 'hot:2', 'other:1', 'other:2']);
     // hot:1 handed to its workflow: still in flight, so the hot lane has no room.
-    await markDispatched(t.pool, [first.find((r) => r.idempotency_key === 'hot:1')!.id], (await row('hot:1')).claim_id);
+    await markDispatched(t.pool, t.schema, [first.find((r) => r.idempotency_key === 'hot:1')!.id], (await row('hot:1')).claim_id);
     expect(await claim()).toEqual([]);
     // hot:1 delivered: room for exactly one more, the oldest waiting.
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key = 'hot:1'`);
@@ -164,13 +165,13 @@ describe('claiming outbox rows', () => {
     try {
       await slow.query(`BEGIN; SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_indexonlyscan = off`);
       const { rows: me } = await slow.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-      const slowClaim = claimStatement(slow, { limit: 100, claimedBy: 'slow', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+      const slowClaim = claimStatement(slow, schemaFor(), { limit: 100, claimedBy: 'slow', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
       // Its statement is running: its snapshot is taken (backend_xmin set), its scans under way.
       await waitFor('the slow claim to be running', async () => {
         const { rows } = await t.pool.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND backend_xmin IS NOT NULL`, [me[0]!.pid]);
         return rows.length > 0;
       }, 10_000, 1);
-      const fast = await claimBatch(t.pool, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+      const fast = await claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
       const slowRows = await slowClaim;
       await slow.query('COMMIT');
       expect(fast.map((r) => r.idempotency_key).sort()).toEqual(Array.from({ length: 20 }, (_, i) => `guard:${i + 1}`).sort());
@@ -186,7 +187,7 @@ describe('claiming outbox rows', () => {
   it('holds the lane limit when many claimers race: together they never exceed it', async () => {
     await seed(500, 'race-lane:', 'acme');
     const claimed = await Promise.all(
-      Array.from({ length: 8 }, (_, i) => claimBatch(t.pool, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 3 })),
+      Array.from({ length: 8 }, (_, i) => claimBatch(t.pool, t.schema, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 3 })),
     );
     expect(claimed.flat().map((r) => r.idempotency_key).sort()).toEqual(['race-lane:1', 'race-lane:2', 'race-lane:3']);
   });

@@ -18,6 +18,7 @@ import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker } from '../src/temporal/worker.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 let db: TestDb;
 let stripe: LocalStripe;
@@ -36,7 +37,7 @@ beforeAll(async () => {
   config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_closed_runs', RETRY_MAXIMUM_ATTEMPTS: '1000', STRIPE_TIMEOUT_MS: '2000' });
   pipeline = await startTestPipeline({ db, config });
   client = pipeline.client;
-  retrier = new DeadLetterRetrier({ db: db.pool, client, config, now: Date.now });
+  retrier = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: Date.now });
 });
 
 afterAll(async () => {
@@ -58,7 +59,7 @@ async function row(key: string) {
 const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
   waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
 const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
-const sweep = () => sweepClosedRuns({ db: db.pool, client }, { staleAfterMs: 0, batchSize: 100 });
+const sweep = () => sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { staleAfterMs: 0, batchSize: 100 });
 
 /** A usage event whose delivery is retrying against a Stripe that refuses every connection. */
 async function inFlightDuringOutage(quantity: number): Promise<string> {
@@ -85,7 +86,7 @@ describe('a row whose run has closed', () => {
       const dead = await row(key);
       expect(dead).toMatchObject({ status: 'dead', last_error_code: TemporalErrorCodes.workflowClosed });
       expect(dead.last_error_message).toMatch(/^its workflow run terminated at .* while the row was dispatched/);
-      expect((await outboxStatus(db.pool, new Date())).deadByErrorCode).toContainEqual({ code: TemporalErrorCodes.workflowClosed, count: 1 });
+      expect((await outboxStatus(db.pool, schemaFor(), new Date())).deadByErrorCode).toContainEqual({ code: TemporalErrorCodes.workflowClosed, count: 1 });
     } finally {
       stripe.heal();
     }

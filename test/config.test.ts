@@ -29,6 +29,7 @@ describe('configuration', () => {
     const samples: Record<string, string> = {
       NODE_ENV: 'production',
       DATABASE_URL: 'postgres://u:p@db:5432/x',
+      DATABASE_SCHEMA: 'billing_east',
       TEMPORAL_ADDRESS: 'temporal:7233',
       TEMPORAL_NAMESPACE: 'billing',
       TEMPORAL_TASK_QUEUE: 'billing-2',
@@ -122,6 +123,14 @@ describe('configuration', () => {
     expect(loadConfig({ STRIPE_IDENTIFIER_NAMESPACE: 'eu-west_2' }).stripe.identifierNamespace).toBe('eu-west_2');
     for (const bad of ['a/b', 'a:b', 'x'.repeat(25), 'café', 'a b']) {
       expect(problems({ STRIPE_IDENTIFIER_NAMESPACE: bad })[0], bad).toMatch(/^STRIPE_IDENTIFIER_NAMESPACE: must be at most 24 letters, digits/);
+    }
+  });
+
+  it('DATABASE_SCHEMA: billing_outbox by default; a plain lowercase identifier that fits the names derived from it', () => {
+    expect(loadConfig({}).databaseSchema).toBe('billing_outbox');
+    expect(loadConfig({ DATABASE_SCHEMA: 'billing_2' }).databaseSchema).toBe('billing_2');
+    for (const bad of ['Billing', 'public"; DROP TABLE x; --', '2nd', 'pg_billing', 'a-b', 'x'.repeat(41)]) {
+      expect(problems({ DATABASE_SCHEMA: bad }), bad).toEqual([expect.stringMatching(/^DATABASE_SCHEMA: must be a plain lowercase identifier/)]);
     }
   });
 

@@ -21,7 +21,7 @@ it.each([401, 403])('a %i for every call holds delivery with an alarm, and it re
 
   // Every event meets the refusal; none dies, each says why it waits, and status raises the alarm.
   const report = await waitFor('every event held with the alarm', async () => {
-    const r = await outboxStatus(t.pool, new Date());
+    const r = await outboxStatus(t.pool, t.schema, new Date());
     return r.inFlightByLastError.find((e) => e.code === CREDENTIALS_REFUSED)?.count === keys.length ? r : undefined;
   });
   expect(report.counts.dead).toBe(0);
@@ -34,5 +34,5 @@ it.each([401, 403])('a %i for every call holds delivery with an alarm, and it re
   t.stripe.heal();
   for (const key of keys) await t.waitStatus(key, 'sent');
   for (const key of keys) expect(t.eventsFor(key)).toHaveLength(1);
-  expect((await outboxStatus(t.pool, new Date())).alarms).toEqual([]);
+  expect((await outboxStatus(t.pool, t.schema, new Date())).alarms).toEqual([]);
 });

@@ -8,12 +8,15 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { inject } from 'vitest';
-import type { Client } from '@temporalio/client';
+import { Connection, type Client } from '@temporalio/client';
+import { msToTs } from '@temporalio/common/lib/time.js';
+import { temporal } from '@temporalio/proto';
 import type { NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, type RunningWorker } from '../src/temporal/worker.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
@@ -23,7 +26,13 @@ import './provided.js';
 installTemporalRuntime(undefined, 'ERROR');
 
 export interface TestDb {
+  /** The database's URL, as the product is given it (no search_path of its own). */
   url: string;
+  /**
+   * A pool whose search_path is the default schema's, so that a test reads `FROM outbox`. For the
+   * tests' own statements: the product never relies on search_path (test/schema.test.ts runs it on
+   * connections whose search_path finds an application's tables of the same names first).
+   */
   pool: pg.Pool;
   drop(): Promise<void>;
 }
@@ -34,16 +43,16 @@ export function databaseUrlFor(name: string): string {
   return url.toString();
 }
 
-/** A new, migrated database of the test file's own. */
-export async function createTestDb(): Promise<TestDb> {
+/** A new database of the test file's own, migrated into the default schema (unless `migrate: false`). */
+export async function createTestDb(opts: { migrate?: boolean } = {}): Promise<TestDb> {
   const name = `bo_test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
   const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
   await admin.end();
   const url = databaseUrlFor(name);
-  await migrate(url);
-  const pool = createPool(url, 20);
+  if (opts.migrate !== false) await migrate(url);
+  const pool = createPool(withSearchPath(url, schemaFor().name), 20);
   return {
     url,
     pool,
@@ -57,9 +66,37 @@ export async function createTestDb(): Promise<TestDb> {
   };
 }
 
+/** `url` with `schema` as its connections' search_path: only for tests' own pools. */
+export function withSearchPath(url: string, schema: string): string {
+  const u = new URL(url);
+  u.searchParams.set('options', `-c search_path=${schema}`);
+  return u.toString();
+}
+
+/**
+ * A new Temporal namespace on the shared dev server (with the two search attributes), for a second
+ * deployment in a test: deployments with the same tenant and usage ids have the same keys, so the
+ * same workflow ids, which must live in namespaces of their own.
+ */
+export async function temporalNamespace(): Promise<string> {
+  const name = `bo-ns-${randomUUID().slice(0, 8)}`;
+  const connection = await Connection.connect({ address: inject('temporalAddress') });
+  try {
+    await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
+    const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
+    await waitFor(`namespace ${name}`, async () => {
+      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: { OutboxStatus: keyword, TenantId: keyword } });
+      return true;
+    });
+  } finally {
+    await connection.close();
+  }
+  return name;
+}
+
 /** One tenant → customer mapping, through the product's own statement (hooks.ts: seedCustomers for several). */
 export async function addCustomer(db: pg.Pool, tenantId: string, stripeCustomerId: string): Promise<void> {
-  await upsertBillingCustomer(db, tenantId, stripeCustomerId);
+  await upsertBillingCustomer(db, schemaFor(), tenantId, stripeCustomerId);
 }
 
 /** A config for tests: fast retries, a task queue of its own, and whatever `env` overrides. */

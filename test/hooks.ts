@@ -29,6 +29,7 @@ import type { Metrics } from '../src/metrics.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { schemaFor, type Schema } from '../src/outbox/sql/schema.js';
 import type { OutboxStatus } from '../src/outbox/statuses.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
@@ -59,7 +60,7 @@ export interface UsageOptions {
 
 /** Maps each tenant to its Stripe customer, as `billing-outbox customers set` does (without the audit row). */
 export async function seedCustomers(db: Queryable, customers: Customers): Promise<void> {
-  for (const [tenantId, stripeCustomerId] of Object.entries(customers)) await upsertBillingCustomer(db, tenantId, stripeCustomerId);
+  for (const [tenantId, stripeCustomerId] of Object.entries(customers)) await upsertBillingCustomer(db, schemaFor(), tenantId, stripeCustomerId);
 }
 
 /** Records one usage through recordUsage in a transaction of its own; returns its idempotency key. */
@@ -122,7 +123,10 @@ export function waitForStatus(pool: Queryable, key: string, status: OutboxStatus
 export interface DatabaseFixture {
   /** The file's own migrated database (URL, pool). */
   readonly db: TestDb;
+  /** Its pool, whose search_path is `schema` (for the test's own statements; see TestDb). */
   readonly pool: pg.Pool;
+  /** The schema billing-outbox was migrated into (the default), for the product's functions. */
+  readonly schema: Schema;
   addCustomers(customers: Customers): Promise<void>;
   enqueue(tenantId: string, quantity?: number, opts?: UsageOptions): Promise<string>;
   backlog(tenantId: string, n: number, opts?: { prefix?: string; occurredAt?: Date }): Promise<string[]>;
@@ -143,6 +147,7 @@ function databaseAccessors(get: () => TestDb): DatabaseFixture {
     get pool() {
       return get().pool;
     },
+    schema: schemaFor(),
     addCustomers: (customers) => seedCustomers(get().pool, customers),
     enqueue: (tenantId, quantity, opts) => enqueueUsage(get().pool, tenantId, quantity, opts),
     backlog: (tenantId, n, opts) => enqueueBacklog(get().pool, tenantId, n, opts),

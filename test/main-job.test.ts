@@ -12,6 +12,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { waitFor } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 let child: ChildProcess | undefined;
 let dataDir: string;
@@ -79,7 +80,7 @@ it('npm start runs the main job on embedded defaults and drains events to the lo
       return keys.every((k) => list.some((e) => e.identifier === k)) ? list : undefined;
     }, 60_000, 250);
     expect(events.filter((e) => keys.includes(e.identifier)).map((e) => e.value).sort()).toEqual([3, 4, 5]);
-    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1) AND status = 'sent'`, [keys]);
+    const { rows } = await pool.query(`SELECT count(*)::int AS n FROM ${schemaFor().outbox} WHERE idempotency_key = ANY($1) AND status = 'sent'`, [keys]);
     expect(rows[0].n).toBe(3);
   } finally {
     await pool.end();

@@ -5,9 +5,9 @@
 import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
-import { LEASE_CHANNEL } from '../src/outbox/notifier.js';
 import { handOffLease, leaseId, tryLease } from '../src/outbox/sql/lease.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 let db: TestDb;
 let listener: pg.Client;
@@ -23,14 +23,14 @@ beforeAll(async () => {
   listener = new pg.Client({ connectionString: db.url });
   await listener.connect();
   listener.on('notification', (n) => notices.push(n.payload ?? ''));
-  await listener.query(`LISTEN ${LEASE_CHANNEL}`);
+  await listener.query(`LISTEN "${schemaFor().leaseChannel}"`);
 });
 afterAll(async () => {
   await listener?.end();
   await db?.drop();
 });
 
-const take = (key: string, holder: string, waitTtlMs = 5_000) => tryLease(db.pool, { key, holder, leaseMs: 30_000, waitTtlMs });
+const take = (key: string, holder: string, waitTtlMs = 5_000) => tryLease(db.pool, schemaFor(), { key, holder, leaseMs: 30_000, waitTtlMs });
 const lease = leaseId('cus_acme', 'api_requests');
 
 it('hands the lease to the oldest waiting delivery, named in the notification, skipping one whose place lapsed', async () => {
@@ -40,23 +40,23 @@ it('hands the lease to the oldest waiting delivery, named in the notification, s
   expect((await take('lease:4', 'h4')).outcome).toBe('busy');
   expect((await take('lease:2', 'h2')).outcome).toBe('busy');
 
-  expect(await handOffLease(db.pool, 'h3', 5_000)).toEqual([{ lease, nextHolder: 'h2' }]);
+  expect(await handOffLease(db.pool, schemaFor(), 'h3', 5_000)).toEqual([{ lease, nextHolder: 'h2' }]);
   const { rows } = await db.pool.query(`SELECT holder FROM meter_leases`);
   expect(rows).toEqual([{ holder: 'h2' }]);
   await expect.poll(() => notices.at(-1)).toBe(`${lease}\u001eh2`);
 
   // h2 begins its attempt: the lease is extended to cover the call, and it is still h2's.
-  const begun = await beginAttempt(db.pool, 'lease:2', { workflowId: 'w2', safeWindowMs: 3_600_000, force: false, lease: { holder: 'h2', leaseMs: 30_000 } });
+  const begun = await beginAttempt(db.pool, schemaFor(), 'lease:2', { workflowId: 'w2', safeWindowMs: 3_600_000, force: false, lease: { holder: 'h2', leaseMs: 30_000 } });
   expect(begun.leaseHeld).toBe(true);
   expect(begun.row?.attempt_count).toBe(1);
   // Someone who does not hold it cannot begin an attempt with it, and nothing is counted.
-  const intruder = await beginAttempt(db.pool, 'lease:4', { workflowId: 'w4', safeWindowMs: 3_600_000, force: false, lease: { holder: 'h4', leaseMs: 30_000 } });
+  const intruder = await beginAttempt(db.pool, schemaFor(), 'lease:4', { workflowId: 'w4', safeWindowMs: 3_600_000, force: false, lease: { holder: 'h4', leaseMs: 30_000 } });
   expect(intruder).toEqual({ leaseHeld: false, row: undefined });
   expect((await db.pool.query(`SELECT attempt_count FROM outbox WHERE idempotency_key = 'lease:4'`)).rows[0].attempt_count).toBe(0);
 
   // Next in line after h2: h4 (h1's place lapsed).
-  expect(await handOffLease(db.pool, 'h2', 5_000)).toEqual([{ lease, nextHolder: 'h4' }]);
-  expect(await handOffLease(db.pool, 'h4', 5_000)).toEqual([{ lease, nextHolder: null }]);
+  expect(await handOffLease(db.pool, schemaFor(), 'h2', 5_000)).toEqual([{ lease, nextHolder: 'h4' }]);
+  expect(await handOffLease(db.pool, schemaFor(), 'h4', 5_000)).toEqual([{ lease, nextHolder: null }]);
   expect((await db.pool.query(`SELECT count(*)::int AS n FROM meter_leases`)).rows[0].n).toBe(0);
 });
 
@@ -80,13 +80,13 @@ it('a tenant remapped to another customer: the lease of the old pair is not held
   expect(await take('remap:1', 'mover')).toEqual({ outcome: 'acquired', lease: leaseId('cus_before', 'api_requests') });
   // Remapped while the delivery holds the lease (or was handed it) and before its attempt begins.
   await addCustomer(db.pool, 'movers', 'cus_after');
-  const begin = () => beginAttempt(db.pool, 'remap:1', { workflowId: 'wr', safeWindowMs: 3_600_000, force: false, lease: { holder: 'mover', leaseMs: 30_000 } });
+  const begin = () => beginAttempt(db.pool, schemaFor(), 'remap:1', { workflowId: 'wr', safeWindowMs: 3_600_000, force: false, lease: { holder: 'mover', leaseMs: 30_000 } });
   // Begun, it would call with cus_after under cus_before's lease: not begun, nothing counted.
   expect(await begin()).toEqual({ leaseHeld: false, row: undefined });
   expect((await db.pool.query(`SELECT attempt_count FROM outbox WHERE idempotency_key = 'remap:1'`)).rows[0].attempt_count).toBe(0);
 
   // The delivery gives back what it has and queues again: for the new pair, which it then holds.
-  expect(await handOffLease(db.pool, 'mover', 5_000)).toEqual([{ lease: leaseId('cus_before', 'api_requests'), nextHolder: null }]);
+  expect(await handOffLease(db.pool, schemaFor(), 'mover', 5_000)).toEqual([{ lease: leaseId('cus_before', 'api_requests'), nextHolder: null }]);
   expect(await take('remap:1', 'mover')).toEqual({ outcome: 'acquired', lease: leaseId('cus_after', 'api_requests') });
   const begun = await begin();
   expect(begun.leaseHeld).toBe(true);

@@ -95,11 +95,11 @@ describe('outbox gauges (no worker running)', () => {
         [n],
       );
     await insertSent(500);
-    const exact = await statusSummary(t.pool);
+    const exact = await statusSummary(t.pool, t.schema);
     expect(exact).toMatchObject({ counts: { sent: 500, pending: 4 }, sentEstimated: false });
 
     await t.pool.query('ANALYZE outbox');
-    const estimated = await statusSummary(t.pool, { exactCountBelow: 1 });
+    const estimated = await statusSummary(t.pool, t.schema, { exactCountBelow: 1 });
     expect(estimated.sentEstimated).toBe(true);
     expect(estimated.counts.pending).toBe(4);
     expect(estimated.counts.sent).toBeGreaterThan(450);
@@ -108,8 +108,8 @@ describe('outbox gauges (no worker running)', () => {
     // The estimate path does not count: rows added since ANALYZE on the same pages do not show
     // until statistics catch up, while the exact path sees them at once.
     await insertSent(5);
-    expect((await statusSummary(t.pool)).counts.sent).toBe(505);
-    expect((await statusSummary(t.pool, { exactCountBelow: 1 })).counts.sent).not.toBe(505);
+    expect((await statusSummary(t.pool, t.schema)).counts.sent).toBe(505);
+    expect((await statusSummary(t.pool, t.schema, { exactCountBelow: 1 })).counts.sent).not.toBe(505);
 
     expect(sample(await scrape(), 'billing_outbox_rows', '{status="sent"}')).toBe(505);
     await t.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'sent-%'`);

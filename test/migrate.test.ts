@@ -5,7 +5,8 @@ import { afterAll, expect, inject, it } from 'vitest';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createPool, migrate, withTransaction } from '../src/db.js';
 import { mapTenant } from '../src/ops/customers.js';
-import { databaseUrlFor } from './helpers.js';
+import { databaseUrlFor, withSearchPath } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const name = `bo_migrate_${randomUUID().replace(/-/g, '').slice(0, 10)}`;
 
@@ -40,7 +41,7 @@ it('npm run migrate is safe when several processes migrate at once', async () =>
   // The password never reaches the output.
   for (const r of results) expect(r.out).not.toContain(new URL(url).password);
 
-  const c = new pg.Client({ connectionString: url });
+  const c = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
   await c.connect();
   const { rows } = await c.query('SELECT name FROM schema_migrations ORDER BY name');
   await c.end();
@@ -67,7 +68,7 @@ it('005 scopes usage ids by tenant and keeps the keys of rows already written', 
   await admin.query(`CREATE DATABASE ${legacy}`);
   await admin.end();
   const url = databaseUrlFor(legacy);
-  const pool = createPool(url, 2);
+  const pool = createPool(withSearchPath(url, schemaFor().name), 2);
   try {
     await migrate(url, { upTo: '004_rate_limit.sql' });
     await pool.query(`INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ('acme', 'cus_a'), ('globex', 'cus_g')`);
@@ -108,10 +109,10 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
   await admin.query(`CREATE DATABASE ${big}`);
   await admin.end();
   const url = databaseUrlFor(big);
-  const pool = createPool(url, 4);
+  const pool = createPool(withSearchPath(url, schemaFor().name), 4);
   try {
     await migrate(url, { upTo: '007_stream.sql' });
-    await mapTenant(pool, 'acme', 'cus_acme', 'test');
+    await mapTenant(pool, schemaFor(), 'acme', 'cus_acme', 'test');
     // A delivered history: what a long-running deployment's outbox holds.
     await pool.query(
       `INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)

@@ -5,11 +5,7 @@
  * With one namespace each, both are billed under their own identifiers, and error reports, cancel
  * and reconcile find each row by the identifier Stripe got.
  */
-import { Connection } from '@temporalio/client';
-import { msToTs } from '@temporalio/common/lib/time.js';
-import { temporal } from '@temporalio/proto';
-import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
@@ -18,7 +14,8 @@ import { recordErrorReport } from '../src/ops/error-reports.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const CUSTOMER = 'cus_shared_account';
 
@@ -31,26 +28,6 @@ interface Deployment {
 let stripe: LocalStripe;
 let east: Deployment;
 let west: Deployment;
-
-/**
- * A Temporal namespace of its own (with the two search attributes): each deployment has its own
- * Temporal, as its own workflow ids (= keys) would otherwise meet. Only Stripe is shared.
- */
-async function temporalNamespace(): Promise<string> {
-  const name = `bo-ns-${randomUUID().slice(0, 8)}`;
-  const connection = await Connection.connect({ address: inject('temporalAddress') });
-  try {
-    await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
-    const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
-    await waitFor(`namespace ${name}`, async () => {
-      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: { OutboxStatus: keyword, TenantId: keyword } });
-      return true;
-    });
-  } finally {
-    await connection.close();
-  }
-  return name;
-}
 
 async function deployment(namespace: string, temporalNs: string): Promise<Deployment> {
   const db = await createTestDb();
@@ -122,13 +99,13 @@ describe('two deployments sharing one Stripe account', () => {
       validationStart: null,
       validationEnd: null,
     });
-    expect(await recordErrorReport(east.db.pool, report(`west/${westKey}`), {})).toMatchObject({ marked: [], unknown: [`west/${westKey}`] });
-    expect(await recordErrorReport(west.db.pool, report(`west/${westKey}`), {})).toMatchObject({ marked: [westKey] });
+    expect(await recordErrorReport(east.db.pool, schemaFor(), report(`west/${westKey}`), {})).toMatchObject({ marked: [], unknown: [`west/${westKey}`] });
+    expect(await recordErrorReport(west.db.pool, schemaFor(), report(`west/${westKey}`), {})).toMatchObject({ marked: [westKey] });
     expect((await row(east, eastKey)).status).toBe('sent');
     expect((await row(west, westKey)).status).toBe('rejected_async');
 
     // Cancel names east's identifier at Stripe, not the bare key.
-    const cancelled = await cancelEvent(east.db.pool, eastKey, { actor: 'test', now: Date.now(), stripe: () => createStripeClient(east.config.stripe) });
+    const cancelled = await cancelEvent(east.db.pool, schemaFor(), eastKey, { actor: 'test', now: Date.now(), stripe: () => createStripeClient(east.config.stripe) });
     expect(cancelled.outcome).toBe('cancelled');
     expect(counted(`east/${eastKey}`)).toHaveLength(0);
     expect(stripe.events().find((e) => e.identifier === `east/${eastKey}`)?.cancelled).toBe(true);
@@ -141,7 +118,7 @@ describe('two deployments sharing one Stripe account', () => {
       await c.query(`UPDATE outbox SET status = 'dead', first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [r.entry.idempotencyKey]);
       return r.entry.idempotencyKey;
     });
-    const begun = await beginAttempt(east.db.pool, key, { workflowId: key, safeWindowMs: 3_600_000, force: false, identifierNamespace: 'east' });
+    const begun = await beginAttempt(east.db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false, identifierNamespace: 'east' });
     expect(begun.row?.identifier).toBe(key);
     expect((await row(east, key)).stripe_identifier).toBeNull();
 

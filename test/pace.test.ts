@@ -11,7 +11,7 @@ import { useDatabase, waitFor } from './hooks.js';
 
 const t = useDatabase();
 let pool: pg.Pool;
-// A pool of its own: eight racers and the holder, each on a connection.
+// A pool of its own (the product's, default search_path): eight racers and the holder, each on a connection.
 beforeAll(() => void (pool = createPool(t.db.url, 12)));
 afterAll(() => pool?.end());
 
@@ -19,14 +19,14 @@ it('gives concurrent reservations from eight connections eight distinct slots', 
   const perSecond = 10; // one slot every 100 ms
   const racers = 8;
   // Far enough ahead that clock_timestamp() never overtakes it during the test.
-  const start = (await pool.query<{ t: Date }>(`UPDATE rate_limits SET next_slot = now() + interval '60 seconds' WHERE bucket = 'dispatch' RETURNING next_slot AS t`)).rows[0]!.t;
+  const start = (await t.pool.query<{ t: Date }>(`UPDATE rate_limits SET next_slot = now() + interval '60 seconds' WHERE bucket = 'dispatch' RETURNING next_slot AS t`)).rows[0]!.t;
 
   // Hold the bucket's row until every racer is waiting, so that all of them start from the same
   // committed state: the moment at which a read without the row lock would see a stale slot.
   const holder = await pool.connect();
   await holder.query('BEGIN');
-  await holder.query(`SELECT 1 FROM rate_limits WHERE bucket = 'dispatch' FOR UPDATE`);
-  const reservations = Array.from({ length: racers }, () => reserveSlots(pool, { bucket: 'dispatch', count: 1, perSecond }));
+  await holder.query(`SELECT 1 FROM ${t.schema.rateLimits} WHERE bucket = 'dispatch' FOR UPDATE`);
+  const reservations = Array.from({ length: racers }, () => reserveSlots(pool, t.schema, { bucket: 'dispatch', count: 1, perSecond }));
   await waitFor(
     'every racer blocked on the bucket row',
     async () => {
@@ -43,7 +43,7 @@ it('gives concurrent reservations from eight connections eight distinct slots', 
   const granted = await Promise.all(reservations);
 
   expect(granted.map((r) => r.granted)).toEqual(Array(racers).fill(1));
-  const end = (await pool.query<{ t: Date }>(`SELECT next_slot AS t FROM rate_limits WHERE bucket = 'dispatch'`)).rows[0]!.t;
+  const end = (await t.pool.query<{ t: Date }>(`SELECT next_slot AS t FROM rate_limits WHERE bucket = 'dispatch'`)).rows[0]!.t;
   // Eight slots taken, one interval each: the bucket moved on by exactly eight intervals.
   expect(end.getTime() - start.getTime()).toBe(racers * 100);
 });

@@ -46,7 +46,7 @@ it('prunes only delivered and cancelled rows past the age, batch by batch; never
   const old = await rows([['sent', 50], ['sent', 50], ['sent', 60], ['accepted', 50], ['cancelled', 50]]);
   const kept = await rows([['sent', 10], ['dead', 50], ['rejected_async', 50], ['pending', 50], ['dispatched', 50], ['claimed', 50]]);
   const batches: number[] = [];
-  const pruned = await pruneDelivered(t.pool, { olderThanMs: 45 * DAY, batchSize: 2, pauseMs: 0, onBatch: (n) => batches.push(n) });
+  const pruned = await pruneDelivered(t.pool, t.schema, { olderThanMs: 45 * DAY, batchSize: 2, pauseMs: 0, onBatch: (n) => batches.push(n) });
   expect(pruned).toBe(5);
   expect(batches).toEqual([2, 2, 1]);
   expect(await present(old)).toEqual([]);
@@ -112,7 +112,7 @@ it("removes the (customer, meter) leases and queue places that crashed workers l
        ('cus_dead', 'api_requests', 1, 'crashed/2', now() - interval '2 hours'),
        ('cus_live', 'api_requests', 2, 'running/2', now() + interval '30 seconds')`,
   );
-  await pruneDelivered(t.pool, { olderThanMs: 45 * DAY });
+  await pruneDelivered(t.pool, t.schema, { olderThanMs: 45 * DAY });
   const left = async (table: string) => (await t.pool.query<{ holder: string }>(`SELECT holder FROM ${table} ORDER BY holder`)).rows.map((r) => r.holder);
   expect(await left('meter_leases')).toEqual(['expired-just-now/1', 'running/1']);
   expect(await left('meter_lease_waiters')).toEqual(['running/2']);

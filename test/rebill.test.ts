@@ -25,6 +25,7 @@ import { markRejectedAsync } from '../src/outbox/sql/error-reports.js';
 import { rebillRejected } from '../src/outbox/sql/operator.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
 const CUSTOMER = 'cus_rebill';
@@ -192,7 +193,7 @@ describe('an event Stripe rejected after accepting it', () => {
 
   it('two operators rebilling at once make one new revision and one delivery; a report on the old identifier leaves it alone', async () => {
     const key = await rejectedAfterSent(4);
-    const deps = { db: db.pool, client, config, now: Date.now };
+    const deps = { db: db.pool, schema: schemaFor(), client, config, now: Date.now };
     const results = await Promise.all([rebillEvent(deps, key, { actor: 'alice' }), rebillEvent(deps, key, { actor: 'bob' })]);
     expect(results.map((r) => r.outcome).sort()).toEqual(['rebilled', 'skipped']);
     const sent = await waitStatus(key, 'sent');
@@ -211,6 +212,7 @@ describe('an event Stripe rejected after accepting it', () => {
     // Stripe's verdict on the old identifier (a redelivered or late report) says nothing of the new one.
     const late = await recordErrorReport(
       db.pool,
+      schemaFor(),
       { eventId: `evt_late_${randomUUID()}`, type: 'v1.billing.meter.error_report_triggered', meterId: null, errorCount: 1, errorTypes: [{ code: CODE, errorCount: 1, samples: [{ identifier: key, message: 'late' }] }], validationStart: null, validationEnd: null },
       {},
     );
@@ -232,6 +234,7 @@ describe('an event Stripe rejected after accepting it', () => {
     // Stripe's report names it (as if an attempt had reached Stripe with its answer lost).
     const report = await recordErrorReport(
       db.pool,
+      schemaFor(),
       { eventId: `evt_dead_${randomUUID()}`, type: 'v1.billing.meter.error_report_triggered', meterId: null, errorCount: 1, errorTypes: [{ code: CODE, errorCount: 1, samples: [{ identifier: key, message: 'no customer' }] }], validationStart: null, validationEnd: null },
       {},
     );
@@ -272,24 +275,24 @@ describe('an attempt of the identifier before a rebill, answered late', () => {
        VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
       [key],
     );
-    const begin = () => beginAttempt(db.pool, key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+    const begin = () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
     // An attempt under the key (revision 0) is begun and calls Stripe; its answer is slow to come
     // (a stalled worker, a zombie attempt Temporal already gave up on).
     const old = (await begin()).row!;
     expect(old).toMatchObject({ identifier: key, identifier_revision: 0 });
     // Meanwhile Stripe rejects that identifier (error report) and an operator rebills the row.
-    await markRejectedAsync(db.pool, [{ identifier: key, code: CODE, message: 'No such customer' }]);
-    expect(await rebillRejected(db.pool, key, { fromRevision: 0, identifier: `r1:${key}` })).toBeDefined();
+    await markRejectedAsync(db.pool, schemaFor(), [{ identifier: key, code: CODE, message: 'No such customer' }]);
+    expect(await rebillRejected(db.pool, schemaFor(), key, { fromRevision: 0, identifier: `r1:${key}` })).toBeDefined();
 
     // The old attempt's answer ("already exists", or a late 200) arrives: it does not mark the row.
-    expect(await markSentAndHandOff(db.pool, key, 'old-holder', 1_000, old.identifier_revision)).toMatchObject({ attempts: null });
-    expect(await markDelivered(db.pool, key, 'accepted', old.identifier_revision)).toBeNull();
+    expect(await markSentAndHandOff(db.pool, schemaFor(), key, 'old-holder', 1_000, old.identifier_revision)).toMatchObject({ attempts: null });
+    expect(await markDelivered(db.pool, schemaFor(), key, 'accepted', old.identifier_revision)).toBeNull();
     expect(await row(key)).toMatchObject({ status: 'dispatched', identifier_revision: 1, stripe_identifier: `r1:${key}` });
 
     // The rebilled identifier's own attempt marks it.
     const next = (await begin()).row!;
     expect(next).toMatchObject({ identifier: `r1:${key}`, identifier_revision: 1 });
-    expect((await markSentAndHandOff(db.pool, key, 'new-holder', 1_000, next.identifier_revision)).attempts).toBe(1);
+    expect((await markSentAndHandOff(db.pool, schemaFor(), key, 'new-holder', 1_000, next.identifier_revision)).attempts).toBe(1);
     expect(await row(key)).toMatchObject({ status: 'sent', identifier_revision: 1 });
   });
 });

@@ -166,7 +166,7 @@ describe('billing-outbox reconcile', () => {
     const dead = await event(tn, 9, 130, { toStripe: false, status: 'dead' });
     await t.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours' WHERE idempotency_key = $1`, [dead]);
 
-    const refusal = windowRefusal((await findOperatorRow(t.pool, dead))!, Date.now());
+    const refusal = windowRefusal((await findOperatorRow(t.pool, t.schema, dead))!, Date.now());
     const suggested = /`billing-outbox (reconcile [^`]+)`/.exec(refusal)?.[1];
     expect(suggested).toBe(`reconcile --from ${at(2)} --to ${at(3)} --tenant ${tn.id}`);
     const { code, report } = await reconcileJson(suggested!.split(' ').slice(1));
@@ -255,7 +255,7 @@ describe('billing-outbox cancel', () => {
     const again = await cli(['cancel', key]);
     expect(again.code).toBe(1);
     expect(again.err).toContain('already cancelled');
-    const retrier = new DeadLetterRetrier({ db: t.pool, client: {} as Client, config: t.config, now: Date.now });
+    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: {} as Client, config: t.config, now: Date.now });
     expect(await retrier.retryKey(key, { force: true, requestedBy: 'bob' })).toMatchObject({ outcome: 'refused', message: expect.stringContaining('cancelled at Stripe') });
     expect((await actionsFor(key)).map((a) => [a.actor, a.action, a.outcome])).toEqual([
       ['alice', 'cancel', 'cancelled'],

@@ -23,7 +23,7 @@ it('remapped mid-backlog: each event billed once, to the new customer from the r
   await waitFor('the first call to be in flight', async () => t.stripe.callsInFlight() > 0 || undefined);
   // Remapped while one call holds cus_before's lease and the others wait for it.
   const calledBefore = new Set(t.stripe.requests().map((r) => r.identifier));
-  await mapTenant(t.pool, 'movers', 'cus_after', 'test');
+  await mapTenant(t.pool, t.schema, 'movers', 'cus_after', 'test');
 
   for (const key of keys) await t.waitStatus(key, 'sent', 60_000);
   // Billed once each: to cus_before only if its call was under way before the remap.

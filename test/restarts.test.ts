@@ -14,7 +14,8 @@ import { startEmbeddedPostgres, type EmbeddedPg } from '../src/embedded/postgres
 import { startTemporalDevServer, type DevServer } from '../src/embedded/temporal.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
-import { startTestPipeline } from './helpers.js';
+import { startTestPipeline, withSearchPath } from './helpers.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 // This file runs its own PostgreSQL and Temporal: it uses the fixture's parts, not the fixture.
 import { seedCustomers, testConfig, waitFor, type TestDb, type TestPipeline } from './hooks.js';
 
@@ -31,7 +32,7 @@ beforeAll(async () => {
   await chmod(tmp, 0o755);
   pg = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'restarts' });
   await migrate(pg.url);
-  const pool = createPool(pg.url, 20);
+  const pool = createPool(withSearchPath(pg.url, schemaFor().name), 20);
   db = { url: pg.url, pool, drop: () => pool.end() };
   await seedCustomers(pool, { a: 'cus_a', b: 'cus_b', c: 'cus_c' });
   temporal = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db') });

@@ -266,7 +266,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await row(ours)).status).toBe('rejected_async');
     expect((await row(inFlight)).status).toBe('rejected_async');
     // The workflow's own bookkeeping arrives late and must leave the rejection in place.
-    await markDelivered(t.pool, inFlight, 'sent', 0);
+    await markDelivered(t.pool, t.schema, inFlight, 'sent', 0);
     expect((await row(inFlight)).status).toBe('rejected_async');
     const recorded = (await reports()).filter((r) => events.some((e) => e.id === r.event_id));
     expect(recorded.reduce((n, r) => n + r.unmatched, 0)).toBe(1);
@@ -287,7 +287,7 @@ describe('POST /v1/stripe/webhooks', () => {
         },
       },
     };
-    const outcome = await recordErrorReport(t.pool, parseErrorReport(event), event);
+    const outcome = await recordErrorReport(t.pool, t.schema, parseErrorReport(event), event);
     expect(outcome).toMatchObject({ duplicate: false, errorCount: 5, matched: 1, marked: [key], unmatched: 4 });
     expect((await row(key)).status).toBe('rejected_async');
     expect((await reports()).find((r) => r.event_id === event.id)).toMatchObject({ matched: 1, unmatched: 4, error_count: 5 });
@@ -359,7 +359,7 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(table.out).toContain(keys[0]);
     // The plain dead-letter listing is about dead rows only, and a retry refuses them.
     expect((await cli(['dead'])).out).not.toContain(keys[0]);
-    const retrier = new DeadLetterRetrier({ db: t.pool, client: {} as Client, config: t.config, now: Date.now });
+    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: {} as Client, config: t.config, now: Date.now });
     expect(await retrier.retryKey(keys[0]!, { force: false, requestedBy: 'bob' })).toMatchObject({
       outcome: 'refused',
       message: expect.stringContaining('meter_event_customer_not_found'),

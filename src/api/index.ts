@@ -25,6 +25,7 @@ export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
 import { ingestion, STRICT_AJV } from './ingestion.js';
 import { registerWebhookRoutes, type WebhookStripe } from './webhooks.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -41,7 +42,7 @@ declare module 'fastify' {
 
 export interface ApiDeps {
   /** `stripe` whole: the webhook route verifies with its secret and fetches events with its client. */
-  config: { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens' | 'requestTimeoutMs' | 'keepAliveTimeoutMs'>; stripe: Config['stripe'] };
+  config: Pick<Config, 'databaseSchema' | 'stripe'> & { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens' | 'requestTimeoutMs' | 'keepAliveTimeoutMs'> };
   db: pg.Pool;
   log: Logger;
   /** For /healthz (see temporalHealthConnection); without it Temporal is `not_configured`. */
@@ -61,7 +62,8 @@ const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,64}$/;
 
 export function buildApi(deps: ApiDeps) {
   const verifier = new TokenVerifier(deps.config.api.tokens);
-  const metrics = deps.metrics ?? createMetrics(new Registry(), { db: deps.db });
+  const schema = schemaFor(deps.config.databaseSchema);
+  const metrics = deps.metrics ?? createMetrics(new Registry(), { db: deps.db, schema });
   const healthTimeoutMs = deps.healthTimeoutMs ?? 2_000;
 
   const app = Fastify({
@@ -118,12 +120,13 @@ export function buildApi(deps: ApiDeps) {
 
   void app.register(ingestion, {
     db: deps.db,
+    schema: schema.name,
     tokens: deps.config.api.tokens,
     defaultEventName: deps.config.stripe.meterEventName,
     bodyLimitBytes: deps.config.api.bodyLimitBytes,
     meters: deps.meters,
   });
-  registerWebhookRoutes(app, { db: deps.db, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
+  registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
   app.get('/healthz', { config: { public: true } }, async (request, reply) => {
     const body = await checkHealth({ db: deps.db, temporal: deps.temporal, log: request.log }, healthTimeoutMs);

@@ -17,6 +17,8 @@ import { registerUsageRoutes } from './usage.js';
 
 export interface IngestionDeps {
   db: pg.Pool;
+  /** The PostgreSQL schema billing-outbox's tables are in. */
+  schema: string;
   tokens: readonly ApiToken[];
   defaultEventName: string;
   bodyLimitBytes: number;
@@ -53,5 +55,5 @@ export async function ingestion(scope: FastifyInstance, deps: IngestionDeps): Pr
     if (scopeNeeded) requireScope(token, scopeNeeded);
   });
 
-  registerUsageRoutes(scope, { db: deps.db, defaultEventName: deps.defaultEventName, meters: deps.meters, bodyLimitBytes: deps.bodyLimitBytes });
+  registerUsageRoutes(scope, { db: deps.db, schema: deps.schema, defaultEventName: deps.defaultEventName, meters: deps.meters, bodyLimitBytes: deps.bodyLimitBytes });
 }

@@ -83,7 +83,7 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor'>, eventName: st
 
 export function registerUsageRoutes(
   app: FastifyInstance,
-  deps: { db: pg.Pool; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined; bodyLimitBytes: number },
+  deps: { db: pg.Pool; schema: string; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined; bodyLimitBytes: number },
 ): void {
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',
@@ -112,7 +112,7 @@ export function registerUsageRoutes(
             eventName: body.event_name,
             occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
           },
-          { defaultEventName: deps.defaultEventName },
+          { defaultEventName: deps.defaultEventName, schema: deps.schema },
         ),
       );
       log.info({ tenantId: entry.tenantId, quantity: entry.quantity, created, status: entry.status }, created ? 'usage recorded' : 'usage already recorded');

@@ -24,6 +24,7 @@ import type { Metrics } from '../metrics.js';
 import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
 import { createStripeClient } from '../stripe/client.js';
 import { ApiError } from './errors.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export const WEBHOOK_PATH = '/v1/stripe/webhooks';
 
@@ -43,6 +44,7 @@ export type WebhookStripe = Pick<Stripe, 'parseEventNotification'>;
 
 export interface WebhookDeps {
   db: pg.Pool;
+  schema: Schema;
   config: Config['stripe'];
   /** Defaults to a client built from `config` (the local server's or Stripe's). */
   stripe?: WebhookStripe;
@@ -145,7 +147,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
         log.info('Stripe event ignored: not an error report');
         return reply.code(200).send({ received: true, eventId, handled: false });
       }
-      if (await errorReportProcessed(deps.db, eventId)) {
+      if (await errorReportProcessed(deps.db, deps.schema, eventId)) {
         log.info('Stripe error report redelivered: already processed');
         return reply.code(200).send({ received: true, eventId, handled: true, duplicate: true });
       }
@@ -159,7 +161,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       const report = parseErrorReport(event);
       if (report.eventId !== eventId) throw new ApiError(502, 'stripe_mismatch', `Stripe returned event ${report.eventId || '(no id)'} for ${eventId}`);
 
-      const outcome = await recordErrorReport(deps.db, report, storable(obj(event)));
+      const outcome = await recordErrorReport(deps.db, deps.schema, report, storable(obj(event)));
       if (!outcome.duplicate) {
         for (const type of report.errorTypes) deps.metrics?.asyncRejections?.inc({ code: type.code }, type.errorCount);
         log.warn(

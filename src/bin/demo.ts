@@ -35,6 +35,7 @@ import { findTemporalCli } from '../embedded/temporal.js';
 import { mapTenant } from '../ops/customers.js';
 import { runMain } from './run-main.js';
 import { startStack, type Stack } from '../embedded/stack.js';
+import { schemaFor, type Schema } from '../outbox/sql/schema.js';
 
 // ---- settings -------------------------------------------------------------------------------------
 
@@ -208,7 +209,7 @@ function startTicker(stack: Stack, out: Output, load: Load, total: number, outag
  * meters in your account: they cannot be deleted), and one customer per demo tenant is found by
  * its email or created once, then mapped like an operator would (src/ops/customers.ts).
  */
-async function prepareStripeAccount(stripe: Stripe, pool: pg.Pool): Promise<Record<string, string>> {
+async function prepareStripeAccount(stripe: Stripe, pool: pg.Pool, schema: Schema): Promise<Record<string, string>> {
   const meters = await stripe.billing.meters.list({ status: 'active', limit: 100 });
   const problems: string[] = [];
   for (const name of METERS) {
@@ -231,7 +232,7 @@ async function prepareStripeAccount(stripe: Stripe, pool: pg.Pool): Promise<Reco
     const customer =
       found.data.find((c) => c.email === email) ??
       (await stripe.customers.create({ name: `billing-outbox demo: ${tenant}`, email, metadata: { billing_outbox_demo: tenant } }));
-    await mapTenant(pool, tenant, customer.id, 'demo');
+    await mapTenant(pool, schema, tenant, customer.id, 'demo');
     customers[tenant] = customer.id;
   }
   return customers;
@@ -442,7 +443,7 @@ await runMain(async () => {
       ports: { postgres: 0, temporal: 0, temporalUi: 8233, localStripe: 0 },
     });
     if (interrupt.signal.aborted) throw new Interrupted();
-    const customers = external ? await prepareStripeAccount(stack.stripe, stack.pool) : { ...stack.seededCustomers };
+    const customers = external ? await prepareStripeAccount(stack.stripe, stack.pool, schemaFor(config.databaseSchema)) : { ...stack.seededCustomers };
     // Where the CLI finds this run (DATA_DIR=<dataDir>), as it finds `npm start`'s.
     await writeEndpoints(dataDir, {
       pid: process.pid,

@@ -32,6 +32,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { LocalStripe, type LocalStripeState } from './stripe/server.js';
 import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 
 /** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
 export const DEMO_CUSTOMERS: Readonly<Record<string, string>> = {
@@ -243,10 +244,10 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       databaseUrl = pg.url;
       log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
     }
-    await migrate(databaseUrl);
+    await migrate(databaseUrl, { schema: config.databaseSchema });
     const pool = createPool(databaseUrl);
     onStop('database pool', () => pool.end());
-    const metrics = createMetrics(undefined, { db: pool, temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
+    const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
 
     let temporalAddress = config.temporal.address;
     let temporalUi: string | undefined;
@@ -306,7 +307,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       });
       config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false } };
       // An operator's own mapping for one of these tenants is kept.
-      await seedTenants(pool, DEMO_CUSTOMERS);
+      await seedTenants(pool, schemaFor(config.databaseSchema), DEMO_CUSTOMERS);
       Object.assign(seededCustomers, DEMO_CUSTOMERS);
       log.warn({ stripe: stripeServer.url }, 'local Stripe-compatible server: nothing is billed');
     }

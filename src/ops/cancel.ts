@@ -19,6 +19,7 @@ import { findCancelCandidate, markCancelled, recordOperatorAction, type CancelCa
 import { cancelMeterEvent } from '../stripe/client.js';
 import { CANCEL_WINDOW_MS } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export type CancelOutcome = 'cancelled' | 'refused' | 'failed';
 
@@ -45,15 +46,16 @@ function notSentReason(row: CancelCandidateRow): string {
 
 export async function cancelEvent(
   db: Queryable,
+  schema: Schema,
   key: string,
   opts: { actor: string; now: number; stripe: () => Pick<Stripe, 'billing'> },
 ): Promise<CancelResult> {
-  const row = await findCancelCandidate(db, key);
+  const row = await findCancelCandidate(db, schema, key);
   if (!row) return { key, outcome: 'failed', message: 'no outbox row with this key', row: null };
 
-  let result = await decide(db, row, opts);
+  let result = await decide(db, schema, row, opts);
   try {
-    await recordOperatorAction(db, {
+    await recordOperatorAction(db, schema, {
       actor: opts.actor,
       action: 'cancel',
       key,
@@ -69,10 +71,10 @@ export async function cancelEvent(
   return result;
 }
 
-async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
+async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
   const key = row.idempotency_key;
   const view = async (): Promise<CancelResult['row']> => {
-    const current = (await findCancelCandidate(db, key)) ?? row;
+    const current = (await findCancelCandidate(db, schema, key)) ?? row;
     return {
       status: current.status,
       eventName: current.event_name,
@@ -104,6 +106,7 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
       // Stripe refuses to cancel twice. The event is cancelled at Stripe, so the row says so.
       return recordCancelled(
         db,
+        schema,
         row,
         `Stripe had already cancelled it (an earlier cancel got through without an answer): ${(err as Error).message}`,
         done,
@@ -120,25 +123,27 @@ async function decide(db: Queryable, row: CancelCandidateRow, opts: { now: numbe
     // No answer, or an unexpected one: nothing changed on our side. A cancel may be repeated.
     return done('failed', `could not reach a decision from Stripe: ${scrub((err as Error).message)}; the row is unchanged, try again`);
   }
-  return recordCancelled(db, row, `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}`, done);
+  return recordCancelled(db, schema, row, `Stripe accepted the cancel of ${row.quantity} ${row.event_name} for tenant ${row.tenant_id}`, done);
 }
 
 /** Stripe has the event cancelled: the row becomes `cancelled` (if it is still delivered). */
 async function recordCancelled(
   db: Queryable,
+  schema: Schema,
   row: CancelCandidateRow,
   what: string,
   done: (outcome: CancelOutcome, message: string) => Promise<CancelResult>,
 ): Promise<CancelResult> {
   const key = row.idempotency_key;
-  if (await markCancelled(db, key)) return done('cancelled', `${what}; the row is cancelled`);
-  const current = await findCancelCandidate(db, key);
+  if (await markCancelled(db, schema, key)) return done('cancelled', `${what}; the row is cancelled`);
+  const current = await findCancelCandidate(db, schema, key);
   return done('cancelled', `${what}, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`);
 }
 
 /**
- * Stripe's refusal of a second cancel of one event. It has no error code (like "An event already
- * exists" for a resent meter event), so the message is the signal: the local Stripe's wording
+ * Stripe's refusal to cancel an event it has already cancelled (one cancelled by other means: ours
+ * repeat under one Idempotency-Key, src/stripe/client.ts). Stripe documents neither a code nor a
+ * wording for it, so the message is the signal: the local Stripe's wording
  * (src/embedded/stripe/adjustments.ts `alreadyCancelled`), and an adjustment said to exist already.
  */
 const ALREADY_CANCELLED = /\bhas already been cancell?ed\b|\badjustment already exists\b/i;

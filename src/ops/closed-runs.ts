@@ -15,9 +15,12 @@ import type { Metrics } from '../metrics.js';
 import { listStaleDispatched, markStaleDispatchedDead } from '../outbox/sql/sweep.js';
 import { closedRunMessage, describeRun } from '../temporal/start-usage.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export interface ClosedRunSweepDeps {
   db: Queryable;
+  /** The PostgreSQL schema of the tables. */
+  schema: Schema;
   client: Client;
   metrics?: Pick<Metrics, 'closedRuns'> | undefined;
   log?: ((msg: string, fields: Record<string, unknown>) => void) | undefined;
@@ -41,13 +44,13 @@ export interface SweepResult {
 
 /** One pass of the sweep. A run that cannot be described (Temporal away) is skipped until next time. */
 export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptions): Promise<SweepResult> {
-  const rows = await listStaleDispatched(deps.db, { afterId: opts.afterId ?? 0, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
+  const rows = await listStaleDispatched(deps.db, deps.schema, { afterId: opts.afterId ?? 0, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
   let closed = 0;
   for (const row of rows) {
     const run = await describeRun(deps.client, row.idempotency_key).catch(() => undefined);
     if (run?.kind !== 'closed') continue;
     const message = closedRunMessage(row.idempotency_key, run, 'dispatched');
-    const marked = await markStaleDispatchedDead(deps.db, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });
+    const marked = await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });
     if (!marked) continue;
     closed++;
     deps.metrics?.closedRuns.inc({ status: run.status.toLowerCase() });

@@ -7,6 +7,7 @@ import { withTransaction, type Queryable } from '../db.js';
 import { insertBillingCustomerIfAbsent, listBillingCustomers, tenantsBilledAs, upsertBillingCustomer } from '../outbox/sql/customers.js';
 import { recordOperatorAction } from '../outbox/sql/operator.js';
 import { tenantProblem } from '../outbox/validate.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 // Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
 const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
@@ -34,11 +35,11 @@ export interface MappingResult {
 }
 
 /** Maps (or remaps) a tenant, and records who did it, in one transaction. Validate with mappingProblem first. */
-export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerId: string, actor: string): Promise<MappingResult> {
+export async function mapTenant(pool: pg.Pool, schema: Schema, tenantId: string, stripeCustomerId: string, actor: string): Promise<MappingResult> {
   return withTransaction(pool, async (db) => {
-    const row = await upsertBillingCustomer(db, tenantId, stripeCustomerId);
+    const row = await upsertBillingCustomer(db, schema, tenantId, stripeCustomerId);
     const created = row.previous_customer_id === null;
-    await recordOperatorAction(db, {
+    await recordOperatorAction(db, schema, {
       actor,
       action: 'customers.set',
       key: null,
@@ -47,7 +48,7 @@ export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerI
       outcome: created ? 'created' : 'updated',
       detail: created ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
     });
-    const sharedWith = await tenantsBilledAs(db, stripeCustomerId, tenantId);
+    const sharedWith = await tenantsBilledAs(db, schema, stripeCustomerId, tenantId);
     return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created, sharedWith };
   });
 }
@@ -56,9 +57,9 @@ export async function mapTenant(pool: pg.Pool, tenantId: string, stripeCustomerI
  * Maps each tenant that has no mapping yet (the local stack's demo tenants); a tenant an operator
  * mapped already keeps its customer. Not an operator action: nothing is recorded.
  */
-export async function seedTenants(db: Queryable, customers: Readonly<Record<string, string>>): Promise<void> {
+export async function seedTenants(db: Queryable, schema: Schema, customers: Readonly<Record<string, string>>): Promise<void> {
   for (const [tenantId, stripeCustomerId] of Object.entries(customers)) {
-    await insertBillingCustomerIfAbsent(db, tenantId, stripeCustomerId);
+    await insertBillingCustomerIfAbsent(db, schema, tenantId, stripeCustomerId);
   }
 }
 
@@ -70,8 +71,8 @@ export interface TenantMapping {
 }
 
 /** Every tenant's mapping, by tenant. */
-export async function listMappings(db: Queryable): Promise<TenantMapping[]> {
-  const rows = await listBillingCustomers(db);
+export async function listMappings(db: Queryable, schema: Schema): Promise<TenantMapping[]> {
+  const rows = await listBillingCustomers(db, schema);
   return rows.map((r) => ({
     tenantId: r.tenant_id,
     stripeCustomerId: r.stripe_customer_id,
@@ -81,6 +82,6 @@ export async function listMappings(db: Queryable): Promise<TenantMapping[]> {
 }
 
 /** Whether the tenant is billed as some Stripe customer. */
-export async function isMapped(db: Queryable, tenantId: string): Promise<boolean> {
-  return (await listBillingCustomers(db)).some((c) => c.tenant_id === tenantId);
+export async function isMapped(db: Queryable, schema: Schema, tenantId: string): Promise<boolean> {
+  return (await listBillingCustomers(db, schema)).some((c) => c.tenant_id === tenantId);
 }

@@ -8,6 +8,7 @@ import { ageSeconds, iso } from '../duration.js';
 import { countRejectedAsync, listRejectedAsync } from '../outbox/sql/error-reports.js';
 import { countDeadLetters, listDeadLetters, type DeadLetterFilter, type OperatorRow } from '../outbox/sql/operator.js';
 import { withinResendWindow } from './retry.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export type { DeadLetterFilter } from '../outbox/sql/operator.js';
 
@@ -61,23 +62,24 @@ function toItem(row: OperatorRow, now: number): DeadLetterItem {
 }
 
 /** How many dead letters match `filter` (a bulk retry's confirmation and progress). */
-export async function countDead(db: Queryable, filter: DeadLetterFilter): Promise<number> {
-  return countDeadLetters(db, filter);
+export async function countDead(db: Queryable, schema: Schema, filter: DeadLetterFilter): Promise<number> {
+  return countDeadLetters(db, schema, filter);
 }
 
 /** The first `limit` dead letters (of one tenant, if given), oldest first; ages are measured from `now`. */
 export async function listDead(
   db: Queryable,
+  schema: Schema,
   opts: { tenantId?: string | undefined; limit: number; now: number },
 ): Promise<Listing<DeadLetterItem>> {
   const filter = { tenantId: opts.tenantId };
-  const [total, rows] = await Promise.all([countDeadLetters(db, filter), listDeadLetters(db, { ...filter, afterId: 0, limit: opts.limit })]);
+  const [total, rows] = await Promise.all([countDeadLetters(db, schema, filter), listDeadLetters(db, schema, { ...filter, afterId: 0, limit: opts.limit })]);
   return { total, items: rows.map((r) => toItem(r, opts.now)) };
 }
 
 /** The first `limit` events Stripe rejected after answering 200 (of one tenant, if given), oldest rejection first. */
-export async function listRejected(db: Queryable, opts: { tenantId?: string | undefined; limit: number }): Promise<Listing<RejectedItem>> {
-  const [total, rows] = await Promise.all([countRejectedAsync(db, opts), listRejectedAsync(db, opts)]);
+export async function listRejected(db: Queryable, schema: Schema, opts: { tenantId?: string | undefined; limit: number }): Promise<Listing<RejectedItem>> {
+  const [total, rows] = await Promise.all([countRejectedAsync(db, schema, opts), listRejectedAsync(db, schema, opts)]);
   const items = rows.map((r) => ({
     key: r.idempotency_key,
     tenantId: r.tenant_id,

@@ -12,6 +12,7 @@
 import type pg from 'pg';
 import { withTransaction, type Queryable } from '../db.js';
 import { errorReportExists, finishErrorReport, insertErrorReport, markRejectedAsync, type RejectedSample } from '../outbox/sql/error-reports.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 /** Stripe's full error-report event, as much of it as we rely on (read field by field by the webhook's parseErrorReport: it comes from outside). */
 export interface ErrorReport {
@@ -42,15 +43,15 @@ export interface ErrorReportOutcome {
 }
 
 /** Whether this error-report event was already recorded (a redelivery needs no call to Stripe). */
-export async function errorReportProcessed(db: Queryable, eventId: string): Promise<boolean> {
-  return errorReportExists(db, eventId);
+export async function errorReportProcessed(db: Queryable, schema: Schema, eventId: string): Promise<boolean> {
+  return errorReportExists(db, schema, eventId);
 }
 
 /**
  * Records one error report, once: marks the named `sent`/`accepted`/`dispatched`/`dead` rows `rejected_async` with Stripe's code
  * and message. A redelivered event changes nothing and says `duplicate`.
  */
-export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
+export async function recordErrorReport(db: pg.Pool, schema: Schema, report: ErrorReport, raw: unknown): Promise<ErrorReportOutcome> {
   const samples = new Map<string, RejectedSample>();
   for (const type of report.errorTypes) {
     for (const s of type.samples) {
@@ -70,10 +71,10 @@ export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: u
       unknown: [],
       unmatched: 0,
     };
-    if (!(await insertErrorReport(client, { eventId: report.eventId, meterId: report.meterId, errorCount: report.errorCount, report: raw }))) {
+    if (!(await insertErrorReport(client, schema, { eventId: report.eventId, meterId: report.meterId, errorCount: report.errorCount, report: raw }))) {
       return none;
     }
-    const results = await markRejectedAsync(client, [...samples.values()]);
+    const results = await markRejectedAsync(client, schema, [...samples.values()]);
     const outcome: ErrorReportOutcome = { ...none, duplicate: false };
     for (const r of results) {
       if (r.status_before === null || r.key === null) outcome.unknown.push(r.identifier);
@@ -82,7 +83,7 @@ export async function recordErrorReport(db: pg.Pool, report: ErrorReport, raw: u
     }
     outcome.matched = outcome.marked.length + outcome.notSent.length;
     outcome.unmatched = Math.max(0, report.errorCount - outcome.matched);
-    await finishErrorReport(client, report.eventId, { matched: outcome.matched, unmatched: outcome.unmatched });
+    await finishErrorReport(client, schema, report.eventId, { matched: outcome.matched, unmatched: outcome.unmatched });
     return outcome;
   });
 }

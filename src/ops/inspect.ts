@@ -9,6 +9,7 @@ import { iso } from '../duration.js';
 import { scrub } from '../log.js';
 import { findInspectedRow, listOperatorActions, type InspectedRow } from '../outbox/sql/operator.js';
 import { stateQuery, type UsageState } from '../../workflows/shared.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 /** How long to wait for a query answer: a query needs a worker, and none may be running. */
 const QUERY_TIMEOUT_MS = 5_000;
@@ -122,11 +123,11 @@ function rowView(row: InspectedRow): EventRowView {
 }
 
 /** The event with `key`: its row (if any), its workflow (found or not), and what operators did to it. */
-export async function inspectEvent(deps: { db: Queryable; client: Client }, key: string): Promise<EventView> {
+export async function inspectEvent(deps: { db: Queryable; schema: Schema; client: Client }, key: string): Promise<EventView> {
   const [row, workflow, actions] = await Promise.all([
-    findInspectedRow(deps.db, key),
+    findInspectedRow(deps.db, deps.schema, key),
     viewWorkflow(deps.client, key),
-    listOperatorActions(deps.db, key, ACTIONS_SHOWN),
+    listOperatorActions(deps.db, deps.schema, key, ACTIONS_SHOWN),
   ]);
   return {
     key,

@@ -5,6 +5,7 @@
  */
 import type { Queryable } from '../db.js';
 import { countPrunable, pruneBatch, pruneExpiredLeases } from '../outbox/sql/retention.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export { PRUNABLE } from '../outbox/sql/retention.js';
 
@@ -25,13 +26,13 @@ const LEASE_LEFTOVER_MS = 60 * 60_000;
  * Prunes until a batch comes back short; returns the outbox rows deleted. Also removes the
  * (customer, meter) leases that crashed workers left behind, expired over an hour ago.
  */
-export async function pruneDelivered(db: Queryable, opts: PruneOptions): Promise<number> {
+export async function pruneDelivered(db: Queryable, schema: Schema, opts: PruneOptions): Promise<number> {
   const batchSize = opts.batchSize ?? 2_000;
-  await pruneExpiredLeases(db, LEASE_LEFTOVER_MS);
+  await pruneExpiredLeases(db, schema, LEASE_LEFTOVER_MS);
   let total = 0;
   for (;;) {
     if (opts.signal?.aborted) return total;
-    const deleted = await pruneBatch(db, { olderThanMs: opts.olderThanMs, batchSize });
+    const deleted = await pruneBatch(db, schema, { olderThanMs: opts.olderThanMs, batchSize });
     total += deleted;
     if (deleted > 0) opts.onBatch?.(deleted);
     if (deleted < batchSize) return total;
@@ -40,6 +41,6 @@ export async function pruneDelivered(db: Queryable, opts: PruneOptions): Promise
 }
 
 /** How many rows a prune would delete now (`prune --dry-run`). */
-export async function countPrunableRows(db: Queryable, olderThanMs: number): Promise<number> {
-  return countPrunable(db, olderThanMs);
+export async function countPrunableRows(db: Queryable, schema: Schema, olderThanMs: number): Promise<number> {
+  return countPrunable(db, schema, olderThanMs);
 }

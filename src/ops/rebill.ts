@@ -32,6 +32,7 @@ import { findRebillCandidate, rebillRejected, recordOperatorAction, restoreRejec
 import { tooOldToSend } from '../stripe/rules.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 /**
  * rebilled: on its way under a new identifier. skipped: another operator rebilled it first.
@@ -51,6 +52,8 @@ export interface RebillResult {
 
 export interface RebillDeps {
   db: Queryable;
+  /** The PostgreSQL schema of the tables. */
+  schema: Schema;
   client: Client;
   config: Pick<Config, 'retry' | 'temporal'> & { stripe: Pick<Config['stripe'], 'identifierNamespace'> };
   now: () => number;
@@ -77,7 +80,7 @@ export async function rebillEvent(deps: RebillDeps, key: string, opts: { actor: 
   let row: RebillCandidateRow | undefined;
   let result: RebillResult;
   try {
-    row = await findRebillCandidate(deps.db, key);
+    row = await findRebillCandidate(deps.db, deps.schema, key);
     result = row
       ? await decide(deps, row, opts)
       : { key, outcome: 'failed', message: 'no outbox row with this key', previousIdentifier: null, identifier: null, revision: null };
@@ -86,7 +89,7 @@ export async function rebillEvent(deps: RebillDeps, key: string, opts: { actor: 
   }
   if (!row) return result;
   try {
-    await recordOperatorAction(deps.db, {
+    await recordOperatorAction(deps.db, deps.schema, {
       actor: opts.actor,
       action: 'rebill',
       key,
@@ -117,7 +120,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
     return done('refused', `not rebilled: it occurred at ${row.occurred_at.toISOString()}, outside Stripe's 35-day window: Stripe would refuse it under any identifier`);
   }
 
-  const { db, client, config } = deps;
+  const { db, schema, client, config } = deps;
   const handle = client.workflow.getHandle(key);
   let status: WorkflowExecutionStatusName | 'NOT_FOUND';
   try {
@@ -140,9 +143,9 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
 
   const revision = row.identifier_revision + 1;
   const identifier = stripeIdentifierFor(key, revision, config.stripe.identifierNamespace);
-  const moved = await rebillRejected(db, key, { fromRevision: row.identifier_revision, identifier });
+  const moved = await rebillRejected(db, schema, key, { fromRevision: row.identifier_revision, identifier });
   if (!moved) {
-    const current = await findRebillCandidate(db, key);
+    const current = await findRebillCandidate(db, schema, key);
     return done(
       'skipped',
       `no longer rejected_async at revision ${row.identifier_revision} (now ${current?.status ?? 'missing'}, revision ${current?.identifier_revision ?? '?'}): another rebill got there first`,
@@ -171,7 +174,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
   return done('rebilled', `${why}; started a new run to deliver it as ${identifier}`, next);
 
   async function restore(err: unknown): Promise<RebillResult> {
-    const restored = await restoreRejected(db, key, revision);
+    const restored = await restoreRejected(db, schema, key, revision);
     return done(
       'failed',
       `could not start its delivery: ${scrub((err as Error).message)}; ${restored ? 'the row is rejected_async again (rebill it again later)' : 'the row has moved on meanwhile'}`,

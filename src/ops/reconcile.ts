@@ -19,6 +19,7 @@ import { UNSETTLED } from '../outbox/statuses.js';
 import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from '../outbox/sql/reconcile.js';
 import { hourlyEventSummaries } from '../stripe/client.js';
 import { metersByEventName } from '../stripe/meters.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export const HOUR_MS = 3_600_000;
 /** The longest range one run may cover (744 hourly windows per customer and meter). */
@@ -96,6 +97,8 @@ export interface ReconcileReport {
 
 export interface ReconcileDeps {
   db: Queryable;
+  /** The PostgreSQL schema of the tables. */
+  schema: Schema;
   stripe: Pick<Stripe, 'billing'>;
 }
 
@@ -115,7 +118,7 @@ const windowKey = (customer: string, eventName: string, start: number) => `${cus
 export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Date; tenantId?: string | undefined }): Promise<ReconcileReport> {
   const start = Math.floor(opts.from.getTime() / 1000);
   const end = Math.floor(opts.to.getTime() / 1000);
-  const rows = await reconcileWindows(deps.db, opts);
+  const rows = await reconcileWindows(deps.db, deps.schema, opts);
 
   const pairs = new Map<string, { customer: string; eventName: string; tenants: Set<string>; windows: Map<number, ReconcileWindowRow> }>();
   for (const r of rows) {
@@ -178,7 +181,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     });
   }
 
-  await attachEvents(deps.db, groups);
+  await attachEvents(deps.db, deps.schema, groups);
 
   const all = groups.flatMap((g) => g.windows);
   const matching = all.filter((w) => w.match).length;
@@ -207,7 +210,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
 }
 
 /** Lists the rows of every window that differs or holds unsettled rows, and reads the difference. */
-async function attachEvents(db: Queryable, groups: ReconcileGroup[]): Promise<void> {
+async function attachEvents(db: Queryable, schema: Schema, groups: ReconcileGroup[]): Promise<void> {
   const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; window: ReconcileWindow }[] = [];
   for (const g of groups) {
     for (const w of g.windows) {
@@ -216,7 +219,7 @@ async function attachEvents(db: Queryable, groups: ReconcileGroup[]): Promise<vo
       }
     }
   }
-  const rows = await listWindowEvents(db, wanted, MAX_EVENTS_PER_WINDOW);
+  const rows = await listWindowEvents(db, schema, wanted, MAX_EVENTS_PER_WINDOW);
   const byWindow = new Map(wanted.map((w) => [windowKey(w.stripeCustomerId, w.eventName, w.windowStart), w.window]));
   for (const r of rows) {
     const w = byWindow.get(windowKey(r.stripe_customer_id, r.event_name, Number(r.window_start)));

@@ -37,6 +37,7 @@ import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, TemporalErrorCodes, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 /**
  * signalled / reopened: the event is on its way again. skipped: nothing to do (already in flight,
@@ -55,6 +56,8 @@ export const isProblem = (r: RetryResult) => r.outcome === 'refused' || r.outcom
 
 export interface RetrierDeps {
   db: Queryable;
+  /** The PostgreSQL schema of the tables. */
+  schema: Schema;
   client: Client;
   config: Pick<Config, 'retry' | 'temporal'>;
   now: () => number;
@@ -115,7 +118,7 @@ export class DeadLetterRetrier {
   /** Retries the event with `key`; never throws (errors come back as `failed`). */
   async retryKey(key: string, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
     try {
-      const row = await findOperatorRow(this.deps.db, key);
+      const row = await findOperatorRow(this.deps.db, this.deps.schema, key);
       if (!row) return { key, outcome: 'failed', forced: opts.force, message: 'no outbox row with this key' };
       return await this.retryRow(row, opts);
     } catch (err) {
@@ -134,7 +137,7 @@ export class DeadLetterRetrier {
     onResult: (result: RetryResult) => void,
   ): Promise<void> {
     for (let afterId = 0; ; ) {
-      const page = await listDeadLetters(this.deps.db, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
+      const page = await listDeadLetters(this.deps.db, this.deps.schema, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
       if (page.length === 0) return;
       afterId = page.at(-1)!.id;
       await forEachLimit(page, BULK_CONCURRENCY, async (row) => onResult(await this.retryRow(row, opts)));
@@ -151,7 +154,7 @@ export class DeadLetterRetrier {
       result = { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
     }
     try {
-      await recordOperatorAction(this.deps.db, {
+      await recordOperatorAction(this.deps.db, this.deps.schema, {
         actor: opts.requestedBy,
         action: 'retry',
         key,
@@ -221,7 +224,7 @@ export class DeadLetterRetrier {
     }
     if (status === 'COMPLETED') {
       // Another operator may have reopened and delivered it since the row was read.
-      const current = await findOperatorRow(this.deps.db, key);
+      const current = await findOperatorRow(this.deps.db, this.deps.schema, key);
       if (current?.status !== 'dead') return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
       // Found by the relay or the closed-run sweep: the row was put back (by hand, or a database
       // restored from an older backup) after its run delivered it. A resend under the same
@@ -247,11 +250,11 @@ export class DeadLetterRetrier {
   private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
-    const { db, client, config } = this.deps;
+    const { db, schema, client, config } = this.deps;
 
-    const reopened = await reopenDeadLetter(db, key);
+    const reopened = await reopenDeadLetter(db, schema, key);
     if (!reopened) {
-      const current = await findOperatorRow(db, key);
+      const current = await findOperatorRow(db, schema, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
     }
     try {
@@ -260,7 +263,7 @@ export class DeadLetterRetrier {
         usageWorkflowStartOptions({ ...row, idempotency_key: key, tenant_id: reopened.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE', force: opts.force }),
       );
     } catch (err) {
-      const restored = await restoreDeadLetter(db, key, reopened.previous_dead_at);
+      const restored = await restoreDeadLetter(db, schema, key, reopened.previous_dead_at);
       return done(
         'failed',
         `could not start a new workflow run: ${scrub((err as Error).message)}; ${restored ? 'the row is dead again' : 'the row has moved on meanwhile'}`,

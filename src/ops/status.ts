@@ -10,6 +10,7 @@ import { countByErrorCode, countRecentlySent, countStartFailing, statusSummary }
 import type { OutboxStatus } from '../outbox/statuses.js';
 import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export interface StatusReport {
   counts: Record<OutboxStatus, number>;
@@ -41,15 +42,15 @@ export interface StatusReport {
 }
 
 /** The outbox's state at `now` (the send rate is counted back from it). */
-export async function outboxStatus(db: Queryable, now: Date): Promise<StatusReport> {
+export async function outboxStatus(db: Queryable, schema: Schema, now: Date): Promise<StatusReport> {
   const [summary, recent, dead, rejected, reports, inFlight, startFailing] = await Promise.all([
-    statusSummary(db),
-    countRecentlySent(db, now),
-    countByErrorCode(db, 'dead'),
-    countByErrorCode(db, 'rejected_async'),
-    errorReportTotals(db),
-    countByErrorCode(db, 'dispatched'),
-    countStartFailing(db, TemporalErrorCodes.startFailing),
+    statusSummary(db, schema),
+    countRecentlySent(db, schema, now),
+    countByErrorCode(db, schema, 'dead'),
+    countByErrorCode(db, schema, 'rejected_async'),
+    errorReportTotals(db, schema),
+    countByErrorCode(db, schema, 'dispatched'),
+    countStartFailing(db, schema, TemporalErrorCodes.startFailing),
   ]);
   const inFlightByLastError = inFlight.filter((r): r is { code: string; count: number } => r.code !== null);
   const alarms: string[] = [];

@@ -5,6 +5,7 @@
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
+import { schemaFor } from './sql/schema.js';
 import { validateUsage, type UsageInput } from './validate.js';
 
 /**
@@ -22,6 +23,8 @@ export interface RecordUsageOptions {
    * API does with its own configuration.
    */
   defaultEventName?: string | undefined;
+  /** The PostgreSQL schema billing-outbox's tables are in (DEFAULT_SCHEMA unless you migrated another). */
+  schema?: string | undefined;
 }
 
 export interface RecordUsageResult {
@@ -57,20 +60,24 @@ function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
  * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
  *   reused with different values. Makes no network call besides the database queries, and no
  *   input makes a query fail inside your transaction.
+ * - `schema`: the PostgreSQL schema billing-outbox was migrated into (default `billing_outbox`; the
+ *   workers' DATABASE_SCHEMA must be the same). Every statement names its tables in it; your
+ *   connection's search_path is neither read nor changed.
  */
 export async function recordUsage(
   client: TransactionClient,
   input: UsageInput,
   options: RecordUsageOptions = {},
 ): Promise<RecordUsageResult> {
+  const schema = schemaFor(options.schema);
   const usage = validateUsage(input, options.defaultEventName ?? DEFAULT_EVENT_NAME);
   const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
-  const inserted = await insertUsage(client, { ...usage, key });
+  const inserted = await insertUsage(client, schema, { ...usage, key });
   if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
   if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
-  const found = await findEntryByKey(client, usage.tenantId, key);
+  const found = await findEntryByKey(client, schema, usage.tenantId, key);
   if (!found) {
     // The usage row exists without an outbox row: its outbox row was delivered and pruned after
     // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).

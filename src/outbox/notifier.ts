@@ -1,21 +1,20 @@
 /**
  * One LISTEN connection per process, shared by everything in it that waits for PostgreSQL:
  *
- * - relays wait on OUTBOX_CHANNEL: new outbox rows committed, or a lane with room again (a
- *   delivery finished);
- * - deliveries waiting for a (customer, meter) lease wait on LEASE_CHANNEL, each for its own
+ * - relays wait on the schema's outbox channel: new outbox rows committed, or a lane with room
+ *   again (a delivery finished);
+ * - deliveries waiting for a (customer, meter) lease wait on its lease channel, each for its own
  *   lease's hand-off (src/stripe/meter-lease.ts): the payload names the lease and its new holder.
  *
- * Waiters wait on a *topic*: OUTBOX_TOPIC, or a lease id. Losing the connection only costs latency:
+ * Both channels are the schema's own (src/outbox/sql/schema.ts), so deployments in other schemas
+ * of the database neither wake nor hand leases to this one. Waiters wait on a *topic*:
+ * OUTBOX_TOPIC, or a lease id. Losing the connection only costs latency:
  * every waiter also wakes on a timeout, and the listener reconnects with backoff.
  */
 import pg from 'pg';
+import { schemaFor, type Schema } from './sql/schema.js';
 
-/** New outbox rows committed, or a lane (tenant, meter) with room again; no payload. */
-export const OUTBOX_CHANNEL = 'billing_outbox';
-/** A (customer, meter) lease handed off; payload: the lease id, U+001E, the new holder (empty: none). */
-export const LEASE_CHANNEL = 'billing_lease';
-/** The topic of OUTBOX_CHANNEL's notifications (lease ids are the topics of LEASE_CHANNEL's). */
+/** The topic of the outbox channel's notifications (lease ids are the topics of the lease channel's). */
 export const OUTBOX_TOPIC = '';
 
 export class OutboxNotifier {
@@ -34,13 +33,17 @@ export class OutboxNotifier {
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
 
+  private readonly schema: Schema;
   /**
    * `database`: a URL, or the connection settings of an application's pool (`pool.options`), from
    * which the LISTEN connection is opened apart: a listening client cannot be returned to a pool.
    */
   private readonly database: string | pg.ClientConfig;
-  constructor(database: string | pg.ClientConfig) {
+
+  /** `schema`: the name of the PostgreSQL schema whose channels it listens on (default billing_outbox). */
+  constructor(database: string | pg.ClientConfig, schema?: string) {
     this.database = database;
+    this.schema = schemaFor(schema);
   }
 
   /**
@@ -63,16 +66,19 @@ export class OutboxNotifier {
       const client = new pg.Client({ ...settings, application_name: 'billing-outbox-listen' });
       try {
         client.on('notification', (n) => {
-          if (n.channel !== LEASE_CHANNEL) return this.wake(OUTBOX_TOPIC);
-          // "<lease id>\u001e<new holder>": the holder is empty when nobody was waiting.
+          // The outbox channel (new rows, or a lane with room again) has no payload; the lease
+          // channel's is "<lease id>\u001e<new holder>".
+          if (n.channel !== this.schema.leaseChannel) return this.wake(OUTBOX_TOPIC);
+          // The holder is empty when nobody was waiting.
           const [lease = '', holder = ''] = (n.payload ?? '').split('\u001e');
           this.handOff(lease, holder || undefined);
         });
         client.on('error', () => this.onLost(client));
         client.on('end', () => this.onLost(client));
         await client.connect();
-        await client.query(`LISTEN ${OUTBOX_CHANNEL}`);
-        await client.query(`LISTEN ${LEASE_CHANNEL}`);
+        // Quoted: the channels contain ':' (the schema's name is a plain identifier).
+        await client.query(`LISTEN "${this.schema.outboxChannel}"`);
+        await client.query(`LISTEN "${this.schema.leaseChannel}"`);
         this.client = client;
         this.reconnectDelayMs = 100;
         // Rows may have committed, and leases been given back, while we were not listening.

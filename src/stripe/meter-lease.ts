@@ -6,8 +6,8 @@
  *
  * Waiting is a hand-off, not polling: a delivery that finds the lease taken queues as a waiter
  * (`meter_lease_waiters`) and sleeps until the holder hands the lease off, which NOTIFYs the
- * lease's waiters on LEASE_CHANNEL naming the new holder (and wakes waiters in the same process at
- * once). The oldest waiting delivery goes next: a delivery may take a free lease only when no older
+ * lease's waiters on the schema's lease channel naming the new holder (and wakes waiters in the
+ * same process at once). The oldest waiting delivery goes next: a delivery may take a free lease only when no older
  * delivery of the same lease is waiting. A waiter's place expires by itself if its worker dies.
  *
  * The holder is one execution of the delivery activity:
@@ -20,6 +20,7 @@ import type { DeliveryTimings } from '../config.js';
 import type { Queryable } from '../db.js';
 import type { OutboxNotifier } from '../outbox/notifier.js';
 import { handOffLease, holdLease, renewLease, tryLease, type HandOff } from '../outbox/sql/lease.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 export { leaseId, type HandOff } from '../outbox/sql/lease.js';
 
@@ -65,6 +66,7 @@ export type LeaseTimings = Pick<DeliveryTimings, 'leaseMs' | 'leaseWaitMs' | 'le
 /** One worker's side of the leases: PostgreSQL for the truth, the notifier for the hand-offs. */
 export class MeterLease implements Lease {
   private readonly db: Queryable;
+  private readonly schema: Schema;
   private readonly timings: LeaseTimings;
   /** Wakes a waiting delivery when the holder hands the lease off (without it: polling). */
   private readonly notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>;
@@ -72,11 +74,13 @@ export class MeterLease implements Lease {
   private readonly stopping?: AbortSignal;
   constructor(
     db: Queryable,
+    schema: Schema,
     timings: LeaseTimings,
     notifier?: Pick<OutboxNotifier, 'mark' | 'wait' | 'handOff' | 'handedTo'>,
     stopping?: AbortSignal,
   ) {
     this.db = db;
+    this.schema = schema;
     this.timings = timings;
     this.notifier = notifier;
     this.stopping = stopping;
@@ -89,7 +93,7 @@ export class MeterLease implements Lease {
    * holds a shutting-down worker nor runs into its attempt timeout.
    */
   async wait(key: string, holder: string, ctx: WaitContext, maxWaitMs = this.timings.leaseWaitMs): Promise<LeaseWait> {
-    const { db, notifier, timings } = this;
+    const { db, schema, notifier, timings } = this;
     const until = Date.now() + maxWaitMs;
     const stop = this.stopping ? AbortSignal.any([ctx.cancellationSignal, this.stopping]) : ctx.cancellationSignal;
     const opts = { key, holder, leaseMs: timings.leaseMs, waitTtlMs: timings.waiterTtlMs };
@@ -99,7 +103,7 @@ export class MeterLease implements Lease {
     let mark: number | undefined;
     for (;;) {
       // Takes the lease if it is free (and nobody older waits), or joins (refreshes our place in) its queue.
-      const got = await tryLease(db, opts);
+      const got = await tryLease(db, schema, opts);
       if (got.outcome !== 'busy') return got.outcome;
       if (lease === undefined) {
         lease = got.lease!;
@@ -123,15 +127,15 @@ export class MeterLease implements Lease {
   }
 
   renew(holder: string): Promise<boolean> {
-    return renewLease(this.db, holder, this.timings.leaseMs);
+    return renewLease(this.db, this.schema, holder, this.timings.leaseMs);
   }
 
   async handOff(holder: string): Promise<void> {
-    this.handedOff(await handOffLease(this.db, holder, this.timings.handOffMs));
+    this.handedOff(await handOffLease(this.db, this.schema, holder, this.timings.handOffMs));
   }
 
   async hold(holder: string): Promise<void> {
-    await holdLease(this.db, holder, this.timings.unansweredHoldMs);
+    await holdLease(this.db, this.schema, holder, this.timings.unansweredHoldMs);
   }
 
   handedOff(handOffs: HandOff[]): void {

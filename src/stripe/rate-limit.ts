@@ -20,6 +20,7 @@
  */
 import type { Queryable } from '../db.js';
 import { reserveSlots, type Bucket } from '../outbox/sql/pace.js';
+import type { Schema } from '../outbox/sql/schema.js';
 
 /**
  * One process's side of the shared limiter: the deliveries of a worker that want a call slot at
@@ -33,12 +34,15 @@ export class SlotPacer {
   private inFlight = false;
 
   private readonly db: Queryable;
+  private readonly schema: Schema;
   private readonly opts: { bucket: Bucket; perSecond: number; maxWaitMs: number };
   constructor(
     db: Queryable,
+    schema: Schema,
     opts: { bucket: Bucket; perSecond: number; maxWaitMs: number },
   ) {
     this.db = db;
+    this.schema = schema;
     this.opts = opts;
   }
 
@@ -58,7 +62,7 @@ export class SlotPacer {
    */
   async keepPace(slotAt: number, toleranceMs: number, sleep: (ms: number) => Promise<void>): Promise<void> {
     if (Date.now() - slotAt <= Math.max(1_000 / this.opts.perSecond, toleranceMs)) return;
-    const again = await reserveSlots(this.db, { bucket: this.opts.bucket, count: 1, perSecond: this.opts.perSecond });
+    const again = await reserveSlots(this.db, this.schema, { bucket: this.opts.bucket, count: 1, perSecond: this.opts.perSecond });
     if (again.waitMs > 0) await sleep(again.waitMs);
   }
 
@@ -79,7 +83,7 @@ export class SlotPacer {
         const batch = this.waiting.splice(0);
         const intervalMs = 1_000 / this.opts.perSecond;
         try {
-          const r = await reserveSlots(this.db, { bucket: this.opts.bucket, count: batch.length, perSecond: this.opts.perSecond, maxWaitMs: this.opts.maxWaitMs });
+          const r = await reserveSlots(this.db, this.schema, { bucket: this.opts.bucket, count: batch.length, perSecond: this.opts.perSecond, maxWaitMs: this.opts.maxWaitMs });
           batch.forEach((w, i) => w.resolve(i < r.granted ? { granted: true, waitMs: r.waitMs + i * intervalMs } : { granted: false, waitMs: r.spanEndMs }));
         } catch (err) {
           for (const w of batch) w.reject(err);

@@ -25,6 +25,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -68,10 +69,11 @@ export interface RunningWorker {
 export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const { config, pool, stripe, client } = deps;
   const stopping = new AbortController();
-  const notifier = new OutboxNotifier(deps.databaseUrl);
+  const schema = schemaFor(config.databaseSchema);
+  const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.
-  const requestPace = new SlotPacer(pool, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
+  const requestPace = new SlotPacer(pool, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const stream =
     config.stripe.meterApi === 'v2'
       ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), {
@@ -166,7 +168,7 @@ async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void>
   await wait(Math.min(60_000, config.retention.intervalMs));
   while (!signal.aborted) {
     try {
-      const pruned = await pruneDelivered(pool, { olderThanMs: config.retention.olderThanMs, signal, onBatch: (n) => metrics?.prunedRows.inc(n) });
+      const pruned = await pruneDelivered(pool, schemaFor(config.databaseSchema), { olderThanMs: config.retention.olderThanMs, signal, onBatch: (n) => metrics?.prunedRows.inc(n) });
       if (pruned > 0) log?.info({ pruned, olderThanDays: config.retention.olderThanMs / 86_400_000 }, 'pruned delivered outbox rows');
     } catch (err) {
       log?.warn({ err: String(err) }, 'pruning delivered outbox rows failed; trying again later');
@@ -187,7 +189,7 @@ async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promi
     await abortableWait(opts.intervalMs, signal);
     if (signal.aborted) return;
     try {
-      ({ nextAfterId: afterId } = await sweepClosedRuns({ db: deps.pool, client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
+      ({ nextAfterId: afterId } = await sweepClosedRuns({ db: deps.pool, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
@@ -298,7 +300,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       pool = own;
       listenWith = config.databaseUrl;
     }
-    if (opts.migrate) await migrate(listenWith);
+    if (opts.migrate) await migrate(listenWith, { schema: config.databaseSchema });
     let connection = opts.connection;
     let client: Client;
     if (connection) {
@@ -310,7 +312,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       client = own.client;
     }
     const stripe = createStripeClient(config.stripe);
-    const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool }) : undefined);
+    const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool, schema: schemaFor(config.databaseSchema) }) : undefined);
     const handle: WorkerHandle = {
       taskQueue: config.temporal.taskQueue,
       url: undefined,

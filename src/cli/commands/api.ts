@@ -11,6 +11,7 @@ import { createPool, migrate, redactUrl } from '../../db.js';
 import { createLogger } from '../../log.js';
 import { untilSignal } from '../../bin/run-main.js';
 import { createMetrics } from '../../metrics.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 import { createStripeClient } from '../../stripe/client.js';
 import { MeterCatalog } from '../../stripe/meters.js';
 
@@ -26,11 +27,11 @@ export async function runApi(): Promise<void> {
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
   // Safe with workers migrating at the same time; the API may well be the first process up.
-  await migrate(config.databaseUrl);
+  await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
-  const metrics = createMetrics(undefined, { db: pool });
+  const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
   const meters = new MeterCatalog(createStripeClient(config.stripe));
   const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
 

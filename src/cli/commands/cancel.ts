@@ -4,6 +4,7 @@ import { cancelEvent } from '../../ops/cancel.js';
 import { createStripeClient } from '../../stripe/client.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const CANCEL_HELP = `Usage: billing-outbox cancel <key> [--by NAME] [--json]
 
@@ -41,7 +42,7 @@ export async function cancelCommand(args: string[], ctx: CliContext): Promise<nu
   }
 
   const db = await ctx.db();
-  const result = await cancelEvent(db, key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });
+  const result = await cancelEvent(db, schemaFor(ctx.config.databaseSchema), key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });
   if (values.json) writeJson(ctx.out, result);
   else if (result.outcome === 'cancelled') ctx.out.write(`cancelled ${key}: ${result.message}\n`);
   else ctx.err.write(`billing-outbox: ${result.outcome} ${key}: ${result.message}\n`);

@@ -4,6 +4,7 @@ import { listMappings, mappingProblem, mapTenant } from '../../ops/customers.js'
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <stripe_customer_id> [--by NAME] [--json]
        billing-outbox customers list [--json]
@@ -40,7 +41,7 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
   const actor = values.by ?? ctx.user ?? 'unknown';
   if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
 
-  const result = await mapTenant(await ctx.db(), tenant, customer, actor);
+  const result = await mapTenant(await ctx.db(), schemaFor(ctx.config.databaseSchema), tenant, customer, actor);
   const previous = result.previousStripeCustomerId;
   if (values.json) {
     writeJson(ctx.out, result);
@@ -64,7 +65,7 @@ async function listCustomers(args: string[], ctx: CliContext): Promise<number> {
     return EXIT_OK;
   }
   noPositionals(positionals, CUSTOMERS_HELP);
-  const customers = await listMappings(await ctx.db());
+  const customers = await listMappings(await ctx.db(), schemaFor(ctx.config.databaseSchema));
   if (values.json) {
     writeJson(ctx.out, { customers });
     return EXIT_OK;

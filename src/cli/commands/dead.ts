@@ -4,6 +4,7 @@ import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext, type Output } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const DEAD_HELP = `Usage: billing-outbox dead [--rejected] [--tenant T] [--limit N] [--json]
 
@@ -44,10 +45,10 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   const limit = intOption(values.limit, 'limit', 1, 10_000, 50, DEAD_HELP);
   const db = await ctx.db();
   if (values.rejected) {
-    const listing = await listRejected(db, { tenantId: values.tenant, limit });
+    const listing = await listRejected(db, schemaFor(ctx.config.databaseSchema), { tenantId: values.tenant, limit });
     return printRejected(ctx.out, listing, { tenantId: values.tenant, json: values.json === true });
   }
-  const { total, items } = await listDead(db, { tenantId: values.tenant, limit, now: ctx.now?.() ?? Date.now() });
+  const { total, items } = await listDead(db, schemaFor(ctx.config.databaseSchema), { tenantId: values.tenant, limit, now: ctx.now?.() ?? Date.now() });
   if (values.json) {
     writeJson(ctx.out, { total, items });
     return EXIT_OK;

@@ -3,6 +3,7 @@ import { inspectEvent } from '../../ops/inspect.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, workflowUiUrl, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const INSPECT_HELP = `Usage: billing-outbox inspect <key> [--json]
 
@@ -25,7 +26,7 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
   if (!key) throw new CommandLineError('inspect needs the event key (e.g. u:acme:req-42)', INSPECT_HELP);
   if (extra.length > 0) throw new CommandLineError(`unexpected argument: ${extra[0]}`, INSPECT_HELP);
 
-  const view = await inspectEvent({ db: await ctx.db(), client: await ctx.temporal() }, key);
+  const view = await inspectEvent({ db: await ctx.db(), schema: schemaFor(ctx.config.databaseSchema), client: await ctx.temporal() }, key);
   const { workflow } = view;
   const report = {
     key,

@@ -5,7 +5,8 @@ import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 
 export const MIGRATE_HELP = `Usage: billing-outbox migrate [--json]
 
-Applies the migrations not yet applied to DATABASE_URL, each in its own transaction (or, for an
+Applies the migrations not yet applied to DATABASE_URL (in the schema DATABASE_SCHEMA, default
+billing_outbox, created if missing), each in its own transaction (or, for an
 index built CONCURRENTLY, statement by statement), in order. Safe to run from several processes at
 once, and while the application writes: they take turns, and the later ones find nothing to do.
 Workers and the API also migrate when they start; run it on its own to upgrade before them.
@@ -24,8 +25,9 @@ export async function migrateCommand(args: string[], ctx: CliContext): Promise<n
   const url = ctx.config.databaseUrl;
   // A failure (exit 1), as `npm run migrate` has always said it.
   if (!url) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)');
-  const applied = await migrate(url);
-  if (values.json) writeJson(ctx.out, { applied });
-  else ctx.out.write(applied.length ? `applied ${applied.join(', ')} to ${redactUrl(url)}\n` : `${redactUrl(url)} is up to date\n`);
+  const schema = ctx.config.databaseSchema;
+  const applied = await migrate(url, { schema });
+  if (values.json) writeJson(ctx.out, { applied, schema });
+  else ctx.out.write(applied.length ? `applied ${applied.join(', ')} to ${redactUrl(url)}, schema ${schema}\n` : `${redactUrl(url)}, schema ${schema}, is up to date\n`);
   return EXIT_OK;
 }

@@ -2,6 +2,7 @@
 import { countPrunableRows, PRUNABLE, pruneDelivered } from '../../ops/prune.js';
 import { intOption, noPositionals, parse } from '../args.js';
 import { CommandLineError, EXIT_OK, writeJson, type CliContext } from '../context.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const PRUNE_HELP = `Usage: billing-outbox prune [--older-than-days N] [--dry-run] [--json]
 
@@ -27,12 +28,12 @@ export async function pruneCommand(args: string[], ctx: CliContext): Promise<num
   const olderThanMs = days * 86_400_000;
   const db = await ctx.db();
   if (values['dry-run']) {
-    const wouldPrune = await countPrunableRows(db, olderThanMs);
+    const wouldPrune = await countPrunableRows(db, schemaFor(ctx.config.databaseSchema), olderThanMs);
     if (values.json) writeJson(ctx.out, { olderThanDays: days, wouldPrune });
     else ctx.out.write(`${wouldPrune} delivered row(s) sent more than ${days} days ago would be pruned\n`);
     return EXIT_OK;
   }
-  const pruned = await pruneDelivered(db, { olderThanMs });
+  const pruned = await pruneDelivered(db, schemaFor(ctx.config.databaseSchema), { olderThanMs });
   if (values.json) writeJson(ctx.out, { olderThanDays: days, pruned });
   else ctx.out.write(`pruned ${pruned} delivered row(s) sent more than ${days} days ago\n`);
   return EXIT_OK;

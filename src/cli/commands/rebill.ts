@@ -2,6 +2,7 @@
 import { rebillEvent } from '../../ops/rebill.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const REBILL_HELP = `Usage: billing-outbox rebill <key> [--by NAME] [--json]
 
@@ -36,7 +37,7 @@ export async function rebillCommand(args: string[], ctx: CliContext): Promise<nu
   const actor = values.by ?? ctx.user ?? 'unknown';
   if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', REBILL_HELP);
   const [db, client] = await Promise.all([ctx.db(), ctx.temporal()]);
-  const result = await rebillEvent({ db, client, config: ctx.config, now: ctx.now ?? Date.now }, key, { actor });
+  const result = await rebillEvent({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now }, key, { actor });
   const ok = result.outcome === 'rebilled' || result.outcome === 'skipped';
   if (values.json) writeJson(ctx.out, result);
   else if (ok) ctx.out.write(`${result.outcome} ${key}: ${result.message}\nfollow it: billing-outbox inspect ${key}\n`);

@@ -6,6 +6,7 @@ import { createStripeClient } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatTable } from '../format.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const RECONCILE_HELP = `Usage: billing-outbox reconcile --from T1 --to T2 [--tenant T] [--json]
 
@@ -89,10 +90,10 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
     throw new ConfigError(['STRIPE_API_KEY: is not set; reconcile reads the meter event summaries from Stripe']);
   }
   const db = await ctx.db();
-  if (tenantId !== undefined && !(await isMapped(db, tenantId))) {
+  if (tenantId !== undefined && !(await isMapped(db, schemaFor(ctx.config.databaseSchema), tenantId))) {
     throw new CommandLineError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);
   }
-  const report = await reconcile({ db, stripe: createStripeClient(stripeConfig) }, { ...range, tenantId });
+  const report = await reconcile({ db, schema: schemaFor(ctx.config.databaseSchema), stripe: createStripeClient(stripeConfig) }, { ...range, tenantId });
   if (values.json) writeJson(ctx.out, report);
   else printReport(ctx.out, report);
   return report.match ? EXIT_OK : EXIT_FAILED;

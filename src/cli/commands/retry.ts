@@ -5,6 +5,7 @@ import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { ProgressBar } from '../format.js';
 import { DeadLetterRetrier, isProblem, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const RETRY_HELP = `Usage: billing-outbox retry <key> [--force] [--by NAME] [--json]
        billing-outbox retry --all-dead [--tenant T] [--code C] [--force] [--yes] [--by NAME] [--json]
@@ -77,7 +78,7 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
 
 async function retrier(ctx: CliContext): Promise<DeadLetterRetrier> {
   const [db, client] = await Promise.all([ctx.db(), ctx.temporal()]);
-  return new DeadLetterRetrier({ db, client, config: ctx.config, now: ctx.now ?? Date.now });
+  return new DeadLetterRetrier({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now });
 }
 
 async function retryOne(key: string, opts: { force: boolean; requestedBy: string; json: boolean }, ctx: CliContext): Promise<number> {
@@ -100,7 +101,7 @@ async function retryAll(
   ctx: CliContext,
 ): Promise<number> {
   const db = await ctx.db();
-  const total = await countDead(db, filter);
+  const total = await countDead(db, schemaFor(ctx.config.databaseSchema), filter);
   const summary: Summary = { matched: 0, signalled: 0, reopened: 0, skipped: 0, refused: 0, failed: 0 };
   const problems: Pick<RetryResult, 'key' | 'outcome' | 'message'>[] = [];
   const report = (): number => {

@@ -5,6 +5,7 @@ import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
 import { formatDuration, formatTable } from '../format.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const STATUS_HELP = `Usage: billing-outbox status [--json]
 
@@ -33,7 +34,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   noPositionals(positionals, STATUS_HELP);
-  const report = await outboxStatus(await ctx.db(), new Date(ctx.now?.() ?? Date.now()));
+  const report = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema), new Date(ctx.now?.() ?? Date.now()));
   if (values.json) {
     writeJson(ctx.out, report);
     return EXIT_OK;

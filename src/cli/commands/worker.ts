@@ -13,6 +13,7 @@ import { redactUrl } from '../../db.js';
 import { freePort } from '../../embedded/postgres.js';
 import { createLogger } from '../../log.js';
 import { createMetrics } from '../../metrics.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
 import { installTemporalRuntime, sdkLogLevel } from '../../temporal/runtime.js';
 import { launchWorker } from '../../temporal/worker.js';
 
@@ -33,7 +34,7 @@ export async function runWorker(): Promise<void> {
     handleSignals: true,
     log,
     // Created here rather than by the launch: the SDK's exporter is appended to every scrape.
-    metrics: (pool) => createMetrics(undefined, { db: pool, temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` }),
+    metrics: (pool) => createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: sdkMetricsAddress && `http://${sdkMetricsAddress}/metrics` }),
     ...(config.workerMetricsPort === undefined ? {} : { http: { host: config.api.host, port: config.workerMetricsPort } }),
     onRunning: () => {
       if (worker.url) log.info({ metrics: `${worker.url}/metrics`, health: `${worker.url}/health` }, 'worker metrics and health served');

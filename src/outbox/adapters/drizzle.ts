@@ -5,6 +5,9 @@
  *     await tx.insert(jobs).values(job);
  *     await recordUsage(fromDrizzle(tx), { tenantId, usageId: job.id, quantity: 1 });
  *   });
+ *
+ * The statements name billing-outbox's schema themselves (`{ schema }`, recordUsage's third
+ * argument, default billing_outbox): the transaction's search_path is neither read nor changed.
  */
 import { Param, sql, type SQL } from 'drizzle-orm';
 import type { TransactionClient } from '../sql/enqueue.js';

@@ -5,6 +5,9 @@
  *     await trx('jobs').insert(job);
  *     await recordUsage(fromKnex(trx), { tenantId, usageId: job.id, quantity: 1 });
  *   });
+ *
+ * The statements name billing-outbox's schema themselves (`{ schema }`, recordUsage's third
+ * argument, default billing_outbox): the transaction's search_path is neither read nor changed.
  */
 import type { Knex } from 'knex';
 import type { TransactionClient } from '../sql/enqueue.js';

@@ -3,11 +3,11 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { LEASE_CHANNEL, OUTBOX_CHANNEL } from '../notifier.js';
 import { AT_STRIPE, DELIVERED, UNBILLED, type OutboxStatus } from '../statuses.js';
 import type { EntryRow } from './enqueue.js';
 import type { HandOff } from './lease.js';
 import { stripeIdentifierFor } from '../keys.js';
+import type { Schema } from './schema.js';
 
 export interface AttemptRow {
   status: OutboxStatus;
@@ -46,6 +46,7 @@ export interface AttemptRow {
  */
 export async function beginAttempt(
   db: Queryable,
+  schema: Schema,
   key: string,
   opts: {
     workflowId: string;
@@ -58,19 +59,19 @@ export async function beginAttempt(
 ): Promise<{ leaseHeld: boolean; row: AttemptRow | undefined }> {
   const { rows } = await db.query<AttemptRow & { lease_held: boolean; found: boolean }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/begin-attempt',
+    name: schema.statementName('begin-attempt'),
     text: `WITH extended AS (
-       UPDATE meter_leases l SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
+       UPDATE ${schema.meterLeases} l SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
         WHERE l.holder = $6::text AND l.expires_at > clock_timestamp()
           -- Only the lease of the pair this attempt calls with: the row's meter and the customer its
           -- tenant maps to now, read below in the same snapshot. A tenant remapped since the lease
           -- was taken leaves it on the old customer: the attempt queues again for the new pair.
-          AND EXISTS (SELECT 1 FROM outbox lo JOIN billing_customers lc ON lc.tenant_id = lo.tenant_id
+          AND EXISTS (SELECT 1 FROM ${schema.outbox} lo JOIN ${schema.billingCustomers} lc ON lc.tenant_id = lo.tenant_id
                        WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id
                          AND lo.event_name = l.event_name)
        RETURNING 1
      ), attempt AS (
-       UPDATE outbox o
+       UPDATE ${schema.outbox} o
           SET attempt_count = o.attempt_count + CASE WHEN o.status = ANY($5::text[]) THEN 0 ELSE 1 END,
               -- A forced attempt past the window starts a new one: Stripe dedups the attempts that
               -- follow against this call, so they need no force (the operator reconciled first).
@@ -89,7 +90,7 @@ export async function beginAttempt(
                OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
         RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
                   COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision,
-                  (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
+                  (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
      )
      SELECT ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended)) AS lease_held, a.status IS NOT NULL AS found, a.*,
             -- Bookkeeping only (the attempt count, the first attempt's time, the lease), on the
@@ -124,9 +125,9 @@ export function storedIdentifier(key: string, revision: number, namespace: strin
  * Takes back an attempt begun but not made (our own pace put it off): the count goes down again,
  * and the first attempt's time is cleared if this was the first.
  */
-export async function undoAttempt(db: Queryable, key: string, opts: { wasFirst: boolean }): Promise<void> {
+export async function undoAttempt(db: Queryable, schema: Schema, key: string, opts: { wasFirst: boolean }): Promise<void> {
   await db.query(
-    `UPDATE outbox SET attempt_count = greatest(attempt_count - 1, 0),
+    `UPDATE ${schema.outbox} SET attempt_count = greatest(attempt_count - 1, 0),
             first_attempted_at = CASE WHEN $2::boolean THEN NULL ELSE first_attempted_at END, updated_at = now()
       WHERE idempotency_key = $1::text AND status <> ALL($3::text[])`,
     [key, opts.wasFirst, [...AT_STRIPE]],
@@ -147,15 +148,15 @@ export interface OutboxRow extends EntryRow {
   dead_at: Date | null;
 }
 
-export async function findRowByKey(db: Queryable, key: string): Promise<OutboxRow | undefined> {
-  const { rows } = await db.query<OutboxRow>('SELECT * FROM outbox WHERE idempotency_key = $1::text', [key]);
+export async function findRowByKey(db: Queryable, schema: Schema, key: string): Promise<OutboxRow | undefined> {
+  const { rows } = await db.query<OutboxRow>(`SELECT * FROM ${schema.outbox} WHERE idempotency_key = $1::text`, [key]);
   return rows[0];
 }
 
 /** Stores the error of a failed attempt on the row, so listings show why it is retrying. */
-export async function recordAttemptError(db: Queryable, key: string, code: string, message: string): Promise<void> {
+export async function recordAttemptError(db: Queryable, schema: Schema, key: string, code: string, message: string): Promise<void> {
   await db.query(
-    `UPDATE outbox SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
+    `UPDATE ${schema.outbox} SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
       WHERE idempotency_key = $1::text AND status <> ALL($4::text[])`,
     [key, code, message.slice(0, 1000), [...AT_STRIPE]],
   );
@@ -163,7 +164,7 @@ export async function recordAttemptError(db: Queryable, key: string, code: strin
 
 /**
  * The row is delivered: `sent` (v1) or `accepted` (the v2 stream). Its lane has room again, so idle
- * relays are woken (OUTBOX_CHANNEL, at commit) to claim the lane's next event, as they are for
+ * relays are woken (schema.outboxChannel, at commit) to claim the lane's next event, as they are for
  * dead letters.
  *
  * Only under the identifier revision the attempt sent (`revision`, from `beginAttempt`): a row
@@ -173,20 +174,21 @@ export async function recordAttemptError(db: Queryable, key: string, code: strin
  */
 export async function markDelivered(
   db: Queryable,
+  schema: Schema,
   key: string,
   status: (typeof DELIVERED)[number],
   revision: number,
 ): Promise<number | null> {
   const { rows } = await db.query<{ attempt_count: number }>(
     `WITH sent AS (
-       UPDATE outbox
+       UPDATE ${schema.outbox}
           SET status = $4::text, sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $5::int
         RETURNING attempt_count
      )
      SELECT attempt_count, pg_notify($3::text, '') FROM sent`,
-    [key, [...UNBILLED], OUTBOX_CHANNEL, status, revision],
+    [key, [...UNBILLED], schema.outboxChannel, status, revision],
   );
   return rows[0]?.attempt_count ?? null;
 }
@@ -201,6 +203,7 @@ export async function markDelivered(
  */
 export async function markSentAndHandOff(
   db: Queryable,
+  schema: Schema,
   key: string,
   holder: string,
   handOffMs: number,
@@ -208,9 +211,9 @@ export async function markSentAndHandOff(
 ): Promise<{ attempts: number | null; handOffs: HandOff[] }> {
   const { rows } = await db.query<{ attempt_count: number | null; hand_offs: HandOff[] | null }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/mark-sent-and-hand-off',
+    name: schema.statementName('mark-sent-and-hand-off'),
     text: `WITH sent AS (
-       UPDATE outbox
+       UPDATE ${schema.outbox}
           SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $7::int
@@ -218,33 +221,33 @@ export async function markSentAndHandOff(
      )
      SELECT (SELECT attempt_count FROM sent) AS attempt_count,
             (SELECT json_agg(json_build_object('lease', h.lane, 'nextHolder', h.next_holder))
-               FROM meter_lease_hand_off($3::text, $6::int, $5::text) h) AS hand_offs,
+               FROM ${schema.meterLeaseHandOff}($3::text, $6::int, $5::text) h) AS hand_offs,
             (SELECT pg_notify($4::text, '') FROM sent) AS relays`,
-    values: [key, [...UNBILLED], holder, OUTBOX_CHANNEL, LEASE_CHANNEL, handOffMs, revision],
+    values: [key, [...UNBILLED], holder, schema.outboxChannel, schema.leaseChannel, handOffMs, revision],
   });
   return { attempts: rows[0]?.attempt_count ?? null, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
-export async function markRowDead(db: Queryable, key: string, code: string, message: string): Promise<number> {
+export async function markRowDead(db: Queryable, schema: Schema, key: string, code: string, message: string): Promise<number> {
   const { rows } = await db.query<{ attempt_count: number }>(
     `WITH dead AS (
-       UPDATE outbox
+       UPDATE ${schema.outbox}
           SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
               claim_id = NULL, processing_deadline = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($4::text[])
         RETURNING attempt_count
      )
      SELECT attempt_count, pg_notify($5::text, '') FROM dead`,
-    [key, code, message.slice(0, 1000), [...AT_STRIPE], OUTBOX_CHANNEL],
+    [key, code, message.slice(0, 1000), [...AT_STRIPE], schema.outboxChannel],
   );
   return rows[0]?.attempt_count ?? 0;
 }
 
 /** An operator's retry reopened the dead letter in its open run: the row is back in flight. */
-export async function markRowReopened(db: Queryable, key: string): Promise<void> {
+export async function markRowReopened(db: Queryable, schema: Schema, key: string): Promise<void> {
   await db.query(
-    `UPDATE outbox SET status = 'dispatched', dead_at = NULL, updated_at = now()
+    `UPDATE ${schema.outbox} SET status = 'dispatched', dead_at = NULL, updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'dead'`,
     [key],
   );
@@ -252,7 +255,7 @@ export async function markRowReopened(db: Queryable, key: string): Promise<void>
 
 /** The statements the delivery activity runs, bound to its pool (a fake in the activity's unit tests). */
 export interface DeliveryStore {
-  beginAttempt(key: string, opts: Parameters<typeof beginAttempt>[2]): ReturnType<typeof beginAttempt>;
+  beginAttempt(key: string, opts: Parameters<typeof beginAttempt>[3]): ReturnType<typeof beginAttempt>;
   undoAttempt(key: string, opts: { wasFirst: boolean }): Promise<void>;
   findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at'> | undefined>;
   recordAttemptError(key: string, code: string, message: string): Promise<void>;
@@ -262,15 +265,15 @@ export interface DeliveryStore {
   markRowReopened(key: string): Promise<void>;
 }
 
-export function deliveryStore(db: Queryable, opts: { identifierNamespace?: string } = {}): DeliveryStore {
+export function deliveryStore(db: Queryable, schema: Schema, opts: { identifierNamespace?: string } = {}): DeliveryStore {
   return {
-    beginAttempt: (key, o) => beginAttempt(db, key, { ...o, identifierNamespace: opts.identifierNamespace ?? '' }),
-    undoAttempt: (key, opts) => undoAttempt(db, key, opts),
-    findRow: (key) => findRowByKey(db, key),
-    recordAttemptError: (key, code, message) => recordAttemptError(db, key, code, message),
-    markDelivered: (key, status, revision) => markDelivered(db, key, status, revision),
-    markSentAndHandOff: (key, holder, handOffMs, revision) => markSentAndHandOff(db, key, holder, handOffMs, revision),
-    markRowDead: (key, code, message) => markRowDead(db, key, code, message),
-    markRowReopened: (key) => markRowReopened(db, key),
+    beginAttempt: (key, o) => beginAttempt(db, schema, key, { ...o, identifierNamespace: opts.identifierNamespace ?? '' }),
+    undoAttempt: (key, opts) => undoAttempt(db, schema, key, opts),
+    findRow: (key) => findRowByKey(db, schema, key),
+    recordAttemptError: (key, code, message) => recordAttemptError(db, schema, key, code, message),
+    markDelivered: (key, status, revision) => markDelivered(db, schema, key, status, revision),
+    markSentAndHandOff: (key, holder, handOffMs, revision) => markSentAndHandOff(db, schema, key, holder, handOffMs, revision),
+    markRowDead: (key, code, message) => markRowDead(db, schema, key, code, message),
+    markRowReopened: (key) => markRowReopened(db, schema, key),
   };
 }

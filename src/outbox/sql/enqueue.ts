@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { OutboxStatus } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 /**
  * What the request path needs of the caller's transaction: run one statement with positional
@@ -42,20 +43,21 @@ const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, qua
  */
 export async function insertUsage(
   db: TransactionClient,
+  schema: Schema,
   usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string },
 ): Promise<{ tenantKnown: boolean; row: CallerEntryRow | undefined }> {
   const { rows } = (await db.query({
     // Named: prepared once per connection of the application's pool, parsed and planned once.
-    name: 'billing-outbox/record-usage',
+    name: schema.statementName('record-usage'),
     text: `WITH tenant AS (
-       SELECT tenant_id FROM billing_customers WHERE tenant_id = $2::text
+       SELECT tenant_id FROM ${schema.billingCustomers} WHERE tenant_id = $2::text
      ), usage AS (
-       INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
+       INSERT INTO ${schema.usageLogs} (id, tenant_id, event_name, quantity, occurred_at)
        SELECT $1::text, tenant_id, $3::text, $4::bigint, COALESCE($5::timestamptz, now()) FROM tenant
        ON CONFLICT (tenant_id, id) DO NOTHING
        RETURNING id, tenant_id, event_name, quantity, occurred_at
      ), queued AS (
-       INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
+       INSERT INTO ${schema.outbox} (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
        SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage
        -- No conflict target: whichever unique constraint a duplicate hits, nothing may raise here.
        ON CONFLICT DO NOTHING
@@ -70,9 +72,9 @@ export async function insertUsage(
 }
 
 /** The outbox entry of one tenant's usage, by its key (derived from the tenant and the usage id). */
-export async function findEntryByKey(db: TransactionClient, tenantId: string, key: string): Promise<CallerEntryRow | undefined> {
+export async function findEntryByKey(db: TransactionClient, schema: Schema, tenantId: string, key: string): Promise<CallerEntryRow | undefined> {
   const { rows } = (await db.query({
-    text: `SELECT ${ENTRY_COLUMNS} FROM outbox WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
+    text: `SELECT ${ENTRY_COLUMNS} FROM ${schema.outbox} WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
     values: [tenantId, key],
   })) as { rows: CallerEntryRow[] };
   return rows[0];

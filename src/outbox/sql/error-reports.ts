@@ -4,6 +4,7 @@
  */
 import type { Queryable } from '../../db.js';
 import type { EntryRow } from './enqueue.js';
+import type { Schema } from './schema.js';
 
 
 /**
@@ -13,10 +14,11 @@ import type { EntryRow } from './enqueue.js';
  */
 export async function insertErrorReport(
   db: Queryable,
+  schema: Schema,
   report: { eventId: string; meterId: string | null; errorCount: number; report: unknown },
 ): Promise<boolean> {
   const result = await db.query(
-    `INSERT INTO stripe_error_reports (event_id, meter_id, error_count, report)
+    `INSERT INTO ${schema.stripeErrorReports} (event_id, meter_id, error_count, report)
      VALUES ($1::text, $2::text, $3::int, $4::jsonb)
      ON CONFLICT (event_id) DO NOTHING`,
     [report.eventId, report.meterId, report.errorCount, JSON.stringify(report.report)],
@@ -24,8 +26,8 @@ export async function insertErrorReport(
   return (result.rowCount ?? 0) > 0;
 }
 
-export async function finishErrorReport(db: Queryable, eventId: string, counts: { matched: number; unmatched: number }): Promise<void> {
-  await db.query('UPDATE stripe_error_reports SET matched = $2::int, unmatched = $3::int WHERE event_id = $1::text', [
+export async function finishErrorReport(db: Queryable, schema: Schema, eventId: string, counts: { matched: number; unmatched: number }): Promise<void> {
+  await db.query(`UPDATE ${schema.stripeErrorReports} SET matched = $2::int, unmatched = $3::int WHERE event_id = $1::text`, [
     eventId,
     counts.matched,
     counts.unmatched,
@@ -67,19 +69,19 @@ export const REJECTABLE = ['sent', 'accepted', 'dispatched', 'dead'] as const;
  * One statement: the outer SELECT reads the rows as they were before the UPDATE (a data-modifying
  * CTE's effects are invisible to the rest of its statement).
  */
-export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]): Promise<RejectedSampleResult[]> {
+export async function markRejectedAsync(db: Queryable, schema: Schema, samples: RejectedSample[]): Promise<RejectedSampleResult[]> {
   if (samples.length === 0) return [];
   const { rows } = await db.query<RejectedSampleResult>(
     `WITH s AS (
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS s(identifier, code, message)
      ), found AS (
        SELECT s.*,
-              COALESCE((SELECT o.id FROM outbox o WHERE o.stripe_identifier = s.identifier),
-                       (SELECT o.id FROM outbox o WHERE o.idempotency_key = s.identifier AND o.stripe_identifier IS NULL)) AS row_id,
-              (SELECT o.id FROM outbox o WHERE o.idempotency_key = s.identifier) AS key_id
+              COALESCE((SELECT o.id FROM ${schema.outbox} o WHERE o.stripe_identifier = s.identifier),
+                       (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier AND o.stripe_identifier IS NULL)) AS row_id,
+              (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier) AS key_id
          FROM s
      ), marked AS (
-       UPDATE outbox o
+       UPDATE ${schema.outbox} o
           SET status = 'rejected_async', rejected_at = now(), last_error_code = f.code,
               last_error_message = f.message, claim_id = NULL, processing_deadline = NULL, updated_at = now()
          FROM found f
@@ -90,7 +92,7 @@ export async function markRejectedAsync(db: Queryable, samples: RejectedSample[]
             CASE WHEN f.row_id IS NULL AND o.id IS NOT NULL THEN 'superseded' ELSE o.status END AS status_before,
             o.tenant_id, (m.id IS NOT NULL) AS marked
        FROM found f
-       LEFT JOIN outbox o ON o.id = COALESCE(f.row_id, f.key_id)
+       LEFT JOIN ${schema.outbox} o ON o.id = COALESCE(f.row_id, f.key_id)
        LEFT JOIN marked m ON m.id = f.row_id`,
     [samples.map((s) => s.identifier), samples.map((s) => s.code), samples.map((s) => s.message.slice(0, 1000)), [...REJECTABLE]],
   );
@@ -105,12 +107,12 @@ export interface ErrorReportTotals {
   last_received_at: Date | null;
 }
 
-export async function errorReportTotals(db: Queryable): Promise<ErrorReportTotals> {
+export async function errorReportTotals(db: Queryable, schema: Schema): Promise<ErrorReportTotals> {
   const { rows } = await db.query<ErrorReportTotals>(
     `SELECT count(*) AS reports, COALESCE(sum(error_count), 0)::bigint AS error_count,
             COALESCE(sum(matched), 0)::bigint AS matched, COALESCE(sum(unmatched), 0)::bigint AS unmatched,
             max(received_at) AS last_received_at
-       FROM stripe_error_reports`,
+       FROM ${schema.stripeErrorReports}`,
   );
   return rows[0]!;
 }
@@ -123,10 +125,10 @@ export interface RejectedRow extends Omit<EntryRow, 'status'> {
 }
 
 /** Rows Stripe accepted and then rejected, oldest rejection first. */
-export async function listRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined; limit: number }): Promise<RejectedRow[]> {
+export async function listRejectedAsync(db: Queryable, schema: Schema, opts: { tenantId?: string | undefined; limit: number }): Promise<RejectedRow[]> {
   const { rows } = await db.query<RejectedRow>(
     `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, sent_at, rejected_at, last_error_code, last_error_message
-       FROM outbox
+       FROM ${schema.outbox}
       WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)
       ORDER BY rejected_at, id
       LIMIT $2::int`,
@@ -135,16 +137,16 @@ export async function listRejectedAsync(db: Queryable, opts: { tenantId?: string
   return rows;
 }
 
-export async function countRejectedAsync(db: Queryable, opts: { tenantId?: string | undefined }): Promise<number> {
+export async function countRejectedAsync(db: Queryable, schema: Schema, opts: { tenantId?: string | undefined }): Promise<number> {
   const { rows } = await db.query<{ count: number }>(
-    `SELECT count(*) AS count FROM outbox WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)`,
+    `SELECT count(*) AS count FROM ${schema.outbox} WHERE status = 'rejected_async' AND ($1::text IS NULL OR tenant_id = $1::text)`,
     [opts.tenantId ?? null],
   );
   return rows[0]!.count;
 }
 
 /** Whether an error-report event was already processed (a redelivery needs no call to Stripe). */
-export async function errorReportExists(db: Queryable, eventId: string): Promise<boolean> {
-  const { rows } = await db.query('SELECT 1 FROM stripe_error_reports WHERE event_id = $1::text', [eventId]);
+export async function errorReportExists(db: Queryable, schema: Schema, eventId: string): Promise<boolean> {
+  const { rows } = await db.query(`SELECT 1 FROM ${schema.stripeErrorReports} WHERE event_id = $1::text`, [eventId]);
   return rows.length > 0;
 }

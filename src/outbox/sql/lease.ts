@@ -6,7 +6,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { LEASE_CHANNEL } from '../notifier.js';
+import type { Schema } from './schema.js';
 
 /**
  * A lease as a NOTIFY payload and a wait topic: the Stripe customer and the meter event name joined
@@ -38,22 +38,23 @@ export interface HandOff {
  */
 export async function tryLease(
   db: Queryable,
+  schema: Schema,
   opts: { key: string; holder: string; leaseMs: number; waitTtlMs: number },
 ): Promise<LeaseTry> {
   const { rows } = await db.query<{ customer: string | null; event_name: string | null; acquired: boolean }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/try-lease',
+    name: schema.statementName('try-lease'),
     text: `WITH target AS (
        SELECT o.id, c.stripe_customer_id, o.event_name
-         FROM outbox o JOIN billing_customers c ON c.tenant_id = o.tenant_id
+         FROM ${schema.outbox} o JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
         WHERE o.idempotency_key = $1::text
      ), ahead AS (
-       SELECT 1 FROM meter_lease_waiters w JOIN target t
+       SELECT 1 FROM ${schema.meterLeaseWaiters} w JOIN target t
            ON w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name
         WHERE w.outbox_id < t.id AND w.expires_at > clock_timestamp() AND w.holder <> $2::text
         LIMIT 1
      ), taken AS (
-       INSERT INTO meter_leases (stripe_customer_id, event_name, holder, expires_at)
+       INSERT INTO ${schema.meterLeases} (stripe_customer_id, event_name, holder, expires_at)
        SELECT stripe_customer_id, event_name, $2::text, clock_timestamp() + $3::int * interval '1 millisecond'
          FROM target WHERE NOT EXISTS (SELECT 1 FROM ahead)
        ON CONFLICT (stripe_customer_id, event_name) DO UPDATE
@@ -61,14 +62,14 @@ export async function tryLease(
          WHERE meter_leases.expires_at < clock_timestamp() OR meter_leases.holder = EXCLUDED.holder
        RETURNING 1
      ), queued AS (
-       INSERT INTO meter_lease_waiters (stripe_customer_id, event_name, outbox_id, holder, expires_at)
+       INSERT INTO ${schema.meterLeaseWaiters} (stripe_customer_id, event_name, outbox_id, holder, expires_at)
        SELECT stripe_customer_id, event_name, id, $2::text, clock_timestamp() + $4::int * interval '1 millisecond'
          FROM target WHERE NOT EXISTS (SELECT 1 FROM taken)
        ON CONFLICT (stripe_customer_id, event_name, outbox_id) DO UPDATE
          SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
        RETURNING 1
      ), served AS (
-       DELETE FROM meter_lease_waiters w USING target t
+       DELETE FROM ${schema.meterLeaseWaiters} w USING target t
         WHERE EXISTS (SELECT 1 FROM taken)
           AND w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name AND w.outbox_id = t.id
        RETURNING 1
@@ -89,9 +90,9 @@ export async function tryLease(
  * Extends `holder`'s lease to `ms` from now, only if it still holds it unexpired: false means the
  * lease lapsed (and may be another delivery's by now), so no call may be made under it.
  */
-export async function renewLease(db: Queryable, holder: string, ms: number): Promise<boolean> {
+export async function renewLease(db: Queryable, schema: Schema, holder: string, ms: number): Promise<boolean> {
   const { rowCount } = await db.query(
-    `UPDATE meter_leases SET expires_at = clock_timestamp() + $2::int * interval '1 millisecond'
+    `UPDATE ${schema.meterLeases} SET expires_at = clock_timestamp() + $2::int * interval '1 millisecond'
       WHERE holder = $1::text AND expires_at > clock_timestamp()`,
     [holder, ms],
   );
@@ -103,9 +104,9 @@ export async function renewLease(db: Queryable, holder: string, ms: number): Pro
  * Stripe may still be processing it). The lease then lapses by itself, and the waiting deliveries,
  * which re-check every poll interval, take it.
  */
-export async function holdLease(db: Queryable, holder: string, ms: number): Promise<void> {
+export async function holdLease(db: Queryable, schema: Schema, holder: string, ms: number): Promise<void> {
   await db.query(
-    `UPDATE meter_leases SET expires_at = greatest(expires_at, clock_timestamp() + $2::int * interval '1 millisecond')
+    `UPDATE ${schema.meterLeases} SET expires_at = greatest(expires_at, clock_timestamp() + $2::int * interval '1 millisecond')
       WHERE holder = $1::text`,
     [holder, ms],
   );
@@ -114,17 +115,17 @@ export async function holdLease(db: Queryable, holder: string, ms: number): Prom
 /**
  * Gives back whatever lease `holder` has, handing each to the oldest delivery still waiting for it
  * (which then holds it for `handOffMs`, and extends it when it begins its call), and leaves any
- * queue it waits in; every lease's waiters are notified at commit (LEASE_CHANNEL, payload: the
+ * queue it waits in; every lease's waiters are notified at commit (schema.leaseChannel, payload: the
  * lease id, U+001E, the new holder). The statement is migrations/006's `meter_lease_hand_off`
  * (whose result column `lane` is the lease id: the migration predates the word).
  */
-export async function handOffLease(db: Queryable, holder: string, handOffMs: number): Promise<HandOff[]> {
+export async function handOffLease(db: Queryable, schema: Schema, holder: string, handOffMs: number): Promise<HandOff[]> {
   const { rows } = await db.query<{ lease: string; next_holder: string | null }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/hand-off-lease',
+    name: schema.statementName('hand-off-lease'),
     text: `SELECT h.lane AS lease, h.next_holder, set_config('synchronous_commit', 'off', true)
-             FROM meter_lease_hand_off($1::text, $2::int, $3::text) h`,
-    values: [holder, handOffMs, LEASE_CHANNEL],
+             FROM ${schema.meterLeaseHandOff}($1::text, $2::int, $3::text) h`,
+    values: [holder, handOffMs, schema.leaseChannel],
   });
   return rows.map((r) => ({ lease: r.lease, nextHolder: r.next_holder }));
 }

@@ -5,6 +5,7 @@
  */
 import type { Queryable } from '../../db.js';
 import { DELIVERED } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 /** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
 export interface OperatorRow {
@@ -24,9 +25,9 @@ export interface OperatorRow {
   stripe_customer_id: string | null;
 }
 
-const OPERATOR_COLUMNS = `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
+const operatorColumns = (schema: Schema) => `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
   o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
-  (SELECT c.stripe_customer_id FROM billing_customers c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
+  (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
 
 export interface DeadLetterFilter {
   tenantId?: string | undefined;
@@ -40,10 +41,11 @@ export interface DeadLetterFilter {
  */
 export async function listDeadLetters(
   db: Queryable,
+  schema: Schema,
   opts: DeadLetterFilter & { afterId: number; limit: number },
 ): Promise<OperatorRow[]> {
   const { rows } = await db.query<OperatorRow>(
-    `SELECT ${OPERATOR_COLUMNS} FROM outbox o
+    `SELECT ${operatorColumns(schema)} FROM ${schema.outbox} o
       WHERE o.status = 'dead' AND o.id > $1::bigint
         AND ($2::text IS NULL OR o.tenant_id = $2::text)
         AND ($3::text IS NULL OR o.last_error_code = $3::text)
@@ -54,17 +56,17 @@ export async function listDeadLetters(
   return rows;
 }
 
-export async function countDeadLetters(db: Queryable, filter: DeadLetterFilter): Promise<number> {
+export async function countDeadLetters(db: Queryable, schema: Schema, filter: DeadLetterFilter): Promise<number> {
   const { rows } = await db.query<{ count: number }>(
-    `SELECT count(*) AS count FROM outbox
+    `SELECT count(*) AS count FROM ${schema.outbox}
       WHERE status = 'dead' AND ($1::text IS NULL OR tenant_id = $1::text) AND ($2::text IS NULL OR last_error_code = $2::text)`,
     [filter.tenantId ?? null, filter.errorCode ?? null],
   );
   return rows[0]!.count;
 }
 
-export async function findOperatorRow(db: Queryable, key: string): Promise<OperatorRow | undefined> {
-  const { rows } = await db.query<OperatorRow>(`SELECT ${OPERATOR_COLUMNS} FROM outbox o WHERE o.idempotency_key = $1::text`, [key]);
+export async function findOperatorRow(db: Queryable, schema: Schema, key: string): Promise<OperatorRow | undefined> {
+  const { rows } = await db.query<OperatorRow>(`SELECT ${operatorColumns(schema)} FROM ${schema.outbox} o WHERE o.idempotency_key = $1::text`, [key]);
   return rows[0];
 }
 
@@ -75,12 +77,12 @@ export async function findOperatorRow(db: Queryable, key: string): Promise<Opera
  * nothing, so only one of them goes on to start a run. A sent row can never match. Returns the
  * previous dead_at, for `restoreDeadLetter` if the start fails.
  */
-export async function reopenDeadLetter(db: Queryable, key: string): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
+export async function reopenDeadLetter(db: Queryable, schema: Schema, key: string): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
   const { rows } = await db.query<{ tenant_id: string; previous_dead_at: Date | null }>(
     `WITH prev AS (
-       SELECT id, dead_at FROM outbox WHERE idempotency_key = $1::text AND status = 'dead' FOR UPDATE
+       SELECT id, dead_at FROM ${schema.outbox} WHERE idempotency_key = $1::text AND status = 'dead' FOR UPDATE
      )
-     UPDATE outbox o
+     UPDATE ${schema.outbox} o
         SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
             workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
        FROM prev
@@ -92,9 +94,9 @@ export async function reopenDeadLetter(db: Queryable, key: string): Promise<{ te
 }
 
 /** Undoes `reopenDeadLetter` when no run could be started: the row is a dead letter again. */
-export async function restoreDeadLetter(db: Queryable, key: string, deadAt: Date | null): Promise<boolean> {
+export async function restoreDeadLetter(db: Queryable, schema: Schema, key: string, deadAt: Date | null): Promise<boolean> {
   const result = await db.query(
-    `UPDATE outbox SET status = 'dead', dead_at = COALESCE($2::timestamptz, now()), updated_at = now()
+    `UPDATE ${schema.outbox} SET status = 'dead', dead_at = COALESCE($2::timestamptz, now()), updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'dispatched'`,
     [key, deadAt],
   );
@@ -109,10 +111,10 @@ export interface RebillCandidateRow extends OperatorRow {
   rejected_at: Date | null;
 }
 
-export async function findRebillCandidate(db: Queryable, key: string): Promise<RebillCandidateRow | undefined> {
+export async function findRebillCandidate(db: Queryable, schema: Schema, key: string): Promise<RebillCandidateRow | undefined> {
   const { rows } = await db.query<RebillCandidateRow>(
-    `SELECT ${OPERATOR_COLUMNS}, o.identifier_revision, COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.rejected_at
-       FROM outbox o WHERE o.idempotency_key = $1::text`,
+    `SELECT ${operatorColumns(schema)}, o.identifier_revision, COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.rejected_at
+       FROM ${schema.outbox} o WHERE o.idempotency_key = $1::text`,
     [key],
   );
   return rows[0];
@@ -128,11 +130,12 @@ export async function findRebillCandidate(db: Queryable, key: string): Promise<R
  */
 export async function rebillRejected(
   db: Queryable,
+  schema: Schema,
   key: string,
   next: { fromRevision: number; identifier: string },
 ): Promise<{ tenant_id: string } | undefined> {
   const { rows } = await db.query<{ tenant_id: string }>(
-    `UPDATE outbox
+    `UPDATE ${schema.outbox}
         SET status = 'dispatched', identifier_revision = $2::int + 1, stripe_identifier = $3::text,
             dispatched_at = now(), first_attempted_at = NULL, attempt_count = 0, dead_at = NULL,
             claim_id = NULL, processing_deadline = NULL,
@@ -149,9 +152,9 @@ export async function rebillRejected(
  * revision. Only while nothing was attempted under it (first_attempted_at still NULL): that
  * identifier never reached Stripe, so "Stripe does not count it" stays true of it.
  */
-export async function restoreRejected(db: Queryable, key: string, revision: number): Promise<boolean> {
+export async function restoreRejected(db: Queryable, schema: Schema, key: string, revision: number): Promise<boolean> {
   const result = await db.query(
-    `UPDATE outbox SET status = 'rejected_async', updated_at = now()
+    `UPDATE ${schema.outbox} SET status = 'rejected_async', updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'dispatched' AND identifier_revision = $2::int AND first_attempted_at IS NULL`,
     [key, revision],
   );
@@ -168,9 +171,9 @@ export interface OperatorAction {
   detail: string | null;
 }
 
-export async function recordOperatorAction(db: Queryable, a: OperatorAction): Promise<void> {
+export async function recordOperatorAction(db: Queryable, schema: Schema, a: OperatorAction): Promise<void> {
   await db.query(
-    `INSERT INTO operator_actions (actor, action, idempotency_key, tenant_id, forced, outcome, detail)
+    `INSERT INTO ${schema.operatorActions} (actor, action, idempotency_key, tenant_id, forced, outcome, detail)
      VALUES ($1::text, $2::text, $3::text, $4::text, $5::boolean, $6::text, $7::text)`,
     [a.actor.slice(0, 200), a.action, a.key, a.tenantId, a.forced, a.outcome, a.detail?.slice(0, 2000) ?? null],
   );
@@ -186,9 +189,9 @@ export interface OperatorActionRow {
 }
 
 /** The most recent operator actions on one event, newest first. */
-export async function listOperatorActions(db: Queryable, key: string, limit: number): Promise<OperatorActionRow[]> {
+export async function listOperatorActions(db: Queryable, schema: Schema, key: string, limit: number): Promise<OperatorActionRow[]> {
   const { rows } = await db.query<OperatorActionRow>(
-    `SELECT at, actor, action, forced, outcome, detail FROM operator_actions
+    `SELECT at, actor, action, forced, outcome, detail FROM ${schema.operatorActions}
       WHERE idempotency_key = $1::text ORDER BY at DESC, id DESC LIMIT $2::int`,
     [key, limit],
   );
@@ -218,12 +221,12 @@ export interface InspectedRow {
   identifier_revision: number;
 }
 
-export async function findInspectedRow(db: Queryable, key: string): Promise<InspectedRow | undefined> {
+export async function findInspectedRow(db: Queryable, schema: Schema, key: string): Promise<InspectedRow | undefined> {
   const { rows } = await db.query<InspectedRow>(
     `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
             last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at,
             COALESCE(stripe_identifier, idempotency_key) AS identifier, identifier_revision
-       FROM outbox WHERE idempotency_key = $1::text`,
+       FROM ${schema.outbox} WHERE idempotency_key = $1::text`,
     [key],
   );
   return rows[0];
@@ -236,9 +239,9 @@ export async function findInspectedRow(db: Queryable, key: string): Promise<Insp
  * delivered (`sent` or `accepted`) so a row that moved meanwhile (rejected by Stripe's later validation, or
  * cancelled by another operator) is not overwritten. Returns whether it was this call that did it.
  */
-export async function markCancelled(db: Queryable, key: string): Promise<boolean> {
+export async function markCancelled(db: Queryable, schema: Schema, key: string): Promise<boolean> {
   const result = await db.query(
-    `UPDATE outbox SET status = 'cancelled', cancelled_at = now(), updated_at = now()
+    `UPDATE ${schema.outbox} SET status = 'cancelled', cancelled_at = now(), updated_at = now()
       WHERE idempotency_key = $1::text AND status = ANY($2::text[])`,
     [key, [...DELIVERED]],
   );
@@ -260,11 +263,11 @@ export interface CancelCandidateRow {
   identifier: string;
 }
 
-export async function findCancelCandidate(db: Queryable, key: string): Promise<CancelCandidateRow | undefined> {
+export async function findCancelCandidate(db: Queryable, schema: Schema, key: string): Promise<CancelCandidateRow | undefined> {
   const { rows } = await db.query<CancelCandidateRow>(
     `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code,
             COALESCE(stripe_identifier, idempotency_key) AS identifier
-       FROM outbox WHERE idempotency_key = $1::text`,
+       FROM ${schema.outbox} WHERE idempotency_key = $1::text`,
     [key],
   );
   return rows[0];

@@ -5,6 +5,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
+import type { Schema } from './schema.js';
 
 /** migrations/004's buckets: `stripe_calls` paces Stripe calls, `dispatch` paces the relays. */
 export type Bucket = 'stripe_calls' | 'dispatch';
@@ -24,15 +25,16 @@ export interface Reservation {
  */
 export async function reserveSlots(
   db: Queryable,
+  schema: Schema,
   opts: { bucket: Bucket; count: number; perSecond: number; maxWaitMs?: number },
 ): Promise<Reservation> {
   const intervalUs = Math.max(1, Math.round(1_000_000 / opts.perSecond));
   const { rows } = await db.query<{ granted: number; wait_ms: number; span_end_ms: number }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
-    name: 'billing-outbox/reserve-slots',
+    name: schema.statementName('reserve-slots'),
     text: `WITH cur AS (
        SELECT GREATEST(next_slot, clock_timestamp()) AS slot, clock_timestamp() AS now
-         FROM rate_limits WHERE bucket = $1::text FOR UPDATE
+         FROM ${schema.rateLimits} WHERE bucket = $1::text FOR UPDATE
      ), grant_ AS (
        SELECT slot, now,
               CASE WHEN $4::int IS NULL THEN $2::int
@@ -41,7 +43,7 @@ export async function reserveSlots(
               END AS granted
          FROM cur
      ), moved AS (
-       UPDATE rate_limits r SET next_slot = g.slot + g.granted * $3::int * interval '1 microsecond'
+       UPDATE ${schema.rateLimits} r SET next_slot = g.slot + g.granted * $3::int * interval '1 microsecond'
          FROM grant_ g WHERE r.bucket = $1::text
        RETURNING r.next_slot
      )

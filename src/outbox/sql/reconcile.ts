@@ -4,6 +4,7 @@
  */
 import type { Queryable } from '../../db.js';
 import { DELIVERED, UNBILLED, UNSETTLED } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 
 export interface ReconcileWindowRow {
@@ -36,6 +37,7 @@ export interface ReconcileWindowRow {
  */
 export async function reconcileWindows(
   db: Queryable,
+  schema: Schema,
   opts: { from: Date; to: Date; tenantId?: string | undefined },
 ): Promise<ReconcileWindowRow[]> {
   const { rows } = await db.query<ReconcileWindowRow>(
@@ -45,11 +47,11 @@ export async function reconcileWindows(
             count(*) FILTER (WHERE o.status = ANY($6::text[])) AS sent_count,
             count(*) FILTER (WHERE o.status = ANY($4::text[])) AS unsettled_count,
             count(*) FILTER (WHERE o.status = ANY($5::text[])) AS excluded_count
-       FROM outbox o
-       JOIN billing_customers c ON c.tenant_id = o.tenant_id
+       FROM ${schema.outbox} o
+       JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
       WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
         AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> ALL($6::text[]))
-        AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM billing_customers b WHERE b.tenant_id = $3::text))
+        AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM ${schema.billingCustomers} b WHERE b.tenant_id = $3::text))
       GROUP BY c.stripe_customer_id, o.event_name, window_start
       ORDER BY c.stripe_customer_id, o.event_name, window_start`,
     [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED], [...DELIVERED]],
@@ -81,6 +83,7 @@ export interface ReconcileEventRow {
  */
 export async function listWindowEvents(
   db: Queryable,
+  schema: Schema,
   windows: { stripeCustomerId: string; eventName: string; windowStart: number }[],
   perWindow: number,
 ): Promise<ReconcileEventRow[]> {
@@ -95,8 +98,8 @@ export async function listWindowEvents(
               row_number() OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start ORDER BY o.occurred_at, o.id) AS n,
               count(*) OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start) AS window_rows
          FROM w
-         JOIN billing_customers c ON c.stripe_customer_id = w.stripe_customer_id
-         JOIN outbox o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
+         JOIN ${schema.billingCustomers} c ON c.stripe_customer_id = w.stripe_customer_id
+         JOIN ${schema.outbox} o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
           AND o.occurred_at >= to_timestamp(w.window_start) AND o.occurred_at < to_timestamp(w.window_start + 3600)
      )
      SELECT stripe_customer_id, event_name, window_start, idempotency_key, identifier, identifier_revision, tenant_id, quantity, status, occurred_at,

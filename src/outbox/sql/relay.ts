@@ -5,8 +5,8 @@
 import type pg from 'pg';
 import type { Queryable } from '../../db.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
-import { OUTBOX_CHANNEL } from '../notifier.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 export interface ClaimedRow {
   id: number;
@@ -18,7 +18,11 @@ export interface ClaimedRow {
   occurred_at: Date;
 }
 
-/** Claims serialise on this advisory lock for the milliseconds of the claim statement (see below). */
+/**
+ * Claims serialise on this advisory lock for the milliseconds of the claim statement (see below):
+ * its first key; the second is the schema's (`Schema.claimLockKey`), so that two deployments in one
+ * database never wait on each other's claims.
+ */
 const CLAIM_LOCK = 727_274_002;
 
 /**
@@ -48,16 +52,17 @@ const CLAIM_LOCK = 727_274_002;
  */
 export async function claimBatch(
   db: pg.Pool | pg.PoolClient,
+  schema: Schema,
   opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
 ): Promise<ClaimedRow[]> {
   const client = 'release' in db ? db : await db.connect();
   try {
     try {
-      // One round trip for all three (a constant, so no parameter is needed). A claim lost in a
+      // One round trip for all three (constants, so no parameter is needed). A claim lost in a
       // crash of PostgreSQL only puts its rows back to pending (their workflows, if started, refuse
       // a second start): no need to wait for the WAL flush.
-      await client.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK})`);
-      const rows = await claimStatement(client, opts);
+      await client.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK}, ${schema.claimLockKey})`);
+      const rows = await claimStatement(client, schema, opts);
       await client.query('COMMIT');
       return rows;
     } catch (err) {
@@ -72,29 +77,30 @@ export async function claimBatch(
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
 export async function claimStatement(
   db: Queryable,
+  schema: Schema,
   opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
 ): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
     `WITH RECURSIVE lanes AS (
-       (SELECT o.tenant_id, o.event_name FROM outbox o
+       (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
          WHERE o.status = ANY($5::text[])
          ORDER BY o.tenant_id, o.event_name LIMIT 1)
        UNION ALL
        SELECT nxt.tenant_id, nxt.event_name
          FROM lanes l, LATERAL (
-           SELECT o.tenant_id, o.event_name FROM outbox o
+           SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
             WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), room AS (
        SELECT l.tenant_id, l.event_name,
-              $6::int - (SELECT count(*) FROM outbox f
+              $6::int - (SELECT count(*) FROM ${schema.outbox} f
                           WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
                             AND f.status = ANY($7::text[])
                             AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int AS free
          FROM lanes l
      ), candidates AS (
        SELECT c.id FROM room r, LATERAL (
-         SELECT o.id FROM outbox o
+         SELECT o.id FROM ${schema.outbox} o
           WHERE o.tenant_id = r.tenant_id AND o.event_name = r.event_name
             AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
           -- The lane index's own order (oldest first within the lane): read from the lane's range,
@@ -102,10 +108,10 @@ export async function claimStatement(
           ORDER BY o.tenant_id, o.event_name, o.id LIMIT greatest(r.free, 0)) c
        ORDER BY c.id LIMIT $1::int
      ), locked AS (
-       SELECT o.id FROM outbox o WHERE o.id IN (SELECT id FROM candidates)
+       SELECT o.id FROM ${schema.outbox} o WHERE o.id IN (SELECT id FROM candidates)
         ORDER BY o.id FOR UPDATE SKIP LOCKED
      )
-     UPDATE outbox o
+     UPDATE ${schema.outbox} o
         SET status = 'claimed', claimed_by = $2::text, claim_id = $3::uuid,
             processing_deadline = clock_timestamp() + $4::int * interval '1 millisecond', updated_at = now()
        FROM locked k
@@ -121,10 +127,10 @@ export async function claimStatement(
  * Marks rows dispatched, only while they are still held by this claim. Returns how many were. An
  * earlier failed start's note (recordStartFailure) goes: the start has now succeeded.
  */
-export async function markDispatched(db: Queryable, ids: number[], claimId: string): Promise<number> {
+export async function markDispatched(db: Queryable, schema: Schema, ids: number[], claimId: string): Promise<number> {
   if (ids.length === 0) return 0;
   const result = await db.query(
-    `UPDATE outbox
+    `UPDATE ${schema.outbox}
         SET status = 'dispatched', dispatched_at = now(), workflow_id = idempotency_key,
             claim_id = NULL, processing_deadline = NULL, updated_at = now(),
             last_error_message = CASE WHEN last_error_code = $3::text THEN NULL ELSE last_error_message END,
@@ -141,17 +147,17 @@ export async function markDispatched(db: Queryable, ids: number[], claimId: stri
  * can `retry` it once the cause is fixed. Guarded by the claim, as markDispatched is. Wakes the
  * relays: the lane has room again.
  */
-export async function markClaimDead(db: Queryable, id: number, claimId: string, code: string, message: string): Promise<boolean> {
+export async function markClaimDead(db: Queryable, schema: Schema, id: number, claimId: string, code: string, message: string): Promise<boolean> {
   const { rows } = await db.query(
     `WITH dead AS (
-       UPDATE outbox
+       UPDATE ${schema.outbox}
           SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text,
               claim_id = NULL, processing_deadline = NULL, updated_at = now()
         WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'
         RETURNING id
      )
      SELECT pg_notify($5::text, '') FROM dead`,
-    [id, claimId, code, message.slice(0, 1000), OUTBOX_CHANNEL],
+    [id, claimId, code, message.slice(0, 1000), schema.outboxChannel],
   );
   return rows.length > 0;
 }
@@ -161,9 +167,9 @@ export async function markClaimDead(db: Queryable, id: number, claimId: string, 
  * and a relay tries again), and says why on the row, so `status` counts it and `inspect` shows it.
  * Cleared when a start succeeds (markDispatched).
  */
-export async function recordStartFailure(db: Queryable, id: number, claimId: string, code: string, message: string): Promise<void> {
+export async function recordStartFailure(db: Queryable, schema: Schema, id: number, claimId: string, code: string, message: string): Promise<void> {
   await db.query(
-    `UPDATE outbox SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
+    `UPDATE ${schema.outbox} SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
       WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'`,
     [id, claimId, code, message.slice(0, 1000)],
   );

@@ -8,15 +8,16 @@
  */
 import type { Queryable } from '../../db.js';
 import { DELIVERED } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 export const PRUNABLE = [...DELIVERED, 'cancelled'] as const;
 
 /** Deletes one batch of prunable rows sent more than `olderThanMs` ago; returns how many went. */
-export async function pruneBatch(db: Queryable, opts: { olderThanMs: number; batchSize: number }): Promise<number> {
+export async function pruneBatch(db: Queryable, schema: Schema, opts: { olderThanMs: number; batchSize: number }): Promise<number> {
   const { rowCount } = await db.query({
-    name: 'billing-outbox/prune',
-    text: `DELETE FROM outbox WHERE id IN (
-             SELECT id FROM outbox
+    name: schema.statementName('prune'),
+    text: `DELETE FROM ${schema.outbox} WHERE id IN (
+             SELECT id FROM ${schema.outbox}
               WHERE sent_at < now() - make_interval(secs => $1::double precision / 1000)
                 AND status = ANY($2::text[])
               ORDER BY sent_at
@@ -28,9 +29,9 @@ export async function pruneBatch(db: Queryable, opts: { olderThanMs: number; bat
 }
 
 /** How many rows a prune would delete now (for `prune --dry-run`). */
-export async function countPrunable(db: Queryable, olderThanMs: number): Promise<number> {
+export async function countPrunable(db: Queryable, schema: Schema, olderThanMs: number): Promise<number> {
   const { rows } = await db.query<{ n: string }>(
-    `SELECT count(*) AS n FROM outbox WHERE sent_at < now() - make_interval(secs => $1::double precision / 1000) AND status = ANY($2::text[])`,
+    `SELECT count(*) AS n FROM ${schema.outbox} WHERE sent_at < now() - make_interval(secs => $1::double precision / 1000) AND status = ANY($2::text[])`,
     [olderThanMs, PRUNABLE],
   );
   return Number(rows[0]!.n);
@@ -41,13 +42,13 @@ export async function countPrunable(db: Queryable, olderThanMs: number): Promise
  * that died holding or waiting for them. An expired lease is free to the next taker anyway; its row
  * only slows every look-up by holder, and the table grows with every crash. Returns how many went.
  */
-export async function pruneExpiredLeases(db: Queryable, olderThanMs: number): Promise<number> {
+export async function pruneExpiredLeases(db: Queryable, schema: Schema, olderThanMs: number): Promise<number> {
   const { rows } = await db.query<{ n: number }>({
-    name: 'billing-outbox/prune-expired-leases',
+    name: schema.statementName('prune-expired-leases'),
     text: `WITH leases AS (
-             DELETE FROM meter_leases WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
+             DELETE FROM ${schema.meterLeases} WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
            ), waiters AS (
-             DELETE FROM meter_lease_waiters WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
+             DELETE FROM ${schema.meterLeaseWaiters} WHERE expires_at < now() - make_interval(secs => $1::double precision / 1000) RETURNING 1
            )
            SELECT ((SELECT count(*) FROM leases) + (SELECT count(*) FROM waiters))::int AS n`,
     values: [olderThanMs],

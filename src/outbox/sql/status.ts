@@ -4,6 +4,7 @@
  */
 import type { Queryable } from '../../db.js';
 import { AWAITING_RELAY, DELIVERED, OUTBOX_STATUSES, type OutboxStatus } from '../statuses.js';
+import type { Schema } from './schema.js';
 
 export interface StatusSummary {
   /** Rows per status; when `sentEstimated`, `sent` is the planner's estimate of sent and accepted rows together. */
@@ -32,41 +33,41 @@ export interface StatusSummary {
  *   enough for an age), found as the claim finds them: a skip scan over `outbox_lane_idx`, one probe
  *   per lane with a backlog, not a sort of the backlog.
  */
-export async function statusSummary(db: Queryable, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
+export async function statusSummary(db: Queryable, schema: Schema, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
   const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; accepted: number; sent_estimated: boolean; oldest: number }>(
     `WITH RECURSIVE lanes AS (
-       (SELECT o.tenant_id, o.event_name FROM outbox o
+       (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
          WHERE o.status = ANY($2::text[]) ORDER BY o.tenant_id, o.event_name LIMIT 1)
        UNION ALL
        SELECT nxt.tenant_id, nxt.event_name
          FROM lanes l, LATERAL (
-           SELECT o.tenant_id, o.event_name FROM outbox o
+           SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
             WHERE o.status = ANY($2::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), heads AS (
        SELECT h.id, h.created_at FROM lanes l, LATERAL (
-         SELECT o.id, o.created_at FROM outbox o
+         SELECT o.id, o.created_at FROM ${schema.outbox} o
           WHERE o.tenant_id = l.tenant_id AND o.event_name = l.event_name AND o.status = ANY($2::text[])
           ORDER BY o.tenant_id, o.event_name, o.id LIMIT 1) h
      ), unsent AS (
-       SELECT status, count(*) AS n FROM outbox WHERE status <> ALL($3::text[]) GROUP BY status
+       SELECT status, count(*) AS n FROM ${schema.outbox} WHERE status <> ALL($3::text[]) GROUP BY status
      ), size AS (
        SELECT CASE WHEN c.reltuples < 0 THEN -1
                    WHEN c.relpages = 0 THEN c.reltuples
                    ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
               END AS estimate
-         FROM pg_class c WHERE c.oid = 'outbox'::regclass
+         FROM pg_class c WHERE c.oid = $4::text::regclass
      )
      SELECT (SELECT jsonb_object_agg(status, n) FROM unsent) AS unsent,
             CASE WHEN s.estimate < $1::float8
-                 THEN (SELECT count(*) FROM outbox WHERE status = 'sent')
+                 THEN (SELECT count(*) FROM ${schema.outbox} WHERE status = 'sent')
                  ELSE greatest(0, round(s.estimate) - (SELECT COALESCE(sum(n), 0) FROM unsent))::bigint
             END AS sent,
-            CASE WHEN s.estimate < $1::float8 THEN (SELECT count(*) FROM outbox WHERE status = 'accepted') ELSE 0 END AS accepted,
+            CASE WHEN s.estimate < $1::float8 THEN (SELECT count(*) FROM ${schema.outbox} WHERE status = 'accepted') ELSE 0 END AS accepted,
             s.estimate >= $1::float8 AS sent_estimated,
             COALESCE((SELECT extract(epoch FROM now() - h.created_at)::float8 FROM heads h ORDER BY h.id LIMIT 1), 0) AS oldest
        FROM size s`,
-    [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY], [...DELIVERED]],
+    [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY], [...DELIVERED], schema.outbox],
   );
   const r = rows[0]!;
   const counts = Object.fromEntries(OUTBOX_STATUSES.map((status) => [status, Number(r.unsent?.[status] ?? 0)])) as Record<OutboxStatus, number>;
@@ -84,11 +85,11 @@ export interface RecentlySent {
  * Events sent in the minute and the hour before `at`, from `outbox_sent_at_idx`. Counts, age and
  * backlog come from `statusSummary`.
  */
-export async function countRecentlySent(db: Queryable, at: Date): Promise<RecentlySent> {
+export async function countRecentlySent(db: Queryable, schema: Schema, at: Date): Promise<RecentlySent> {
   const { rows } = await db.query<RecentlySent>(
     `SELECT count(*) FILTER (WHERE sent_at > $1::timestamptz - interval '1 minute') AS last_minute,
             count(*) AS last_hour
-       FROM outbox WHERE sent_at > $1::timestamptz - interval '1 hour'`,
+       FROM ${schema.outbox} WHERE sent_at > $1::timestamptz - interval '1 hour'`,
     [at],
   );
   return rows[0]!;
@@ -98,9 +99,9 @@ export async function countRecentlySent(db: Queryable, at: Date): Promise<Recent
  * Rows in one status grouped by their last error code, most first: dead letters and Stripe's later
  * rejections by why; events in flight (`dispatched`) by what their last attempt met.
  */
-export async function countByErrorCode(db: Queryable, status: Extract<OutboxStatus, 'dead' | 'rejected_async' | 'dispatched'>): Promise<{ code: string | null; count: number }[]> {
+export async function countByErrorCode(db: Queryable, schema: Schema, status: Extract<OutboxStatus, 'dead' | 'rejected_async' | 'dispatched'>): Promise<{ code: string | null; count: number }[]> {
   const { rows } = await db.query<{ code: string | null; count: number }>(
-    `SELECT last_error_code AS code, count(*) AS count FROM outbox WHERE status = $1::text
+    `SELECT last_error_code AS code, count(*) AS count FROM ${schema.outbox} WHERE status = $1::text
       GROUP BY last_error_code ORDER BY count(*) DESC, last_error_code`,
     [status],
   );
@@ -112,9 +113,9 @@ export async function countByErrorCode(db: Queryable, status: Extract<OutboxStat
  * `startFailing`, written by the relay, cleared by a successful start): never silent, even while
  * they are tried again. Read from the lanes' partial index (pending and claimed rows only).
  */
-export async function countStartFailing(db: Queryable, code: string): Promise<number> {
+export async function countStartFailing(db: Queryable, schema: Schema, code: string): Promise<number> {
   const { rows } = await db.query<{ n: number }>(
-    `SELECT count(*)::int AS n FROM outbox WHERE status = ANY($1::text[]) AND last_error_code = $2::text`,
+    `SELECT count(*)::int AS n FROM ${schema.outbox} WHERE status = ANY($1::text[]) AND last_error_code = $2::text`,
     [[...AWAITING_RELAY], code],
   );
   return rows[0]!.n;

@@ -4,7 +4,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { OUTBOX_CHANNEL } from '../notifier.js';
+import type { Schema } from './schema.js';
 
 export interface DispatchedRow {
   id: number;
@@ -17,9 +17,9 @@ export interface DispatchedRow {
  * may not have its run yet. Dispatched rows are bounded by the lanes (LANE_MAX_IN_FLIGHT each) and
  * read from the partial index of unsettled rows.
  */
-export async function listStaleDispatched(db: Queryable, opts: { afterId: number; staleAfterMs: number; limit: number }): Promise<DispatchedRow[]> {
+export async function listStaleDispatched(db: Queryable, schema: Schema, opts: { afterId: number; staleAfterMs: number; limit: number }): Promise<DispatchedRow[]> {
   const { rows } = await db.query<DispatchedRow>(
-    `SELECT id, idempotency_key FROM outbox
+    `SELECT id, idempotency_key FROM ${schema.outbox}
       WHERE status = 'dispatched' AND id > $1::bigint AND updated_at < now() - $2::int * interval '1 millisecond'
       ORDER BY id LIMIT $3::int`,
     [opts.afterId, opts.staleAfterMs, opts.limit],
@@ -33,18 +33,19 @@ export async function listStaleDispatched(db: Queryable, opts: { afterId: number
  */
 export async function markStaleDispatchedDead(
   db: Queryable,
+  schema: Schema,
   id: number,
   opts: { staleAfterMs: number; code: string; message: string },
 ): Promise<boolean> {
   const { rows } = await db.query(
     `WITH dead AS (
-       UPDATE outbox
+       UPDATE ${schema.outbox}
           SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
         WHERE id = $1::bigint AND status = 'dispatched' AND updated_at < now() - $2::int * interval '1 millisecond'
         RETURNING id
      )
      SELECT pg_notify($5::text, '') FROM dead`,
-    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), OUTBOX_CHANNEL],
+    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), schema.outboxChannel],
   );
   return rows.length > 0;
 }
