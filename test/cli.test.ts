@@ -456,7 +456,7 @@ describe('bin/billing-outbox.mjs', () => {
       expect(first.out).toMatch(/^applied 001_\S+\.sql, /);
       const again = await bin(['migrate', '--json'], env);
       expect(again.code).toBe(0);
-      expect(JSON.parse(again.out)).toEqual({ applied: [] });
+      expect(JSON.parse(again.out)).toEqual({ applied: [], schema: 'billing_outbox' });
     } finally {
       await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
       await admin.end();

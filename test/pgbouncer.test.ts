@@ -248,7 +248,7 @@ describe.skipIf(!executable)('behind PgBouncer in transaction pooling', () => {
         expect(failures).toEqual([]);
       } else {
         expect(failures.length, `PgBouncer ${bouncer.version.join('.')}`).toBeGreaterThan(0);
-        for (const failure of failures) expect(failure).toMatch(/prepared statement "billing-outbox\/record-usage" (already exists|does not exist)/);
+        for (const failure of failures) expect(failure).toMatch(/prepared statement "billing_outbox\/record-usage" (already exists|does not exist)/);
       }
     } finally {
       await Promise.all([a.end(), b.end()]);
