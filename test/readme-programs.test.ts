@@ -71,10 +71,10 @@ describe("the README's programs", () => {
     const key = idempotencyKeyFor('acme', 'job-1');
     await waitFor(`${key} sent (${app.output()})`, async () => (await t.row(key))?.status === 'sent', 60_000);
     expect(t.eventsFor(key)).toHaveLength(1);
-    expect((await t.pool.query('SELECT tokens FROM jobs WHERE id = $1', ['job-1'])).rows).toEqual([{ tokens: 120 }]);
+    expect((await t.pool.query('SELECT tokens FROM public.jobs WHERE id = $1', ['job-1'])).rows).toEqual([{ tokens: 120 }]);
     app.child.kill('SIGTERM');
     expect(await app.exited, app.output()).toBe(0);
-  });
+  }, 120_000);
 
   it('server.mjs serves its own route and POST /billing/v1/usage with the token, and closes on SIGTERM', async () => {
     const token = `tok_${randomUUID().replace(/-/g, '')}`;
