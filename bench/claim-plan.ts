@@ -21,8 +21,8 @@ type ClaimOptions = Parameters<typeof claimStatement>[2];
 const FLOOD = 1_000_000;
 const OTHERS = 50;
 const BATCH = 100;
-/** What the relay passes for v2: a lane budget larger than any backlog. */
-const V2_LANE_MAX: ClaimOptions['laneMax'] = 1_000_000;
+/** What the relay passes for v2: no lane limit. */
+const V2_LANE_MAX: ClaimOptions['laneMax'] = null;
 
 const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-claim-plan-'));
 // PostgreSQL runs as its own user when started by root: it must be able to enter the folder.

@@ -107,6 +107,22 @@ export const MUTANTS: Mutant[] = [
     quick: true,
   },
   {
+    id: 'claim-unfair',
+    guarantee: "Fairness: the claim serves tenants in turn; one tenant's backlog never keeps another's event out of the next claim",
+    find: 'ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int',
+    replace: 'ORDER BY c.id LIMIT $1::int',
+    test: 'test/fairness.test.ts',
+    name: 'the first claim holds every other tenant',
+  },
+  {
+    id: 'claim-reads-backlog',
+    guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
+    find: 'CASE WHEN $6::int IS NULL THEN $1::int',
+    replace: 'CASE WHEN $6::int IS NULL THEN 1000000',
+    test: 'test/fairness.test.ts',
+    name: 'reads at most a batch of any lane',
+  },
+  {
     id: 'second-run-per-event',
     guarantee: 'One workflow per event: workflow id = idempotency key, REJECT_DUPLICATE',
     find: 'workflowId: row.idempotency_key,',
