@@ -123,6 +123,14 @@ export const MUTANTS: Mutant[] = [
     name: 'reads at most a batch of any lane',
   },
   {
+    id: 'claim-lane-as-equalities',
+    guarantee: "Fair claim cost: the lane is read from the lane index even when one tenant holds the outbox (not from the primary key through the flood)",
+    find: 'WHERE (o.tenant_id, o.event_name) >= (r.tenant_id, r.event_name)\n            AND (o.tenant_id, o.event_name) <= (r.tenant_id, r.event_name)',
+    replace: 'WHERE o.tenant_id = r.tenant_id AND o.event_name = r.event_name',
+    test: 'test/fairness.test.ts',
+    name: 'keeps to the lane index when the statistics say one tenant',
+  },
+  {
     id: 'second-run-per-event',
     guarantee: 'One workflow per event: workflow id = idempotency key, REJECT_DUPLICATE',
     find: 'workflowId: row.idempotency_key,',
