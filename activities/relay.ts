@@ -34,9 +34,6 @@ export interface RelayDeps {
   metrics?: RelayMetrics;
 }
 
-/** No lane limit (the v2 stream): more than any claim takes. */
-const LANES_UNLIMITED = 1_000_000;
-
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
 const MAX_IDLE_WAIT_MS = 5_000;
 /** Under load, how long a woken relay gathers freed lanes before claiming (lanes buffer more than this). */
@@ -65,8 +62,9 @@ export function createRelayActivities(deps: RelayDeps) {
   // At most one second's worth per batch: what is dispatched is what can be sent.
   const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(eventsPerSecond)));
   // The lane limit exists for v1's one call at a time per customer and meter; the stream has no
-  // such rule, so a single busy customer may use the whole pipeline.
-  const laneMax = config.stripe.meterApi === 'v2' ? LANES_UNLIMITED : config.lanes.maxInFlight;
+  // such rule (null: no limit, nothing in flight counted). Either way the claim serves tenants in
+  // turn, so a busy customer takes what the others leave of each batch, never their place.
+  const laneMax = config.stripe.meterApi === 'v2' ? null : config.lanes.maxInFlight;
 
   /**
    * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it

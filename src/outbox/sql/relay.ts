@@ -26,34 +26,56 @@ export interface ClaimedRow {
 const CLAIM_LOCK = 727_274_002;
 
 /**
- * Claims up to `limit` rows for one relay: the oldest claimable rows, but at most `laneMax` of
- * any lane (tenant, event name) claimed or dispatched at once, counting what the lane already has
- * in flight. A hot lane's backlog stays pending while other lanes' rows flow.
+ * Claims up to `limit` rows for one relay, serving tenants in turn: each tenant's oldest claimable
+ * row first, then each tenant's second oldest, and so on (ties: oldest row first). With `laneMax`,
+ * at most that many of a lane (tenant, event name) are claimed or dispatched at once, counting what
+ * the lane already has in flight; `null` (the v2 stream) sets no lane limit.
+ *
+ * The bound: whatever the backlog of any other tenant, a tenant's oldest claimable row is in the
+ * next claim of any relay whenever at most `limit` tenants have claimable rows (one turn each fits
+ * in the batch). A flood of one tenant costs everyone else at most one claim's wait, not its backlog.
+ * With more than `limit` tenants waiting, tenants go by their oldest row: a tenant waits behind one
+ * row of each tenant whose oldest row is older.
  *
  * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
  * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
- * flight is counted on `outbox_in_flight_idx`, and its oldest claimable rows up to its room are
- * read from `outbox_lane_idx`; the oldest `limit` of those are locked with `FOR UPDATE SKIP
- * LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
+ * flight is counted on `outbox_in_flight_idx` (only with a lane limit), and its oldest claimable
+ * rows up to its room and never more than `limit` are read from `outbox_lane_idx`; those are
+ * numbered per tenant (its turn), and the first `limit` by (turn, id) are locked with `FOR UPDATE
+ * SKIP LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
  * `UPDATE … RETURNING` guarded by the same "still claimable" condition, so a row is only ever taken
- * while pending or after its previous claim timed out. Every index read is partial: sized by the
- * backlog, not by the millions of sent rows (test/claim.test.ts checks the plan of this very
- * statement).
+ * while pending or after its previous claim timed out. Every index read is partial and at most
+ * `limit` rows per lane: the cost is lanes × batch, never the depth of a backlog nor the millions
+ * of sent rows (test/claim.test.ts checks the plan of this very statement; bench/claim-plan.ts
+ * measures it with 1,000,000 rows of one tenant pending, docs/performance.md has the figures).
  *
  * The lane limit needs one view of every claim: two relays counting a lane's room at the same
  * time would both fill it. So the statement runs under a transaction-scoped advisory lock, taken
  * before the statement's snapshot; claims wait on each other for the claim itself (milliseconds),
  * never for the workflow starts that follow it.
  *
+ * Tried, with `npx tsx bench/claim-plan.ts` (1,000,000 pending rows of one tenant, then one row
+ * each of 50 others; batch 100; EXPLAIN ANALYZE, docs/performance.md):
+ * - Before: each lane's rows up to its room (1,000,000 for the stream), the oldest `limit` of all,
+ *   and the lane written as equalities. v2: the batch was the flood's 100 oldest rows (0 of the 50
+ *   others), 1,000,050 rows read, 1.0 M buffers, 46.6 s under the claim lock. v1 was fair but took
+ *   37.2 s too: the planner read each lane from the primary key in id order, filtering by lane.
+ * - Turns per tenant, each lane read up to min(room, `limit`), the lane as a range of the lane
+ *   index: 150 rows read, 2,000–3,500 buffers hit, 3.7 ms in either mode, the 50 others all in the
+ *   first batch. Chosen.
  * Rejected: lane by lane in the application (a round trip per lane); `DISTINCT ON (tenant, event)`
  * over the backlog (reads every pending row each claim); a counter table per lane maintained on
- * enqueue (a second write on the request path). Before lanes: a plain oldest-first claim, which
- * dispatched a hot customer's whole backlog as workflows polling one lease.
+ * enqueue (a second write on the request path); a rotating cursor of the last tenant served (a
+ * write per claim, and a state to keep across relays) for strict round robin beyond `limit`
+ * tenants. No new index: `outbox_lane_idx` (tenant_id, event_name, id) is already the per-tenant
+ * order; an index led by the tenant over every row drew the skip scan onto the sent history
+ * (migration 008). Before lanes: a plain oldest-first claim, which dispatched a hot customer's
+ * whole backlog as workflows polling one lease.
  */
 export async function claimBatch(
   db: pg.Pool | pg.PoolClient,
   schema: Schema,
-  opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
+  opts: ClaimOptions,
 ): Promise<ClaimedRow[]> {
   const client = 'release' in db ? db : await db.connect();
   try {
@@ -74,12 +96,17 @@ export async function claimBatch(
   }
 }
 
+export interface ClaimOptions {
+  limit: number;
+  claimedBy: string;
+  claimId: string;
+  claimTimeoutMs: number;
+  /** LANE_MAX_IN_FLIGHT (v1); null: no lane limit (the v2 stream), and nothing in flight is counted. */
+  laneMax: number | null;
+}
+
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
-export async function claimStatement(
-  db: Queryable,
-  schema: Schema,
-  opts: { limit: number; claimedBy: string; claimId: string; claimTimeoutMs: number; laneMax: number },
-): Promise<ClaimedRow[]> {
+export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimOptions): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
     `WITH RECURSIVE lanes AS (
        (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
@@ -92,23 +119,32 @@ export async function claimStatement(
             WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), room AS (
+       -- Never more than the batch from one lane: a lane's backlog beyond that is not read. The
+       -- in-flight count is evaluated only under a lane limit (CASE runs the branch it takes).
        SELECT l.tenant_id, l.event_name,
-              $6::int - (SELECT count(*) FROM ${schema.outbox} f
+              CASE WHEN $6::int IS NULL THEN $1::int
+                   ELSE least($1::int, $6::int - (SELECT count(*) FROM ${schema.outbox} f
                           WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
                             AND f.status = ANY($7::text[])
-                            AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int AS free
+                            AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int) END AS free
          FROM lanes l
      ), candidates AS (
-       SELECT c.id FROM room r, LATERAL (
+       SELECT c.id, r.tenant_id FROM room r, LATERAL (
          SELECT o.id FROM ${schema.outbox} o
-          WHERE o.tenant_id = r.tenant_id AND o.event_name = r.event_name
+          -- The lane as a range of the lane index, not as equalities: with "tenant_id = …" the
+          -- planner may take the primary key for the order (id) and filter by lane, and with one
+          -- tenant holding most of the backlog it did, walking that backlog once per lane (37 s
+          -- with 1,000,000 pending, bench/claim-plan.ts). A range keeps the lane index's order.
+          WHERE (o.tenant_id, o.event_name) >= (r.tenant_id, r.event_name)
+            AND (o.tenant_id, o.event_name) <= (r.tenant_id, r.event_name)
             AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
-          -- The lane index's own order (oldest first within the lane): read from the lane's range,
-          -- never from a scan of the whole backlog in id order.
           ORDER BY o.tenant_id, o.event_name, o.id LIMIT greatest(r.free, 0)) c
-       ORDER BY c.id LIMIT $1::int
+     ), turns AS (
+       -- Tenants in turn: every tenant's oldest row before any tenant's second.
+       SELECT c.id FROM candidates c
+        ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int
      ), locked AS (
-       SELECT o.id FROM ${schema.outbox} o WHERE o.id IN (SELECT id FROM candidates)
+       SELECT o.id FROM ${schema.outbox} o WHERE o.id IN (SELECT id FROM turns)
         ORDER BY o.id FOR UPDATE SKIP LOCKED
      )
      UPDATE ${schema.outbox} o
