@@ -23,6 +23,14 @@ export function findTemporalCli(configured?: string): string | undefined {
   return undefined;
 }
 
+/**
+ * Dynamic config every dev server we start gets. Task queue fairness (GA with server 1.31): matching
+ * dispatches each fairness key's backlog in turn (a usage run's key is its tenant, see
+ * src/temporal/start-usage.ts), so one tenant's flood of workflow and activity tasks does not
+ * queue every other tenant's behind it. Off, the keys are carried and ignored: one FIFO.
+ */
+export const DEV_SERVER_DYNAMIC_CONFIG: readonly string[] = ['matching.enableFairness=true'];
+
 export interface DevServer {
   address: string;
   uiUrl: string | undefined;
@@ -65,7 +73,7 @@ export async function startTemporalDevServer(opts: {
     '--dynamic-config-value', 'matching.numTaskqueueReadPartitions=1',
     '--dynamic-config-value', 'matching.numTaskqueueWritePartitions=1',
   ];
-  for (const value of opts.dynamicConfig ?? []) args.push('--dynamic-config-value', value);
+  for (const value of [...DEV_SERVER_DYNAMIC_CONFIG, ...(opts.dynamicConfig ?? [])]) args.push('--dynamic-config-value', value);
   if (opts.dbFile) args.push('--db-filename', opts.dbFile);
   let uiUrl: string | undefined;
   if (opts.headless ?? true) {
@@ -140,7 +148,7 @@ async function startDownloadedDevServer(opts: {
       searchAttributes: SEARCH_ATTRIBUTES,
       ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
       ...(ui ? { ui: true, uiPort } : {}),
-      extraArgs: (opts.dynamicConfig ?? []).flatMap((value) => ['--dynamic-config-value', value]),
+      extraArgs: [...DEV_SERVER_DYNAMIC_CONFIG, ...(opts.dynamicConfig ?? [])].flatMap((value) => ['--dynamic-config-value', value]),
     },
   });
   let stopped = false;
