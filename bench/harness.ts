@@ -31,7 +31,7 @@ export interface Services {
   stop(): Promise<void>;
 }
 
-export async function startServices(): Promise<Services> {
+export async function startServices(opts: { taskQueueFairness?: boolean } = {}): Promise<Services> {
   const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-bench-'));
   await chmod(tmp, 0o755);
   const pgServer = await startEmbeddedPostgres({
@@ -41,7 +41,7 @@ export async function startServices(): Promise<Services> {
     // Where PostgreSQL's time per event goes, statement by statement (`--statements`).
     settings: ['shared_preload_libraries=pg_stat_statements'],
   });
-  const temporal = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db') });
+  const temporal = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db'), taskQueueFairness: opts.taskQueueFairness });
   return {
     pg: pgServer,
     temporal,

@@ -10,6 +10,8 @@
  *   steady         a steady arrival rate swept upwards to the knee (--seconds per rate, --api)
  *   workers        the same backlog drained by 1, 2 and 4 worker processes
  *   claim          the claim with 1,000,000 sent rows and a live backlog: plan and latency
+ *   fairness       one tenant's backlog (--backlog, 20,000) vs 99 tenants at a steady rate (--rate,
+ *                  --seconds): their commit → acknowledged with and without the flood, v1 and v2
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
  */
@@ -18,6 +20,7 @@ import { ceiling, drainOnce } from './ceiling.js';
 import { newReport, publish, startServices } from './harness.js';
 import { backlog } from './backlog.js';
 import { claim } from './claim.js';
+import { fairness } from './fairness.js';
 import { peers } from './peers.js';
 import { requestPath } from './request-path.js';
 import { soak } from './soak.js';
@@ -32,8 +35,13 @@ const { values } = parseArgs({
     starters: { type: 'string', default: '100' },
     customers: { type: 'string', default: '100' },
     latency: { type: 'string', default: '30' },
-    api: { type: 'string', default: 'v1' },
+    // Unset: v1, or both APIs for `fairness`.
+    api: { type: 'string' },
     seconds: { type: 'string', default: '20' },
+    backlog: { type: 'string', default: '20000' },
+    rate: { type: 'string', default: '20' },
+    // `off`: the dev server without task queue fairness, to measure what it adds.
+    'temporal-fairness': { type: 'string', default: 'on' },
   },
 });
 const num = (v: string | undefined) => Number(v);
@@ -85,6 +93,19 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
     await claim(services, report, { sentRows: 1_000_000, pending: 20_000, lanes: 100, claims: 200 });
     await publish(report);
   },
+  async fairness(services) {
+    const report = newReport('fairness');
+    report.notes.push(`Temporal task queue fairness ${values['temporal-fairness'] === 'off' ? 'off' : 'on'} (matching.enableFairness)`);
+    await fairness(services, report, {
+      backlog: num(values.backlog),
+      tenants: num(values.customers),
+      rate: num(values.rate),
+      seconds: num(values.seconds),
+      latencyMs: num(values.latency),
+      apis: values.api === 'v1' || values.api === 'v2' ? [values.api] : ['v1', 'v2'],
+    });
+    await publish(report);
+  },
   async peers(services) {
     const report = newReport('peers');
     await peers(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency) });
@@ -106,7 +127,7 @@ if (!name || !benches[name]) {
   console.error(`usage: npm run bench -- <${Object.keys(benches).join('|')}> [--events N] [--customers N] [--latency MS]`);
   process.exit(2);
 }
-const services = await startServices();
+const services = await startServices({ taskQueueFairness: values['temporal-fairness'] !== 'off' });
 try {
   await benches[name](services);
 } finally {

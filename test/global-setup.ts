@@ -28,7 +28,8 @@ export default async function setup(project: TestProject) {
 
   let temporalAddress = process.env.TEMPORAL_ADDRESS;
   if (!temporalAddress) {
-    const server = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db') });
+    // With task queue fairness, as deployments run it (test/fairness.test.ts reads the keys back).
+    const server = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db'), taskQueueFairness: true });
     stops.push(server.stop);
     temporalAddress = server.address;
   }

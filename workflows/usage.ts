@@ -43,6 +43,17 @@ import {
 /** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
 const DEFERRALS_PER_RUN = 200;
 
+/**
+ * The run's fairness key (its tenant's, set at start by src/temporal/start-usage.ts), passed on to
+ * each activity it schedules. The server would let an activity inherit it anyway (a priority field
+ * left unset means "the workflow's"); written out, the key is in the activity's own record, where
+ * `describe` and the Web UI show it. A run started without one passes none, as before.
+ */
+const runPriority = () => {
+  const priority = workflowInfo().priority;
+  return priority?.fairnessKey ? { priority } : {};
+};
+
 const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend, ErrorTypes.deferredTooLong];
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
@@ -55,6 +66,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     // closed-run sweep finds its row.)
     if (isCancellation(err)) {
       const { markDead } = proxyActivities<DeliveryActivities>({
+        ...runPriority(),
         startToCloseTimeout: '30 seconds',
         retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
         summary: 'Mark the outbox row dead: the workflow was cancelled',
@@ -96,6 +108,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
    */
   const deliverWithBudget = (spent: number) =>
     proxyActivities<DeliveryActivities>({
+      ...runPriority(),
       summary: "Report to Stripe: again, on Temporal's retry policy",
       startToCloseTimeout: attemptTimeoutMs,
       // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
@@ -105,6 +118,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
     }).deliverUsage;
   // Bookkeeping on our own database: retried until it works, whatever the delivery policy says.
   const bookkeeping = {
+    ...runPriority(),
     startToCloseTimeout: '30 seconds',
     retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
   } as const;

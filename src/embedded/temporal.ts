@@ -23,6 +23,14 @@ export function findTemporalCli(configured?: string): string | undefined {
   return undefined;
 }
 
+/**
+ * Task queue fairness (GA with server 1.31), on in every dev server we start unless asked: matching
+ * dispatches each fairness key's backlog in turn (a usage run's key is its tenant, see
+ * src/temporal/start-usage.ts), so one tenant's flood of workflow and activity tasks does not
+ * queue every other tenant's behind it. Off, the keys are carried and ignored: one FIFO.
+ */
+const fairnessConfig = (on = true) => [`matching.enableFairness=${on}`];
+
 export interface DevServer {
   address: string;
   uiUrl: string | undefined;
@@ -45,6 +53,8 @@ export async function startTemporalDevServer(opts: {
    * server-side refusal with a limit, e.g. `limit.maxIDLength=60`.
    */
   dynamicConfig?: string[];
+  /** Task queue fairness (default on); off only to measure what it does (`npm run bench -- fairness`). */
+  taskQueueFairness?: boolean;
 } = {}): Promise<DevServer> {
   if (opts.dbFile) await keepPrivate(opts.dbFile);
   const cli = findTemporalCli(opts.cliPath);
@@ -65,7 +75,7 @@ export async function startTemporalDevServer(opts: {
     '--dynamic-config-value', 'matching.numTaskqueueReadPartitions=1',
     '--dynamic-config-value', 'matching.numTaskqueueWritePartitions=1',
   ];
-  for (const value of opts.dynamicConfig ?? []) args.push('--dynamic-config-value', value);
+  for (const value of [...fairnessConfig(opts.taskQueueFairness), ...(opts.dynamicConfig ?? [])]) args.push('--dynamic-config-value', value);
   if (opts.dbFile) args.push('--db-filename', opts.dbFile);
   let uiUrl: string | undefined;
   if (opts.headless ?? true) {
@@ -127,6 +137,7 @@ async function startDownloadedDevServer(opts: {
   headless?: boolean;
   namespace?: string;
   dynamicConfig?: string[];
+  taskQueueFairness?: boolean;
 }): Promise<DevServer> {
   const { TestWorkflowEnvironment } = await import('@temporalio/testing');
   const { SEARCH_ATTRIBUTES } = await import('../../workflows/shared.js');
@@ -140,7 +151,7 @@ async function startDownloadedDevServer(opts: {
       searchAttributes: SEARCH_ATTRIBUTES,
       ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
       ...(ui ? { ui: true, uiPort } : {}),
-      extraArgs: (opts.dynamicConfig ?? []).flatMap((value) => ['--dynamic-config-value', value]),
+      extraArgs: [...fairnessConfig(opts.taskQueueFairness), ...(opts.dynamicConfig ?? [])].flatMap((value) => ['--dynamic-config-value', value]),
     },
   });
   let stopped = false;

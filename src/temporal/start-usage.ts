@@ -3,6 +3,7 @@
  * (src/ops/retry.ts) both start runs here, so the id, the policies, the input and the search
  * attributes are decided in one place.
  */
+import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
@@ -57,11 +58,28 @@ export function usageSummary(row: UsageEventRef): string {
   return boundedSummary(`${row.tenant_id}: ${what}${when}`);
 }
 
+/** Temporal's limit on a fairness key, in bytes (longer ones are refused with the start). */
+export const MAX_FAIRNESS_KEY_BYTES = 64;
+
+/**
+ * The tenant's key for Temporal's task queue fairness: matching dispatches the backlog of each key
+ * in turn, so one tenant's flood of workflow and activity tasks does not queue every other tenant's
+ * behind it. The tenant itself when it fits Temporal's 64 bytes (readable in `describe`); a tenant
+ * id may be 200 characters, so a longer one becomes `h:<sha-256 of it, base64url>` (45 bytes): a
+ * start with a longer key would be refused, and the event would be a dead letter. Should a hash
+ * ever equal a real tenant's id, the two share one turn; fairness is all that is shared.
+ */
+export function fairnessKeyFor(tenantId: string): string {
+  if (Buffer.byteLength(tenantId, 'utf8') <= MAX_FAIRNESS_KEY_BYTES) return tenantId;
+  return `h:${createHash('sha256').update(tenantId, 'utf8').digest('base64url')}`;
+}
+
 /**
  * How a usage workflow is started, by the relay and by an operator's reopen alike: workflow id =
  * idempotency key, conflict policy FAIL (never a second run beside a running one). The relay uses
  * reuse policy REJECT_DUPLICATE (never a second run after one ever ran); only the CLI's guarded
- * reopen of a dead letter whose workflow has closed passes ALLOW_DUPLICATE.
+ * reopen of a dead letter whose workflow has closed passes ALLOW_DUPLICATE. Each run carries its
+ * tenant's fairness key (fairnessKeyFor).
  */
 export function usageWorkflowStartOptions(
   row: UsageEventRef,
@@ -85,6 +103,9 @@ export function usageWorkflowStartOptions(
       { key: TenantIdKey, value: row.tenant_id },
     ],
     staticSummary: usageSummary(row),
+    // The run's activities inherit it (a priority field left unset on an activity means "the
+    // workflow's"), so workflows/ sets none. Ignored by a server without `matching.enableFairness`.
+    priority: { fairnessKey: fairnessKeyFor(row.tenant_id) },
   };
 }
 

@@ -1,0 +1,124 @@
+/**
+ * `npm run bench -- fairness`: does one tenant's flood delay everyone else? In one run, per Stripe
+ * API: 99 tenants' usage arriving at a steady rate alone, then the same steady rate right after one
+ * other tenant committed a backlog (20,000 events by default, in one statement, as after an
+ * outage). For the steady tenants' events: commit → acknowledged by Stripe (the row's sent_at −
+ * created_at) at p50/p99, in both phases. Fair means the flood barely moves them (issue 17's
+ * target: p99 within 1.5× of the run without the flood). Each API runs on a database, a local
+ * Stripe and a task queue of its own; the flood is drained before the next API starts.
+ */
+import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { benchConfig, commitBacklog, freshDatabase, pct, startPipelineWorker, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
+
+export interface FairnessOptions {
+  /** The flooding tenant's backlog. */
+  backlog: number;
+  /** Tenants in all: the first floods, the others arrive steadily. */
+  tenants: number;
+  /** Steady arrivals per second, spread over the other tenants. */
+  rate: number;
+  seconds: number;
+  latencyMs: number;
+  apis: ('v1' | 'v2')[];
+}
+
+/** The flooding tenant: `t1` in freshDatabase's and commitBacklog's naming. */
+const FLOODER = 't1';
+
+export async function fairness(services: Services, report: Report, opts: FairnessOptions): Promise<void> {
+  for (const api of opts.apis) {
+    const db = await freshDatabase(services, opts.tenants);
+    const stripe = await startStripeProcess({ customers: opts.tenants, latencyMs: opts.latencyMs });
+    const config = benchConfig(services, stripe, { STRIPE_METER_API: api });
+    const pipeline = await startPipelineWorker(services, db, config);
+    try {
+      // Warm up (bundle loaded, connections open) on the steady tenants.
+      await steadyArrivals(db.pool, `warmup-${randomUUID().slice(0, 8)}`, 20, 1, opts.tenants);
+      await waitUntil('warm-up', async () => (await open(db.pool)) === 0, 60_000, 200);
+      const alone = await phase(db.pool, opts, false);
+      const flood = await phase(db.pool, opts, true);
+      for (const [name, p] of [['alone', alone], ['flood', flood]] as const) {
+        report.rows.push({
+          api,
+          phase: name,
+          backlog: name === 'flood' ? opts.backlog : 0,
+          steadyEvents: p.events,
+          deliveredInWindow: `${p.deliveredInWindow}/${p.events}`,
+          othersP50Ms: Math.round(pct(p.latencies, 50)),
+          othersP99Ms: Math.round(pct(p.latencies, 99)),
+          othersMaxMs: Math.round(p.latencies.at(-1) ?? NaN),
+          floodSentByThen: name === 'flood' ? p.floodSent : '',
+          p99VsAlone: name === 'flood' ? Math.round((pct(p.latencies, 99) / pct(alone.latencies, 99)) * 100) / 100 : '',
+        });
+      }
+      // The rest of the flood drains before the next API, which shares the Temporal server.
+      await waitUntil('the flood to drain', async () => (await open(db.pool)) === 0, 30 * 60_000, 500);
+    } finally {
+      await pipeline.stop();
+      await stripe.stop();
+      await db.pool.end();
+    }
+  }
+  report.notes.push(
+    `${opts.tenants - 1} steady tenants at ${opts.rate}/s in all for ${opts.seconds} s; one tenant's backlog of ${opts.backlog} committed at once just before the flood phase; Stripe latency ${opts.latencyMs} ms`,
+  );
+  report.notes.push('target (issue 17): the steady tenants’ p99 with the flood within 1.5× of the same rate alone (p99VsAlone ≤ 1.5)');
+}
+
+interface Phase {
+  events: number;
+  deliveredInWindow: number;
+  latencies: number[];
+  floodSent: number;
+}
+
+/** One phase: (the flood, then) the steady arrivals; waits until every steady event is delivered. */
+async function phase(pool: pg.Pool, opts: FairnessOptions, withFlood: boolean): Promise<Phase> {
+  const run = randomUUID().slice(0, 8);
+  if (withFlood) await commitBacklog(pool, opts.backlog, 1, `flood-${run}`);
+  const events = await steadyArrivals(pool, run, opts.rate, opts.seconds, opts.tenants);
+  const delivered = () => count(pool, `SELECT count(*)::int AS n FROM outbox WHERE usage_id LIKE $1 AND sent_at IS NOT NULL`, [`${run}-%`]);
+  // What was delivered a few seconds after the last arrival, as `steady` counts it.
+  await new Promise((r) => setTimeout(r, 5_000));
+  const deliveredInWindow = await delivered();
+  // Then every steady event, however long the flood holds them back (that is the figure).
+  await waitUntil('the steady events to be delivered', async () => (await delivered()) >= events, 30 * 60_000, 200);
+  const floodSent = await count(pool, `SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND usage_id LIKE $2 AND sent_at IS NOT NULL`, [FLOODER, `flood-${run}-%`]);
+  const { rows } = await pool.query<{ ms: number }>(
+    `SELECT extract(epoch FROM sent_at - created_at) * 1000 AS ms FROM outbox WHERE usage_id LIKE $1 ORDER BY 1`,
+    [`${run}-%`],
+  );
+  return { events, deliveredInWindow, latencies: rows.map((r) => Number(r.ms)), floodSent };
+}
+
+/**
+ * `rate` usages a second for `seconds`, round-robin over tenants t2…t<tenants> (never the flooder),
+ * each committed by recordUsage in a transaction of its own at its due time, as the API does.
+ */
+async function steadyArrivals(pool: pg.Pool, run: string, rate: number, seconds: number, tenants: number): Promise<number> {
+  const total = Math.round(rate * seconds);
+  const started = performance.now();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      for (;;) {
+        const i = next++;
+        if (i >= total) return;
+        const wait = started + (i * 1000) / rate - performance.now();
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        await withTransaction(pool, (c) => recordUsage(c, { usageId: `${run}-${i}`, tenantId: `t${(i % (tenants - 1)) + 2}`, quantity: 1 }));
+      }
+    }),
+  );
+  return total;
+}
+
+const open = (pool: pg.Pool) => count(pool, `SELECT count(*)::int AS n FROM outbox WHERE status IN ('pending', 'claimed', 'dispatched')`, []);
+
+async function count(pool: pg.Pool, sql: string, params: unknown[]): Promise<number> {
+  const { rows } = await pool.query<{ n: number }>(sql, params);
+  return rows[0]!.n;
+}
