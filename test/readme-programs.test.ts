@@ -2,7 +2,8 @@
  * The README's two programs ("Using it from your application"), run as written: taken from the
  * README, their `billing-outbox…` imports pointed at this checkout's sources, each in a Node
  * process of its own against the file's database, the shared Temporal dev server and a local
- * Stripe. Only the fixed port becomes a free one (several test runs share the machine).
+ * Stripe. Only the fixed port becomes a free one and the task queue one of its own (several test
+ * files and runs share the machine and the Temporal server: a relay on a shared queue is shared).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -17,6 +18,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const DIR = path.join(ROOT, '.data', `readme-${randomUUID().slice(0, 8)}`);
 const t = useStripe({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] } });
 const children: ChildProcess[] = [];
+const TASK_QUEUE = `readme-${randomUUID().slice(0, 8)}`;
 
 /** The README's program whose first line is `// <name>`, runnable from this checkout. */
 async function program(name: string): Promise<string> {
@@ -28,7 +30,8 @@ async function program(name: string): Promise<string> {
     .replace("from 'billing-outbox/worker'", `from ${source('worker.ts')}`)
     .replace("from 'billing-outbox/fastify'", `from ${source('fastify.ts')}`)
     .replace("from 'billing-outbox'", `from ${source('index.ts')}`)
-    .replace(/port: \d+/, 'port: 0');
+    .replace(/port: \d+/, 'port: 0')
+    .replace("taskQueue: 'billing-outbox'", `taskQueue: '${TASK_QUEUE}'`);
   const file = path.join(DIR, name);
   await writeFile(file, code);
   return file;
@@ -53,7 +56,7 @@ afterAll(async () => {
   // The README's worker leaves its relay workflows on the task queue it names: ended here.
   const connection = await Connection.connect({ address: inject('temporalAddress') });
   const client = new Client({ connection });
-  for await (const wf of client.workflow.list({ query: `TaskQueue = "billing-outbox" AND ExecutionStatus = "Running"` })) {
+  for await (const wf of client.workflow.list({ query: `TaskQueue = "${TASK_QUEUE}" AND ExecutionStatus = "Running"` })) {
     await client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
   }
   await connection.close();
@@ -69,12 +72,14 @@ describe("the README's programs", () => {
       STRIPE_API_BASE: t.stripe.url,
     });
     const key = idempotencyKeyFor('acme', 'job-1');
-    await waitFor(`${key} sent (${app.output()})`, async () => (await t.row(key))?.status === 'sent', 60_000);
+    await waitFor(`${key} sent`, async () => (await t.row(key))?.status === 'sent', 100_000).catch((err: Error) => {
+      throw new Error(`${err.message}; the program said: ${app.output()}`);
+    });
     expect(t.eventsFor(key)).toHaveLength(1);
     expect((await t.pool.query('SELECT tokens FROM public.jobs WHERE id = $1', ['job-1'])).rows).toEqual([{ tokens: 120 }]);
     app.child.kill('SIGTERM');
     expect(await app.exited, app.output()).toBe(0);
-  }, 120_000);
+  }, 150_000);
 
   it('server.mjs serves its own route and POST /billing/v1/usage with the token, and closes on SIGTERM', async () => {
     const token = `tok_${randomUUID().replace(/-/g, '')}`;
