@@ -21,7 +21,7 @@ import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { recordUsage, withoutPreparedStatements, type RecordUsageResult, type TransactionClient } from '../src/index.js';
+import { recordUsage, withoutPreparedStatements, withTransaction, type RecordUsageResult, type TransactionClient } from '../src/index.js';
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
@@ -144,20 +144,7 @@ interface Driver {
 function nodePostgres(url: string, wrap: (client: pg.PoolClient) => TransactionClient): Driver {
   const pool = new pg.Pool({ connectionString: url, max: CLIENT_CONNECTIONS });
   return {
-    async transaction(fn) {
-      const client = await pool.connect();
-      try {
-        await client.query('BEGIN');
-        const result = await fn(wrap(client));
-        await client.query('COMMIT');
-        return result;
-      } catch (err) {
-        await client.query('ROLLBACK').catch(() => undefined);
-        throw err;
-      } finally {
-        client.release();
-      }
-    },
+    transaction: (fn) => withTransaction(pool, (client) => fn(wrap(client))),
     close: () => pool.end(),
   };
 }
