@@ -102,7 +102,7 @@ export interface CreateWorkerOptions {
   /** A pino logger (default: none; the worker logs nothing). */
   log?: Logger;
   tuning?: WorkerTuning;
-  /** The prebuilt workflow bundle (`bundleWorkflowCode`), or a path to it; default: bundled at start. */
+  /** A prebuilt workflow bundle (`bundleWorkflowCode`, or `{ codePath }`); default: the one the package ships (from a checkout: bundled at start). */
   workflowBundle?: TemporalWorkerOptions['workflowBundle'];
   /** Temporal Worker options over ours (shutdownGraceTime, …). */
   workerOptions?: Partial<TemporalWorkerOptions>;

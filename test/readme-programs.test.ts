@@ -2,8 +2,10 @@
  * The README's two programs ("Using it from your application"), run as written: taken from the
  * README, their `billing-outbox…` imports pointed at this checkout's sources, each in a Node
  * process of its own against the file's database, the shared Temporal dev server and a local
- * Stripe. Only the fixed port becomes a free one and the task queue one of its own (several test
- * files and runs share the machine and the Temporal server: a relay on a shared queue is shared).
+ * Stripe. Only the fixed port becomes a free one, the task queue one of its own (several test
+ * files and runs share the machine and the Temporal server: a relay on a shared queue is shared), and
+ * the worker is given the run's workflow bundle (installed, it uses the one the package ships; from
+ * this checkout it would run webpack at start, over a minute while the rest of the suite runs).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -31,7 +33,7 @@ async function program(name: string): Promise<string> {
     .replace("from 'billing-outbox/fastify'", `from ${source('fastify.ts')}`)
     .replace("from 'billing-outbox'", `from ${source('index.ts')}`)
     .replace(/port: \d+/, 'port: 0')
-    .replace("taskQueue: 'billing-outbox'", `taskQueue: '${TASK_QUEUE}'`);
+    .replace("taskQueue: 'billing-outbox'", `taskQueue: '${TASK_QUEUE}', workflowBundle: { codePath: ${JSON.stringify(inject('workflowBundlePath'))} }`);
   const file = path.join(DIR, name);
   await writeFile(file, code);
   return file;
