@@ -561,7 +561,8 @@ describe('asynchronous error reports', () => {
     server.asyncErrorNext(1, 'no_meter');
     await clientFor(server).billing.meterEvents.create(usage('bad-3', 1));
 
-    for (let i = 0; i < 50 && receiver.received.length === 0; i++) await sleep(20);
+    // The receiver has the request before the server has its answer: wait for both.
+    for (let i = 0; i < 500 && server.webhookDeliveries().length === 0; i++) await sleep(20);
     expect(receiver.received).toHaveLength(1);
     expect(server.webhookDeliveries()).toEqual([expect.objectContaining({ status: 200 })]);
   });
