@@ -39,7 +39,7 @@ export async function soak(services: Services, report: Report, opts: { seconds: 
   const children: ChildProcess[] = [start('worker.ts'), start('api.ts')];
   const [worker, api] = children as [ChildProcess, ChildProcess];
   try {
-    await waitUntil('the API', async () => fetch(`http://127.0.0.1:${apiPort}/healthz`).then((r) => r.ok, () => false), 120_000, 500);
+    await waitUntil('the API', async () => fetch(`http://127.0.0.1:${apiPort}/health`).then((r) => r.ok, () => false), 120_000, 500);
     let posted = 0;
     let failed = 0;
     const started = performance.now();

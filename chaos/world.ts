@@ -231,8 +231,8 @@ export class World {
   async waitForApi(timeoutMs: number): Promise<void> {
     const until = Date.now() + timeoutMs;
     while (Date.now() < until) {
-      // Any answer will do: /healthz may say a dependency is away, the process is up.
-      const ok = await fetch(`${this.apiUrl}/healthz`).then(() => true, () => false);
+      // Any answer will do: /health may say a dependency is away, the process is up.
+      const ok = await fetch(`${this.apiUrl}/health`).then(() => true, () => false);
       if (ok) return;
       await sleep(200);
     }

@@ -1,5 +1,5 @@
 /**
- * The HTTP ingestion API on a real database (and the shared Temporal dev server for /healthz),
+ * The HTTP ingestion API on a real database (and the shared Temporal dev server for /health),
  * through `app.inject()`: status codes, error bodies, auth, and what reaches the logs.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
@@ -322,7 +322,7 @@ describe('at the door', () => {
     socket.write(`POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${writer.token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"tenant":`);
     await closed;
     expect(answer === '' || /^HTTP\/1\.1 408/.test(answer)).toBe(true);
-    const res = await fetch(`http://127.0.0.1:${port}/healthz`);
+    const res = await fetch(`http://127.0.0.1:${port}/health`);
     expect(res.status).toBe(200);
   });
   it('ends a request whose body trickles in past the request timeout, however steadily it arrives', async () => {
@@ -420,9 +420,9 @@ describe('authentication and scopes', () => {
   });
 });
 
-describe('GET /healthz', () => {
+describe('GET /health', () => {
   it('200 when PostgreSQL and Temporal answer, without a token', async () => {
-    const res = await app.inject({ method: 'GET', url: '/healthz' });
+    const res = await app.inject({ method: 'GET', url: '/health' });
     expect(res.statusCode).toBe(200);
     expect(res.json()).toEqual({ status: 'ok', postgres: 'ok', temporal: 'ok' });
   });
@@ -432,7 +432,7 @@ describe('GET /healthz', () => {
     const dead = buildApi({ config, db: deadPool, log, temporal, healthTimeoutMs: 2_000 });
     extraApps.push(dead);
     dead.addHook('onClose', () => deadPool.end());
-    const res = await dead.inject({ method: 'GET', url: '/healthz' });
+    const res = await dead.inject({ method: 'GET', url: '/health' });
     expect(res.statusCode).toBe(503);
     expect(res.json()).toEqual({ status: 'unavailable', postgres: 'error', temporal: 'ok' });
 
@@ -446,14 +446,14 @@ describe('GET /healthz', () => {
     const noTemporal = buildApi({ config, db: t.pool, log, temporal: away, healthTimeoutMs: 1_000 });
     extraApps.push(noTemporal);
     noTemporal.addHook('onClose', () => away.close());
-    const res = await noTemporal.inject({ method: 'GET', url: '/healthz' });
+    const res = await noTemporal.inject({ method: 'GET', url: '/health' });
     expect(res.statusCode).toBe(503);
     expect(res.json()).toMatchObject({ status: 'unavailable', postgres: 'ok' });
     expect(['error', 'timeout']).toContain(res.json().temporal);
 
     const without = buildApi({ config, db: t.pool, log });
     extraApps.push(without);
-    const ok = await without.inject({ method: 'GET', url: '/healthz' });
+    const ok = await without.inject({ method: 'GET', url: '/health' });
     expect(ok.statusCode).toBe(200);
     expect(ok.json()).toEqual({ status: 'ok', postgres: 'ok', temporal: 'not_configured' });
   });
@@ -461,10 +461,10 @@ describe('GET /healthz', () => {
 
 describe('request ids and logs', () => {
   it('echoes a sane x-request-id and replaces anything else', async () => {
-    const mine = await app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': 'req-abc.123' } });
+    const mine = await app.inject({ method: 'GET', url: '/health', headers: { 'x-request-id': 'req-abc.123' } });
     expect(mine.headers['x-request-id']).toBe('req-abc.123');
     for (const insane of ['x'.repeat(65), 'has space', 'new\nline"}']) {
-      const res = await app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': insane } });
+      const res = await app.inject({ method: 'GET', url: '/health', headers: { 'x-request-id': insane } });
       expect(res.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
     }
     const failed = await post(usage(), null, { 'x-request-id': 'denied-1' });

@@ -1,5 +1,5 @@
 /**
- * GET /healthz: can this process take usage (PostgreSQL) and are events moving on (Temporal)?
+ * GET /health: can this process take usage (PostgreSQL) and are events moving on (Temporal)?
  * Unauthenticated, so it says which dependency failed and nothing more; the cause goes to the log.
  */
 import type { Connection } from '@temporalio/client';

@@ -1,5 +1,5 @@
 /**
- * The HTTP ingestion API: POST /v1/usage, GET /healthz, GET /metrics, and POST /v1/stripe/webhooks
+ * The HTTP ingestion API: POST /v1/usage, GET /health, GET /metrics, and POST /v1/stripe/webhooks
  * (Stripe's asynchronous error reports; signed by Stripe instead of a bearer token, see webhooks.ts).
  *
  * POST /v1/usage is the ingestion plugin (ingestion.ts), the one applications register on their
@@ -45,7 +45,7 @@ export interface ApiDeps {
   config: Pick<Config, 'databaseSchema' | 'stripe'> & { api: Pick<Config['api'], 'bodyLimitBytes' | 'tokens' | 'requestTimeoutMs' | 'keepAliveTimeoutMs'> };
   db: pg.Pool;
   log: Logger;
-  /** For /healthz (see temporalHealthConnection); without it Temporal is `not_configured`. */
+  /** For /health (see temporalHealthConnection); without it Temporal is `not_configured`. */
   temporal?: TemporalHealth;
   /** The process's registry for /metrics; by default one of the API's own, reading `db`. */
   metrics?: Pick<Metrics, 'render' | 'contentType'> & Partial<Pick<Metrics, 'asyncRejections'>>;
@@ -53,7 +53,7 @@ export interface ApiDeps {
   stripe?: WebhookStripe;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
   meters?: Pick<MeterCatalog, 'keysFor'>;
-  /** How long /healthz waits for each dependency (default 2 s). */
+  /** How long /health waits for each dependency (default 2 s). */
   healthTimeoutMs?: number;
 }
 
@@ -128,7 +128,7 @@ export function buildApi(deps: ApiDeps) {
   });
   registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
-  app.get('/healthz', { config: { public: true } }, async (request, reply) => {
+  app.get('/health', { config: { public: true } }, async (request, reply) => {
     const body = await checkHealth({ db: deps.db, temporal: deps.temporal, log: request.log }, healthTimeoutMs);
     return reply.code(body.status === 'ok' ? 200 : 503).send(body);
   });

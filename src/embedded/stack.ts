@@ -331,7 +331,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });
     onStop('API', () => api.close());
     const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
-    if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /healthz only, every other route 401');
+    if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /health only, every other route 401');
 
     return {
       config,

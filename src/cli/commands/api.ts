@@ -22,14 +22,14 @@ export async function runApi(): Promise<void> {
   const log = createLogger(config.logLevel);
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
   if (config.api.tokens.length === 0) {
-    throw new Error('API_TOKENS is not set: every route but /healthz needs a bearer token (see .env.example)');
+    throw new Error('API_TOKENS is not set: every route but /health needs a bearer token (see .env.example)');
   }
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
   // Safe with workers migrating at the same time; the API may well be the first process up.
   await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
-  // Lazy: ingestion needs only PostgreSQL, so the API starts (and /healthz says so) while Temporal is away.
+  // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
   const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
   const meters = new MeterCatalog(createStripeClient(config.stripe));

@@ -27,13 +27,13 @@ Exit codes: 0 stopped by a signal, 1 failed, 2 a configuration error.
 
 export const API_HELP = `Usage: billing-outbox api
 
-Runs the HTTP ingestion API: POST /v1/usage (bearer tokens from API_TOKENS), GET /healthz,
+Runs the HTTP ingestion API: POST /v1/usage (bearer tokens from API_TOKENS), GET /health,
 GET /metrics, POST /v1/stripe/webhooks. Migrates the database first. On SIGTERM or SIGINT it stops
 accepting connections and lets in-flight requests finish. In your own Fastify server instead:
 the plugin from billing-outbox/fastify.
 
 Environment: DATABASE_URL and API_TOKENS (required), API_HOST, API_PORT (default 127.0.0.1:8080),
-API_BODY_LIMIT_BYTES, API_REQUEST_TIMEOUT_MS, TEMPORAL_* (for /healthz), STRIPE_API_KEY (to refuse
+API_BODY_LIMIT_BYTES, API_REQUEST_TIMEOUT_MS, TEMPORAL_* (for /health), STRIPE_API_KEY (to refuse
 usage for meters Stripe does not have), STRIPE_WEBHOOK_SECRET.
 
 Exit codes: 0 stopped by a signal, 1 failed, 2 a configuration error.

@@ -90,7 +90,7 @@ function banner(s: {
     `  PostgreSQL:       ${redactUrl(s.databaseUrl)}`,
     `  Temporal:         ${s.temporalAddress}${s.temporalUi ? `   Web UI: ${s.temporalUi}` : ''}`,
     `  Stripe API base:  ${s.stripeApiBase}${s.local ? '  (local: nothing is billed; `npm run stripe -- help`)' : ''}`,
-    `  API:              ${s.apiUrl}  (POST /v1/usage, GET /healthz, GET /metrics)${s.tokenFile ? `; token in ${relative(s.tokenFile)}` : ''}`,
+    `  API:              ${s.apiUrl}  (POST /v1/usage, GET /health, GET /metrics)${s.tokenFile ? `; token in ${relative(s.tokenFile)}` : ''}`,
     '',
     'Send a first event:',
     `  curl -s ${s.apiUrl}/v1/usage -H "Authorization: Bearer ${token}" -H 'content-type: application/json' \\`,
