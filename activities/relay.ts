@@ -19,6 +19,7 @@ import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
+import { waitUnlessAborted } from '../src/wait.js';
 
 export interface RelayDeps {
   db: pg.Pool;
@@ -140,7 +141,7 @@ export function createRelayActivities(deps: RelayDeps) {
         const { claimed: n, paceMs } = await relayBatch(claimedBy, totals);
         ctx.heartbeat(totals);
         for (let left = paceMs; left > 0 && !stop.aborted; left -= MAX_IDLE_WAIT_MS) {
-          await delay(Math.min(left, MAX_IDLE_WAIT_MS), stop);
+          await waitUnlessAborted(Math.min(left, MAX_IDLE_WAIT_MS), stop);
           ctx.heartbeat(totals);
         }
         if (n < batchLimit) {
@@ -149,7 +150,7 @@ export function createRelayActivities(deps: RelayDeps) {
           // Under load (work found, but lanes full), every finished delivery wakes the relay: a
           // moment's wait lets one claim take the several lanes that free up meanwhile instead of
           // one claim per row. Idle, it claims at once (a new event's latency).
-          if (n > 0) await delay(COALESCE_MS, stop);
+          if (n > 0) await waitUnlessAborted(COALESCE_MS, stop);
           ctx.heartbeat(totals);
         }
       }
@@ -160,16 +161,3 @@ export function createRelayActivities(deps: RelayDeps) {
 
 export type RelayActivities = ReturnType<typeof createRelayActivities>;
 
-/** Resolves after `ms`, or at once when `signal` aborts. */
-function delay(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener('abort', done, { once: true });
-  });
-}

@@ -15,6 +15,7 @@ import { checkHealth, type ProbeResult } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
 import { createPool, migrate, withPgTypes } from '../db.js';
 import type { Logger } from '../log.js';
+import { waitUnlessAborted } from '../wait.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
 import { sweepClosedRuns, type SweepOptions } from '../ops/closed-runs.js';
 import { pruneDelivered } from '../ops/prune.js';
@@ -186,7 +187,7 @@ async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promi
   const log = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   let afterId = 0;
   while (!signal.aborted) {
-    await abortableWait(opts.intervalMs, signal);
+    await waitUnlessAborted(opts.intervalMs, signal);
     if (signal.aborted) return;
     try {
       ({ nextAfterId: afterId } = await sweepClosedRuns({ db: deps.pool, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
@@ -194,19 +195,6 @@ async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promi
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
   }
-}
-
-function abortableWait(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise<void>((resolve) => {
-    if (signal.aborted) return resolve();
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener('abort', done, { once: true });
-  });
 }
 
 /** Starts the relay workflows unless they are already running. Every worker calls this at boot. */
