@@ -14,8 +14,9 @@
  *                  --seconds): their commit → acknowledged with and without the flood, v1 and v2
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
- *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms
- *                  (--seconds per run, default 10): requests per event, in flight, added latency
+ *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
+ *                  then 50 and 200 events/s (--seconds per run, default 10): requests per event,
+ *                  requests in flight, added latency
  */
 import { parseArgs } from 'node:util';
 import { ceiling, drainOnce } from './ceiling.js';
@@ -140,6 +141,10 @@ const alone: Record<string, () => Promise<void>> = {
         { rate: 5_000, latencyMs: 100 },
         // Stripe's test mode: the default pace with a test key.
         { rate: 1_000, latencyMs: 30, pacePerSecond: 20 },
+        // A worker's share of a chaos run or of retries after an outage: where the linger, not the
+        // 100-event limit, sets the batch.
+        { rate: 50, latencyMs: 30 },
+        { rate: 200, latencyMs: 30 },
       ],
     });
     await publish(report);
