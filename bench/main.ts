@@ -14,11 +14,15 @@
  *                  --seconds): their commit → acknowledged with and without the flood, v1 and v2
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
+ *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
+ *                  then 50 and 200 events/s (--seconds per run, default 10): requests per event,
+ *                  requests in flight, added latency
  */
 import { parseArgs } from 'node:util';
 import { ceiling, drainOnce } from './ceiling.js';
 import { newReport, publish, startServices } from './harness.js';
 import { backlog } from './backlog.js';
+import { batcher } from './batcher.js';
 import { claim } from './claim.js';
 import { fairness } from './fairness.js';
 import { peers } from './peers.js';
@@ -123,8 +127,36 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
   },
 };
 
+/** Benchmarks of one part alone: no PostgreSQL, no Temporal to start. */
+const alone: Record<string, () => Promise<void>> = {
+  async batcher() {
+    const report = newReport('batcher');
+    const seconds = values.seconds === '20' ? 10 : num(values.seconds);
+    await batcher(report, {
+      seconds,
+      runs: [
+        { rate: 1_000, latencyMs: 30 },
+        { rate: 1_000, latencyMs: 100 },
+        { rate: 5_000, latencyMs: 30 },
+        { rate: 5_000, latencyMs: 100 },
+        // Stripe's test mode: the default pace with a test key.
+        { rate: 1_000, latencyMs: 30, pacePerSecond: 20 },
+        // A worker's share of a chaos run or of retries after an outage: where the linger, not the
+        // 100-event limit, sets the batch.
+        { rate: 50, latencyMs: 30 },
+        { rate: 200, latencyMs: 30 },
+      ],
+    });
+    await publish(report);
+  },
+};
+
+if (name && alone[name]) {
+  await alone[name]();
+  process.exit(0);
+}
 if (!name || !benches[name]) {
-  console.error(`usage: npm run bench -- <${Object.keys(benches).join('|')}> [--events N] [--customers N] [--latency MS]`);
+  console.error(`usage: npm run bench -- <${[...Object.keys(benches), ...Object.keys(alone)].join('|')}> [--events N] [--customers N] [--latency MS]`);
   process.exit(2);
 }
 const services = await startServices({ taskQueueFairness: values['temporal-fairness'] !== 'off' });

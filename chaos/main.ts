@@ -82,6 +82,11 @@ for (const f of result.faults) survived.set(f.name, (survived.get(f.name) ?? 0) 
 console.log(`\nchaos seed ${seed}, ${result.options.stripeApi}, ${result.options.workers} workers: ${result.totalSeconds} s (drain ${result.drainSeconds} s)`);
 console.log(`faults injected (${result.faults.length}): ${[...survived].map(([n, c]) => `${n} ×${c}`).join(', ')}`);
 console.log(`load: ${JSON.stringify(result.load)}`);
+const r = result.stripeRequests;
+console.log(
+  `Stripe requests (${r.api === 'v2' ? 'stream' : 'meter-event calls'}): ${r.requests} (${r.failed} failed or unanswered) for ${r.recorded} events recorded: ` +
+    `${r.perEvent} per event${r.api === 'v2' ? " (issue 17's target for v2: ≤ 0.2)" : ''}`,
+);
 console.log(formatTable(result.table));
 if (result.ok) {
   console.log('\nOK: no event lost, none billed twice, every row settled.');

@@ -8,6 +8,7 @@ import { runFaults, type AppliedFault } from './faults.js';
 import { waitForDrain } from './drain.js';
 import { checkInvariant, type InvariantTable } from './invariant.js';
 import { Load, type LoadCounts } from './load.js';
+import { countStripeRequests, type StripeRequestCount } from './requests.js';
 import { Rng } from './rng.js';
 import { World } from './world.js';
 
@@ -39,6 +40,7 @@ export interface ChaosResult {
   load: LoadCounts;
   drainSeconds: number;
   totalSeconds: number;
+  stripeRequests: StripeRequestCount;
 }
 
 export async function runChaos(opts: ChaosOptions): Promise<ChaosResult> {
@@ -77,6 +79,7 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosResult> {
       load: load.counts,
       drainSeconds,
       totalSeconds: Math.round((Date.now() - started) / 1000),
+      stripeRequests: countStripeRequests(world.stripe, opts.stripeApi, table.recorded),
     };
     await writeFile(path.join(opts.dir, 'result.json'), JSON.stringify(result, null, 2));
     return result;

@@ -300,6 +300,15 @@ export const MUTANTS: Mutant[] = [
     name: 'a plain outage',
   },
   {
+    id: 'stream-batcher-fifo',
+    guarantee: "Tenants in turn (v2): the worker's stream batcher fills each request one event per customer in turn, so a flood already queued does not go first",
+    find: '      this.byCustomer.delete(customer);',
+    replace: '',
+    test: 'test/unit/stream-queue.test.ts',
+    name: 'a flood queued first',
+    quick: true,
+  },
+  {
     id: 'error-report-skips-dead',
     guarantee: 'Not guaranteed / async rejections: a dead row Stripe had recorded and then rejected becomes rejected_async, so a retry cannot mark it sent by "already exists" (issue 15, point 4)',
     find: "export const REJECTABLE = ['sent', 'accepted', 'dispatched', 'dead'] as const;",

@@ -13,6 +13,7 @@ import Stripe from 'stripe';
 import { afterEach, beforeEach, expect, it } from 'vitest';
 import { checkInvariant } from '../chaos/invariant.js';
 import { usageKey, type Usage } from '../chaos/load.js';
+import { countStripeRequests } from '../chaos/requests.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor, useStripe } from './hooks.js';
@@ -122,4 +123,20 @@ it("gives the totals per (customer, meter), and without Stripe's record still na
   expect(table).toMatchObject({ stripeRead: false, committed: 2, recorded: 0, dead: 1, lost: 0, doubleBilled: 0 });
   expect(pairs).toEqual([{ customer: 'cus_1', eventName: 'api_requests', events: 2, committed: 12, recorded: undefined }]);
   expect(violations).toEqual([`${keys.get('b')} is dead (x: y)`]);
+});
+
+it("counts what the run cost Stripe in requests: v1 calls, or v2 stream requests (refused ones too), per event recorded", async () => {
+  const at = new Date(occurredAt).toISOString();
+  const events = (ids: string[]) => ids.map((identifier) => ({ event_name: 'api_requests', payload: { stripe_customer_id: 'cus_1', value: '1' }, identifier, timestamp: at }));
+  const session = await client.v2.billing.meterEventSession.create();
+  const url = new URL(t.stripe.url);
+  const stream = new Stripe(session.authentication_token, { host: url.hostname, port: Number(url.port), protocol: 'http', maxNetworkRetries: 0 });
+  t.stripe.failNext(1, 500);
+  await expect(stream.v2.billing.meterEventStream.create({ events: events(['s1', 's2', 's3']) })).rejects.toThrow();
+  await stream.v2.billing.meterEventStream.create({ events: events(['s1', 's2', 's3']) });
+  await stream.v2.billing.meterEventStream.create({ events: events(['s4', 's5']) });
+  await client.billing.meterEvents.create({ event_name: 'api_requests', payload: { stripe_customer_id: 'cus_1', value: '1' }, identifier: 'v1-a' });
+
+  expect(countStripeRequests(t.stripe, 'v2', 5)).toEqual({ api: 'v2', requests: 3, failed: 1, recorded: 5, perEvent: 0.6 });
+  expect(countStripeRequests(t.stripe, 'v1', 1)).toEqual({ api: 'v1', requests: 1, failed: 0, recorded: 1, perEvent: 1 });
 });

@@ -244,3 +244,116 @@ describe('one event that fails every request it is in', () => {
     expect(stream.requests).toBe(9);
   });
 });
+
+/** The real stream to `server`, counting the requests in flight at once. */
+function countingStream(server: LocalStripe): { stripe: StreamStripe; peak: () => number } {
+  const real = stripeStream(client(server), (token) => client(server, token));
+  let now = 0;
+  let peak = 0;
+  return {
+    stripe: {
+      createSession: () => real.createSession(),
+      async sendEvents(token, events) {
+        peak = Math.max(peak, ++now);
+        try {
+          await real.sendEvents(token, events);
+        } finally {
+          now--;
+        }
+      },
+    },
+    peak: () => peak,
+  };
+}
+
+function eventOf(customer: string, identifier: string): MeterEvent {
+  return { ...event(identifier), stripeCustomerId: customer };
+}
+
+describe('batching and turns', () => {
+  it('events arriving one every 10 ms (retries, a slow backlog) share requests instead of one request each', async () => {
+    const server = await startStripe();
+    const stream = batcher(server);
+    const sends: Promise<void>[] = [];
+    for (let i = 0; i < 100; i++) {
+      sends.push(stream.send(event(`spread-${i}`)));
+      await sleep(10);
+    }
+    await within(10_000, 'the spread events', Promise.all(sends));
+    await server.flushAsyncErrors();
+    expect(server.events()).toHaveLength(100);
+    // A 5 ms linger sent about one request per event here; at 100 events/s a request waits for
+    // company (200 ms), after the first few while the rate is being learnt.
+    expect(stream.requests).toBeLessThanOrEqual(20);
+  });
+
+  it('a quiet worker does not hold a lone event back for company that is not coming', async () => {
+    const server = await startStripe();
+    const stream = batcher(server, { maxLingerMs: 1_000 });
+    for (let i = 0; i < 2; i++) {
+      // An event every 1.5 s: about one expected within a linger of a second, not worth the wait.
+      await within(900, `lone event ${i}`, stream.send(event(`lone-${i}`)));
+      await sleep(1_500);
+    }
+    expect(stream.requests).toBe(2);
+  });
+
+  it('requests take their events once they have their slot of the pace: a tight pace fills them', async () => {
+    const server = await startStripe();
+    // One request every 100 ms, whatever is waiting.
+    let nextSlot = 0;
+    const pace = async () => {
+      const at = Math.max(Date.now(), nextSlot);
+      nextSlot = at + 100;
+      await sleep(at - Date.now());
+    };
+    const stream = batcher(server, { pace, lingerMs: 1, maxLingerMs: 1 });
+    const sends: Promise<void>[] = [];
+    for (let i = 0; i < 500; i++) {
+      sends.push(stream.send(event(`paced-${i}`)));
+      if (i % 5 === 4) await sleep(5);
+    }
+    await within(20_000, 'the paced events', Promise.all(sends));
+    const sizes = server.streamRequests().map((r) => r.eventCount);
+    expect(sizes.reduce((a, b) => a + b, 0)).toBe(500);
+    // A batch formed before the pace would carry what 1 ms gathers (5 events); taken after it, 100 ms worth.
+    expect(sizes.length).toBeLessThanOrEqual(25);
+  });
+
+  it("another customer's event goes in the next request, not behind a flood already queued", async () => {
+    const server = await startStripe({ customers: [CUSTOMER, 'cus_flood', 'cus_quiet'] });
+    server.setLatency(50);
+    const stream = batcher(server, { maxInFlight: 1 });
+    const flood = Array.from({ length: 1_000 }, (_, i) => stream.send(eventOf('cus_flood', `flood-${i}`)));
+    // The first request is on its way with 100 of the flood; 900 wait.
+    await sleep(20);
+    const quiet = stream.send(eventOf('cus_quiet', 'quiet-1'));
+    await within(20_000, 'all', Promise.all([...flood, quiet]));
+
+    const requests = server.streamRequests();
+    expect(requests).toHaveLength(11);
+    const carrying = requests.findIndex((r) => r.identifiers.includes('quiet-1'));
+    // A FIFO batcher sent it in the last request, after the whole flood.
+    expect(carrying).toBe(1);
+    // The flood's turn, then the quiet customer's.
+    expect(requests[1]!.identifiers.slice(0, 2)).toEqual(['flood-100', 'quiet-1']);
+  });
+
+  it('at most maxInFlight requests at once; the backlog waits in the queue and leaves in full requests', async () => {
+    const server = await startStripe();
+    server.setLatency(50);
+    const counted = countingStream(server);
+    const stream = new MeterEventStream(counted.stripe, { maxInFlight: 2 });
+    await within(20_000, 'the backlog', Promise.all(Array.from({ length: 1_000 }, (_, i) => stream.send(event(`cap-${i}`)))));
+    expect(counted.peak()).toBe(2);
+    expect(stream.peakInFlight).toBe(2);
+    expect(server.streamRequests().map((r) => r.eventCount)).toEqual(Array(10).fill(100));
+  });
+
+  it('the same identifier sent again while it waits travels once, and both sends settle', async () => {
+    const server = await startStripe();
+    const stream = batcher(server);
+    await within(5_000, 'both', Promise.all([stream.send(event('twice')), stream.send(event('other')), stream.send(event('twice'))]));
+    expect(server.streamRequests().map((r) => r.identifiers)).toEqual([['twice', 'other']]);
+  });
+});

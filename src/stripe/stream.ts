@@ -2,8 +2,20 @@
  * Stripe's v2 meter event stream (STRIPE_METER_API=v2), one batcher per worker: deliveries hand
  * their event to `send`, which resolves when the request carrying it was accepted (or rejects with
  * that request's error, for the delivery to classify like any Stripe failure). Up to 100 events go
- * in one request (Stripe's limit); a batch leaves when it is full or `lingerMs` after its first
- * event, so an idle worker adds a few milliseconds and a busy one fills its requests.
+ * in one request (Stripe's limit).
+ *
+ * When a request leaves. A request is made when 100 events wait, or when the oldest waiting event
+ * has lingered: `lingerMs` (5 ms) on a quiet worker, where nothing would join it, and `maxLingerMs`
+ * (200 ms) once events arrive fast enough that waiting gathers company (at least two expected
+ * within it, by the arrival rate of the last second or so). Retried events come back one by one,
+ * each on its own backoff, and a backlog drains at the pace of the workflows in front of the
+ * batcher: with a 5 ms linger both went out almost one event per request; with the longer linger
+ * they share requests, and a busy worker's requests fill before the linger is up. Then the
+ * request takes its slot of the account-wide pace, and only then its events: what arrived while it
+ * waited goes too, so when the pace is the bound (20 requests/s in test mode) requests fill
+ * instead of queueing. At most `maxInFlight` (8) requests are pacing or in flight at once and one
+ * waits for the pace at a time; the rest of the backlog waits here, in the queue that serves
+ * customers in turn (src/stripe/stream-queue.ts), not in a FIFO of requests already formed.
  *
  * The stream authenticates with a session token (`POST /v2/billing/meter_event_session`, 15 minutes
  * today): created when first needed, shared by the worker's requests. A session is judged by its
@@ -33,6 +45,7 @@ import { classifyStripeError } from './errors.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 import { MAX_STREAM_BATCH, STREAM_SESSION_TTL_MS } from './rules.js';
 import type { MeterEventSender } from './sender.js';
+import { StreamQueue, type Waiting } from './stream-queue.js';
 
 /** One event as the stream takes it (the package's own parameter type). */
 type WireEvent = Parameters<Stripe['v2']['billing']['meterEventStream']['create']>[0]['events'][number];
@@ -76,12 +89,6 @@ interface Failure {
   requestMs?: number;
 }
 
-interface Waiting {
-  event: MeterEvent;
-  resolve: () => void;
-  reject: (err: unknown) => void;
-}
-
 /** A session in use: its token, how long Stripe gave it, and when (our clock) we asked for it. */
 interface HeldSession {
   token: string;
@@ -101,9 +108,19 @@ export const CLOCK_SKEW_WARN_MS = 30_000;
 /** A failed request that took longer than this is a slow Stripe, not one bad event: it is not split. */
 const SPLIT_ONLY_FAILURES_WITHIN_MS = 5_000;
 
+/** The arrival rate is counted over about this long (an exponentially decaying count). */
+const RATE_WINDOW_MS = 1_000;
+/** Waiting `maxLingerMs` is worth it when at least this many more events are expected within it. */
+const LINGER_WHEN_EXPECTED = 2;
+
 export interface MeterEventStreamOptions {
+  /** How long the oldest event waits on a quiet worker (default 5 ms). */
   lingerMs?: number;
+  /** How long it waits on a busy one (default 200 ms): the most a request's batching adds to an event. */
+  maxLingerMs?: number;
   maxBatch?: number;
+  /** Requests pacing or in flight at once (default 8); the backlog waits in the queue meanwhile. */
+  maxInFlight?: number;
   /** Waits for a slot of the account-wide pace before each request. */
   pace?: () => Promise<void>;
   /** Our clock (ms); only differences of it are used to age a session. */
@@ -117,8 +134,17 @@ export interface MeterEventStreamOptions {
 
 export class MeterEventStream implements MeterEventSender {
   readonly api = 'v2';
-  private queue: Waiting[] = [];
+  private readonly queue = new StreamQueue();
+  /** Set when the oldest waiting event has lingered long enough: a request may leave with fewer than 100. */
+  private due = false;
   private timer: NodeJS.Timeout | undefined;
+  /** A request waiting for its slot of the pace (one at a time: it takes its events once it has the slot). */
+  private pacing = false;
+  /** Requests pacing or in flight, each with the follow-ups of its failure. */
+  private inFlight = 0;
+  /** Arrivals, decayed over RATE_WINDOW_MS: about the events of the last second. */
+  private recentArrivals = 0;
+  private lastArrivalAt = 0;
   private session: Promise<HeldSession> | undefined;
   /** Session requests that failed, and sessions refused on first use, since a stream request last went through. */
   private sessionFailures = 0;
@@ -127,6 +153,8 @@ export class MeterEventStream implements MeterEventSender {
   requests = 0;
   /** Session requests made. */
   sessionRequests = 0;
+  /** Most requests pacing or in flight at once so far. */
+  peakInFlight = 0;
   /** Stripe's clock minus ours (ms), as of the last session; undefined before the first. */
   clockSkewMs: number | undefined;
 
@@ -140,22 +168,73 @@ export class MeterEventStream implements MeterEventSender {
     this.opts = opts;
   }
 
-  /** Sends `event` in the next batch; settles with that batch's outcome. */
+  /** Sends `event` in a coming request; settles with that request's outcome. */
   send(event: MeterEvent): Promise<void> {
     return new Promise((resolve, reject) => {
+      const lingerMs = this.lingerMs();
       this.queue.push({ event, resolve, reject });
-      if (this.queue.length >= (this.opts.maxBatch ?? MAX_STREAM_BATCH)) this.flush();
-      else this.timer ??= setTimeout(() => this.flush(), this.opts.lingerMs ?? 5);
+      this.timer ??= setTimeout(() => {
+        this.timer = undefined;
+        this.due = true;
+        this.pump();
+      }, lingerMs);
+      this.pump();
     });
   }
 
-  private flush(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
-    while (this.queue.length > 0) {
-      const batch = this.queue.splice(0, this.opts.maxBatch ?? MAX_STREAM_BATCH);
-      void this.deliver(batch);
+  /** Counts the arrival and says how long a request that starts with it may wait for company. */
+  private lingerMs(): number {
+    const at = performance.now();
+    this.recentArrivals = this.recentArrivals * Math.exp(-(at - this.lastArrivalAt) / RATE_WINDOW_MS) + 1;
+    this.lastArrivalAt = at;
+    const maxLingerMs = this.opts.maxLingerMs ?? 200;
+    const expected = (this.recentArrivals / RATE_WINDOW_MS) * maxLingerMs;
+    return expected >= LINGER_WHEN_EXPECTED ? maxLingerMs : (this.opts.lingerMs ?? 5);
+  }
+
+  private get maxBatch(): number {
+    return Math.min(this.opts.maxBatch ?? MAX_STREAM_BATCH, MAX_STREAM_BATCH);
+  }
+
+  /** Starts a request if one may leave: events due or a full batch, no request pacing, a free place. */
+  private pump(): void {
+    if (this.pacing || this.queue.size === 0) return;
+    if (!this.due && this.queue.size < this.maxBatch) return;
+    if (this.inFlight >= (this.opts.maxInFlight ?? 8)) return;
+    this.pacing = true;
+    this.inFlight++;
+    this.peakInFlight = Math.max(this.peakInFlight, this.inFlight);
+    void this.request().finally(() => {
+      this.inFlight--;
+      this.pump();
+    });
+  }
+
+  /** One request: its slot of the pace first, then the events waiting by then (up to 100), then the request and its follow-ups. */
+  private async request(): Promise<void> {
+    let paceFailure: unknown;
+    let paced = false;
+    try {
+      await this.opts.pace?.();
+      paced = true;
+    } catch (err) {
+      paceFailure = err;
     }
+    const batch = this.queue.take(this.maxBatch);
+    if (this.queue.size === 0) {
+      this.due = false;
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    this.pacing = false;
+    // The next request may wait for its slot while this one is sent.
+    this.pump();
+    if (!paced) {
+      // No request was made: the pace says nothing about the events, and they all take its failure.
+      for (const w of batch) w.reject(paceFailure);
+      return;
+    }
+    await this.deliver(batch);
   }
 
   /**
@@ -165,7 +244,7 @@ export class MeterEventStream implements MeterEventSender {
    * level before went through (the first split is always made). Whatever is left takes its error.
    */
   private async deliver(batch: Waiting[]): Promise<void> {
-    const first = await this.attempt(batch);
+    const first = await this.attempt(batch, true);
     let failing = first ? [{ batch, ...first }] : [];
     let someThrough = true;
     while (failing.length > 0) {
@@ -198,16 +277,17 @@ export class MeterEventStream implements MeterEventSender {
   }
 
   /** One request for `batch`: resolves its events and returns nothing, or returns how it failed. */
-  private async attempt(batch: Waiting[]): Promise<Failure | undefined> {
-    const failure = await this.post(batch.map((w) => w.event));
+  private async attempt(batch: Waiting[], paced = false): Promise<Failure | undefined> {
+    const failure = await this.post(batch.map((w) => w.event), paced);
     if (!failure) for (const w of batch) w.resolve();
     return failure;
   }
 
-  private async post(events: MeterEvent[]): Promise<Failure | undefined> {
+  /** One request, after its slot of the pace unless it has one (`paced`). */
+  private async post(events: MeterEvent[], paced: boolean): Promise<Failure | undefined> {
     const body = events.map(toWireEvent);
     try {
-      await this.opts.pace?.();
+      if (!paced) await this.opts.pace?.();
     } catch (err) {
       return { err };
     }
@@ -314,9 +394,11 @@ export class MeterEventStream implements MeterEventSender {
     return (this.opts.now ?? Date.now)();
   }
 
-  /** Sends what is queued now (a worker shutting down). */
+  /** Sends what is queued now, without lingering (a worker shutting down). */
   drain(): void {
-    this.flush();
+    if (this.queue.size === 0) return;
+    this.due = true;
+    this.pump();
   }
 }
 
