@@ -1,0 +1,115 @@
+/**
+ * One OpenTelemetry trace per event (src/telemetry.ts), on the real pipeline: PostgreSQL, the
+ * shared Temporal dev server, the local Stripe. The file registers an SDK of its own (as an
+ * application does) exporting into memory; the worker runs Temporal's OpenTelemetry interceptors.
+ */
+import { context, propagation, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
+import { Resource } from '@opentelemetry/resources';
+import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
+import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { IDEMPOTENCY_KEY_ATTRIBUTE } from '../src/telemetry.js';
+import { usePipeline, waitFor } from './hooks.js';
+
+const exporter = new InMemorySpanExporter();
+const spanProcessor = new SimpleSpanProcessor(exporter);
+const resource = new Resource({ 'service.name': 'billing-outbox-test' });
+const provider = new NodeTracerProvider({ resource, spanProcessors: [spanProcessor] });
+
+// Before the fixture's own beforeAll: the worker's interceptors read the registered SDK.
+beforeAll(() => {
+  provider.register();
+});
+afterAll(async () => {
+  await provider.shutdown();
+  trace.disable();
+  context.disable();
+  propagation.disable();
+});
+
+const t = usePipeline({
+  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist' },
+  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
+  tracing: { spanProcessor, resource },
+});
+
+/** Records one usage inside an application span (as an HTTP server's would be); returns its trace id and the key. */
+async function recordInAppSpan(tenantId: string, usageId: string): Promise<{ traceId: string; spanId: string; key: string }> {
+  return trace.getTracer('the-application').startActiveSpan('POST /orders', { kind: SpanKind.SERVER }, async (span) => {
+    try {
+      const { entry } = await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId, quantity: 3 }));
+      return { traceId: span.spanContext().traceId, spanId: span.spanContext().spanId, key: entry.idempotencyKey };
+    } finally {
+      span.end();
+    }
+  });
+}
+
+const spansOf = (traceId: string) => exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === traceId);
+const named = (spans: ReadableSpan[], name: string) => spans.filter((s) => s.name === name);
+const parentOf = (span: ReadableSpan, spans: ReadableSpan[]) => spans.find((s) => s.spanContext().spanId === span.parentSpanId);
+
+describe('one trace per event', () => {
+  it('follows a delivered event from the application span to the Stripe call, under one trace id', async () => {
+    const app = await recordInAppSpan('acme', 'traced-sent');
+    expect((await t.row(app.key))!.trace_parent).toBe(`00-${app.traceId}-${app.spanId}-01`);
+    await t.waitStatus(app.key, 'sent');
+
+    // The workflow's spans leave the sandbox when its run completes.
+    const spans = await waitFor('the workflow span', async () => {
+      const s = spansOf(app.traceId);
+      return named(s, 'RunWorkflow:usageWorkflow').length > 0 && s;
+    });
+    const stripe = named(spans, 'stripe POST /v1/billing/meter_events');
+    expect(stripe).toHaveLength(1);
+    expect(stripe[0]!.attributes).toMatchObject({ [IDEMPOTENCY_KEY_ATTRIBUTE]: app.key, 'http.response.status_code': 200 });
+    expect(stripe[0]!.status.code).not.toBe(SpanStatusCode.ERROR);
+
+    // The chain: app span → relay's start → Temporal's start → the run → its activity → Stripe.
+    const start = named(spans, 'billing_outbox.start');
+    expect(start).toHaveLength(1);
+    expect(start[0]!.parentSpanId).toBe(app.spanId);
+    expect(start[0]!.attributes[IDEMPOTENCY_KEY_ATTRIBUTE]).toBe(app.key);
+    const chain: string[] = [];
+    for (let s: ReadableSpan | undefined = stripe[0]; s; s = parentOf(s, spans)) chain.unshift(s.name);
+    expect(chain).toEqual([
+      'POST /orders',
+      'billing_outbox.start',
+      'StartWorkflow:usageWorkflow',
+      'RunWorkflow:usageWorkflow',
+      'StartActivity:deliverUsage',
+      'RunActivity:deliverUsage',
+      'stripe POST /v1/billing/meter_events',
+    ]);
+  });
+
+  it('marks the dead-letter path as an error, in the event’s trace', async () => {
+    const app = await recordInAppSpan('ghost', 'traced-dead');
+    await t.waitStatus(app.key, 'dead');
+    const spans = await waitFor('the dead letter span', async () => {
+      const s = spansOf(app.traceId);
+      return named(s, 'billing_outbox.dead_letter').length > 0 && s;
+    });
+    const stripe = named(spans, 'stripe POST /v1/billing/meter_events');
+    expect(stripe).toHaveLength(1);
+    expect(stripe[0]!.status.code).toBe(SpanStatusCode.ERROR);
+    expect(stripe[0]!.attributes).toMatchObject({ [IDEMPOTENCY_KEY_ATTRIBUTE]: app.key, 'http.response.status_code': 400, 'billing_outbox.stripe_error_code': 'resource_missing' });
+    const dead = named(spans, 'billing_outbox.dead_letter')[0]!;
+    expect(dead.status).toMatchObject({ code: SpanStatusCode.ERROR, message: expect.stringContaining('resource_missing') });
+    expect(dead.attributes[IDEMPOTENCY_KEY_ATTRIBUTE]).toBe(app.key);
+  });
+
+  it('starts a trace of its own for an event recorded outside any span, and stores no context with it', async () => {
+    const { entry } = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'untraced', tenantId: 'acme', quantity: 1 }));
+    expect((await t.row(entry.idempotencyKey))!.trace_parent).toBeNull();
+    await t.waitStatus(entry.idempotencyKey, 'sent');
+    const stripe = await waitFor('the Stripe span', async () =>
+      exporter.getFinishedSpans().find((s) => s.name === 'stripe POST /v1/billing/meter_events' && s.attributes[IDEMPOTENCY_KEY_ATTRIBUTE] === entry.idempotencyKey),
+    );
+    const start = spansOf(stripe.spanContext().traceId).find((s) => s.name === 'billing_outbox.start');
+    // Its own root: not a child of the relay's long-running activity, whose trace would hold every event.
+    expect(start?.parentSpanId).toBeUndefined();
+  });
+});
