@@ -12,7 +12,7 @@
  * Across the commit it travels in the outbox row (`trace_parent`, W3C traceparent text), since the
  * relay claims the row later, in another process.
  */
-import { context, isSpanContextValid, ROOT_CONTEXT, SpanStatusCode, trace, TraceFlags, type Context, type Span, type Tracer } from '@opentelemetry/api';
+import { context, isSpanContextValid, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags, type Context, type Span, type Tracer } from '@opentelemetry/api';
 import type { Resource } from '@opentelemetry/resources';
 import type { SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import type { WorkflowClientInterceptor } from '@temporalio/client';
@@ -65,6 +65,18 @@ export function inEventTrace<T>(name: string, key: string, traceParent: string |
   return tracer().startActiveSpan(name, { root: !parent, attributes: { [IDEMPOTENCY_KEY_ATTRIBUTE]: key } }, parent ?? ROOT_CONTEXT, (span) =>
     endSpan(span, fn(span)),
   );
+}
+
+/**
+ * Runs `fn` (an HTTP request's work) in a server span: under the caller's active span when there
+ * is one (an application whose SDK instruments its HTTP server), else under the trace the request's
+ * `traceparent` header names (extracted by the registered propagator; none registered, none
+ * extracted). recordUsage inside it stores this span's context with the row.
+ */
+export function inRequestSpan<T>(name: string, headers: Record<string, unknown>, key: string, fn: (span: Span) => Promise<T>): Promise<T> {
+  const active = context.active();
+  const parent = trace.getSpan(active) ? active : propagation.extract(active, headers);
+  return tracer().startActiveSpan(name, { kind: SpanKind.SERVER, attributes: { [IDEMPOTENCY_KEY_ATTRIBUTE]: key } }, parent, (span) => endSpan(span, fn(span)));
 }
 
 /** Ends `span` when `work` settles: ERROR with the message when it rejects. */

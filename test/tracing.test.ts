@@ -8,7 +8,10 @@ import { Resource } from '@opentelemetry/resources';
 import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildApi } from '../src/api/index.js';
+import type { ApiToken } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
+import { createLogger } from '../src/log.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { IDEMPOTENCY_KEY_ATTRIBUTE } from '../src/telemetry.js';
 import { usePipeline, waitFor } from './hooks.js';
@@ -99,6 +102,42 @@ describe('one trace per event', () => {
     const dead = named(spans, 'billing_outbox.dead_letter')[0]!;
     expect(dead.status).toMatchObject({ code: SpanStatusCode.ERROR, message: expect.stringContaining('resource_missing') });
     expect(dead.attributes[IDEMPOTENCY_KEY_ATTRIBUTE]).toBe(app.key);
+  });
+
+  it('begins the trace at POST /v1/usage, under the caller’s traceparent header', async () => {
+    const writer: ApiToken = { name: 'writer', token: 'tok_'.padEnd(40, 'w'), tenants: ['*'], scopes: ['usage:write'] };
+    const api = buildApi({ config: t.configWith({ API_TOKENS: JSON.stringify([writer]) }), db: t.pool, log: createLogger('silent') });
+    try {
+      // The calling service's span, sent as W3C headers as its HTTP client would send them.
+      const caller = trace.getTracer('the-caller').startSpan('checkout', { kind: SpanKind.CLIENT });
+      const headers: Record<string, string> = {};
+      propagation.inject(trace.setSpan(context.active(), caller), headers);
+      const res = await api.inject({
+        method: 'POST',
+        url: '/v1/usage',
+        headers: { ...headers, authorization: `Bearer ${writer.token}`, 'content-type': 'application/json' },
+        payload: { tenant_id: 'acme', usage_id: 'traced-http', quantity: 2 },
+      });
+      caller.end();
+      expect(res.statusCode).toBe(201);
+      const key = (res.json() as { idempotency_key: string }).idempotency_key;
+      const traceId = caller.spanContext().traceId;
+      expect((await t.row(key))!.trace_parent).toMatch(new RegExp(`^00-${traceId}-`));
+      await t.waitStatus(key, 'sent');
+      const spans = await waitFor('the Stripe span', async () => {
+        const s = spansOf(traceId);
+        return named(s, 'RunWorkflow:usageWorkflow').length > 0 && s;
+      });
+      const request = named(spans, 'POST /v1/usage');
+      expect(request).toHaveLength(1);
+      expect(request[0]!.parentSpanId).toBe(caller.spanContext().spanId);
+      expect(request[0]!.attributes).toMatchObject({ [IDEMPOTENCY_KEY_ATTRIBUTE]: key, 'http.response.status_code': 201 });
+      const stripe = named(spans, 'stripe POST /v1/billing/meter_events');
+      expect(stripe[0]!.attributes[IDEMPOTENCY_KEY_ATTRIBUTE]).toBe(key);
+      expect(named(spans, 'billing_outbox.start')[0]!.parentSpanId).toBe(request[0]!.spanContext().spanId);
+    } finally {
+      await api.close();
+    }
   });
 
   it('starts a trace of its own for an event recorded outside any span, and stores no context with it', async () => {
