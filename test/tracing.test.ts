@@ -7,6 +7,11 @@ import { context, propagation, SpanKind, SpanStatusCode, trace } from '@opentele
 import { Resource } from '@opentelemetry/resources';
 import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { execFile } from 'node:child_process';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import path from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi } from '../src/api/index.js';
 import type { ApiToken } from '../src/config.js';
@@ -150,5 +155,56 @@ describe('one trace per event', () => {
     const start = spansOf(stripe.spanContext().traceId).find((s) => s.name === 'billing_outbox.start');
     // Its own root: not a child of the relay's long-running activity, whose trace would hold every event.
     expect(start?.parentSpanId).toBeUndefined();
+  });
+});
+
+/**
+ * In a process of its own (this file's has an SDK registered): importing the library and the
+ * worker, and `startTelemetry` with no endpoint, load no SDK and register nothing; with one, the
+ * spans reach the collector over OTLP/HTTP.
+ */
+const CHILD = `
+import { createRequire } from 'node:module';
+import { trace } from '@opentelemetry/api';
+const cache = createRequire(import.meta.url).cache;
+const sdk = () => Object.keys(cache).filter((p) => /@opentelemetry[\\\\/](sdk-trace|exporter|resources)|interceptors-opentelemetry/.test(p)).length;
+const registered = () => globalThis[Symbol.for('opentelemetry.js.api.1')] !== undefined;
+await import('./src/index.ts');
+await import('./src/worker.ts');
+const { startTelemetry } = await import('./src/telemetry.ts');
+const off = await startTelemetry({ otlpEndpoint: undefined, serviceName: 'billing-outbox' });
+const before = { started: off !== undefined, sdk: sdk(), registered: registered() };
+const on = await startTelemetry({ otlpEndpoint: process.env.COLLECTOR, serviceName: 'billing-east' });
+trace.getTracer('child').startSpan('exported').end();
+await on.shutdown();
+console.log(JSON.stringify({ before, after: { sdk: sdk() > 0 } }));
+`;
+
+describe('tracing off and on (src/telemetry.ts startTelemetry)', () => {
+  it('off: no SDK loaded, nothing registered; on: spans reach the OTLP endpoint, under OTEL_SERVICE_NAME', async () => {
+    const received: { url: string | undefined; body: Buffer }[] = [];
+    const collector = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        received.push({ url: req.url, body: Buffer.concat(chunks) });
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      });
+    });
+    await new Promise<void>((resolve) => collector.listen(0, '127.0.0.1', resolve));
+    try {
+      const { port } = collector.address() as AddressInfo;
+      const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CHILD], {
+        cwd: path.join(import.meta.dirname, '..'),
+        env: { ...process.env, COLLECTOR: `http://127.0.0.1:${port}` },
+      });
+      expect(JSON.parse(stdout.trim().split('\n').at(-1)!)).toEqual({ before: { started: false, sdk: 0, registered: false }, after: { sdk: true } });
+      expect(received.map((r) => r.url)).toContain('/v1/traces');
+      const body = Buffer.concat(received.map((r) => r.body)).toString('latin1');
+      expect(body).toContain('exported');
+      expect(body).toContain('billing-east');
+    } finally {
+      collector.close();
+    }
   });
 });
