@@ -7,7 +7,10 @@ import { context, propagation, SpanKind, SpanStatusCode, trace } from '@opentele
 import { Resource } from '@opentelemetry/resources';
 import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { temporal } from '@temporalio/proto';
+import { Worker } from '@temporalio/worker';
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
@@ -18,8 +21,8 @@ import type { ApiToken } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { IDEMPOTENCY_KEY_ATTRIBUTE } from '../src/telemetry.js';
-import { usePipeline, waitFor } from './hooks.js';
+import { IDEMPOTENCY_KEY_ATTRIBUTE, temporalTracing } from '../src/telemetry.js';
+import { tracingWorkflowBundle, usePipeline, waitFor } from './hooks.js';
 
 const exporter = new InMemorySpanExporter();
 const spanProcessor = new SimpleSpanProcessor(exporter);
@@ -207,4 +210,10 @@ describe('tracing off and on (src/telemetry.ts startTelemetry)', () => {
       collector.close();
     }
   });
+});
+
+it('a worker with tracing on replays a dead letter whose run began without it (turning tracing on breaks no open run)', async () => {
+  const history = temporal.api.history.v1.History.decode(readFileSync(path.join(import.meta.dirname, 'fixtures', 'usage-dead-letter.pb')));
+  const { sinks } = await temporalTracing({ spanProcessor, resource });
+  await expect(Worker.runReplayHistory({ workflowBundle: await tracingWorkflowBundle(), sinks }, history, 'u:fixture:dead-letter')).resolves.toBeUndefined();
 });
