@@ -3,7 +3,9 @@ import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
   // A test that imports the package by its name ('billing-outbox') gets the sources, not a build.
-  ssr: { resolve: { conditions: ['billing-outbox-source', ...defaultServerConditions] } },
+  // Without vite's `module` condition, packages resolve as Node resolves them: @opentelemetry/api's
+  // `module` build is for bundlers (imports without file extensions), which Node cannot load.
+  ssr: { resolve: { conditions: ['billing-outbox-source', ...defaultServerConditions.filter((c) => c !== 'module')] } },
   test: {
     include: ['test/**/*.test.ts'],
     // The Temporal SDK's native module is unreliable in worker threads.

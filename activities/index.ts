@@ -3,6 +3,7 @@
  * place: src/temporal/worker.ts; the parts each activity composes are assembled here). Workflows
  * import only the types.
  */
+import { Context } from '@temporalio/activity';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import type { Config } from '../src/config.js';
@@ -12,7 +13,8 @@ import { schemaFor } from '../src/outbox/sql/schema.js';
 import { MeterLease } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog } from '../src/stripe/meters.js';
 import { SlotPacer } from '../src/stripe/rate-limit.js';
-import { meterEventsV1, type MeterEventSender } from '../src/stripe/sender.js';
+import { inDeadLetterSpan } from '../src/telemetry.js';
+import { meterEventsV1, tracedSender, type MeterEventSender } from '../src/stripe/sender.js';
 import { createDeliveryActivities } from './delivery.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';
 
@@ -24,20 +26,28 @@ export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
   stream?: MeterEventSender;
   meters: Pick<MeterCatalog, 'keysFor'>;
   metrics?: Metrics;
+  /** Tracing on: each Stripe call is a span of the event's trace. */
+  traced?: boolean;
 }
 
 export function createActivities(deps: ActivityDeps) {
   const { db, config } = deps;
   const schema = schemaFor(config.databaseSchema);
+  const sender = deps.stream ?? meterEventsV1(deps.stripe);
   const delivery = createDeliveryActivities({
     store: deliveryStore(db, schema, { identifierNamespace: config.stripe.identifierNamespace }),
-    sender: deps.stream ?? meterEventsV1(deps.stripe),
+    // The usage workflow's id is the event's idempotency key.
+    sender: deps.traced ? tracedSender(sender, () => Context.current().info.workflowExecution?.workflowId) : sender,
     lease: new MeterLease(db, schema, config.timings, deps.notifier, deps.stopping),
     pacer: new SlotPacer(db, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
     meters: deps.meters,
     config,
     metrics: deps.metrics,
   });
+  if (deps.traced) {
+    const { markDead } = delivery;
+    delivery.markDead = (input) => inDeadLetterSpan(input, () => markDead(input));
+  }
   return { ...delivery, ...createRelayActivities(deps) };
 }
 

@@ -3,6 +3,7 @@
 #   dist/src, dist/workflows, dist/activities  compiled JavaScript, declarations, source maps
 #   dist/migrations                             the SQL files (src/db.ts reads ../migrations)
 #   dist/workflow-bundle.js                     the workflows bundled once for Temporal's sandbox
+#   dist/workflow-bundle-tracing.js             the same with OpenTelemetry's workflow interceptors
 #   dist/entries/                               billing-outbox/worker and /fastify, which say what
 #                                               to install when an optional peer is missing
 set -euo pipefail
@@ -11,4 +12,5 @@ rm -rf dist
 npx tsc -p tsconfig.build.json
 cp -R migrations dist/migrations
 npx tsx scripts/bundle-workflows.ts dist/workflows/index.js dist/workflow-bundle.js
+npx tsx scripts/bundle-workflows.ts dist/workflows/index.js dist/workflow-bundle-tracing.js --tracing
 npx tsx scripts/build-entries.ts

@@ -157,6 +157,13 @@ const schema = z.object({
   DATA_DIR: z.string().trim().min(1).optional(),
   TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  // OpenTelemetry's own names: a collector's setup for other services works for this one too.
+  OTEL_EXPORTER_OTLP_ENDPOINT: z
+    .string()
+    .trim()
+    .regex(/^https?:\/\/[^\s]+$/, 'must be an http(s) URL (OTLP over HTTP, e.g. http://collector:4318)')
+    .optional(),
+  OTEL_SERVICE_NAME: z.string().trim().min(1).default('billing-outbox'),
   LOCAL_STRIPE_URL: z
     .string()
     .trim()
@@ -334,6 +341,11 @@ export interface Config {
   dataDir: string | undefined;
   temporalCliPath: string | undefined;
   logLevel: Parsed['LOG_LEVEL'];
+  /**
+   * Tracing (src/telemetry.ts): one OpenTelemetry trace per event, exported over OTLP/HTTP to
+   * `otlpEndpoint`. Unset: off, and no SDK is loaded.
+   */
+  telemetry: { otlpEndpoint: string | undefined; serviceName: string };
   /** Where `npm run stripe` finds the local Stripe (unset: from the running stack's endpoints file). */
   localStripeUrl: string | undefined;
 }
@@ -482,6 +494,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,
     logLevel: c.LOG_LEVEL,
+    telemetry: { otlpEndpoint: c.OTEL_EXPORTER_OTLP_ENDPOINT?.replace(/\/+$/, ''), serviceName: c.OTEL_SERVICE_NAME },
     localStripeUrl: c.LOCAL_STRIPE_URL?.replace(/\/+$/, ''),
   };
 }

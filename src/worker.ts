@@ -19,9 +19,10 @@ import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { Logger } from './log.js';
 import { launchWorker, type WorkerHandle, type WorkerHealth } from './temporal/worker.js';
+import type { Tracing } from './telemetry.js';
 
 export { ConfigError };
-export type { WorkerHandle, WorkerHealth };
+export type { Tracing, WorkerHandle, WorkerHealth };
 
 /** How to reach Temporal: its address and credentials, or a connection of the application's own. */
 export interface WorkerTemporalOptions {
@@ -106,6 +107,12 @@ export interface CreateWorkerOptions {
   workflowBundle?: TemporalWorkerOptions['workflowBundle'];
   /** Temporal Worker options over ours (shutdownGraceTime, …). */
   workerOptions?: Partial<TemporalWorkerOptions>;
+  /**
+   * One OpenTelemetry trace per event (README: Tracing), on your application's SDK, which must be
+   * registered (Temporal's interceptors use the global API): where the workflows' spans go. Without
+   * it, no tracing (the worker reads no OTEL_* variable: your environment is yours).
+   */
+  tracing?: Tracing;
 }
 
 // Each option stands for one variable of src/config.ts: the same check, default and range.
@@ -138,7 +145,7 @@ const TUNING_VARIABLES = {
   pruneIntervalMs: 'OUTBOX_PRUNE_INTERVAL_MS',
 } as const satisfies Record<keyof WorkerTuning, string>;
 const TOP_LEVEL: readonly (keyof CreateWorkerOptions)[] = [
-  'database', 'temporal', 'stripe', 'taskQueue', 'schema', 'migrate', 'handleSignals', 'http', 'log', 'tuning', 'workflowBundle', 'workerOptions',
+  'database', 'temporal', 'stripe', 'taskQueue', 'schema', 'migrate', 'handleSignals', 'http', 'log', 'tuning', 'workflowBundle', 'workerOptions', 'tracing',
 ];
 
 /**
@@ -250,5 +257,6 @@ export async function createWorker(options: CreateWorkerOptions): Promise<Worker
     log: options.log,
     workflowBundle: options.workflowBundle,
     workerOptions: options.workerOptions,
+    ...(options.tracing ? { tracing: options.tracing } : {}),
   });
 }

@@ -75,6 +75,8 @@ describe('configuration', () => {
       DATA_DIR: '/var/lib/billing-outbox',
       TEMPORAL_CLI_PATH: '/usr/local/bin/temporal',
       LOG_LEVEL: 'debug',
+      OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318',
+      OTEL_SERVICE_NAME: 'billing-east',
     };
     expect(Object.keys(samples).sort()).toEqual([...CONFIG_VARIABLES].sort());
     const defaults = loadConfig({});

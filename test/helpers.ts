@@ -11,14 +11,15 @@ import { inject } from 'vitest';
 import { Connection, type Client } from '@temporalio/client';
 import { msToTs } from '@temporalio/common/lib/time.js';
 import { temporal } from '@temporalio/proto';
-import type { NativeConnection } from '@temporalio/worker';
+import { bundleWorkflowCode, type NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { connectTemporal, startWorker, type RunningWorker } from '../src/temporal/worker.js';
+import { connectTemporal, startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
+import { workflowTracingModule, type Tracing } from '../src/telemetry.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
 import './provided.js';
 
@@ -122,6 +123,19 @@ export function workflowBundle(): { code: string } {
   return { code: readFileSync(inject('workflowBundlePath'), 'utf8') };
 }
 
+let tracingBundle: Promise<{ code: string }> | undefined;
+
+/**
+ * The workflows with Temporal's OpenTelemetry workflow interceptors, as a worker with tracing on
+ * runs them; bundled on first use by the one file that traces, not by the global setup for all.
+ */
+export function tracingWorkflowBundle(): Promise<{ code: string }> {
+  const noop = () => undefined;
+  const logger = { trace: noop, debug: noop, info: noop, log: noop, warn: noop, error: console.error };
+  tracingBundle ??= bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger, workflowInterceptorModules: [workflowTracingModule()] }).then(({ code }) => ({ code }));
+  return tracingBundle;
+}
+
 export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000, everyMs = 100): Promise<T> {
   const until = Date.now() + timeoutMs;
   let last: unknown;
@@ -161,6 +175,8 @@ export async function startTestPipeline(opts: {
   config: Config;
   metrics?: Metrics;
   worker?: boolean;
+  /** Tracing on: the workers run Temporal's OpenTelemetry interceptors, workflow spans to this. */
+  tracing?: Tracing;
 }): Promise<TestPipeline> {
   const { config, db } = opts;
   const t = await connectTemporal(config.temporal);
@@ -174,7 +190,8 @@ export async function startTestPipeline(opts: {
       connection: t.connection,
       client: t.client,
       metrics: opts.metrics,
-      workflowBundle: workflowBundle(),
+      workflowBundle: opts.tracing ? await tracingWorkflowBundle() : workflowBundle(),
+      tracing: opts.tracing,
       relayRunForMs: 5_000,
       workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
     });

@@ -31,10 +31,11 @@ import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { schemaFor, type Schema } from '../src/outbox/sql/schema.js';
 import type { OutboxStatus } from '../src/outbox/statuses.js';
+import type { Tracing } from '../src/telemetry.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 export { idempotencyKeyFor };
-export { databaseUrlFor, runCliWithoutTemporal, statusCounts, testConfig, waitFor, workflowBundle } from './helpers.js';
+export { databaseUrlFor, runCliWithoutTemporal, statusCounts, testConfig, tracingWorkflowBundle, waitFor, workflowBundle } from './helpers.js';
 export type { TestDb, TestPipeline } from './helpers.js';
 
 /** Tenant → the Stripe customer it is billed as. */
@@ -205,6 +206,8 @@ export interface PipelineOptions extends StripeOptions {
   worker?: boolean;
   /** Called once the database exists, for a pipeline that records metrics. */
   metrics?: (pool: pg.Pool) => Metrics;
+  /** Tracing on, into this span processor (the file registers its own tracer provider). */
+  tracing?: Tracing;
 }
 
 export interface PipelineFixture extends StripeFixture {
@@ -245,7 +248,7 @@ function useServices(opts: PipelineOptions, withPipeline: boolean): PipelineFixt
     stripe = await LocalStripe.start({ customers: Object.values(customers), ...opts.stripe });
     config = configWith();
     metrics = opts.metrics?.(db.pool);
-    if (withPipeline) pipeline = await startTestPipeline({ db, config, metrics, worker: opts.worker });
+    if (withPipeline) pipeline = await startTestPipeline({ db, config, metrics, worker: opts.worker, tracing: opts.tracing });
   });
   tearDown(async () => {
     for (const p of started.splice(0)) await p.stop();

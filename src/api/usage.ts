@@ -8,6 +8,7 @@ import { withTransaction } from '../db.js';
 import { recordUsage } from '../outbox/enqueue.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
+import { inRequestSpan } from '../telemetry.js';
 import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from '../outbox/validate.js';
 import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';
@@ -92,7 +93,8 @@ export function registerUsageRoutes(
       const body = request.body;
       requireTenant(request.apiToken!, body.tenant_id);
       // Every later line of this request, including Fastify's "request completed", carries the key.
-      const log = request.log.child({ idempotencyKey: idempotencyKeyFor(body.tenant_id, body.usage_id) });
+      const key = idempotencyKeyFor(body.tenant_id, body.usage_id);
+      const log = request.log.child({ idempotencyKey: key });
       request.log = log;
       reply.log = log;
 
@@ -102,19 +104,25 @@ export function registerUsageRoutes(
         throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
       }
 
-      const { entry, created } = await withTransaction(deps.db, (client) =>
-        recordUsage(
-          client,
-          {
-            usageId: body.usage_id,
-            tenantId: body.tenant_id,
-            quantity: body.quantity,
-            eventName: body.event_name,
-            occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
-          },
-          { defaultEventName: deps.defaultEventName, schema: deps.schema },
-        ),
-      );
+      // The event's trace begins here (or in the caller's, by its traceparent header): the row keeps
+      // this span's context. A no-op span unless the process registered an OpenTelemetry SDK.
+      const { entry, created } = await inRequestSpan('POST /v1/usage', request.headers, key, async (span) => {
+        const recorded = await withTransaction(deps.db, (client) =>
+          recordUsage(
+            client,
+            {
+              usageId: body.usage_id,
+              tenantId: body.tenant_id,
+              quantity: body.quantity,
+              eventName: body.event_name,
+              occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
+            },
+            { defaultEventName: deps.defaultEventName, schema: deps.schema },
+          ),
+        );
+        span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);
+        return recorded;
+      });
       log.info({ tenantId: entry.tenantId, quantity: entry.quantity, created, status: entry.status }, created ? 'usage recorded' : 'usage already recorded');
       return reply.code(created ? 201 : 200).send(responseBody(entry, body.usage_id, created));
     },

@@ -3,6 +3,7 @@
  * its meter event, in the caller's own transaction, with no network call.
  */
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
+import { activeTraceParent } from '../telemetry.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { schemaFor } from './sql/schema.js';
@@ -60,6 +61,8 @@ function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
  * - Throws a `UsageError` (and writes nothing) for invalid input, an unknown tenant, or a usage id
  *   reused with different values. Makes no network call besides the database queries, and no
  *   input makes a query fail inside your transaction.
+ * - Called inside an OpenTelemetry span (your HTTP server's, or one of your own), the row keeps
+ *   that span's trace context, and the event's delivery joins its trace (README: Tracing).
  * - `schema`: the PostgreSQL schema billing-outbox was migrated into (default `billing_outbox`; the
  *   workers' DATABASE_SCHEMA must be the same). Every statement names its tables in it; your
  *   connection's search_path is neither read nor changed.
@@ -72,7 +75,8 @@ export async function recordUsage(
   const schema = schemaFor(options.schema);
   const usage = validateUsage(input, options.defaultEventName ?? DEFAULT_EVENT_NAME);
   const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
-  const inserted = await insertUsage(client, schema, { ...usage, key });
+  // The caller's active span, if any, goes with the row: the relay continues that trace.
+  const inserted = await insertUsage(client, schema, { ...usage, key, traceParent: activeTraceParent() });
   if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
   if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
 

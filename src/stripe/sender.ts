@@ -3,7 +3,9 @@
  * v1 (`POST /v1/billing/meter_events`, one call per event, validated at once; src/stripe/client.ts)
  * and v2 (the meter event stream, batched, validated later; src/stripe/stream.ts).
  */
+import { SpanKind } from '@opentelemetry/api';
 import type Stripe from 'stripe';
+import { endSpan, IDEMPOTENCY_KEY_ATTRIBUTE, tracer } from '../telemetry.js';
 import { sendMeterEvent } from './client.js';
 import type { MeterEvent } from './meters.js';
 
@@ -23,4 +25,41 @@ export interface MeterEventSender {
 /** v1: one call per event. */
 export function meterEventsV1(client: Pick<Stripe, 'billing'>): MeterEventSender {
   return { api: 'v1', send: (event) => sendMeterEvent(client, event) };
+}
+
+/**
+ * `sender` with each send in a client span of the event's trace (the delivery activity's span is
+ * its parent): which API, the identifier, the idempotency key (`keyOf`, from the caller's context)
+ * and Stripe's HTTP status, ERROR when Stripe refused or did not answer. Only when tracing is on.
+ */
+export function tracedSender(sender: MeterEventSender, keyOf: () => string | undefined): MeterEventSender {
+  const name = sender.api === 'v1' ? 'stripe POST /v1/billing/meter_events' : 'stripe meter event stream';
+  return {
+    api: sender.api,
+    send(event) {
+      const key = keyOf();
+      return tracer().startActiveSpan(
+        name,
+        {
+          kind: SpanKind.CLIENT,
+          attributes: { 'billing_outbox.stripe_identifier': event.identifier, 'billing_outbox.meter_api': sender.api, ...(key ? { [IDEMPOTENCY_KEY_ATTRIBUTE]: key } : {}) },
+        },
+        (span) =>
+          endSpan(
+            span,
+            sender.send(event).then(
+              // Stripe answers 200 when it takes a meter event (v1) or a stream batch (v2).
+              () => void span.setAttribute('http.response.status_code', 200),
+              (err: unknown) => {
+                const status = (err as { statusCode?: unknown } | null)?.statusCode;
+                if (typeof status === 'number') span.setAttribute('http.response.status_code', status);
+                const code = (err as { code?: unknown } | null)?.code;
+                if (typeof code === 'string') span.setAttribute('billing_outbox.stripe_error_code', code);
+                throw err;
+              },
+            ),
+          ),
+      );
+    },
+  };
 }

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Client, Connection, type TLSConfig } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import type { TemporalConfig } from '../config.js';
+import { workflowClientTracing } from '../telemetry.js';
 
 export const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
 
@@ -67,7 +68,10 @@ export function lazyHealthConnection(temporal: TemporalConfig): Connection {
 }
 
 /** One gRPC connection for the client (starting workflows) and one native one for the worker. */
-export async function connectTemporal(temporal: TemporalConfig): Promise<{ connection: NativeConnection; client: Client; clientConnection: Connection }> {
+export async function connectTemporal(
+  temporal: TemporalConfig,
+  opts: { tracing?: boolean } = {},
+): Promise<{ connection: NativeConnection; client: Client; clientConnection: Connection }> {
   let connection: NativeConnection;
   try {
     connection = await NativeConnection.connect(connectionOptions(temporal));
@@ -78,6 +82,9 @@ export async function connectTemporal(temporal: TemporalConfig): Promise<{ conne
     await connection.close();
     throw err;
   });
-  const client = new Client({ connection: clientConnection, namespace: temporal.namespace });
+  // Tracing on: what this client starts or signals (an operator's retry, a reopen) carries the
+  // caller's trace into the workflow, as the relay's starts do.
+  const interceptors = opts.tracing ? { workflow: await workflowClientTracing() } : undefined;
+  const client = new Client({ connection: clientConnection, namespace: temporal.namespace, ...(interceptors ? { interceptors } : {}) });
   return { connection, client, clientConnection };
 }

@@ -6,6 +6,7 @@
 import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
+import { inEventTrace } from '../telemetry.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -15,6 +16,8 @@ export interface UsageEventRef {
   event_name?: string;
   quantity?: string | number;
   occurred_at?: Date;
+  /** The trace the event was recorded in (the row's W3C traceparent), for the start's span. */
+  trace_parent?: string | null;
 }
 
 /**
@@ -225,6 +228,16 @@ export async function startUsageWorkflow(
   config: Pick<Config, 'retry' | 'temporal'>,
   opts: { eager?: boolean } = {},
 ): Promise<StartOutcome> {
+  // The start joins the trace the row was recorded in; with tracing on, the client's OpenTelemetry
+  // interceptor carries it on in the start's headers to the workflow and its activities.
+  return inEventTrace('billing_outbox.start', row.idempotency_key, row.trace_parent, async (span) => {
+    const outcome = await startOrDescribe(client, row, config, opts);
+    span.setAttribute('billing_outbox.start_outcome', outcome.kind);
+    return outcome;
+  });
+}
+
+async function startOrDescribe(client: Client, row: UsageEventRef, config: Pick<Config, 'retry' | 'temporal'>, opts: { eager?: boolean }): Promise<StartOutcome> {
   try {
     await client.workflow.start('usageWorkflow', {
       ...usageWorkflowStartOptions(row, config, { reusePolicy: 'REJECT_DUPLICATE' }),

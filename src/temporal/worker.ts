@@ -27,6 +27,7 @@ import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
 import { schemaFor } from '../outbox/sql/schema.js';
+import { startTelemetry, temporalTracing, workflowTracingModule, type Tracing } from '../telemetry.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -47,6 +48,12 @@ export interface WorkerDeps {
   workerOptions?: Partial<WorkerOptions>;
   /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
   closedRunSweep?: Partial<ClosedRunSweepOptions>;
+  /**
+   * Tracing on (src/telemetry.ts): Temporal's OpenTelemetry interceptors on the relay's starts,
+   * the workflows and the activities, the workflows' spans to this processor. A `workflowBundle`
+   * given with it must have been bundled with `workflowTracingModule()`.
+   */
+  tracing?: Tracing;
 }
 
 export interface ClosedRunSweepOptions extends Omit<SweepOptions, 'afterId'> {
@@ -83,6 +90,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
           log: deps.log,
         })
       : undefined;
+  const traced = deps.tracing ? await temporalTracing(deps.tracing) : undefined;
   const activities = createActivities({
     db: pool,
     stripe,
@@ -90,20 +98,24 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     meters: new MeterCatalog(stripe),
     // The relays start usage workflows on the worker's own connection, so that eager start can
     // give the first workflow task to this worker directly.
-    client: new Client({ connection: deps.connection, namespace: config.temporal.namespace }),
+    client: new Client({ connection: deps.connection, namespace: config.temporal.namespace, ...(traced ? { interceptors: { workflow: traced.client } } : {}) }),
     notifier,
     config,
     stopping: stopping.signal,
     log: relayLog,
     runForMs: deps.relayRunForMs,
     metrics: deps.metrics,
+    traced: traced !== undefined,
   });
   const worker = await Worker.create({
     connection: deps.connection,
     namespace: config.temporal.namespace,
     taskQueue: config.temporal.taskQueue,
     activities,
-    workflowBundle: deps.workflowBundle ?? shippedWorkflowBundle() ?? (await bundleWorkflows(deps.log)),
+    workflowBundle: deps.workflowBundle ?? shippedWorkflowBundle({ tracing: traced !== undefined }) ?? (await bundleWorkflows(deps.log, traced !== undefined)),
+    // The workflows' interceptors are in the bundle (workflowTracingModule); their spans leave the
+    // sandbox through the `exporter` sink.
+    ...(traced ? { interceptors: { activity: traced.activity }, sinks: traced.sinks } : {}),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
     // as long as it waits for its lease (a second at most; longer waits are the regular
     // activity's) and calls Stripe: the slots bound concurrent deliveries.
@@ -140,14 +152,14 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
  * bundler's INFO lines at debug: they are webpack's whole output, a kilobyte and a half of module
  * list on every start. Its warnings and errors stay warnings and errors (a failed bundle throws).
  */
-async function bundleWorkflows(log: Logger | undefined): Promise<{ code: string }> {
+async function bundleWorkflows(log: Logger | undefined, tracing: boolean): Promise<{ code: string }> {
   const logger = new DefaultLogger('TRACE', ({ level, message, meta }) => {
     const fields = { ...meta, sdk: 'temporal' };
     if (level === 'ERROR') log?.error(fields, message);
     else if (level === 'WARN') log?.warn(fields, message);
     else log?.debug(fields, message);
   });
-  const { code } = await bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger });
+  const { code } = await bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger, ...(tracing ? { workflowInterceptorModules: [workflowTracingModule()] } : {}) });
   return { code };
 }
 
@@ -256,6 +268,11 @@ export interface LaunchOptions {
   onRunning?: () => void;
   /** How long a health probe waits for PostgreSQL (default 2 s). */
   healthTimeoutMs?: number;
+  /**
+   * Tracing with the application's own OpenTelemetry SDK (registered by the application). Without
+   * it, `config.telemetry.otlpEndpoint` set starts ours (src/telemetry.ts), stopped with the worker.
+   */
+  tracing?: Tracing;
 }
 
 /**
@@ -276,6 +293,13 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
   let runPromise: Promise<void> | undefined;
   let removeSignals: (() => void) | undefined;
   try {
+    let tracing = opts.tracing;
+    if (!tracing) {
+      const telemetry = await startTelemetry(config.telemetry);
+      // First in, last out: spans of the closing steps are still exported.
+      if (telemetry) closers.push(() => telemetry.shutdown());
+      tracing = telemetry?.tracing;
+    }
     let pool: pg.Pool;
     let listenWith: string | pg.ClientConfig;
     if (opts.pool) {
@@ -294,7 +318,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     if (connection) {
       client = new Client({ connection, namespace: config.temporal.namespace });
     } else {
-      const own = await connectTemporal(config.temporal);
+      const own = await connectTemporal(config.temporal, { tracing: tracing !== undefined });
       closers.push(() => own.connection.close(), () => own.clientConnection.close());
       connection = own.connection;
       client = own.client;
@@ -323,6 +347,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
               metrics,
               workflowBundle: opts.workflowBundle,
               workerOptions: opts.workerOptions,
+              tracing,
             });
             running = await starting;
             if (opts.handleSignals) {

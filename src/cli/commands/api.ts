@@ -13,6 +13,7 @@ import { untilSignal } from '../../bin/run-main.js';
 import { createMetrics } from '../../metrics.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 import { createStripeClient } from '../../stripe/client.js';
+import { startTelemetry } from '../../telemetry.js';
 import { MeterCatalog } from '../../stripe/meters.js';
 
 /** Serves the API until a signal; throws what stops it otherwise. */
@@ -26,6 +27,8 @@ export async function runApi(): Promise<void> {
   }
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
+  // OTEL_EXPORTER_OTLP_ENDPOINT set: each POST /v1/usage begins its event's trace.
+  const telemetry = await startTelemetry(config.telemetry);
   // Safe with workers migrating at the same time; the API may well be the first process up.
   await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
@@ -48,6 +51,7 @@ export async function runApi(): Promise<void> {
     await app.close();
     await temporal.close();
     await pool.end();
+    await telemetry?.shutdown();
   }
   log.info('API stopped');
 }

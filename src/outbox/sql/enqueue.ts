@@ -44,11 +44,14 @@ const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, qua
 export async function insertUsage(
   db: TransactionClient,
   schema: Schema,
-  usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string },
+  usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string; traceParent?: string | undefined },
 ): Promise<{ tenantKnown: boolean; row: CallerEntryRow | undefined }> {
+  // The trace column only when there is a trace: outside one the statement is the one that ran
+  // before migration 011, so an application updated before its database is migrated still records.
+  const traced = usage.traceParent !== undefined;
   const { rows } = (await db.query({
     // Named: prepared once per connection of the application's pool, parsed and planned once.
-    name: schema.statementName('record-usage'),
+    name: schema.statementName(traced ? 'record-usage-traced' : 'record-usage'),
     text: `WITH tenant AS (
        SELECT tenant_id FROM ${schema.billingCustomers} WHERE tenant_id = $2::text
      ), usage AS (
@@ -57,15 +60,15 @@ export async function insertUsage(
        ON CONFLICT (tenant_id, id) DO NOTHING
        RETURNING id, tenant_id, event_name, quantity, occurred_at
      ), queued AS (
-       INSERT INTO ${schema.outbox} (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text FROM usage
+       INSERT INTO ${schema.outbox} (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key${traced ? ', trace_parent' : ''})
+       SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text${traced ? ', $7::text' : ''} FROM usage
        -- No conflict target: whichever unique constraint a duplicate hits, nothing may raise here.
        ON CONFLICT DO NOTHING
        RETURNING ${ENTRY_COLUMNS}
      )
      SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
-    values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key],
+    values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key, ...(traced ? [usage.traceParent] : [])],
   })) as { rows: (Partial<CallerEntryRow> & { tenant_known: boolean })[] };
   const row = rows[0]!;
   return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as CallerEntryRow) };

@@ -16,6 +16,8 @@ export interface ClaimedRow {
   event_name: string;
   quantity: string;
   occurred_at: Date;
+  /** The W3C traceparent the row was recorded under (src/telemetry.ts), or null. */
+  trace_parent: string | null;
 }
 
 /**
@@ -153,7 +155,7 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
        FROM locked k
       WHERE o.id = k.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
-     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at`,
+     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent`,
     [opts.limit, opts.claimedBy, opts.claimId, opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
   );
   return rows;
