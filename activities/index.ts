@@ -13,7 +13,7 @@ import { schemaFor } from '../src/outbox/sql/schema.js';
 import { MeterLease } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog } from '../src/stripe/meters.js';
 import { SlotPacer } from '../src/stripe/rate-limit.js';
-import { inDeadLetterSpan } from '../src/telemetry.js';
+import { inDeadLetterSpan } from '../src/tracing.js';
 import { meterEventsV1, tracedSender, type MeterEventSender } from '../src/stripe/sender.js';
 import { createDeliveryActivities } from './delivery.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';

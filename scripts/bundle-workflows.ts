@@ -5,12 +5,12 @@
  *
  *   tsx scripts/bundle-workflows.ts <workflows entry .js> <output .js> [--tracing]
  *
- * `--tracing`: with Temporal's OpenTelemetry workflow interceptors (src/telemetry.ts).
+ * `--tracing`: with Temporal's OpenTelemetry workflow interceptors (src/tracing.ts).
  */
 import { bundleWorkflowCode } from '@temporalio/worker';
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { workflowTracingModule } from '../src/telemetry.js';
+import { workflowTracingModule } from '../src/tracing.js';
 
 const [workflowsPath, out, flag] = process.argv.slice(2);
 if (!workflowsPath || !out) throw new Error('usage: tsx scripts/bundle-workflows.ts <workflows entry> <output file>');

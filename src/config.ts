@@ -342,10 +342,10 @@ export interface Config {
   temporalCliPath: string | undefined;
   logLevel: Parsed['LOG_LEVEL'];
   /**
-   * Tracing (src/telemetry.ts): one OpenTelemetry trace per event, exported over OTLP/HTTP to
+   * Tracing (src/tracing.ts): one OpenTelemetry trace per event, exported over OTLP/HTTP to
    * `otlpEndpoint`. Unset: off, and no SDK is loaded.
    */
-  telemetry: { otlpEndpoint: string | undefined; serviceName: string };
+  tracing: { otlpEndpoint: string | undefined; serviceName: string };
   /** Where `npm run stripe` finds the local Stripe (unset: from the running stack's endpoints file). */
   localStripeUrl: string | undefined;
 }
@@ -494,7 +494,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,
     logLevel: c.LOG_LEVEL,
-    telemetry: { otlpEndpoint: c.OTEL_EXPORTER_OTLP_ENDPOINT?.replace(/\/+$/, ''), serviceName: c.OTEL_SERVICE_NAME },
+    tracing: { otlpEndpoint: c.OTEL_EXPORTER_OTLP_ENDPOINT?.replace(/\/+$/, ''), serviceName: c.OTEL_SERVICE_NAME },
     localStripeUrl: c.LOCAL_STRIPE_URL?.replace(/\/+$/, ''),
   };
 }

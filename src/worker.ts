@@ -19,7 +19,7 @@ import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { Logger } from './log.js';
 import { launchWorker, type WorkerHandle, type WorkerHealth } from './temporal/worker.js';
-import type { Tracing } from './telemetry.js';
+import type { Tracing } from './tracing.js';
 
 export { ConfigError };
 export type { Tracing, WorkerHandle, WorkerHealth };

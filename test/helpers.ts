@@ -19,7 +19,7 @@ import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
-import { workflowTracingModule, type Tracing } from '../src/telemetry.js';
+import { workflowTracingModule, type Tracing } from '../src/tracing.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
 import './provided.js';
 

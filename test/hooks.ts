@@ -31,7 +31,7 @@ import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { schemaFor, type Schema } from '../src/outbox/sql/schema.js';
 import type { OutboxStatus } from '../src/outbox/statuses.js';
-import type { Tracing } from '../src/telemetry.js';
+import type { Tracing } from '../src/tracing.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 export { idempotencyKeyFor };

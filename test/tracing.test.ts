@@ -1,5 +1,5 @@
 /**
- * One OpenTelemetry trace per event (src/telemetry.ts), on the real pipeline: PostgreSQL, the
+ * One OpenTelemetry trace per event (src/tracing.ts), on the real pipeline: PostgreSQL, the
  * shared Temporal dev server, the local Stripe. The file registers an SDK of its own (as an
  * application does) exporting into memory; the worker runs Temporal's OpenTelemetry interceptors.
  */
@@ -21,7 +21,7 @@ import type { ApiToken } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { IDEMPOTENCY_KEY_ATTRIBUTE, temporalTracing } from '../src/telemetry.js';
+import { IDEMPOTENCY_KEY_ATTRIBUTE, temporalTracing } from '../src/tracing.js';
 import { tracingWorkflowBundle, usePipeline, waitFor } from './hooks.js';
 
 const exporter = new InMemorySpanExporter();
@@ -163,7 +163,7 @@ describe('one trace per event', () => {
 
 /**
  * In a process of its own (this file's has an SDK registered): importing the library and the
- * worker, and `startTelemetry` with no endpoint, load no SDK and register nothing; with one, the
+ * worker, and `startTracingSdk` with no endpoint, load no SDK and register nothing; with one, the
  * spans reach the collector over OTLP/HTTP.
  */
 const CHILD = `
@@ -174,16 +174,16 @@ const sdk = () => Object.keys(cache).filter((p) => /@opentelemetry[\\\\/](sdk-tr
 const registered = () => globalThis[Symbol.for('opentelemetry.js.api.1')] !== undefined;
 await import('./src/index.ts');
 await import('./src/worker.ts');
-const { startTelemetry } = await import('./src/telemetry.ts');
-const off = await startTelemetry({ otlpEndpoint: undefined, serviceName: 'billing-outbox' });
+const { startTracingSdk } = await import('./src/tracing.ts');
+const off = await startTracingSdk({ otlpEndpoint: undefined, serviceName: 'billing-outbox' });
 const before = { started: off !== undefined, sdk: sdk(), registered: registered() };
-const on = await startTelemetry({ otlpEndpoint: process.env.COLLECTOR, serviceName: 'billing-east' });
+const on = await startTracingSdk({ otlpEndpoint: process.env.COLLECTOR, serviceName: 'billing-east' });
 trace.getTracer('child').startSpan('exported').end();
 await on.shutdown();
 console.log(JSON.stringify({ before, after: { sdk: sdk() > 0 } }));
 `;
 
-describe('tracing off and on (src/telemetry.ts startTelemetry)', () => {
+describe('tracing off and on (src/tracing.ts startTracingSdk)', () => {
   it('off: no SDK loaded, nothing registered; on: spans reach the OTLP endpoint, under OTEL_SERVICE_NAME', async () => {
     const received: { url: string | undefined; body: Buffer }[] = [];
     const collector = createServer((req, res) => {

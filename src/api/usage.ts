@@ -8,7 +8,7 @@ import { withTransaction } from '../db.js';
 import { recordUsage } from '../outbox/enqueue.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
-import { inRequestSpan } from '../telemetry.js';
+import { inRequestSpan } from '../tracing.js';
 import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from '../outbox/validate.js';
 import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';

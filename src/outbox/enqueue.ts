@@ -3,7 +3,7 @@
  * its meter event, in the caller's own transaction, with no network call.
  */
 import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
-import { activeTraceParent } from '../telemetry.js';
+import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { schemaFor } from './sql/schema.js';

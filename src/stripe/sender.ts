@@ -5,7 +5,7 @@
  */
 import { SpanKind } from '@opentelemetry/api';
 import type Stripe from 'stripe';
-import { endSpan, IDEMPOTENCY_KEY_ATTRIBUTE, tracer } from '../telemetry.js';
+import { endSpan, IDEMPOTENCY_KEY_ATTRIBUTE, tracer } from '../tracing.js';
 import { sendMeterEvent } from './client.js';
 import type { MeterEvent } from './meters.js';
 

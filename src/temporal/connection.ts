@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Client, Connection, type TLSConfig } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import type { TemporalConfig } from '../config.js';
-import { workflowClientTracing } from '../telemetry.js';
+import { workflowClientTracing } from '../tracing.js';
 
 export const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
 

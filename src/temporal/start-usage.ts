@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
-import { inEventTrace } from '../telemetry.js';
+import { inEventTrace } from '../tracing.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */

@@ -27,7 +27,7 @@ import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
 import { schemaFor } from '../outbox/sql/schema.js';
-import { startTelemetry, temporalTracing, workflowTracingModule, type Tracing } from '../telemetry.js';
+import { startTracingSdk, temporalTracing, workflowTracingModule, type Tracing } from '../tracing.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
 
@@ -49,7 +49,7 @@ export interface WorkerDeps {
   /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
   closedRunSweep?: Partial<ClosedRunSweepOptions>;
   /**
-   * Tracing on (src/telemetry.ts): Temporal's OpenTelemetry interceptors on the relay's starts,
+   * Tracing on (src/tracing.ts): Temporal's OpenTelemetry interceptors on the relay's starts,
    * the workflows and the activities, the workflows' spans to this processor. A `workflowBundle`
    * given with it must have been bundled with `workflowTracingModule()`.
    */
@@ -270,7 +270,7 @@ export interface LaunchOptions {
   healthTimeoutMs?: number;
   /**
    * Tracing with the application's own OpenTelemetry SDK (registered by the application). Without
-   * it, `config.telemetry.otlpEndpoint` set starts ours (src/telemetry.ts), stopped with the worker.
+   * it, `config.tracing.otlpEndpoint` set starts ours (src/tracing.ts), stopped with the worker.
    */
   tracing?: Tracing;
 }
@@ -295,10 +295,10 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
   try {
     let tracing = opts.tracing;
     if (!tracing) {
-      const telemetry = await startTelemetry(config.telemetry);
+      const sdk = await startTracingSdk(config.tracing);
       // First in, last out: spans of the closing steps are still exported.
-      if (telemetry) closers.push(() => telemetry.shutdown());
-      tracing = telemetry?.tracing;
+      if (sdk) closers.push(() => sdk.shutdown());
+      tracing = sdk?.tracing;
     }
     let pool: pg.Pool;
     let listenWith: string | pg.ClientConfig;

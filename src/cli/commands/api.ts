@@ -13,7 +13,7 @@ import { untilSignal } from '../../bin/run-main.js';
 import { createMetrics } from '../../metrics.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 import { createStripeClient } from '../../stripe/client.js';
-import { startTelemetry } from '../../telemetry.js';
+import { startTracingSdk } from '../../tracing.js';
 import { MeterCatalog } from '../../stripe/meters.js';
 
 /** Serves the API until a signal; throws what stops it otherwise. */
@@ -28,7 +28,7 @@ export async function runApi(): Promise<void> {
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 
   // OTEL_EXPORTER_OTLP_ENDPOINT set: each POST /v1/usage begins its event's trace.
-  const telemetry = await startTelemetry(config.telemetry);
+  const sdk = await startTracingSdk(config.tracing);
   // Safe with workers migrating at the same time; the API may well be the first process up.
   await migrate(config.databaseUrl, { schema: config.databaseSchema });
   const pool = createPool(config.databaseUrl);
@@ -51,7 +51,7 @@ export async function runApi(): Promise<void> {
     await app.close();
     await temporal.close();
     await pool.end();
-    await telemetry?.shutdown();
+    await sdk?.shutdown();
   }
   log.info('API stopped');
 }

@@ -16,7 +16,7 @@ export interface ClaimedRow {
   event_name: string;
   quantity: string;
   occurred_at: Date;
-  /** The W3C traceparent the row was recorded under (src/telemetry.ts), or null. */
+  /** The W3C traceparent the row was recorded under (src/tracing.ts), or null. */
   trace_parent: string | null;
 }
 

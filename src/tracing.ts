@@ -5,7 +5,7 @@
  *
  * Off unless OTEL_EXPORTER_OTLP_ENDPOINT is set, and off costs nothing: this module imports only
  * `@opentelemetry/api`, whose calls are no-ops until a process registers an SDK, and registers
- * nothing itself. The SDK and Temporal's OpenTelemetry interceptors are loaded by `startTelemetry`
+ * nothing itself. The SDK and Temporal's OpenTelemetry interceptors are loaded by `startTracingSdk`
  * and `temporalTracing` only, which an entry point calls when tracing is on.
  *
  * Inside Temporal the context travels in Temporal's headers, by `@temporalio/interceptors-opentelemetry`.
@@ -99,7 +99,7 @@ export interface Tracing {
 }
 
 /** A running SDK: the tracing a worker needs, and how to flush and unregister it. */
-export interface Telemetry {
+export interface TracingSdk {
   tracing: Tracing;
   shutdown(): Promise<void>;
 }
@@ -111,7 +111,7 @@ export interface Telemetry {
  * and has an SDK already passes its own `Tracing` instead. Registration is process-wide by
  * OpenTelemetry's design (Temporal's interceptors read the global API); `shutdown` undoes it.
  */
-export async function startTelemetry(config: Config['telemetry']): Promise<Telemetry | undefined> {
+export async function startTracingSdk(config: Config['tracing']): Promise<TracingSdk | undefined> {
   const endpoint = config.otlpEndpoint;
   if (!endpoint) return undefined;
   const [{ NodeTracerProvider, BatchSpanProcessor }, { OTLPTraceExporter }, { Resource }] = await loadPart('tracing', () =>
