@@ -85,7 +85,11 @@ describe('the reconcile schedule', () => {
     await delivered(clean.id, 4, 3);
 
     const handle = await schedule();
+    const slot = async () => (await t.pool.query<{ next_slot: Date }>(`SELECT next_slot FROM rate_limits WHERE bucket = 'stripe_calls'`)).rows[0]!.next_slot.getTime();
+    const before = await slot();
     const { workflowId, result } = await runNow(handle);
+    // Its Stripe calls (the meter list, the pair's summaries) took slots in the deliveries' pace.
+    expect(await slot()).toBeGreaterThan(before);
     const window = reconcileWindowAt(Date.now(), { intervalMs: 24 * HOUR, lagMs: 600_000 });
     expect(result).toMatchObject({ from: window.from.toISOString(), to: window.to.toISOString(), match: true, pairs: 1, ours: 7, stripe: 7 });
     expect(result.drift).toEqual({ stripeMore: 0, stripeLess: 0 });
