@@ -6,6 +6,7 @@
  */
 import { ScheduleAlreadyRunning, ScheduleOverlapPolicy, type Client, type ScheduleOptions } from '@temporalio/client';
 import type { Config } from '../config.js';
+import type { Logger } from '../log.js';
 import type { ReconcileRunInput } from '../ops/reconcile.js';
 
 /** The schedule's id, and the prefix of its runs' workflow ids (Temporal appends the scheduled time). */
@@ -74,4 +75,17 @@ export async function ensureReconcileSchedule(client: Client, config: Pick<Confi
   if (same) return 'unchanged';
   await handle.update((previous) => ({ ...previous, spec: options.spec, action: options.action, policies: { ...previous.policies, ...options.policies } }));
   return 'updated';
+}
+
+/**
+ * The schedule ensured at a worker's start; a failure is logged, not fatal: billing goes on without
+ * it, and the next worker start tries again.
+ */
+export async function ensureReconcileScheduleOrWarn(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>, log: Logger | undefined): Promise<void> {
+  try {
+    const outcome = await ensureReconcileSchedule(client, config);
+    log?.info({ outcome, scheduleId: reconcileScheduleId(config.temporal.taskQueue), intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs }, 'reconcile schedule ensured');
+  } catch (err) {
+    log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; reconciliation does not run by itself until a worker starts with it');
+  }
 }

@@ -25,7 +25,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
-import { ensureReconcileSchedule } from './reconcile-schedule.js';
+import { ensureReconcileScheduleOrWarn } from './reconcile-schedule.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
@@ -210,19 +210,6 @@ function abortableWait(ms: number, signal: AbortSignal): Promise<void> {
   });
 }
 
-/**
- * The reconcile schedule, created or brought up to date; a failure is logged, not fatal: billing
- * goes on without it, and the next worker start tries again.
- */
-async function ensureSchedule(client: Client, config: Config, log: Logger | undefined): Promise<void> {
-  try {
-    const outcome = await ensureReconcileSchedule(client, config);
-    log?.info({ outcome, intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs }, 'reconcile schedule ensured');
-  } catch (err) {
-    log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; reconciliation does not run by itself until a worker starts with it');
-  }
-}
-
 /** Starts the relay workflows unless they are already running. Every worker calls this at boot. */
 export async function ensureRelays(client: Client, config: Config): Promise<void> {
   await Promise.all(
@@ -351,7 +338,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
               workerOptions: opts.workerOptions,
             });
             running = await starting;
-            if (config.reconcile.schedule) await ensureSchedule(client, config, log);
+            if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
                 log?.info({ signal }, 'shutting down: finishing in-flight activities');
