@@ -3,7 +3,7 @@
  * letters and Stripe's later rejections by error code, and the error reports Stripe sent. Read by
  * `billing-outbox status`; the metrics scrape reads the same summary statement on its own.
  */
-import { ScheduleNotFoundError, type Client } from '@temporalio/client';
+import { ScheduleNotFoundError, WorkflowNotFoundError, type Client } from '@temporalio/client';
 import type { Queryable } from '../db.js';
 import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
@@ -119,7 +119,14 @@ export async function reconcileStatus(client: Client, taskQueue: string): Promis
   };
   for (const action of actions) {
     const handle = client.workflow.getHandle(action.action.workflow.workflowId, action.action.workflow.firstExecutionRunId);
-    const run = await handle.describe();
+    let run;
+    try {
+      run = await handle.describe();
+    } catch (err) {
+      // Past the namespace's retention a run is gone while the schedule still lists it.
+      if (err instanceof WorkflowNotFoundError) continue;
+      throw err;
+    }
     report.lastRun ??= { workflowId: run.workflowId, startedAt: run.startTime.toISOString(), status: run.status.name };
     if (run.status.name === 'COMPLETED') {
       report.lastSuccess = { workflowId: run.workflowId, closedAt: run.closeTime?.toISOString() ?? null, result: (await handle.result()) as ReconcileRunResult };
