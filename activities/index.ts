@@ -16,6 +16,7 @@ import { SlotPacer } from '../src/stripe/rate-limit.js';
 import { inDeadLetterSpan } from '../src/tracing.js';
 import { meterEventsV1, tracedSender, type MeterEventSender } from '../src/stripe/sender.js';
 import { createDeliveryActivities } from './delivery.js';
+import { createReconcileActivities } from './reconcile.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';
 
 export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
@@ -48,7 +49,16 @@ export function createActivities(deps: ActivityDeps) {
     const { markDead } = delivery;
     delivery.markDead = (input) => inDeadLetterSpan(input, () => markDead(input));
   }
-  return { ...delivery, ...createRelayActivities(deps) };
+  // The reconciliation's calls share the deliveries' bucket: together they stay under the account's limit.
+  const reconcilePacer = new SlotPacer(db, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
+  const reconcile = createReconcileActivities({
+    db,
+    schema,
+    stripe: deps.stripe,
+    pace: () => reconcilePacer.waitForSlot(),
+    metrics: deps.metrics,
+  });
+  return { ...delivery, ...createRelayActivities(deps), ...reconcile };
 }
 
 export type Activities = ReturnType<typeof createActivities>;

@@ -154,6 +154,12 @@ const schema = z.object({
   // cancel (24 h) read delivered rows; pruning them earlier would blind both.
   OUTBOX_RETENTION_DAYS: decimal(36, 36_500).default(45),
   OUTBOX_PRUNE_INTERVAL_MS: int(1_000, 86_400_000).default(600_000),
+  // The reconcile schedule (src/temporal/reconcile-schedule.ts). The lag keeps the window clear of
+  // the minutes Stripe's summaries may still be counting; a day at most, so the window stays well
+  // inside Stripe's 35 days and the outbox's retention.
+  RECONCILE_SCHEDULE: z.enum(['on', 'off'], 'must be on or off').default('on'),
+  RECONCILE_INTERVAL_MS: int(60_000, 86_400_000).default(3_600_000),
+  RECONCILE_LAG_MS: int(600_000, 86_400_000).default(3_600_000),
   DATA_DIR: z.string().trim().min(1).optional(),
   TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -335,6 +341,11 @@ export interface Config {
    * by every worker every `intervalMs`; dead and unfinished rows never are.
    */
   retention: { olderThanMs: number; intervalMs: number };
+  /**
+   * The reconcile schedule: created by every worker unless `schedule` is false; a run every
+   * `intervalMs` compares the whole hours that ended at least `lagMs` ago (see reconcileWindowAt).
+   */
+  reconcile: { schedule: boolean; intervalMs: number; lagMs: number };
   /** Where the Temporal SDK's Prometheus metrics are served by a worker (unset: not served). */
   workerMetricsPort: number | undefined;
   /** Where `npm start` keeps embedded data (default: .data under the project). */
@@ -490,6 +501,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       tokens: c.API_TOKENS ?? [],
     },
     retention: { olderThanMs: Math.round(c.OUTBOX_RETENTION_DAYS * 86_400_000), intervalMs: c.OUTBOX_PRUNE_INTERVAL_MS },
+    reconcile: { schedule: c.RECONCILE_SCHEDULE === 'on', intervalMs: c.RECONCILE_INTERVAL_MS, lagMs: c.RECONCILE_LAG_MS },
     workerMetricsPort: c.WORKER_METRICS_PORT,
     dataDir: c.DATA_DIR,
     temporalCliPath: c.TEMPORAL_CLI_PATH,

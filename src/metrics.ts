@@ -106,6 +106,26 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers,
   });
 
+  // Set by the reconcile activity of the process that ran the last scheduled run: with several
+  // workers, read the series whose last-success time is the latest (max by instance).
+  const reconcileDrift = new Gauge({
+    name: 'billing_outbox_reconcile_drift',
+    help:
+      "The last scheduled reconciliation's drift, in meter units summed over its windows: stripe_more (Stripe counts usage no sent row accounts for), stripe_less (our sent rows Stripe did not count).",
+    labelNames: ['direction'] as const,
+    registers,
+  });
+  const reconcileLastSuccess = new Gauge({
+    name: 'billing_outbox_reconcile_last_success_timestamp_seconds',
+    help: 'When a scheduled reconciliation last completed in this process (0: none yet), whatever it found.',
+    registers,
+  });
+  const reconcileDriftingCustomers = new Gauge({
+    name: 'billing_outbox_reconcile_drifting_customers',
+    help: "Stripe customers whose usage differed in the last scheduled reconciliation (names: the run's result, billing-outbox status).",
+    registers,
+  });
+
   const outboxRegisters = options.db ? registers : [];
   const outboxRows = new Gauge({
     name: 'billing_outbox_rows',
@@ -166,6 +186,9 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     outboxRows,
     oldestPendingAge,
     statusQueryFailures,
+    reconcileDrift,
+    reconcileLastSuccess,
+    reconcileDriftingCustomers,
     contentType: registry.contentType,
     /** The registry in Prometheus text format, followed by the Temporal SDK's metrics if configured. */
     async render(): Promise<string> {
@@ -184,6 +207,8 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
 
 /** What the delivery activity records. */
 export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'commitToAck'>;
+/** What the reconcile activity records. */
+export type ReconcileMetrics = Pick<Metrics, 'reconcileDrift' | 'reconcileLastSuccess' | 'reconcileDriftingCustomers'>;
 /** What the relay activity records. */
 export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'startFailures' | 'closedRuns'>;
 

@@ -79,6 +79,9 @@ export interface WorkerTuning {
   deadLetterOpenDays?: number; // DEAD_LETTER_OPEN_DAYS
   retentionDays?: number; // OUTBOX_RETENTION_DAYS
   pruneIntervalMs?: number; // OUTBOX_PRUNE_INTERVAL_MS
+  reconcileSchedule?: 'on' | 'off'; // RECONCILE_SCHEDULE
+  reconcileIntervalMs?: number; // RECONCILE_INTERVAL_MS
+  reconcileLagMs?: number; // RECONCILE_LAG_MS
 }
 
 export interface CreateWorkerOptions {
@@ -143,6 +146,9 @@ const TUNING_VARIABLES = {
   deadLetterOpenDays: 'DEAD_LETTER_OPEN_DAYS',
   retentionDays: 'OUTBOX_RETENTION_DAYS',
   pruneIntervalMs: 'OUTBOX_PRUNE_INTERVAL_MS',
+  reconcileSchedule: 'RECONCILE_SCHEDULE',
+  reconcileIntervalMs: 'RECONCILE_INTERVAL_MS',
+  reconcileLagMs: 'RECONCILE_LAG_MS',
 } as const satisfies Record<keyof WorkerTuning, string>;
 const TOP_LEVEL: readonly (keyof CreateWorkerOptions)[] = [
   'database', 'temporal', 'stripe', 'taskQueue', 'schema', 'migrate', 'handleSignals', 'http', 'log', 'tuning', 'workflowBundle', 'workerOptions', 'tracing',

@@ -100,7 +100,7 @@ describe('status and dead', () => {
     const status = await cliJson<Record<string, unknown>>(['status']);
     expect(status.code).toBe(0);
     expect(Object.keys(status.json).sort()).toEqual(
-      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
+      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'reconcile', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
     );
     expect(status.json.startFailing).toBe(0);
     expect(Object.keys(status.json.counts as object).sort()).toEqual([...OUTBOX_STATUSES].sort());

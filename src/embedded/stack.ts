@@ -32,6 +32,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { LocalStripe, type LocalStripeState } from './stripe/server.js';
 import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
+import { ensureReconcileScheduleOrWarn } from '../temporal/reconcile-schedule.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 
 /** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
@@ -320,6 +321,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     const stripe = createStripeClient(config.stripe);
     const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics });
     onStop('worker', () => running.shutdown());
+    if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);
     // Handled here so a crash before anyone awaits it is not an unhandled rejection; callers that
     // await workerDone still see it.
     running.done.catch(() => undefined);

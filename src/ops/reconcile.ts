@@ -100,6 +100,12 @@ export interface ReconcileDeps {
   /** The PostgreSQL schema of the tables. */
   schema: Schema;
   stripe: Pick<Stripe, 'billing'>;
+  /**
+   * Awaited before each call to Stripe (the meter list, each pair's summaries): the scheduled run
+   * takes its calls from the account-wide pace (src/stripe/rate-limit.ts) so it never crowds out
+   * deliveries. The CLI's one-off run goes without.
+   */
+  pace?: () => Promise<void>;
 }
 
 /** Hour-aligned [from, to): from rounded down, to rounded up. */
@@ -129,6 +135,8 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     pair.windows.set(Number(r.window_start), r);
   }
 
+  const pace = deps.pace ?? (() => Promise.resolve());
+  if (pairs.size > 0) await pace();
   const meters = pairs.size > 0 ? await metersByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter>();
   const groups: ReconcileGroup[] = [];
   for (const pair of pairs.values()) {
@@ -139,6 +147,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
       problem = `Stripe has no meter for event name ${JSON.stringify(pair.eventName)}: it cannot have counted these events`;
     } else {
       try {
+        await pace();
         stripeTotals = await hourlyEventSummaries(deps.stripe, { meterId: meter.id, customer: pair.customer, start, end });
       } catch (err) {
         // A refusal for this pair (e.g. a customer Stripe does not know) is a finding, not a crash;
@@ -255,4 +264,131 @@ function hintFor(w: ReconcileWindow): string | null {
     return `Stripe counts ${w.delta} more than our sent rows: an event we did not record as sent reached Stripe, or something other than billing-outbox reports usage for this customer and meter`;
   }
   return `Stripe counts ${-w.delta} less than our sent rows: a row marked sent did not reach Stripe or was rejected later (billing-outbox dead --rejected), or the newest usage is not summarised yet`;
+}
+
+/** What a scheduled run is told: the window's length and how far behind now it ends. */
+export interface ReconcileRunInput {
+  intervalMs: number;
+  lagMs: number;
+}
+
+/**
+ * The window a run at `at` compares: the whole hours that ended at least `lagMs` before it, as many
+ * as cover `intervalMs` (at least one). Consecutive runs cover consecutive windows, so every settled
+ * hour is compared; a run more often than hourly compares the last settled hour again, which is
+ * harmless (it only reads).
+ */
+export function reconcileWindowAt(at: number, run: ReconcileRunInput): { from: Date; to: Date } {
+  const to = Math.floor((at - run.lagMs) / HOUR_MS) * HOUR_MS;
+  const hours = Math.min(Math.max(1, Math.ceil(run.intervalMs / HOUR_MS)), MAX_RANGE_MS / HOUR_MS);
+  return { from: new Date(to - hours * HOUR_MS), to: new Date(to) };
+}
+
+/** Customers listed by name in a run's result; the rest are counted (the run's workflow history stays small). */
+export const MAX_DRIFT_CUSTOMERS = 50;
+
+/** One (customer, meter) pair whose windows differ, in a scheduled run's result. */
+export interface DriftingPair {
+  stripeCustomerId: string;
+  tenantIds: string[];
+  eventName: string;
+  ours: number;
+  stripe: number;
+  /** What Stripe counts beyond our sent rows, summed over the pair's windows that count more. */
+  stripeMore: number;
+  /** What Stripe is missing of our sent rows, summed over the pair's windows that count less. */
+  stripeLess: number;
+  /** Hours (ISO starts) that differ. */
+  windows: string[];
+  problem: string | null;
+}
+
+/**
+ * A scheduled run's result, bounded in size whatever the window held: the workflow returns it (the
+ * record of the run, in Temporal's history) and `billing-outbox status` reads the last one.
+ */
+export interface ReconcileRunResult {
+  from: string;
+  to: string;
+  /** True when every window of every pair matched. */
+  match: boolean;
+  pairs: number;
+  windows: number;
+  matching: number;
+  differing: number;
+  ours: number;
+  stripe: number;
+  /**
+   * The drift, by direction, summed window by window: `stripeMore` is usage Stripe counts that no
+   * sent row of ours accounts for (an event sent elsewhere, a dead letter that did get through),
+   * `stripeLess` is usage of our sent rows that Stripe did not count (dropped, or rejected after
+   * a 200 without the webhook telling us). Within one hour the two can cancel out: summaries are
+   * aggregates.
+   */
+  drift: { stripeMore: number; stripeLess: number };
+  /**
+   * Stripe-side usage with no row of ours at all: windows where Stripe counts something and the
+   * outbox holds no row of that customer and meter (the quantity, and how many such windows).
+   */
+  stripeOnly: { windows: number; quantity: number };
+  /** Rows in the window not yet settled (pending, claimed, dispatched, dead): not counted as ours. */
+  unsettledRows: number;
+  /** The pairs that differ, most drift first, at most MAX_DRIFT_CUSTOMERS. */
+  drifting: DriftingPair[];
+  driftingOmitted: number;
+  /** Distinct Stripe customers among every drifting pair (listed or not). */
+  driftingCustomers: number;
+}
+
+/** The bounded record of a run from the full report. */
+export function runResult(report: ReconcileReport): ReconcileRunResult {
+  let stripeMore = 0;
+  let stripeLess = 0;
+  const stripeOnly = { windows: 0, quantity: 0 };
+  let unsettledRows = 0;
+  const drifting: DriftingPair[] = [];
+  for (const g of report.groups) {
+    const pair: DriftingPair = {
+      stripeCustomerId: g.stripeCustomerId,
+      tenantIds: g.tenantIds,
+      eventName: g.eventName,
+      ours: g.ours,
+      stripe: g.stripe,
+      stripeMore: 0,
+      stripeLess: 0,
+      windows: [],
+      problem: g.problem,
+    };
+    for (const w of g.windows) {
+      unsettledRows += w.rows.unsettled;
+      if (w.delta > 0) pair.stripeMore += w.delta;
+      if (w.delta < 0) pair.stripeLess -= w.delta;
+      if (w.stripe > 0 && w.rows.sent + w.rows.unsettled + w.rows.excluded === 0) {
+        stripeOnly.windows += 1;
+        stripeOnly.quantity += w.stripe;
+      }
+      if (!w.match) pair.windows.push(w.start);
+    }
+    stripeMore += pair.stripeMore;
+    stripeLess += pair.stripeLess;
+    if (!g.match) drifting.push(pair);
+  }
+  drifting.sort((a, b) => b.stripeMore + b.stripeLess - (a.stripeMore + a.stripeLess) || a.stripeCustomerId.localeCompare(b.stripeCustomerId));
+  return {
+    from: report.from,
+    to: report.to,
+    match: report.match,
+    pairs: report.summary.pairs,
+    windows: report.summary.windows,
+    matching: report.summary.matching,
+    differing: report.summary.differing,
+    ours: report.summary.ours,
+    stripe: report.summary.stripe,
+    drift: { stripeMore, stripeLess },
+    stripeOnly,
+    unsettledRows,
+    drifting: drifting.slice(0, MAX_DRIFT_CUSTOMERS),
+    driftingOmitted: Math.max(0, drifting.length - MAX_DRIFT_CUSTOMERS),
+    driftingCustomers: new Set(drifting.map((p) => p.stripeCustomerId)).size,
+  };
 }

@@ -3,6 +3,7 @@
  * letters and Stripe's later rejections by error code, and the error reports Stripe sent. Read by
  * `billing-outbox status`; the metrics scrape reads the same summary statement on its own.
  */
+import { ScheduleNotFoundError, WorkflowNotFoundError, type Client } from '@temporalio/client';
 import type { Queryable } from '../db.js';
 import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
@@ -11,6 +12,8 @@ import type { OutboxStatus } from '../outbox/statuses.js';
 import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
 import type { Schema } from '../outbox/sql/schema.js';
+import { reconcileScheduleId } from '../temporal/reconcile-schedule.js';
+import type { ReconcileRunResult } from './reconcile.js';
 
 export interface StatusReport {
   counts: Record<OutboxStatus, number>;
@@ -78,4 +81,57 @@ export async function outboxStatus(db: Queryable, schema: Schema, now: Date): Pr
       unmatched: reports.unmatched,
     },
   };
+}
+
+/** The reconcile schedule and its runs, as `status` shows them. */
+export interface ReconcileStatus {
+  scheduleId: string;
+  /** False when no worker has created it (RECONCILE_SCHEDULE=off, or no worker started yet). */
+  exists: boolean;
+  paused: boolean;
+  nextRunAt: string | null;
+  /** The most recent run the schedule started, however it is doing. */
+  lastRun: { workflowId: string; startedAt: string; status: string } | null;
+  /** The most recent run that completed, with what it found. */
+  lastSuccess: { workflowId: string; closedAt: string | null; result: ReconcileRunResult } | null;
+}
+
+/**
+ * Reads the schedule and its recent runs from Temporal: the runs' results are the record
+ * (Temporal keeps the last ten actions on the schedule, each run's result in its history).
+ */
+export async function reconcileStatus(client: Client, taskQueue: string): Promise<ReconcileStatus> {
+  const scheduleId = reconcileScheduleId(taskQueue);
+  const empty: ReconcileStatus = { scheduleId, exists: false, paused: false, nextRunAt: null, lastRun: null, lastSuccess: null };
+  let description;
+  try {
+    description = await client.schedule.getHandle(scheduleId).describe();
+  } catch (err) {
+    if (err instanceof ScheduleNotFoundError) return empty;
+    throw err;
+  }
+  const actions = [...description.info.recentActions].sort((a, b) => b.takenAt.getTime() - a.takenAt.getTime());
+  const report: ReconcileStatus = {
+    ...empty,
+    exists: true,
+    paused: description.state.paused,
+    nextRunAt: description.info.nextActionTimes[0]?.toISOString() ?? null,
+  };
+  for (const action of actions) {
+    const handle = client.workflow.getHandle(action.action.workflow.workflowId, action.action.workflow.firstExecutionRunId);
+    let run;
+    try {
+      run = await handle.describe();
+    } catch (err) {
+      // Past the namespace's retention a run is gone while the schedule still lists it.
+      if (err instanceof WorkflowNotFoundError) continue;
+      throw err;
+    }
+    report.lastRun ??= { workflowId: run.workflowId, startedAt: run.startTime.toISOString(), status: run.status.name };
+    if (run.status.name === 'COMPLETED') {
+      report.lastSuccess = { workflowId: run.workflowId, closedAt: run.closeTime?.toISOString() ?? null, result: (await handle.result()) as ReconcileRunResult };
+      break;
+    }
+  }
+  return report;
 }

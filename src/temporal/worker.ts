@@ -26,6 +26,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
+import { ensureReconcileScheduleOrWarn } from './reconcile-schedule.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 import { startTracingSdk, temporalTracing, workflowTracingModule, type Tracing } from '../tracing.js';
 
@@ -350,6 +351,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
               tracing,
             });
             running = await starting;
+            if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
                 log?.info({ signal }, 'shutting down: finishing in-flight activities');

@@ -1,5 +1,5 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import { outboxStatus } from '../../ops/status.js';
+import { outboxStatus, reconcileStatus, type ReconcileStatus } from '../../ops/status.js';
 import { OUTBOX_STATUSES } from '../../outbox/statuses.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
@@ -21,7 +21,12 @@ Options:
            sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
            deadByErrorCode: [{code, count}], startFailing, rejectedAsyncByErrorCode: [{code, count}],
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched},
-           inFlightByLastError: [{code, count}], alarms: [sentence]}
+           inFlightByLastError: [{code, count}], alarms: [sentence],
+           reconcile: {scheduleId, exists, paused, nextRunAt, lastRun, lastSuccess: {workflowId, closedAt, result}}
+                      or {error} when Temporal could not be asked}
+
+The reconcile schedule's last completed run comes last: the window it compared, and its drift by
+direction with the customers it concerns (\`billing-outbox reconcile\` shows each hour and event).
 `;
 
 /** Stripe only takes usage stamped within its window: these dead letters can never be delivered as they are. */
@@ -34,7 +39,13 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   noPositionals(positionals, STATUS_HELP);
-  const report = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema), new Date(ctx.now?.() ?? Date.now()));
+  const outbox = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema), new Date(ctx.now?.() ?? Date.now()));
+  // The outbox is the point of `status`: Temporal out of reach costs the reconcile lines only.
+  const reconcile = await withinMs(
+    TEMPORAL_WAIT_MS,
+    ctx.temporal().then((client) => reconcileStatus(client, ctx.config.temporal.taskQueue)),
+  ).catch((err: unknown): { error: string } => ({ error: err instanceof Error ? err.message : String(err) }));
+  const report = { ...outbox, reconcile };
   if (values.json) {
     writeJson(ctx.out, report);
     return EXIT_OK;
@@ -110,5 +121,44 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
       );
     }
   }
+  ctx.out.write(`\n${reconcileLines(reconcile).join('\n')}\n`);
   return EXIT_OK;
+}
+
+/** How long `status` waits for Temporal's answer about the reconcile schedule before saying it does not know. */
+const TEMPORAL_WAIT_MS = 5_000;
+
+function withinMs<T>(ms: number, p: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms / 1000} s`)), ms)));
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+function reconcileLines(r: ReconcileStatus | { error: string }): string[] {
+  if ('error' in r) return [`reconcile schedule: unknown (Temporal: ${r.error})`];
+  if (!r.exists) return [`reconcile schedule: none (${r.scheduleId}; a worker creates it at start unless RECONCILE_SCHEDULE=off)`];
+  const lines = [
+    `reconcile schedule: ${r.scheduleId}${r.paused ? ', PAUSED' : ''}${r.nextRunAt ? `, next run ${r.nextRunAt}` : ''}`,
+  ];
+  if (r.lastRun && r.lastRun.status !== 'COMPLETED') lines.push(`  last run: ${r.lastRun.status} (started ${r.lastRun.startedAt}, ${r.lastRun.workflowId})`);
+  if (!r.lastSuccess) {
+    lines.push('  no completed run yet');
+    return lines;
+  }
+  const x = r.lastSuccess.result;
+  const window = `${x.from} – ${x.to}`;
+  if (x.match) lines.push(`  last completed: ${r.lastSuccess.closedAt} over ${window}: ${x.pairs === 0 ? 'no usage in the window' : `matched (${x.pairs} customer/meter pair(s))`}`);
+  else {
+    lines.push(
+      `  last completed: ${r.lastSuccess.closedAt} over ${window}: DRIFT in ${x.differing} of ${x.windows} hour(s): ` +
+        `Stripe counts ${x.drift.stripeMore} more and ${x.drift.stripeLess} less than our sent rows`,
+    );
+    for (const p of x.drifting) {
+      lines.push(`    ${p.stripeCustomerId} (${p.tenantIds.join(', ')}) ${p.eventName}: ours ${p.ours}, Stripe ${p.stripe}${p.problem ? ` (${p.problem})` : ''}`);
+    }
+    if (x.driftingOmitted > 0) lines.push(`    and ${x.driftingOmitted} more pair(s)`);
+    lines.push(`  each hour and event: billing-outbox reconcile --from ${x.from} --to ${x.to} [--tenant <tenant>]`);
+  }
+  if (x.stripeOnly.windows > 0) lines.push(`  Stripe counts ${x.stripeOnly.quantity} in ${x.stripeOnly.windows} hour(s) with no row of ours`);
+  return lines;
 }

@@ -1,0 +1,56 @@
+/**
+ * The scheduled reconciliation's one activity: compares a settled window (src/ops/reconcile.ts),
+ * its Stripe calls in the account-wide pace, and records what it found in this process's metrics.
+ * The full report stays here; the workflow gets the bounded result.
+ */
+import { Context } from '@temporalio/activity';
+import type pg from 'pg';
+import type Stripe from 'stripe';
+import type { ReconcileMetrics } from '../src/metrics.js';
+import { reconcile, reconcileWindowAt, runResult, type ReconcileRunInput, type ReconcileRunResult } from '../src/ops/reconcile.js';
+import type { Schema } from '../src/outbox/sql/schema.js';
+
+export interface ReconcileActivityDeps {
+  db: pg.Pool;
+  schema: Schema;
+  stripe: Pick<Stripe, 'billing'>;
+  /** A slot in the account-wide pace of Stripe calls (SlotPacer.waitForSlot on `stripe_calls`). */
+  pace: () => Promise<void>;
+  metrics?: ReconcileMetrics;
+}
+
+export function createReconcileActivities(deps: ReconcileActivityDeps) {
+  return {
+    /**
+     * Reconciles the window the run's start time `at` falls after (reconcileWindowAt). `at` comes
+     * from the workflow, so a retried attempt compares the same hours.
+     */
+    async reconcileWindow(input: ReconcileRunInput & { at: number }): Promise<ReconcileRunResult> {
+      const window = reconcileWindowAt(input.at, input);
+      const report = await reconcile(
+        {
+          db: deps.db,
+          schema: deps.schema,
+          stripe: deps.stripe,
+          // Each paced call is also a sign of life: a run over many customers outlasts any fixed timeout.
+          pace: async () => {
+            Context.current().heartbeat();
+            await deps.pace();
+          },
+        },
+        window,
+      );
+      const result = runResult(report);
+      deps.metrics?.reconcileDrift.set({ direction: 'stripe_more' }, result.drift.stripeMore);
+      deps.metrics?.reconcileDrift.set({ direction: 'stripe_less' }, result.drift.stripeLess);
+      deps.metrics?.reconcileDriftingCustomers.set(result.driftingCustomers);
+      deps.metrics?.reconcileLastSuccess.set(Date.now() / 1000);
+      const log = Context.current().log;
+      if (result.match) log.info('reconciled: Stripe counted what our sent rows say', { from: result.from, to: result.to, pairs: result.pairs });
+      else log.warn('reconciled: drift', { from: result.from, to: result.to, drift: result.drift, customers: result.driftingCustomers });
+      return result;
+    },
+  };
+}
+
+export type ReconcileActivities = ReturnType<typeof createReconcileActivities>;

@@ -1,0 +1,91 @@
+/**
+ * The reconcile schedule: a Temporal Schedule that starts reconcileWorkflow every
+ * RECONCILE_INTERVAL_MS, one per task queue (deployments sharing a namespace keep theirs apart).
+ * Every worker ensures it at start; operators pause, trigger or delete it on the Web UI's
+ * Schedules page or with `temporal schedule`.
+ */
+import { ScheduleAlreadyRunning, ScheduleOverlapPolicy, type Client, type ScheduleOptions } from '@temporalio/client';
+import type { Config } from '../config.js';
+import type { Logger } from '../log.js';
+import type { ReconcileRunInput } from '../ops/reconcile.js';
+
+/** The schedule's id, and the prefix of its runs' workflow ids (Temporal appends the scheduled time). */
+export function reconcileScheduleId(taskQueue: string): string {
+  return `billing-outbox-reconcile:${taskQueue}`;
+}
+
+function scheduleOptions(config: Pick<Config, 'temporal' | 'reconcile'>): ScheduleOptions {
+  const id = reconcileScheduleId(config.temporal.taskQueue);
+  const input: ReconcileRunInput = { intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs };
+  const hours = (ms: number) => `${+(ms / 3_600_000).toFixed(2)} h`;
+  return {
+    scheduleId: id,
+    spec: { intervals: [{ every: config.reconcile.intervalMs }] },
+    action: {
+      type: 'startWorkflow',
+      workflowType: 'reconcileWorkflow',
+      workflowId: id,
+      taskQueue: config.temporal.taskQueue,
+      args: [input],
+      staticSummary: 'Reconcile the outbox with Stripe’s meter summaries',
+      staticDetails:
+        `Compares the sent rows of every (customer, meter) with usage in the whole hours that ended at least ${hours(input.lagMs)} ` +
+        `before the run with Stripe's hourly meter event summaries. The run's result and memo say what matched and what drifted.`,
+    },
+    policies: {
+      // A run still going when the next is due waits for it (one buffered) instead of being
+      // skipped: each run covers its own hours, so a skipped run would leave them uncompared. The
+      // catch-up window lets a run missed while Temporal was away still start once it is back;
+      // each run takes its window from its scheduled time, not from when it started.
+      overlap: ScheduleOverlapPolicy.BUFFER_ONE,
+      catchupWindow: Math.max(60_000, config.reconcile.intervalMs),
+    },
+    memo: {
+      description: `billing-outbox reconciliation for task queue ${config.temporal.taskQueue}: every ${hours(input.intervalMs)}, windows ending ${hours(input.lagMs)} before the run`,
+    },
+    state: { note: 'created by a billing-outbox worker (RECONCILE_SCHEDULE=on); pausing it here is kept across worker restarts' },
+  };
+}
+
+/**
+ * Creates the schedule unless it exists. An existing one is updated only when this worker's
+ * interval or lag differ from it (a changed configuration rolling out), keeping its paused state
+ * and note: an operator's pause survives every restart. Many workers starting at once: one
+ * creates, the others find it.
+ */
+export async function ensureReconcileSchedule(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>): Promise<'created' | 'updated' | 'unchanged'> {
+  const options = scheduleOptions(config);
+  try {
+    await client.schedule.create(options);
+    return 'created';
+  } catch (err) {
+    if (!(err instanceof ScheduleAlreadyRunning)) throw err;
+  }
+  const handle = client.schedule.getHandle(options.scheduleId);
+  const current = await handle.describe();
+  const every = current.spec.intervals?.[0]?.every;
+  const args = current.action.type === 'startWorkflow' ? (current.action.args as unknown[] | undefined)?.[0] : undefined;
+  const wanted = options.action.args?.[0] as ReconcileRunInput;
+  const same =
+    current.spec.intervals?.length === 1 &&
+    every === config.reconcile.intervalMs &&
+    JSON.stringify(args) === JSON.stringify(wanted) &&
+    current.action.type === 'startWorkflow' &&
+    current.action.taskQueue === config.temporal.taskQueue;
+  if (same) return 'unchanged';
+  await handle.update((previous) => ({ ...previous, spec: options.spec, action: options.action, policies: { ...previous.policies, ...options.policies } }));
+  return 'updated';
+}
+
+/**
+ * The schedule ensured at a worker's start; a failure is logged, not fatal: billing goes on without
+ * it, and the next worker start tries again.
+ */
+export async function ensureReconcileScheduleOrWarn(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>, log: Logger | undefined): Promise<void> {
+  try {
+    const outcome = await ensureReconcileSchedule(client, config);
+    log?.info({ outcome, scheduleId: reconcileScheduleId(config.temporal.taskQueue), intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs }, 'reconcile schedule ensured');
+  } catch (err) {
+    log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; reconciliation does not run by itself until a worker starts with it');
+  }
+}
