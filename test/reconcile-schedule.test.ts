@@ -55,6 +55,9 @@ async function schedule(): Promise<ScheduleHandle> {
 /** Triggers a run now and waits for its result. */
 async function runNow(handle: ScheduleHandle): Promise<{ workflowId: string; result: ReconcileRunResult }> {
   const before = new Set((await handle.describe()).info.recentActions.map((a) => a.action.workflow.workflowId));
+  // A schedule names each run by its scheduled time, to the second: a trigger in the same second as
+  // the previous test's would name the same workflow and start nothing. Into the next second first.
+  await new Promise((r) => setTimeout(r, 1050 - (Date.now() % 1000)));
   await handle.trigger();
   const action = await waitFor('the triggered run', async () => (await handle.describe()).info.recentActions.find((a) => !before.has(a.action.workflow.workflowId)));
   const { workflowId, firstExecutionRunId } = action.action.workflow;
