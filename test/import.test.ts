@@ -53,20 +53,26 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
     JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-6`, quantity: 1, colour: 'blue' }),
     '{"tenant_id": "acme", "usage_id": ',
     JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-8`, quantity: 2 }),
+    // Read as the API reads a body: a key twice (which one would win?) and a number not as written are refused.
+    `{"tenant_id": "acme", "usage_id": "${p}-10", "usage_id": "${p}-11", "quantity": 1}`,
+    `{"tenant_id": "acme", "usage_id": "${p}-12", "quantity": 1e1}`,
+    `{"tenant_id": "acme", "usage_id": "${p}-13", "quantity": 1, "occurred_at": "${ago(60_000).replace('T', 't').replace('Z', 'z')}"}`,
   ]);
   const before = await outboxCount();
 
   const first = await importCli([path, '--batch-size', '2']);
   expect(first.code).toBe(1);
-  expect(first.out).toBe(`${path}: 8 line(s); 3 recorded, 0 already recorded, 5 refused\n`);
+  expect(first.out).toBe(`${path}: 11 line(s); 4 recorded, 0 already recorded, 7 refused\n`);
   const refusals = first.err.trim().split('\n');
-  expect(refusals).toHaveLength(5);
+  expect(refusals).toHaveLength(7);
   expect(refusals[0]).toMatch(/^line 4: invalid_usage: occurred_at: must be within the past 35 days/);
   expect(refusals[1]).toBe('line 5: unknown_tenant: tenant "initech" has no billing customer; add one first');
   expect(refusals[2]).toBe('line 6: invalid_usage: quantity: must be an integer');
   expect(refusals[3]).toBe('line 7: invalid_usage: colour: is not a known field');
-  expect(refusals[4]).toMatch(/^line 8: malformed_line: not a JSON object/);
-  expect(await outboxCount()).toBe(before + 3);
+  expect(refusals[4]).toBe('line 8: malformed_line: the line is not valid JSON');
+  expect(refusals[5]).toBe(`line 10: malformed_line: the key "usage_id" appears more than once in one object`);
+  expect(refusals[6]).toBe('line 11: malformed_line: the number 1e1 would be read as 10: write whole numbers as plain digits');
+  expect(await outboxCount()).toBe(before + 4);
 
   const row = await t.row(idempotencyKeyFor('acme', `${p}-1`));
   expect(row).toMatchObject({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 3, status: 'pending' });
@@ -76,8 +82,8 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
 
   const again = await importCli([path]);
   expect(again.code).toBe(1);
-  expect(again.out).toBe(`${path}: 8 line(s); 0 recorded, 3 already recorded, 5 refused\n`);
-  expect(await outboxCount()).toBe(before + 3);
+  expect(again.out).toBe(`${path}: 11 line(s); 0 recorded, 4 already recorded, 7 refused\n`);
+  expect(await outboxCount()).toBe(before + 4);
 });
 
 it('--dry-run answers as an import would and writes nothing', async () => {

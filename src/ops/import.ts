@@ -14,6 +14,7 @@
  *   database error (the batches committed before it stay committed).
  */
 import type pg from 'pg';
+import { JsonTextError, parseJsonText } from '../api/strict-json.js';
 import type { UsageRequestBody } from '../api/usage.js';
 import { DEFAULT_EVENT_NAME, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
@@ -63,7 +64,10 @@ export interface ImportUsageOptions extends RecordUsageOptions {
   batchSize?: number | undefined;
   /**
    * Run every batch's statements and roll them back: the summary is what an import would do now,
-   * and nothing is committed (the outbox's id sequence still advances, as after any rollback).
+   * and nothing is committed (the outbox's id sequence still advances, as after any rollback). One
+   * difference: a usage twice in the source counts as recorded twice, since no batch sees another's
+   * rolled-back rows (one transaction for the whole dry run would, but would hold the application's
+   * writes of those usage ids waiting until it ends).
    */
   dryRun?: boolean | undefined;
   /** Each refusal, as soon as it is known. */
@@ -104,7 +108,8 @@ function dateTime(value: unknown): Date {
   if (!valid || (m[7] !== undefined && (oh! > 23 || om! > 59))) {
     fieldRefusal('occurred_at', 'must be an RFC 3339 date-time with a time zone, e.g. 2025-01-31T12:00:00Z');
   }
-  return new Date(value as string);
+  // Date reads T and Z, not every spelling RFC 3339 allows (t, z, a space).
+  return new Date((value as string).toUpperCase().replace(' ', 'T'));
 }
 
 /** A line's fields (as the API's body) as recordUsage's input; field problems refused as the API refuses them. */
@@ -125,9 +130,11 @@ function bodyToInput(body: Record<string, unknown>): UsageInput {
 function jsonLine(line: string): UsageInput {
   let body: unknown;
   try {
-    body = JSON.parse(line);
+    // The API's own reading of JSON text: a number not as written (1.0, 1e3) or a key twice is refused.
+    body = parseJsonText(line, 'the line');
   } catch (err) {
-    throw new MalformedLine(`not a JSON object: ${(err as Error).message}`);
+    if (err instanceof JsonTextError) throw new MalformedLine(err.message);
+    throw err;
   }
   if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MalformedLine('not a JSON object');
   return bodyToInput(body as Record<string, unknown>);
