@@ -4,7 +4,8 @@
  * stamped within the last day) into a fresh embedded PostgreSQL. The import runs as its own process
  * (the CLI through tsx, as `npx billing-outbox` runs in a checkout) under /usr/bin/time -v, so its
  * peak RSS is the import's alone; its wall time includes the CLI's start (measured apart, `--help`).
- * --again imports the file a second time (nothing added). --compare N first records N usages in
+ * --again imports the file a second time (nothing added). --heap-mb N caps the import's V8 heap
+ * (--max-old-space-size): an import that holds more than a batch would fail under a small cap. --compare N first records N usages in
  * this process twice, through importUsage and through recordUsage once per usage (both N/1000
  * transactions of 1,000): the rejected alternative of src/outbox/sql/import.ts. Only PostgreSQL
  * (embedded); nothing else is started.
@@ -23,7 +24,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { importUsage } from '../src/ops/import.js';
 
 const { values } = parseArgs({
-  options: { lines: { type: 'string', default: '1000000' }, 'batch-size': { type: 'string', default: '1000' }, again: { type: 'boolean' }, compare: { type: 'string', default: '0' } },
+  options: { lines: { type: 'string', default: '1000000' }, 'batch-size': { type: 'string', default: '1000' }, again: { type: 'boolean' }, 'heap-mb': { type: 'string' }, compare: { type: 'string', default: '0' } },
 });
 const LINES = Number(values.lines);
 const TENANTS = 100;
@@ -47,7 +48,7 @@ async function writeFile(file: string): Promise<void> {
 /** Runs the CLI's import under /usr/bin/time -v; returns its wall time, peak RSS and its output. */
 async function runImport(url: string, file: string): Promise<{ ms: number; peakRssMb: number; out: string }> {
   const started = performance.now();
-  const child = spawn('/usr/bin/time', ['-v', process.execPath, '--import', 'tsx', 'src/bin/cli.ts', 'import', file, '--batch-size', values['batch-size']!], {
+  const child = spawn('/usr/bin/time', ['-v', process.execPath, ...(values['heap-mb'] ? [`--max-old-space-size=${values['heap-mb']}`] : []), '--import', 'tsx', 'src/bin/cli.ts', 'import', file, '--batch-size', values['batch-size']!], {
     env: { ...process.env, DATABASE_URL: url },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -97,7 +98,7 @@ try {
 
   for (const run of values.again ? ['first import', 'again (nothing added)'] : ['first import']) {
     const r = await runImport(url, file);
-    process.stdout.write(`${run}: ${LINES} lines in ${(r.ms / 1000).toFixed(1)} s = ${Math.round(LINES / (r.ms / 1000))} lines/s, peak RSS ${r.peakRssMb} MB\n  ${r.out.replace(file, 'usage.jsonl')}\n`);
+    process.stdout.write(`${run}${values['heap-mb'] ? ` (heap capped at ${values['heap-mb']} MB)` : ''}: ${LINES} lines in ${(r.ms / 1000).toFixed(1)} s = ${Math.round(LINES / (r.ms / 1000))} lines/s, peak RSS ${r.peakRssMb} MB\n  ${r.out.replace(file, 'usage.jsonl')}\n`);
   }
 } finally {
   await server.stop();

@@ -22,7 +22,8 @@ Each batch of N usages (default ${DEFAULT_IMPORT_BATCH_SIZE}) commits in its own
 is finished by running it again. A line is refused, with its number and reason on stderr, when a
 field is bad, its occurred_at is outside Stripe's window (35 days back, 5 minutes ahead), its tenant
 has no billing customer (customers set), or its usage_id was recorded with other values.
---dry-run runs each batch and rolls it back: the same summary, nothing written.
+--dry-run runs each batch and rolls it back: the summary a run would give, nothing written (but a
+usage that is twice in the file counts as to be recorded twice: no batch sees another's rows).
 
 Prints a summary (recorded, already recorded, refused); a progress bar on stderr on a terminal.
 Exit code 1 if any line was refused (the others are recorded all the same).
