@@ -158,3 +158,33 @@ it('importUsage for applications: records and lines alike, many batches, a usage
   const lines = [JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 1, occurred_at: occurredAt.toISOString() })];
   expect(await importUsage(t.pool, lines)).toMatchObject({ read: 1, recorded: 0, alreadyRecorded: 1, refused: 0 });
 });
+
+it('a progress bar on stderr only when stderr is a terminal; refusals above it, the summary on stdout', async () => {
+  const { runCli } = await import('../src/cli/run.js');
+  const p = randomUUID().slice(0, 8);
+  const path = await file(`tty-${p}.jsonl`, [JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 1 }), JSON.stringify({ tenant_id: 'nobody', usage_id: `${p}-2`, quantity: 1 })]);
+  const run = async (isTTY: boolean) => {
+    let out = '';
+    let err = '';
+    const code = await runCli(['import', path], {
+      config: testConfig(),
+      db: async () => t.pool,
+      temporal: async () => {
+        throw new Error('no Temporal in this test');
+      },
+      out: { write: (s: string) => (out += s) },
+      err: { write: (s: string) => (err += s), isTTY },
+    });
+    return { code, out, err };
+  };
+  const tty = await run(true);
+  expect(tty.code).toBe(1);
+  expect(tty.err).toContain('\r\x1b[Kline 2: unknown_tenant:');
+  const lastDraw = tty.err.slice(tty.err.lastIndexOf('\r'));
+  expect(lastDraw).toMatch(/^\r\[#+\] \d+\/\d+ 100% 2 lines: 1 recorded, 0 already recorded, 1 refused/);
+  expect(lastDraw.endsWith('\n')).toBe(true);
+  expect(tty.out).toBe(`${path}: 2 line(s); 1 recorded, 0 already recorded, 1 refused\n`);
+
+  const piped = await run(false);
+  expect(piped.err).toBe('line 2: unknown_tenant: tenant "nobody" has no billing customer; add one first\n');
+});
