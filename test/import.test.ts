@@ -188,3 +188,15 @@ it('a progress bar on stderr only when stderr is a terminal; refusals above it, 
   const piped = await run(false);
   expect(piped.err).toBe('line 2: unknown_tenant: tenant "nobody" has no billing customer; add one first\n');
 });
+
+it('a usage whose outbox row was pruned is refused, never recorded twice (as recordUsage refuses it)', async () => {
+  const usageId = `pruned-${randomUUID()}`;
+  const key = await t.enqueue('acme', 1, { usageId });
+  // What prune leaves of a delivered usage: its usage_logs row, no outbox row.
+  await t.pool.query('DELETE FROM outbox WHERE idempotency_key = $1', [key]);
+  const summary = await importUsage(t.pool, [{ tenantId: 'acme', usageId, quantity: 1 }]);
+  expect(summary).toMatchObject({ recorded: 0, alreadyRecorded: 0, refused: 1 });
+  expect(summary.refusals[0]).toMatchObject({ line: 1, code: 'usage_conflict', field: 'usageId' });
+  expect(summary.refusals[0]!.reason).toContain('pruned after OUTBOX_RETENTION_DAYS');
+  expect(await t.row(key)).toBeUndefined();
+});
