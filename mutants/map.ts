@@ -47,8 +47,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-accepts-conflicting-duplicate',
     guarantee: 'No duplicate enqueue: the same id with different values is refused',
-    find: 'if (!same) throw new UsageConflictError(usage.usageId, entry);',
-    replace: 'if (same === undefined) throw new UsageConflictError(usage.usageId, entry);',
+    find: 'if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry);',
+    replace: 'if (sameUsage(entry, usage) === undefined) throw new UsageConflictError(usage.usageId, entry);',
     test: 'test/enqueue.test.ts',
     name: 'refuses a usage id reused with different values',
     quick: true,

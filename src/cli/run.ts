@@ -8,6 +8,7 @@ import { scrub } from '../log.js';
 import { CANCEL_HELP, cancelCommand } from './commands/cancel.js';
 import { CUSTOMERS_HELP, customersCommand } from './commands/customers.js';
 import { DEAD_HELP, deadCommand } from './commands/dead.js';
+import { IMPORT_HELP, importCommand } from './commands/import.js';
 import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
 import { PRUNE_HELP, pruneCommand } from './commands/prune.js';
 import { REBILL_HELP, rebillCommand } from './commands/rebill.js';
@@ -44,6 +45,7 @@ const OPERATOR_COMMANDS: Record<string, Command> = {
   reconcile: { summary: "compare sent usage with Stripe's meter event summaries, hour by hour", help: RECONCILE_HELP, run: reconcileCommand },
   cancel: { summary: 'cancel a sent event at Stripe (within 24 h of receipt)', help: CANCEL_HELP, run: cancelCommand },
   customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },
+  import: { summary: 'record existing usage from a CSV or JSON-lines file, through the outbox', help: IMPORT_HELP, run: importCommand },
   prune: { summary: 'delete delivered rows past OUTBOX_RETENTION_DAYS (workers do it on a timer)', help: PRUNE_HELP, run: pruneCommand },
 };
 

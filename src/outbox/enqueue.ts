@@ -7,7 +7,7 @@ import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { schemaFor } from './sql/schema.js';
-import { validateUsage, type UsageInput } from './validate.js';
+import { validateUsage, type UsageInput, type ValidUsage } from './validate.js';
 
 /**
  * The meter event name of a usage that names none, unless the caller passes `defaultEventName`.
@@ -34,7 +34,8 @@ export interface RecordUsageResult {
   created: boolean;
 }
 
-function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
+/** An entry row as the caller's driver returned it, as an OutboxEntry (also the bulk import's). */
+export function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
   return {
     id: Number(row.id),
     idempotencyKey: row.idempotency_key,
@@ -92,12 +93,21 @@ export async function recordUsage(
     );
   }
   const entry = toEntry(found, usage.usageId);
-  const same =
+  if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry);
+  return { entry, created: false };
+}
+
+/**
+ * Whether a usage recorded again is the one already there (then nothing is added) rather than a
+ * reused id with other values (refused). A usage without a time takes the transaction's, so any
+ * recorded time matches it.
+ */
+export function sameUsage(entry: OutboxEntry, usage: ValidUsage): boolean {
+  return (
     entry.eventName === usage.eventName &&
     entry.quantity === usage.quantity &&
-    (usage.occurredAt === null || entry.occurredAt.getTime() === usage.occurredAt.getTime());
-  if (!same) throw new UsageConflictError(usage.usageId, entry);
-  return { entry, created: false };
+    (usage.occurredAt === null || entry.occurredAt.getTime() === usage.occurredAt.getTime())
+  );
 }
 
 export type { UsageInput } from './validate.js';

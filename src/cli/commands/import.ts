@@ -1,0 +1,83 @@
+/** `billing-outbox import <file>`: record existing usage from a file, through the outbox (src/ops/import.ts). */
+import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { extname } from 'node:path';
+import { createInterface } from 'node:readline';
+import { DEFAULT_IMPORT_BATCH_SIZE, IMPORT_FORMATS, importUsage, MAX_IMPORT_BATCH_SIZE, type ImportFormat, type ImportSummary } from '../../ops/import.js';
+import { intOption, parse } from '../args.js';
+import { CommandLineError, EXIT_FAILED, EXIT_OK, type CliContext } from '../context.js';
+import { ProgressBar } from '../format.js';
+
+export const IMPORT_HELP = `Usage: billing-outbox import <file> [--format csv|jsonl] [--dry-run] [--batch-size N]
+
+Records usage that exists elsewhere (a migration, a batch job's records) through the outbox, as
+POST /v1/usage and recordUsage do: the same checks, the same keys, so importing a file again adds
+nothing. Lines use the API's body fields: tenant_id, usage_id, quantity, event_name, occurred_at.
+  jsonl  one JSON object a line
+  csv    a header row naming those fields, then one usage a row ("quoted, fields" as in RFC 4180)
+The format follows the extension (.csv; .jsonl, .ndjson) unless --format says. A missing
+event_name is STRIPE_METER_EVENT_NAME's; a missing occurred_at is the import's time.
+
+Each batch of N usages (default ${DEFAULT_IMPORT_BATCH_SIZE}) commits in its own transaction; an interrupted import
+is finished by running it again. A line is refused, with its number and reason on stderr, when a
+field is bad, its occurred_at is outside Stripe's window (35 days back, 5 minutes ahead), its tenant
+has no billing customer (customers set), or its usage_id was recorded with other values.
+--dry-run runs each batch and rolls it back: the summary a run would give, nothing written (but a
+usage that is twice in the file counts as to be recorded twice: no batch sees another's rows).
+
+Prints a summary (recorded, already recorded, refused); a progress bar on stderr on a terminal.
+Exit code 1 if any line was refused (the others are recorded all the same).
+`;
+
+function formatOf(file: string, given: string | undefined): ImportFormat {
+  if (given !== undefined) {
+    if (!(IMPORT_FORMATS as readonly string[]).includes(given)) throw new CommandLineError(`--format must be ${IMPORT_FORMATS.join(' or ')}`, IMPORT_HELP);
+    return given as ImportFormat;
+  }
+  const ext = extname(file).toLowerCase();
+  if (ext === '.csv') return 'csv';
+  if (ext === '.jsonl' || ext === '.ndjson') return 'jsonl';
+  throw new CommandLineError(`cannot tell the format of ${JSON.stringify(file)} from its extension; pass --format csv or --format jsonl`, IMPORT_HELP);
+}
+
+const counts = (s: ImportSummary) => `${s.recorded} ${s.dryRun ? 'would be recorded' : 'recorded'}, ${s.alreadyRecorded} already recorded, ${s.refused} refused`;
+
+export async function importCommand(args: string[], ctx: CliContext): Promise<number> {
+  const { values, positionals } = parse(args, { format: { type: 'string' }, 'dry-run': { type: 'boolean' }, 'batch-size': { type: 'string' } }, IMPORT_HELP);
+  if (values.help) {
+    ctx.out.write(IMPORT_HELP);
+    return EXIT_OK;
+  }
+  if (positionals.length !== 1) throw new CommandLineError(positionals.length === 0 ? 'which file? billing-outbox import <file>' : `unexpected argument: ${positionals[1]}`, IMPORT_HELP);
+  const file = positionals[0]!;
+  const format = formatOf(file, values.format);
+  const batchSize = intOption(values['batch-size'], 'batch-size', 1, MAX_IMPORT_BATCH_SIZE, DEFAULT_IMPORT_BATCH_SIZE, IMPORT_HELP);
+  const size = (await stat(file)).size;
+  const db = await ctx.db();
+
+  // Read as consumed: readline pauses the file while a batch commits, so a file of any length
+  // holds a batch in memory, never the file.
+  const input = createReadStream(file);
+  const lines = createInterface({ input, crlfDelay: Infinity });
+  // The bar counts bytes: the number of lines is not known before the end.
+  const bar = ctx.err.isTTY ? new ProgressBar(ctx.err, size) : undefined;
+  const say = (line: string) => (bar ? bar.printAbove(line) : ctx.err.write(`${line}\n`));
+  try {
+    const summary = await importUsage(db, lines, {
+      format,
+      batchSize,
+      dryRun: values['dry-run'] === true,
+      schema: ctx.config.databaseSchema,
+      defaultEventName: ctx.config.stripe.meterEventName,
+      ...(ctx.now ? { now: ctx.now } : {}),
+      onRefusal: (r) => say(`line ${r.line}: ${r.code}: ${r.reason}`),
+      onProgress: (s) => bar?.update(input.bytesRead, `${s.read} lines: ${counts(s)}`),
+    });
+    bar?.finish(size, `${summary.read} lines: ${counts(summary)}`);
+    ctx.out.write(`${summary.dryRun ? 'dry run, nothing written: ' : ''}${file}: ${summary.read} line(s); ${counts(summary)}\n`);
+    return summary.refused > 0 ? EXIT_FAILED : EXIT_OK;
+  } finally {
+    lines.close();
+    input.destroy();
+  }
+}
