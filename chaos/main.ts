@@ -85,7 +85,7 @@ console.log(`load: ${JSON.stringify(result.load)}`);
 const r = result.stripeRequests;
 console.log(
   `Stripe requests (${r.api === 'v2' ? 'stream' : 'meter-event calls'}): ${r.requests} (${r.failed} failed or unanswered) for ${r.recorded} events recorded: ` +
-    `${r.perEvent} per event${r.api === 'v2' ? " (issue 17's target for v2: ≤ 0.2)" : ''}`,
+    `${r.perEvent} per event${r.api === 'v2' ? " (the aim for v2 under faults: ≤ 0.2)" : ''}`,
 );
 console.log(formatTable(result.table));
 if (result.ok) {

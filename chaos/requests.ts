@@ -3,7 +3,7 @@ import type { RequestRecord, StreamRequestRecord } from '../src/embedded/stripe/
 /**
  * What the run cost Stripe in requests: v1 meter-event calls, or v2 stream requests (every one
  * that reached it, refused ones included), per event Stripe recorded. The v2 figure is the
- * batcher's under faults (issue 17: ≤ 0.2 per event).
+ * batcher's under faults (the aim: ≤ 0.2 per event).
  */
 export interface StripeRequestCount {
   api: 'v1' | 'v2';
