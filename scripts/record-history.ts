@@ -36,6 +36,7 @@ try {
     searchAttributes: {
       OutboxStatus: proto.temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
       TenantId: proto.temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+      OutboxError: proto.temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     },
   });
   const taskQueue = 'record-history';

@@ -329,7 +329,7 @@ describe('retry', () => {
     ]);
     expect(json.code).toBe(1);
     expect(json.json).toEqual({
-      summary: { matched: 1, signalled: 0, reopened: 0, skipped: 0, refused: 1, failed: 0 },
+      summary: { matched: 1, signalled: 0, retried: 0, reopened: 0, skipped: 0, refused: 1, failed: 0 },
       problems: [{ key: old, outcome: 'refused', message: expect.stringContaining('24 h') }],
       problemsOmitted: 0,
     });

@@ -21,6 +21,7 @@ import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
 import { workflowTracingModule, type Tracing } from '../src/tracing.js';
 import { installTemporalRuntime } from '../src/temporal/runtime.js';
+import { SEARCH_ATTRIBUTES } from '../workflows/shared.js';
 import './provided.js';
 
 // The SDK's warnings (every injected Stripe failure is one) would drown the test output.
@@ -75,7 +76,7 @@ export function withSearchPath(url: string, schema: string): string {
 }
 
 /**
- * A new Temporal namespace on the shared dev server (with the two search attributes), for a second
+ * A new Temporal namespace on the shared dev server (with the search attributes), for a second
  * deployment in a test: deployments with the same tenant and usage ids have the same keys, so the
  * same workflow ids, which must live in namespaces of their own.
  */
@@ -86,7 +87,7 @@ export async function temporalNamespace(): Promise<string> {
     await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
     const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
     await waitFor(`namespace ${name}`, async () => {
-      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: { OutboxStatus: keyword, TenantId: keyword } });
+      await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: Object.fromEntries(SEARCH_ATTRIBUTES.map((k) => [k.name, keyword])) });
       return true;
     });
   } finally {

@@ -17,7 +17,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, reopenSignal, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -186,6 +186,71 @@ it('honours a retry signal that arrives in the same workflow task as the dead le
   expect(result).toMatchObject({ status: 'sent' });
   expect(calls.retrying).toBe(1);
   expect(calls.deliver).toHaveLength(2);
+});
+
+it('the retry Update sent while the dead mark is still being written answers for the next delivery, not the one that died', async () => {
+  let markDeadStarted!: () => void;
+  const deadStarted = new Promise<void>((resolve) => (markDeadStarted = resolve));
+  let releaseMarkDead!: () => void;
+  const markDeadGate = new Promise<void>((resolve) => (releaseMarkDead = resolve));
+  let first = true;
+  const { calls, activities } = fakeActivities(
+    async () => {
+      if (first) {
+        first = false;
+        throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+      }
+      return sent();
+    },
+    {
+      markDead: async () => {
+        markDeadStarted();
+        await markDeadGate;
+      },
+    },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await deadStarted;
+    const update = await handle.startUpdate(retryUpdate, { args: [{ requestedBy: 'test' }], waitForStage: 'ACCEPTED' });
+    releaseMarkDead();
+    expect(await update.result()).toMatchObject({ status: 'sent', lastError: null });
+    expect(calls.deliver).toHaveLength(2);
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+  });
+});
+
+it('the retry Update: refused in flight (no Update in the history); a retried delivery that continues as new answers dispatched', async () => {
+  let mode: 'reject' | 'defer' = 'defer';
+  const { activities } = fakeActivities(async () => {
+    if (mode === 'reject') throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+    return { outcome: 'deferred', reason: 'lease_busy', waitMs: 3_600_000, attempts: 0 };
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 1 });
+    // Waiting out its first deferral: the task that deferred is complete, its timer started.
+    await waitFor('the first deferral', async () => (await handle.fetchHistory()).events?.at(-1)?.eventType === temporal.api.enums.v1.EventType.EVENT_TYPE_TIMER_STARTED);
+    await expect(handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).rejects.toMatchObject({
+      cause: { type: 'RetryRefused', details: ['not_dead'] },
+    });
+    // This test server records the workflow task that ran the validator (the dev server drops it:
+    // retry-wait.test.ts counts the events there); the Update itself is not in the history.
+    const { EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED, EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_REJECTED } = temporal.api.enums.v1.EventType;
+    const types = ((await handle.fetchHistory()).events ?? []).map((e) => e.eventType);
+    expect(types).not.toContain(EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED);
+    expect(types).not.toContain(EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_REJECTED);
+    await handle.terminate('test: next case');
+
+    mode = 'reject';
+    const dead = await start(taskQueue, { deferralsPerRun: 1 });
+    await waitFor('dead', async () => (await dead.query(stateQuery)).status === 'dead');
+    mode = 'defer';
+    const answer = dead.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] });
+    await env.sleep('2 hours');
+    expect(await answer).toMatchObject({ status: 'dispatched' });
+    expect((await dead.describe()).runId).not.toBe(dead.firstExecutionRunId);
+    await dead.terminate('test over');
+  });
 });
 
 it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", async () => {

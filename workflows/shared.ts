@@ -3,7 +3,7 @@
  * shapes that cross the workflow boundary. Importable from both sides (no Node APIs here).
  */
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
-import { defineQuery, defineSignal } from '@temporalio/workflow';
+import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
 import type { OutboxStatus } from '../src/outbox/statuses.js';
 
 export type { OutboxStatus };
@@ -11,7 +11,14 @@ export type { OutboxStatus };
 /** Current status of the event, kept in step with the outbox row; the Web UI and CLI filter on it. */
 export const OutboxStatusKey = defineSearchAttributeKey('OutboxStatus', SearchAttributeType.KEYWORD);
 export const TenantIdKey = defineSearchAttributeKey('TenantId', SearchAttributeType.KEYWORD);
-export const SEARCH_ATTRIBUTES = [OutboxStatusKey, TenantIdKey];
+/**
+ * Why a dead letter died (the row's `last_error_code`: Stripe's code, or one of ErrorTypes'
+ * reasons), set in the same upsert that makes OutboxStatus `dead` and removed when it is retried:
+ * the Web UI's list shows why without opening the run, and filters on it.
+ */
+export const OutboxErrorKey = defineSearchAttributeKey('OutboxError', SearchAttributeType.KEYWORD);
+/** Every custom search attribute the namespace must have (Keyword), registered by each setup path. */
+export const SEARCH_ATTRIBUTES = [OutboxStatusKey, TenantIdKey, OutboxErrorKey];
 
 /**
  * Temporal's retry policy of the Stripe call (RETRY_*), and the bounds around it: one type for the
@@ -46,6 +53,12 @@ export interface UsageWorkflowInput {
    * (and starts a new one, see beginAttempt). Used up by that attempt, whatever its outcome.
    */
   force?: boolean;
+  /**
+   * When the event was first attempted (ms since the epoch), for a run that did not make that
+   * attempt itself: carried across continue-as-new, and passed by an operator's reopen from the
+   * row. The `retry` Update's validator refuses a resend past the safe window from it.
+   */
+  firstAttemptedAt?: number;
   /**
    * Workflow time (ms) of the first of an unbroken stretch of Stripe 429s, carried across
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run. Any
@@ -121,7 +134,23 @@ export interface ReopenRequest {
  * on the wire the signal keeps the name operators type in the Web UI and the CLI: `retry`.
  */
 export const reopenSignal = defineSignal<[ReopenRequest?]>('retry');
+/**
+ * The same reopen as an Update, for a caller that wants the answer (`billing-outbox retry --wait`).
+ * Its validator refuses, before anything is written to the history, what cannot be retried: a run
+ * whose event is not dead (in flight, or already being retried), and an event first attempted past
+ * the safe resend window without `force`. Accepted, it answers once the new delivery has settled:
+ * `sent`/`accepted`, or `dead` again with Stripe's answer in `lastError`, or `dispatched` when the
+ * run continued as new while the delivery still waits (the new run carries on with it).
+ */
+export const retryUpdate = defineUpdate<UsageState, [ReopenRequest]>('retry');
 export const stateQuery = defineQuery<UsageState>('state');
+/**
+ * The failure type of a `retry` Update its validator refused; its first detail says why (a
+ * RetryRefusal), its message says it to a person.
+ */
+export const RETRY_REFUSED = 'RetryRefused';
+/** `not_dead`: in flight or delivered; `under_way`: already being retried; `window`: past the safe resend window without force. */
+export type RetryRefusal = 'not_dead' | 'under_way' | 'window';
 
 export interface RelayWorkflowInput {
   relayId: string;

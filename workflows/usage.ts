@@ -13,6 +13,7 @@
  */
 import {
   ActivityFailure,
+  allHandlersFinished,
   ApplicationFailure,
   CancellationScope,
   condition,
@@ -27,15 +28,19 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { DeliveryActivities } from '../activities/delivery.js';
+import { inHours, SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import {
   ErrorTypes,
+  OutboxErrorKey,
   OutboxStatusKey,
   reopenSignal,
+  RETRY_REFUSED,
+  retryUpdate,
   stateQuery,
   TemporalErrorCodes,
   type DeliveryResult,
-  type OutboxStatus,
   type ReopenRequest,
+  type RetryRefusal,
   type UsageState,
   type UsageWorkflowInput,
 } from './shared.js';
@@ -131,11 +136,47 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: ReopenRequest | undefined;
   let force = input.force === true;
+  // When the event was first attempted (workflow time of this chain's first attempt, or the row's
+  // time passed by a reopen); a forced attempt past the window starts a new one, as on the row.
+  let firstAttemptedAt = input.firstAttemptedAt;
+  // Deliveries begun in this run, the last one settled (delivered, or dead with its bookkeeping
+  // done), and whether the run is continuing as new: what an accepted `retry` Update waits for.
+  let begun = 0;
+  let settled = 0;
+  let continuing = false;
   setHandler(stateQuery, () => state);
   setHandler(reopenSignal, (request: ReopenRequest = {}) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
     if (state.status === 'dead') requested = request;
   });
+  setHandler(
+    retryUpdate,
+    async (request: ReopenRequest = {}) => {
+      // The delivery this retry starts: the next one (the validator took it only while dead, so
+      // the one before has failed, though its bookkeeping may still be running).
+      const mine = begun + 1;
+      requested = request;
+      await condition(() => settled >= mine || continuing);
+      return { ...state, lastError: state.lastError && { ...state.lastError } };
+    },
+    {
+      // Refused here, nothing is recorded in the history: the caller hears why, and the run is as it was.
+      validator: (request: ReopenRequest = {}) => {
+        const refuse = (reason: RetryRefusal, message: string) => {
+          throw ApplicationFailure.create({ type: RETRY_REFUSED, message, details: [reason], nonRetryable: true });
+        };
+        if (state.status !== 'dead') refuse('not_dead', `not a dead letter: the event is ${state.status}, nothing to retry`);
+        if (requested !== undefined) refuse('under_way', 'a retry of this dead letter is already under way');
+        if (request.force !== true && firstAttemptedAt !== undefined && Date.now() - firstAttemptedAt > SAFE_RESEND_WINDOW_MS) {
+          refuse(
+            'window',
+            `first attempted at ${new Date(firstAttemptedAt).toISOString()}, past the ${inHours(SAFE_RESEND_WINDOW_MS)} h safe resend window: ` +
+              'Stripe may no longer recognise the identifier, so a resend could bill twice. Reconcile first (billing-outbox reconcile); force only if Stripe does not have it',
+          );
+        }
+      },
+    },
+  );
 
   /**
    * Waits for an operator's retry signal, or takes the one that arrived since the event died. A dead
@@ -152,12 +193,9 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
     if (requested === undefined) return undefined;
     const request = requested ?? {};
     requested = undefined;
+    // In flight from here, in memory (the upsert follows the row): a second retry is refused at once.
+    state.status = 'dispatched';
     return request;
-  };
-
-  const setStatus = (status: OutboxStatus) => {
-    state.status = status;
-    upsertSearchAttributes([{ key: OutboxStatusKey, value: status }]);
   };
 
   // When Stripe's 429s began holding this delivery back (workflow time), whatever run we are in.
@@ -177,6 +215,8 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       // A forced reopen forces one attempt: that attempt starts a new 24 h window (beginAttempt).
       const forcing = force;
       force = false;
+      if (forcing && firstAttemptedAt !== undefined && Date.now() - firstAttemptedAt > SAFE_RESEND_WINDOW_MS) firstAttemptedAt = undefined;
+      firstAttemptedAt ??= Date.now();
       if (inTask && spent === 0) {
         inTask = false;
         try {
@@ -214,9 +254,13 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       await sleep(result.waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
+        // A retry Update waiting on this delivery answers `dispatched` now: the new run cannot answer it.
+        continuing = true;
+        await condition(allHandlersFinished);
         await continueAsNew<typeof usageWorkflow>({
           ...input,
           force,
+          firstAttemptedAt,
           attemptsSpent: spent,
           ...(rateLimitedSince === undefined ? { rateLimitedSince: undefined } : { rateLimitedSince }),
         });
@@ -225,6 +269,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   };
 
   for (;;) {
+    const delivery = ++begun;
     try {
       const result = await deliver();
       state.attempts = result.attempts;
@@ -234,6 +279,9 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       // an upsert would cost every event one more history event and, on Temporal Cloud, one more
       // billable action. OutboxStatus changes only while the run stays open (dead, retried).
       state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
+      settled = delivery;
+      // A retry Update waiting on this delivery gets its answer before the run completes.
+      await condition(allHandlersFinished);
       return state;
     } catch (err) {
       if (isCancellation(err) || (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure))) throw err;
@@ -241,7 +289,12 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       // Dead from here on, before the row is: an operator who sees the dead row and signals at
       // once must not have the signal dropped while the bookkeeping is still running.
       requested = undefined;
-      setStatus('dead');
+      state.status = 'dead';
+      // One upsert: the list shows why it died as soon as it shows that it did.
+      upsertSearchAttributes([
+        { key: OutboxStatusKey, value: 'dead' },
+        { key: OutboxErrorKey, value: state.lastError.code },
+      ]);
       state.attempts = await markDead({ key: input.key, ...state.lastError });
       const closesAt = new Date(Date.now() + input.retry.deadLetterOpenMs);
       show([
@@ -251,6 +304,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
         `Fix the cause, then retry with the same identifier: \`billing-outbox retry '${input.key}'\` (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
         `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
       ]);
+      settled = delivery;
     }
     const reopen = await nextReopen();
     if (!reopen) {
@@ -268,7 +322,10 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
     rateLimitedSince = undefined;
     spent = 0;
     await markReopened(input.key);
-    setStatus('dispatched');
+    upsertSearchAttributes([
+      { key: OutboxStatusKey, value: 'dispatched' },
+      { key: OutboxErrorKey, value: null },
+    ]);
     show([`**Retrying** at ${reopen.requestedBy ? `${reopen.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
   }
 }

@@ -2,7 +2,7 @@
 # One-shot setup of what billing-outbox needs inside Temporal, run by the `temporal-setup` service
 # (temporalio/admin-tools image, busybox sh) after the server is up:
 #   1. the namespace TEMPORAL_NAMESPACE, created with TEMPORAL_NAMESPACE_RETENTION if missing;
-#   2. the custom search attributes OutboxStatus and TenantId (Keyword), registered if missing.
+#   2. the custom search attributes OutboxStatus, TenantId and OutboxError (Keyword), registered if missing.
 #      The worker sets both on every usage workflow (workflows/shared.ts); a start with an
 #      unregistered attribute is refused, so workers must not start before this has finished.
 #
@@ -25,7 +25,7 @@ address="${TEMPORAL_ADDRESS:-temporal:7233}"
 namespace="${TEMPORAL_NAMESPACE:-default}"
 retention="${TEMPORAL_NAMESPACE_RETENTION:-7d}"
 wait_seconds="${SETUP_WAIT_SECONDS:-120}"
-attributes="OutboxStatus TenantId"
+attributes="OutboxStatus TenantId OutboxError"
 
 log() { echo "temporal-setup: $*"; }
 

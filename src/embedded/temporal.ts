@@ -67,6 +67,7 @@ export async function startTemporalDevServer(opts: {
     '--namespace', opts.namespace ?? 'default',
     '--search-attribute', 'OutboxStatus=Keyword',
     '--search-attribute', 'TenantId=Keyword',
+    '--search-attribute', 'OutboxError=Keyword',
     '--log-level', 'error',
     '--sqlite-pragma', 'journal_mode=WAL',
     '--sqlite-pragma', 'synchronous=OFF',

@@ -8,7 +8,9 @@
  *    it, refuse: Stripe only deduplicates identifiers for 24 h, so it could not tell a resend from
  *    a new event. The operator reconciles first, then forces.
  * 3. If the event's workflow is open (a dead letter's workflow waits for a `retry` signal), signal
- *    it. The delivery activity re-checks the window itself, so a stale decision here cannot send.
+ *    it; with `wait`, send the `retry` Update instead, whose validator refuses in the workflow
+ *    (nothing recorded) what cannot be retried, and which answers with the new attempt's outcome.
+ *    The delivery activity re-checks the window itself, so a stale decision here cannot send.
  * 4. If the workflow has closed (terminated, cancelled, timed out, failed, or gone past retention), reopen:
  *    move the row dead → dispatched with a guarded UPDATE (only one operator can win it), then
  *    start a new run with the same workflow id (conflict policy FAIL, reuse policy ALLOW_DUPLICATE:
@@ -19,7 +21,15 @@
  *    or restored from an older backup): reopened while a resend is still caught by Stripe's
  *    identifier dedup (within the safe resend window of the run's close), or when forced.
  */
-import { WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
+import {
+  WorkflowNotFoundError,
+  WorkflowUpdateFailedError,
+  WorkflowUpdateRPCTimeoutOrCancelledError,
+  WorkflowUpdateStage,
+  type Client,
+  type WorkflowExecutionStatusName,
+} from '@temporalio/client';
+import { ApplicationFailure } from '@temporalio/common';
 import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
@@ -34,25 +44,56 @@ import {
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
-import { reopenSignal, stateQuery, TemporalErrorCodes, type UsageState } from '../../workflows/shared.js';
+import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
 /**
- * signalled / reopened: the event is on its way again. skipped: nothing to do (already in flight,
- * or another operator got there first). refused: retrying would be wrong. failed: an error.
+ * signalled / reopened: the event is on its way again. retried: its open run took the `retry`
+ * Update (with `wait`) and answered. skipped: nothing to do (already in flight, or another
+ * operator got there first). refused: retrying would be wrong. failed: an error.
  */
-export type RetryOutcome = 'signalled' | 'reopened' | 'skipped' | 'refused' | 'failed';
+export type RetryOutcome = 'signalled' | 'retried' | 'reopened' | 'skipped' | 'refused' | 'failed';
 
 export interface RetryResult {
   key: string;
   outcome: RetryOutcome;
   forced: boolean;
   message: string;
+  /**
+   * With `wait`: the event's state once the new delivery settled (`sent`/`accepted`, or `dead`
+   * with Stripe's answer in `lastError`), or `dispatched` when it was still on its way when the
+   * wait ended. Absent when nothing was retried, or the run could not be asked.
+   */
+  answer?: UsageState;
 }
 
-export const isProblem = (r: RetryResult) => r.outcome === 'refused' || r.outcome === 'failed';
+/** A retry that was refused or failed, or that was waited for and ended dead again. */
+export const isProblem = (r: RetryResult) => r.outcome === 'refused' || r.outcome === 'failed' || r.answer?.status === 'dead';
+
+/** How an operator's retry is asked for; `wait` makes it wait for the new attempt's outcome. */
+export interface RetryOptions {
+  force: boolean;
+  requestedBy: string;
+  wait?: { timeoutMs: number } | undefined;
+}
+
+/** How long `retry --wait` waits for one event's new attempt before saying it is still on its way. */
+export const DEFAULT_WAIT_MS = 10 * 60_000;
+/** How often a reopened run's state is asked while waiting for its outcome. */
+const WAIT_POLL_MS = 250;
+
+/** The answer of a waited retry, in a few words: what the operator reads first. */
+export function describeAnswer(answer: UsageState | undefined): string {
+  if (!answer) return 'its outcome is unknown';
+  if (answer.status === 'dead') {
+    const why = answer.lastError ? `${answer.lastError.code}: ${answer.lastError.message}` : 'no error recorded';
+    return `dead again after ${answer.attempts} attempt(s): ${why}`;
+  }
+  if (answer.status === 'dispatched') return 'still on its way (deferred or retrying): follow it with billing-outbox inspect';
+  return `${answer.status} after ${answer.attempts} attempt(s)`;
+}
 
 export interface RetrierDeps {
   db: Queryable;
@@ -116,7 +157,7 @@ export class DeadLetterRetrier {
   }
 
   /** Retries the event with `key`; never throws (errors come back as `failed`). */
-  async retryKey(key: string, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+  async retryKey(key: string, opts: RetryOptions): Promise<RetryResult> {
     try {
       const row = await findOperatorRow(this.deps.db, this.deps.schema, key);
       if (!row) return { key, outcome: 'failed', forced: opts.force, message: 'no outbox row with this key' };
@@ -133,7 +174,7 @@ export class DeadLetterRetrier {
    */
   async retryAllDead(
     filter: DeadLetterFilter,
-    opts: { force: boolean; requestedBy: string; pageSize?: number | undefined },
+    opts: RetryOptions & { pageSize?: number | undefined },
     onResult: (result: RetryResult) => void,
   ): Promise<void> {
     for (let afterId = 0; ; ) {
@@ -145,7 +186,7 @@ export class DeadLetterRetrier {
   }
 
   /** Retries one row and records what happened in the operator audit log; never throws. */
-  async retryRow(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+  async retryRow(row: OperatorRow, opts: RetryOptions): Promise<RetryResult> {
     const key = row.idempotency_key;
     let result: RetryResult;
     try {
@@ -170,7 +211,7 @@ export class DeadLetterRetrier {
     return result;
   }
 
-  private async decide(row: OperatorRow, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+  private async decide(row: OperatorRow, opts: RetryOptions): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     // Nothing to do, not a refusal: the operator wants the event billed, and it is (a bulk retry also
@@ -216,6 +257,7 @@ export class DeadLetterRetrier {
       // A run whose state is not dead has already taken a retry (another operator's, or a run
       // reopened since the row was read): signalling again would do nothing, so say so.
       if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
+      if (opts.wait) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);
       await handle.signal(reopenSignal, { force: opts.force, requestedBy: opts.requestedBy });
       return done(
         'signalled',
@@ -247,7 +289,7 @@ export class DeadLetterRetrier {
     return this.reopen(row, status, fresh, opts);
   }
 
-  private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: { force: boolean; requestedBy: string }): Promise<RetryResult> {
+  private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: RetryOptions): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     const { db, schema, client, config } = this.deps;
@@ -258,10 +300,15 @@ export class DeadLetterRetrier {
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
     }
     try {
-      await client.workflow.start(
-        'usageWorkflow',
-        usageWorkflowStartOptions({ ...row, idempotency_key: key, tenant_id: reopened.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE', force: opts.force }),
-      );
+      const options = usageWorkflowStartOptions({ ...row, idempotency_key: key, tenant_id: reopened.tenant_id }, config, {
+        reusePolicy: 'ALLOW_DUPLICATE',
+        force: opts.force,
+      });
+      // The new run did not make the first attempt: it is told when that was, so that its `retry`
+      // Update refuses a resend past the safe window as this command does.
+      const firstAttemptedAt = row.first_attempted_at?.getTime();
+      if (firstAttemptedAt !== undefined) options.args = [{ ...options.args[0], firstAttemptedAt }];
+      await client.workflow.start('usageWorkflow', options);
     } catch (err) {
       const restored = await restoreDeadLetter(db, schema, key, reopened.previous_dead_at);
       return done(
@@ -270,7 +317,60 @@ export class DeadLetterRetrier {
       );
     }
     const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
-    return done('reopened', fresh ? how : `${how}, forced past the 24 h identifier window`);
+    const result = done('reopened', fresh ? how : `${how}, forced past the 24 h identifier window`);
+    if (!opts.wait) return result;
+    const answer = await this.awaitOutcome(key, opts.wait.timeoutMs);
+    return { ...result, message: `${result.message}; ${describeAnswer(answer)}`, ...(answer ? { answer } : {}) };
+  }
+
+  /**
+   * The open run's `retry` Update: its validator refuses in the workflow what cannot be retried
+   * (recording nothing); accepted, it answers with the new delivery's outcome, which is waited for
+   * at most `timeoutMs` (after that the event is reported still on its way: the retry stands).
+   */
+  private async retryByUpdate(key: string, opts: RetryOptions, timeoutMs: number): Promise<RetryResult> {
+    const done = (outcome: RetryOutcome, message: string, answer?: UsageState): RetryResult => ({ key, outcome, forced: opts.force, message, ...(answer ? { answer } : {}) });
+    const { client } = this.deps;
+    const handle = client.workflow.getHandle(key);
+    try {
+      const update = await handle.startUpdate(retryUpdate, {
+        args: [{ force: opts.force, requestedBy: opts.requestedBy }],
+        waitForStage: WorkflowUpdateStage.ACCEPTED,
+      });
+      const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result());
+      return done('retried', describeAnswer(answer), answer);
+    } catch (err) {
+      if (err instanceof WorkflowUpdateFailedError && err.cause instanceof ApplicationFailure && err.cause.type === RETRY_REFUSED) {
+        const reason = err.cause.details?.[0] as RetryRefusal | undefined;
+        // Not dead any more, or already being retried: another operator got there first.
+        return done(reason === 'window' ? 'refused' : 'skipped', `its workflow refused the retry: ${err.cause.message}`);
+      }
+      if (err instanceof WorkflowUpdateRPCTimeoutOrCancelledError) {
+        const state = await this.queryState(key);
+        return done('retried', `no answer within ${formatDuration(timeoutMs)}; ${describeAnswer(state ?? { status: 'dispatched', attempts: 0, lastError: null })}`, state);
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * A reopened run's outcome: its state once it is no longer `dispatched` (dead again), or its
+   * result once it completed (delivered); after `timeoutMs`, its state as it is (still on its way).
+   */
+  private async awaitOutcome(key: string, timeoutMs: number): Promise<UsageState | undefined> {
+    const handle = this.deps.client.workflow.getHandle(key);
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const { status } = await handle.describe();
+      if (status.name === 'COMPLETED') return (await handle.result()) as UsageState;
+      if (status.name !== 'RUNNING' && status.name !== 'CONTINUED_AS_NEW') {
+        return { status: 'dead', attempts: 0, lastError: { code: TemporalErrorCodes.workflowClosed, message: `its new run closed as ${status.name}` } };
+      }
+      const state = status.name === 'RUNNING' ? await this.queryState(key) : undefined;
+      if (state && state.status !== 'dispatched') return state;
+      if (Date.now() >= until) return state;
+      await new Promise((resolve) => setTimeout(resolve, WAIT_POLL_MS));
+    }
   }
 
   private async queryState(key: string): Promise<UsageState | undefined> {

@@ -3,12 +3,12 @@ import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
-import { ProgressBar } from '../format.js';
-import { DeadLetterRetrier, isProblem, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
+import { formatDuration, formatTable, ProgressBar } from '../format.js';
+import { DEFAULT_WAIT_MS, DeadLetterRetrier, isProblem, type RetryOptions, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 
-export const RETRY_HELP = `Usage: billing-outbox retry <key> [--force] [--by NAME] [--json]
-       billing-outbox retry --all-dead [--tenant T] [--code C] [--force] [--yes] [--by NAME] [--json]
+export const RETRY_HELP = `Usage: billing-outbox retry <key> [--wait] [--force] [--by NAME] [--json]
+       billing-outbox retry --all-dead [--tenant T] [--code C] [--wait] [--force] [--yes] [--by NAME] [--json]
 
 Sends dead letters to Stripe again, with the same identifier. An event whose workflow is still open
 is signalled; one whose workflow has closed (terminated, timed out, past retention) is reopened with
@@ -21,17 +21,27 @@ identifiers for only 24 h, so a resend could bill twice. Check \`billing-outbox 
 meter event summaries for the customer and hour of the event first.
 
 Options:
+  --wait       wait for the new attempt's outcome and print it: sent (or accepted), or dead again
+               with Stripe's answer. An open workflow gets the \`retry\` Update, whose validator
+               refuses in the workflow (recording nothing) what cannot be retried; a reopened run is
+               followed until it settles. At most ${formatDuration(DEFAULT_WAIT_MS)} per event, then it is
+               reported still on its way (the retry stands). With --all-dead: a progress bar on a
+               terminal, then a table of the outcomes
   --all-dead   every dead letter (optionally only --tenant T and/or last error code --code C),
                processed in pages; asks for confirmation unless --yes
   --force      resend even past the ${inHours(SAFE_RESEND_WINDOW_MS)} h safe window (after reconciling!)
   --yes        do not ask before a bulk retry (required when stdin is not a terminal)
   --by NAME    who is asking, for the audit log (default: the OS user)
-  --json       one key: print {key, outcome, forced, message};
-               --all-dead: print {summary: {matched, signalled, reopened, skipped, refused, failed},
-               problems: [{key, outcome, message}], problemsOmitted}
-               outcome is one of signalled, reopened, skipped, refused, failed
+  --json       one key: print {key, outcome, forced, message} (with --wait also answer:
+               {status, attempts, lastError});
+               --all-dead: print {summary: {matched, signalled, retried, reopened, skipped, refused,
+               failed}, problems: [{key, outcome, message}], problemsOmitted} (with --wait also
+               outcomes: [{result, code, events, example}], the final table's rows)
+               outcome is one of signalled, retried (--wait, open workflow), reopened, skipped,
+               refused, failed
 
-Exit code 0 when every event was signalled, reopened or skipped; 1 when any was refused or failed.
+Exit code 0 when every event was signalled, retried, reopened or skipped (and, with --wait, none is
+dead again); 1 otherwise.
 `;
 
 /** Problems kept for the --json report; the rest are counted, not listed (a bulk run can be huge). */
@@ -41,6 +51,34 @@ type Summary = { matched: number } & Record<RetryOutcome, number>;
 
 function describe(r: RetryResult): string {
   return `${r.outcome} ${r.key}${r.forced ? ' (forced)' : ''}: ${r.message}`;
+}
+
+/**
+ * The final table of `retry --all-dead --wait`: one row per result (and per error code of the
+ * events dead again), with how many events and one of their keys to inspect.
+ */
+export class OutcomeTable {
+  private readonly groups = new Map<string, { result: string; code: string; events: number; example: string }>();
+
+  add(r: RetryResult): void {
+    const result = r.answer && r.answer.status !== 'dispatched' ? (r.answer.status === 'dead' ? 'dead again' : r.answer.status) : r.answer ? 'still on its way' : r.outcome;
+    const code = r.answer?.status === 'dead' ? (r.answer.lastError?.code ?? '') : '';
+    const id = `${result}\u0000${code}`;
+    const group = this.groups.get(id) ?? { result, code, events: 0, example: r.key };
+    group.events++;
+    this.groups.set(id, group);
+  }
+
+  rows(): { result: string; code: string; events: number; example: string }[] {
+    return [...this.groups.values()].sort((a, b) => b.events - a.events || a.result.localeCompare(b.result) || a.code.localeCompare(b.code));
+  }
+
+  format(): string {
+    return formatTable(
+      [{ header: 'RESULT' }, { header: 'CODE' }, { header: 'EVENTS', align: 'right' }, { header: 'FOR EXAMPLE', max: 80 }],
+      this.rows().map((g) => [g.result, g.code, String(g.events), g.example]),
+    );
+  }
 }
 
 export async function retryCommand(args: string[], ctx: CliContext): Promise<number> {
@@ -54,6 +92,7 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
       yes: { type: 'boolean' },
       by: { type: 'string' },
       json: { type: 'boolean' },
+      wait: { type: 'boolean' },
     },
     RETRY_HELP,
   );
@@ -63,6 +102,7 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
   }
   const force = values.force === true;
   const requestedBy = values.by ?? ctx.user ?? 'unknown';
+  const wait = values.wait === true ? { timeoutMs: DEFAULT_WAIT_MS } : undefined;
   if (requestedBy.trim() === '' || requestedBy.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', RETRY_HELP);
 
   if (!values['all-dead']) {
@@ -70,10 +110,10 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
     if (positionals.length !== 1) {
       throw new CommandLineError(positionals.length === 0 ? 'retry needs an event key, or --all-dead' : 'retry takes one key', RETRY_HELP);
     }
-    return retryOne(positionals[0]!, { force, requestedBy, json: values.json === true }, ctx);
+    return retryOne(positionals[0]!, { force, requestedBy, wait, json: values.json === true }, ctx);
   }
   if (positionals.length > 0) throw new CommandLineError('give either a key or --all-dead, not both', RETRY_HELP);
-  return retryAll({ tenantId: values.tenant, errorCode: values.code }, { force, requestedBy, yes: values.yes === true, json: values.json === true }, ctx);
+  return retryAll({ tenantId: values.tenant, errorCode: values.code }, { force, requestedBy, wait, yes: values.yes === true, json: values.json === true }, ctx);
 }
 
 async function retrier(ctx: CliContext): Promise<DeadLetterRetrier> {
@@ -81,10 +121,11 @@ async function retrier(ctx: CliContext): Promise<DeadLetterRetrier> {
   return new DeadLetterRetrier({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now });
 }
 
-async function retryOne(key: string, opts: { force: boolean; requestedBy: string; json: boolean }, ctx: CliContext): Promise<number> {
+async function retryOne(key: string, opts: RetryOptions & { json: boolean }, ctx: CliContext): Promise<number> {
   const result = await (await retrier(ctx)).retryKey(key, opts);
   if (opts.json) writeJson(ctx.out, result);
   else if (isProblem(result)) ctx.err.write(`billing-outbox: ${describe(result)}\n`);
+  else if (result.answer && result.answer.status !== 'dispatched') ctx.out.write(`${describe(result)}\n`);
   else ctx.out.write(`${describe(result)}\nfollow it: billing-outbox inspect ${key}\n`);
   return isProblem(result) ? EXIT_FAILED : EXIT_OK;
 }
@@ -97,19 +138,22 @@ function filterText(filter: DeadLetterFilter): string {
 
 async function retryAll(
   filter: DeadLetterFilter,
-  opts: { force: boolean; requestedBy: string; yes: boolean; json: boolean },
+  opts: RetryOptions & { yes: boolean; json: boolean },
   ctx: CliContext,
 ): Promise<number> {
   const db = await ctx.db();
   const total = await countDead(db, schemaFor(ctx.config.databaseSchema), filter);
-  const summary: Summary = { matched: 0, signalled: 0, reopened: 0, skipped: 0, refused: 0, failed: 0 };
+  const summary: Summary = { matched: 0, signalled: 0, retried: 0, reopened: 0, skipped: 0, refused: 0, failed: 0 };
   const problems: Pick<RetryResult, 'key' | 'outcome' | 'message'>[] = [];
+  let problemCount = 0;
+  const table = opts.wait ? new OutcomeTable() : undefined;
   const report = (): number => {
-    const problemCount = summary.refused + summary.failed;
-    if (opts.json) writeJson(ctx.out, { summary, problems, problemsOmitted: problemCount - problems.length });
-    else {
+    if (opts.json) {
+      writeJson(ctx.out, { summary, problems, problemsOmitted: problemCount - problems.length, ...(table ? { outcomes: table.rows() } : {}) });
+    } else {
+      if (table && summary.matched > 0) ctx.out.write(table.format());
       ctx.out.write(
-        `retry --all-dead${filterText(filter)}: ${summary.matched} matched; ${summary.signalled} signalled, ${summary.reopened} reopened, ` +
+        `retry --all-dead${filterText(filter)}: ${summary.matched} matched; ${summary.signalled} signalled, ${opts.wait ? `${summary.retried} retried, ` : ''}${summary.reopened} reopened, ` +
           `${summary.skipped} skipped, ${summary.refused} refused, ${summary.failed} failed\n`,
       );
     }
@@ -129,11 +173,20 @@ async function retryAll(
   const retry = await retrier(ctx);
   const bar = ctx.err.isTTY ? new ProgressBar(ctx.err, total) : undefined;
   const say = (out: Output, line: string) => (bar ? bar.printAbove(line) : out.write(`${line}\n`));
-  const label = () => `ok ${summary.signalled + summary.reopened}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`;
+  let delivered = 0;
+  let deadAgain = 0;
+  const label = () =>
+    opts.wait
+      ? `sent ${delivered}  dead again ${deadAgain}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`
+      : `ok ${summary.signalled + summary.reopened}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`;
   await retry.retryAllDead(filter, { ...opts, pageSize: ctx.pageSize }, (result) => {
     summary.matched++;
     summary[result.outcome]++;
+    table?.add(result);
+    if (result.answer?.status === 'dead') deadAgain++;
+    else if (result.answer && result.answer.status !== 'dispatched') delivered++;
     if (isProblem(result)) {
+      problemCount++;
       if (problems.length < MAX_REPORTED_PROBLEMS) problems.push({ key: result.key, outcome: result.outcome, message: result.message });
       if (!opts.json) say(ctx.err, `billing-outbox: ${describe(result)}`);
     }
