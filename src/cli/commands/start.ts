@@ -99,7 +99,14 @@ function banner(s: {
   ];
   if (s.temporalUi) {
     const links = webUiLinks(s.temporalUi, s.namespace);
-    lines.push('In the Web UI:', `  dead letters:  ${links.dead}`, `  in flight:     ${links.inFlight}`, `  one tenant:    ${links.tenant('acme')}`);
+    lines.push(
+      'In the Web UI:',
+      `  dead letters:  ${links.dead}`,
+      `  in flight:     ${links.inFlight}`,
+      `  one tenant:    ${links.tenant('acme')}`,
+      // The list's columns are the browser's own setting: no link can add them.
+      '  once, to see why each is dead in the list: Configure columns (bottom right) → OutboxError, OutboxStatus, TenantId',
+    );
   }
   lines.push('Stop with Ctrl-C.');
   return lines.join('\n');
