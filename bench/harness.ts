@@ -263,7 +263,10 @@ export const perSecond = (n: number, ms: number) => Math.round((n / ms) * 10_000
 export const pct = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
 
 /** History of `n` sampled workflows: per event, workflow tasks, history events and billable actions. */
-export async function historyShape(client: Client, workflowIds: string[]): Promise<{ workflowTasks: number; historyEvents: number; actions: number }> {
+export async function historyShape(
+  client: Client,
+  workflowIds: string[],
+): Promise<{ workflowTasks: number; historyEvents: number; actions: number; actionMix: string }> {
   const { temporal } = (await import('@temporalio/proto')).default;
   const T = temporal.api.enums.v1.EventType;
   // Temporal Cloud actions, as its pricing page lists them: a workflow started, an activity started
@@ -277,6 +280,16 @@ export async function historyShape(client: Client, workflowIds: string[]): Promi
     T.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
     T.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
   ]);
+  // Which actions, per event: what Temporal Cloud bills a million events at, kind by kind.
+  const kindOf = new Map([
+    [T.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, 'start'],
+    [T.EVENT_TYPE_ACTIVITY_TASK_STARTED, 'activity'],
+    [T.EVENT_TYPE_MARKER_RECORDED, 'local activity'],
+    [T.EVENT_TYPE_TIMER_STARTED, 'timer'],
+    [T.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, 'signal'],
+    [T.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, 'upsert'],
+  ]);
+  const kinds = new Map<string, number>();
   let tasks = 0;
   let events = 0;
   let actions = 0;
@@ -286,11 +299,16 @@ export async function historyShape(client: Client, workflowIds: string[]): Promi
       events++;
       if (e.eventType === T.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) tasks++;
       if (e.eventType === T.EVENT_TYPE_MARKER_RECORDED && e.markerRecordedEventAttributes?.markerName !== 'core_local_activity') continue;
-      if (e.eventType !== undefined && e.eventType !== null && billable.has(e.eventType)) actions++;
+      if (e.eventType !== undefined && e.eventType !== null && billable.has(e.eventType)) {
+        actions++;
+        const kind = kindOf.get(e.eventType)!;
+        kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
+      }
     }
   }
   const n = workflowIds.length;
-  return { workflowTasks: tasks / n, historyEvents: events / n, actions: actions / n };
+  const actionMix = [...kinds].map(([k, v]) => `${k} ${Math.round((v / n) * 100) / 100}`).join(', ');
+  return { workflowTasks: tasks / n, historyEvents: events / n, actions: actions / n, actionMix };
 }
 
 export interface Report {
