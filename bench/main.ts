@@ -17,6 +17,9 @@
  *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
  *                  then 50 and 200 events/s (--seconds per run, default 10): requests per event,
  *                  requests in flight, added latency
+ *
+ * `--cpu-prof DIR` runs it again under node's --cpu-prof (bench/profile.ts reads the result);
+ * `--worker-options JSON` (ceiling, drain) sets Temporal worker options over ours.
  */
 import path from 'node:path';
 import { parseArgs } from 'node:util';
