@@ -205,22 +205,33 @@ export async function waitUntil(what: string, fn: () => Promise<boolean>, timeou
 }
 
 /**
- * CPU seconds used so far by the processes whose command line matches: the Temporal dev server and
- * PostgreSQL run beside this one, and each event costs CPU in all three (read from /proc, Linux).
+ * CPU seconds used so far by the processes whose command line matches, among this process's
+ * descendants only: the Temporal dev server and PostgreSQL run beside this one, and each event
+ * costs CPU in all three (read from /proc, Linux). Only descendants, because other benchmarks or
+ * test runs on the same machine start servers with the same command lines, and their CPU is not
+ * this run's. A process's reaped children count too (PostgreSQL's backends that ended).
  */
 export async function processCpuSeconds(match: RegExp): Promise<number> {
   const { readdir, readFile } = await import('node:fs/promises');
-  let ticks = 0;
+  const stats = new Map<number, { ppid: number; ticks: number; cmd: string }>();
   for (const pid of await readdir('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     try {
       const cmd = (await readFile(`/proc/${pid}/cmdline`, 'utf8')).replace(/\0/g, ' ');
-      if (!match.test(cmd)) continue;
+      // Fields after the command name: state is [0], ppid [1], utime [11], stime [12], cutime [13], cstime [14].
       const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-      ticks += Number(stat[11]) + Number(stat[12]);
+      stats.set(Number(pid), { ppid: Number(stat[1]), ticks: Number(stat[11]) + Number(stat[12]) + Number(stat[13]) + Number(stat[14]), cmd });
     } catch {
       // The process ended meanwhile.
     }
+  }
+  const ours = (pid: number): boolean => {
+    for (let p = stats.get(pid)?.ppid; p !== undefined && p > 1; p = stats.get(p)?.ppid) if (p === process.pid) return true;
+    return false;
+  };
+  let ticks = 0;
+  for (const [pid, { ticks: t, cmd }] of stats) {
+    if (match.test(cmd) && ours(pid)) ticks += t;
   }
   return ticks / 100;
 }
