@@ -8,7 +8,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Client } from '@temporalio/client';
-import { bundleWorkflowCode, NativeConnection, Worker } from '@temporalio/worker';
+import { bundleWorkflowCode, NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
 import path from 'node:path';
 import { shapeActivities } from './shapes/activities.js';
 import {
@@ -33,6 +33,8 @@ export interface CeilingOptions {
   starters: number;
   customers: number;
   latencyMs: number;
+  /** Temporal worker options over ours for billing-outbox's worker (`--worker-options JSON`), to measure one before changing it. */
+  workerOptions?: Partial<WorkerOptions>;
 }
 
 export async function bareShapes(services: Services, report: Report, opts: CeilingOptions): Promise<number> {
@@ -82,12 +84,12 @@ export async function bareShapes(services: Services, report: Report, opts: Ceili
 export async function drainOnce(
   services: Services,
   report: Report,
-  opts: { events: number; customers: number; latencyMs: number; label?: string; env?: Record<string, string> },
+  opts: { events: number; customers: number; latencyMs: number; label?: string; env?: Record<string, string>; workerOptions?: Partial<WorkerOptions> },
 ): Promise<number> {
   const db = await freshDatabase(services, opts.customers);
   const stripe = await startStripeProcess({ customers: opts.customers, latencyMs: opts.latencyMs });
   const config = benchConfig(services, stripe, opts.env);
-  const pipeline = await startPipelineWorker(services, db, config);
+  const pipeline = await startPipelineWorker(services, db, config, opts.workerOptions);
   try {
     // Warm up (bundle loaded, connections open), then the backlog as after an outage.
     // Keys unique to this run: workflow ids are the keys, and the Temporal server is shared by every run of the benchmark.
@@ -98,6 +100,7 @@ export async function drainOnce(
     await db.pool.query('SELECT pg_stat_statements_reset()');
     const cpu = await cpuMeter(stripe.pid);
     const started = performance.now();
+    const profiledFrom = process.hrtime.bigint();
     await commitBacklog(db.pool, opts.events, opts.customers);
     let peakOpen = 0;
     await waitUntil(
@@ -112,6 +115,7 @@ export async function drainOnce(
     );
     const ms = performance.now() - started;
     const cpuPerEvent = await cpu(opts.events);
+    await markProfiledWindow(profiledFrom, opts.label ?? 'billing-outbox');
     const { rows } = await db.pool.query<{ key: string }>(
       `SELECT idempotency_key AS key FROM outbox WHERE idempotency_key NOT LIKE '%warmup%' ORDER BY random() LIMIT 20`,
     );
@@ -134,6 +138,19 @@ export async function drainOnce(
     await stripe.stop();
     await db.pool.end();
   }
+}
+
+/**
+ * Under `--cpu-prof DIR`: the drain's start and end on the monotonic clock V8's profiler stamps its
+ * samples with (microseconds), so that bench/profile.ts leaves out start-up, bundling, warm-up and
+ * the bare shapes.
+ */
+async function markProfiledWindow(from: bigint, label: string): Promise<void> {
+  const dir = process.env.BENCH_CPU_PROF;
+  if (!dir) return;
+  const { appendFile } = await import('node:fs/promises');
+  const window = { label, fromUs: Number(from / 1000n), toUs: Number(process.hrtime.bigint() / 1000n) };
+  await appendFile(path.join(dir, 'windows.jsonl'), `${JSON.stringify(window)}\n`);
 }
 
 export async function ceiling(services: Services, report: Report, opts: CeilingOptions): Promise<void> {

@@ -205,22 +205,33 @@ export async function waitUntil(what: string, fn: () => Promise<boolean>, timeou
 }
 
 /**
- * CPU seconds used so far by the processes whose command line matches: the Temporal dev server and
- * PostgreSQL run beside this one, and each event costs CPU in all three (read from /proc, Linux).
+ * CPU seconds used so far by the processes whose command line matches, among this process's
+ * descendants only: the Temporal dev server and PostgreSQL run beside this one, and each event
+ * costs CPU in all three (read from /proc, Linux). Only descendants, because other benchmarks or
+ * test runs on the same machine start servers with the same command lines, and their CPU is not
+ * this run's. A process's reaped children count too (PostgreSQL's backends that ended).
  */
 export async function processCpuSeconds(match: RegExp): Promise<number> {
   const { readdir, readFile } = await import('node:fs/promises');
-  let ticks = 0;
+  const stats = new Map<number, { ppid: number; ticks: number; cmd: string }>();
   for (const pid of await readdir('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     try {
       const cmd = (await readFile(`/proc/${pid}/cmdline`, 'utf8')).replace(/\0/g, ' ');
-      if (!match.test(cmd)) continue;
+      // Fields after the command name: state is [0], ppid [1], utime [11], stime [12], cutime [13], cstime [14].
       const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
-      ticks += Number(stat[11]) + Number(stat[12]);
+      stats.set(Number(pid), { ppid: Number(stat[1]), ticks: Number(stat[11]) + Number(stat[12]) + Number(stat[13]) + Number(stat[14]), cmd });
     } catch {
       // The process ended meanwhile.
     }
+  }
+  const ours = (pid: number): boolean => {
+    for (let p = stats.get(pid)?.ppid; p !== undefined && p > 1; p = stats.get(p)?.ppid) if (p === process.pid) return true;
+    return false;
+  };
+  let ticks = 0;
+  for (const [pid, { ticks: t, cmd }] of stats) {
+    if (match.test(cmd) && ours(pid)) ticks += t;
   }
   return ticks / 100;
 }
@@ -263,7 +274,10 @@ export const perSecond = (n: number, ms: number) => Math.round((n / ms) * 10_000
 export const pct = (sorted: number[], p: number) => sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
 
 /** History of `n` sampled workflows: per event, workflow tasks, history events and billable actions. */
-export async function historyShape(client: Client, workflowIds: string[]): Promise<{ workflowTasks: number; historyEvents: number; actions: number }> {
+export async function historyShape(
+  client: Client,
+  workflowIds: string[],
+): Promise<{ workflowTasks: number; historyEvents: number; actions: number; actionMix: string }> {
   const { temporal } = (await import('@temporalio/proto')).default;
   const T = temporal.api.enums.v1.EventType;
   // Temporal Cloud actions, as its pricing page lists them: a workflow started, an activity started
@@ -277,6 +291,16 @@ export async function historyShape(client: Client, workflowIds: string[]): Promi
     T.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
     T.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
   ]);
+  // Which actions, per event: what Temporal Cloud bills a million events at, kind by kind.
+  const kindOf = new Map([
+    [T.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, 'start'],
+    [T.EVENT_TYPE_ACTIVITY_TASK_STARTED, 'activity'],
+    [T.EVENT_TYPE_MARKER_RECORDED, 'local activity'],
+    [T.EVENT_TYPE_TIMER_STARTED, 'timer'],
+    [T.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, 'signal'],
+    [T.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, 'upsert'],
+  ]);
+  const kinds = new Map<string, number>();
   let tasks = 0;
   let events = 0;
   let actions = 0;
@@ -286,11 +310,16 @@ export async function historyShape(client: Client, workflowIds: string[]): Promi
       events++;
       if (e.eventType === T.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) tasks++;
       if (e.eventType === T.EVENT_TYPE_MARKER_RECORDED && e.markerRecordedEventAttributes?.markerName !== 'core_local_activity') continue;
-      if (e.eventType !== undefined && e.eventType !== null && billable.has(e.eventType)) actions++;
+      if (e.eventType !== undefined && e.eventType !== null && billable.has(e.eventType)) {
+        actions++;
+        const kind = kindOf.get(e.eventType)!;
+        kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
+      }
     }
   }
   const n = workflowIds.length;
-  return { workflowTasks: tasks / n, historyEvents: events / n, actions: actions / n };
+  const actionMix = [...kinds].map(([k, v]) => `${k} ${Math.round((v / n) * 100) / 100}`).join(', ');
+  return { workflowTasks: tasks / n, historyEvents: events / n, actions: actions / n, actionMix };
 }
 
 export interface Report {

@@ -17,8 +17,13 @@
  *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
  *                  then 50 and 200 events/s (--seconds per run, default 10): requests per event,
  *                  requests in flight, added latency
+ *
+ * `--cpu-prof DIR` runs it again under node's --cpu-prof (bench/profile.ts reads the result);
+ * `--worker-options JSON` (ceiling, drain) sets Temporal worker options over ours.
  */
+import path from 'node:path';
 import { parseArgs } from 'node:util';
+import type { WorkerOptions } from '@temporalio/worker';
 import { ceiling, drainOnce } from './ceiling.js';
 import { newReport, publish, startServices } from './harness.js';
 import { backlog } from './backlog.js';
@@ -46,8 +51,28 @@ const { values } = parseArgs({
     rate: { type: 'string', default: '20' },
     // `off`: the dev server without task queue fairness, to measure what it adds.
     'temporal-fairness': { type: 'string', default: 'on' },
+    // A directory: the run again under node's --cpu-prof (every thread, the workflow threads
+    // included, writes a .cpuprofile there); `npx tsx bench/profile.ts DIR` summarises them.
+    'cpu-prof': { type: 'string' },
+    // Temporal worker options over ours, as JSON (ceiling, drain): `--worker-options '{"workflowThreadPoolSize":2}'`.
+    'worker-options': { type: 'string' },
   },
 });
+const workerOptions = values['worker-options'] ? (JSON.parse(values['worker-options']) as Partial<WorkerOptions>) : undefined;
+if (values['cpu-prof'] && !process.env.BENCH_CPU_PROF) {
+  // The worker runs in this process, so this process is the one to profile: started again with
+  // the flags (tsx's loader flags kept), told through the environment where the drain's window goes.
+  const { spawnSync } = await import('node:child_process');
+  const { mkdirSync } = await import('node:fs');
+  const dir = path.resolve(values['cpu-prof']);
+  mkdirSync(dir, { recursive: true });
+  const args = process.argv.slice(2).filter((a, i, all) => a !== '--cpu-prof' && all[i - 1] !== '--cpu-prof' && !a.startsWith('--cpu-prof='));
+  const run = spawnSync(process.execPath, [...process.execArgv, '--cpu-prof', '--cpu-prof-dir', dir, process.argv[1]!, ...args], {
+    stdio: 'inherit',
+    env: { ...process.env, BENCH_CPU_PROF: dir },
+  });
+  process.exit(run.status ?? 1);
+}
 const num = (v: string | undefined) => Number(v);
 
 const benches: Record<string, (services: Awaited<ReturnType<typeof startServices>>) => Promise<void>> = {
@@ -58,7 +83,9 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       starters: num(values.starters),
       customers: num(values.customers),
       latencyMs: num(values.latency),
+      workerOptions,
     });
+    if (workerOptions) report.notes.push(`worker options over ours: ${JSON.stringify(workerOptions)}`);
     await publish(report);
   },
   async 'request-path'(services) {
@@ -122,7 +149,8 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
   },
   async drain(services) {
     const report = newReport('drain');
-    await drainOnce(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency), env: { STRIPE_METER_API: values.api === 'v2' ? 'v2' : 'v1' } });
+    await drainOnce(services, report, { events: num(values.events), customers: num(values.customers), latencyMs: num(values.latency), env: { STRIPE_METER_API: values.api === 'v2' ? 'v2' : 'v1' }, workerOptions });
+    if (workerOptions) report.notes.push(`worker options over ours: ${JSON.stringify(workerOptions)}`);
     await publish(report);
   },
 };
