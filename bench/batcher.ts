@@ -33,7 +33,7 @@ export async function batcher(report: Report, opts: { runs: BatcherRun[]; second
   report.notes.push(
     'open loop: send() on a 1 ms schedule at the rate, 100 customers in turn; the local Stripe in its own process (src/bin/stripe-local.ts), its answer time set by its control API',
     '"waited" is send() → its request leaving (what batching adds); "settled" is send() → the promise settled (waited + Stripe\'s answer + the client)',
-    'defaults of the batcher: linger 5 ms quiet / 200 ms busy, 100 events per request, 8 requests pacing or in flight',
+    'defaults of the batcher: linger 5 ms quiet / 500 ms busy, 100 events per request, 8 requests pacing or in flight',
   );
 }
 
