@@ -7,13 +7,20 @@
  * First the baseline: each named test must pass on the unbroken copy, or "caught" would mean nothing.
  * The working tree itself is never touched (the copy is deleted at the end). A mutant is anchored by
  * its text alone, found once anywhere in the product code (see `anchor`).
+ *
+ * One PostgreSQL and one Temporal dev server serve every run (DATABASE_URL and TEMPORAL_ADDRESS, as
+ * the suite's global setup reads them, unless they are set already): each test makes its own
+ * databases and task queues, as in the whole suite, and starting both per mutant cost more than
+ * most of the tests themselves.
  */
 import { spawn } from 'node:child_process';
-import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { chmodSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
+import { startTemporalDevServer } from '../src/embedded/temporal.js';
 import { MUTANTS, type Mutant } from './map.js';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -108,12 +115,12 @@ function scratchCopy(): string {
 }
 
 /** Runs one test (file and name pattern) in `dir`; true when it passed. Its output goes to `log`. */
-function runTest(dir: string, test: string, name: string | undefined, log: string): Promise<boolean> {
+function runTest(dir: string, test: string, name: string | undefined, log: string, services: Record<string, string>): Promise<boolean> {
   const args = ['run', test, ...(name ? ['-t', name] : [])];
   return new Promise((resolve) => {
     const child = spawn(path.join(dir, 'node_modules', '.bin', 'vitest'), args, {
       cwd: dir,
-      env: { ...process.env, CI: 'true' },
+      env: { ...process.env, ...services, CI: 'true' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     const out: Buffer[] = [];
@@ -124,6 +131,28 @@ function runTest(dir: string, test: string, name: string | undefined, log: strin
       resolve(code === 0);
     });
   });
+}
+
+/** The PostgreSQL and Temporal every run shares: the environment's own if set, else embedded ones in `dir`. */
+async function startServices(dir: string): Promise<{ services: Record<string, string>; stop: () => Promise<void> }> {
+  const services: Record<string, string> = {};
+  const stops: (() => Promise<void>)[] = [];
+  const data = path.join(dir, 'services');
+  mkdirSync(data);
+  // Run as root, PostgreSQL runs as a `postgres` system user that must be able to enter the folder.
+  chmodSync(dir, 0o755);
+  chmodSync(data, 0o755);
+  if (!process.env.DATABASE_URL) {
+    const pg = await startEmbeddedPostgres({ dataDir: path.join(data, 'pg'), database: 'postgres', persistent: false });
+    stops.push(pg.stop);
+    services.DATABASE_URL = pg.url;
+  }
+  if (!process.env.TEMPORAL_ADDRESS) {
+    const temporal = await startTemporalDevServer({ dbFile: path.join(data, 'temporal.db'), taskQueueFairness: true });
+    stops.push(temporal.stop);
+    services.TEMPORAL_ADDRESS = temporal.address;
+  }
+  return { services, stop: async () => { for (const s of stops.reverse()) await s(); } };
 }
 
 async function main(): Promise<void> {
@@ -140,11 +169,12 @@ async function main(): Promise<void> {
   console.log(`mutants: ${list.length} in ${dir}`);
   const results: Result[] = [];
   const baseline = new Map<string, boolean>();
+  const { services, stop } = await startServices(dir);
   try {
     if (!values['no-baseline']) {
       for (const target of new Set(list.map((m) => JSON.stringify([m.test, m.name ?? null])))) {
         const [test, name] = JSON.parse(target) as [string, string | null];
-        const ok = await runTest(dir, test, name ?? undefined, path.join(dir, 'logs', `baseline-${baseline.size}.log`));
+        const ok = await runTest(dir, test, name ?? undefined, path.join(dir, 'logs', `baseline-${baseline.size}.log`), services);
         console.log(`  baseline ${ok ? 'passes' : 'FAILS '}  ${test}${name ? ` -t "${name}"` : ''}`);
         baseline.set(target, ok);
       }
@@ -160,7 +190,7 @@ async function main(): Promise<void> {
         const original = readFileSync(file, 'utf8');
         writeFileSync(file, original.replace(m.find, m.replace));
         try {
-          const passed = await runTest(dir, m.test, m.name, path.join(dir, 'logs', `${m.id}.log`));
+          const passed = await runTest(dir, m.test, m.name, path.join(dir, 'logs', `${m.id}.log`), services);
           verdict = passed ? 'survived' : 'caught';
         } finally {
           writeFileSync(file, original);
@@ -172,6 +202,7 @@ async function main(): Promise<void> {
       if (verdict !== 'caught') console.log(`    its log: ${path.join(dir, 'logs', `${m.id}.log`)}`);
     }
   } finally {
+    await stop();
     if (results.every((r) => r.verdict === 'caught')) rmSync(dir, { recursive: true, force: true });
   }
 
