@@ -95,14 +95,16 @@ it(`a hot customer's ${HOT_EVENTS}-event backlog while Stripe is down: bounded i
   t.stripe.refuseFor(0);
   await waitFor('the backlog drained', async () => (await countDelivered(keys)) === keys.length, 30 * 60_000, 500);
   expectOnceEach(keys);
-  // Oldest first: each event delivered at its first attempt reached Stripe within LANE_MAX − 1 places
-  // of its place in the backlog. One whose attempt failed (a call timed out on a loaded machine) waits
-  // its backoff while the lane's later events go on: it may be overtaken, and only it.
+  // Oldest first: the relay claims a lane's oldest pending events, and the few in flight together
+  // take the lane's one call at a time in no fixed order (whoever gets the lease), so an event may
+  // lose that race a few times in a row. Each event delivered at its first attempt reached Stripe
+  // within a few lane-widths of its place (any other order, newest first or at random, misses by
+  // hundreds); one whose attempt failed waits its backoff while the lane goes on, and is exempt.
   const position = new Map(keys.map((k, i) => [k, i]));
   const order = t.stripe.events().filter((ev) => position.has(ev.identifier)).map((ev) => ev.identifier);
   const { rows: retried } = await t.pool.query<{ idempotency_key: string }>(`SELECT idempotency_key FROM outbox WHERE idempotency_key = ANY($1) AND attempt_count > 1`, [keys]);
   const exempt = new Set(retried.map((r) => r.idempotency_key));
-  const displaced = order.map((key, i) => ({ key, by: Math.abs(position.get(key)! - i) })).filter((d) => d.by > LANE_MAX - 1 && !exempt.has(d.key));
+  const displaced = order.map((key, i) => ({ key, by: Math.abs(position.get(key)! - i) })).filter((d) => d.by > 4 * LANE_MAX && !exempt.has(d.key));
   expect(displaced).toEqual([]);
   expect(t.stripe.maxConcurrencySeen('cus_hot', 'api_requests')).toBe(1);
 }, 40 * 60_000);
