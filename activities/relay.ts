@@ -65,7 +65,7 @@ export function createRelayActivities(deps: RelayDeps) {
   // The lane limit exists for v1's one call at a time per customer and meter; the stream has no
   // such rule (null: no limit, nothing in flight counted). Either way the claim serves tenants in
   // turn, so a busy customer takes what the others leave of each batch, never their place.
-  const laneMax = config.stripe.meterApi === 'v2' ? null : config.lanes.maxInFlight;
+  const laneMax = config.lanes.maxInFlight;
 
   /**
    * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it

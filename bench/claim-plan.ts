@@ -2,7 +2,7 @@
  * `npx tsx bench/claim-plan.ts`: the plan of the relay's claim with one tenant's flood pending.
  * 1,000,000 claimable rows of one tenant ("flood") and one row each of 50 others, written after the
  * flood (the others' events are the newest). For each mode, as the relay calls claimBatch (batch
- * 100; v1 with LANE_MAX_IN_FLIGHT 4, v2 with no lane limit): EXPLAIN (ANALYZE, BUFFERS) of the
+ * 100; LANE_MAX_IN_FLIGHT as each API's default: 4 for v1, 100 for v2): EXPLAIN (ANALYZE, BUFFERS) of the
  * statement claimStatement sends, rolled back so that both modes see the same table, and how many of
  * the 50 other tenants the batch holds. Only PostgreSQL (embedded); nothing else is started.
  */
@@ -12,6 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Queryable } from '../src/db.js';
 import { createPool, migrate } from '../src/db.js';
+import { CALL_LANE_MAX_IN_FLIGHT, STREAM_LANE_MAX_IN_FLIGHT } from '../src/config.js';
 import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { claimStatement } from '../src/outbox/sql/relay.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
@@ -21,8 +22,6 @@ type ClaimOptions = Parameters<typeof claimStatement>[2];
 const FLOOD = 1_000_000;
 const OTHERS = 50;
 const BATCH = 100;
-/** What the relay passes for v2: no lane limit. */
-const V2_LANE_MAX: ClaimOptions['laneMax'] = null;
 
 const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-claim-plan-'));
 // PostgreSQL runs as its own user when started by root: it must be able to enter the folder.
@@ -51,7 +50,7 @@ try {
     );
     await pool.query('VACUUM ANALYZE outbox');
 
-    for (const [mode, laneMax] of [['v1', 4], ['v2', V2_LANE_MAX]] as const) {
+    for (const [mode, laneMax] of [['v1', CALL_LANE_MAX_IN_FLIGHT], ['v2', STREAM_LANE_MAX_IN_FLIGHT]] as const) {
       const opts: ClaimOptions = { limit: BATCH, claimedBy: 'bench', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax };
       // Exactly what claimBatch sends, captured rather than rewritten here.
       let sent: { text: string; values: unknown[] } | undefined;

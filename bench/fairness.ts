@@ -23,6 +23,8 @@ export interface FairnessOptions {
   seconds: number;
   latencyMs: number;
   apis: ('v1' | 'v2')[];
+  /** LANE_MAX_IN_FLIGHT; unset: each API's default. */
+  laneMax?: string;
 }
 
 /** The flooding tenant: `t1` in freshDatabase's and commitBacklog's naming. */
@@ -32,7 +34,7 @@ export async function fairness(services: Services, report: Report, opts: Fairnes
   for (const api of opts.apis) {
     const db = await freshDatabase(services, opts.tenants);
     const stripe = await startStripeProcess({ customers: opts.tenants, latencyMs: opts.latencyMs });
-    const config = benchConfig(services, stripe, { STRIPE_METER_API: api });
+    const config = benchConfig(services, stripe, { STRIPE_METER_API: api, ...(opts.laneMax ? { LANE_MAX_IN_FLIGHT: opts.laneMax } : {}) });
     const pipeline = await startPipelineWorker(services, db, config);
     try {
       // Warm up (bundle loaded, connections open) on the steady tenants.
@@ -50,7 +52,12 @@ export async function fairness(services: Services, report: Report, opts: Fairnes
           othersP50Ms: Math.round(pct(p.latencies, 50)),
           othersP99Ms: Math.round(pct(p.latencies, 99)),
           othersMaxMs: Math.round(p.latencies.at(-1) ?? NaN),
+          // Where the wait is: in the outbox (commit → dispatched: the claim) or in Temporal and the worker (dispatched → acknowledged).
+          othersToDispatchP99Ms: Math.round(pct(p.toDispatch, 99)),
+          othersInTemporalP99Ms: Math.round(pct(p.inTemporal, 99)),
           floodSentByThen: name === 'flood' ? p.floodSent : '',
+          // The flood's drain rate meanwhile: what the lane limit leaves the flooding tenant.
+          floodPerSecond: name === 'flood' ? Math.round(p.floodSent / p.seconds) : '',
           p99VsAlone: name === 'flood' ? Math.round((pct(p.latencies, 99) / pct(alone.latencies, 99)) * 100) / 100 : '',
         });
       }
@@ -63,7 +70,7 @@ export async function fairness(services: Services, report: Report, opts: Fairnes
     }
   }
   report.notes.push(
-    `${opts.tenants - 1} steady tenants at ${opts.rate}/s in all for ${opts.seconds} s; one tenant's backlog of ${opts.backlog} committed at once just before the flood phase; Stripe latency ${opts.latencyMs} ms`,
+    `LANE_MAX_IN_FLIGHT ${opts.laneMax ?? 'default'}; ${opts.tenants - 1} steady tenants at ${opts.rate}/s in all for ${opts.seconds} s; one tenant's backlog of ${opts.backlog} committed at once just before the flood phase; Stripe latency ${opts.latencyMs} ms`,
   );
   report.notes.push('target (issue 17): the steady tenants’ p99 with the flood within 1.5× of the same rate alone (p99VsAlone ≤ 1.5)');
 }
@@ -72,12 +79,17 @@ interface Phase {
   events: number;
   deliveredInWindow: number;
   latencies: number[];
+  toDispatch: number[];
+  inTemporal: number[];
   floodSent: number;
+  /** From the flood's commit (or the first arrival) to the last steady event delivered. */
+  seconds: number;
 }
 
 /** One phase: (the flood, then) the steady arrivals; waits until every steady event is delivered. */
 async function phase(pool: pg.Pool, opts: FairnessOptions, withFlood: boolean): Promise<Phase> {
   const run = randomUUID().slice(0, 8);
+  const began = performance.now();
   if (withFlood) await commitBacklog(pool, opts.backlog, 1, `flood-${run}`);
   const events = await steadyArrivals(pool, run, opts.rate, opts.seconds, opts.tenants);
   const delivered = () => count(pool, `SELECT count(*)::int AS n FROM outbox WHERE usage_id LIKE $1 AND sent_at IS NOT NULL`, [`${run}-%`]);
@@ -86,12 +98,16 @@ async function phase(pool: pg.Pool, opts: FairnessOptions, withFlood: boolean): 
   const deliveredInWindow = await delivered();
   // Then every steady event, however long the flood holds them back (that is the figure).
   await waitUntil('the steady events to be delivered', async () => (await delivered()) >= events, 30 * 60_000, 200);
+  const seconds = (performance.now() - began) / 1000;
   const floodSent = await count(pool, `SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND usage_id LIKE $2 AND sent_at IS NOT NULL`, [FLOODER, `flood-${run}-%`]);
-  const { rows } = await pool.query<{ ms: number }>(
-    `SELECT extract(epoch FROM sent_at - created_at) * 1000 AS ms FROM outbox WHERE usage_id LIKE $1 ORDER BY 1`,
+  const { rows } = await pool.query<{ total: number; dispatch: number; temporal: number }>(
+    `SELECT extract(epoch FROM sent_at - created_at) * 1000 AS total, extract(epoch FROM dispatched_at - created_at) * 1000 AS dispatch,
+            extract(epoch FROM sent_at - dispatched_at) * 1000 AS temporal
+       FROM outbox WHERE usage_id LIKE $1`,
     [`${run}-%`],
   );
-  return { events, deliveredInWindow, latencies: rows.map((r) => Number(r.ms)), floodSent };
+  const sorted = (pick: (r: (typeof rows)[number]) => number) => rows.map((r) => Number(pick(r))).sort((a, b) => a - b);
+  return { events, deliveredInWindow, latencies: sorted((r) => r.total), toDispatch: sorted((r) => r.dispatch), inTemporal: sorted((r) => r.temporal), floodSent, seconds };
 }
 
 /**

@@ -56,6 +56,8 @@ const { values } = parseArgs({
     'cpu-prof': { type: 'string' },
     // Temporal worker options over ours, as JSON (ceiling, drain): `--worker-options '{"workflowThreadPoolSize":2}'`.
     'worker-options': { type: 'string' },
+    // LANE_MAX_IN_FLIGHT for `fairness` (unset: each API's default).
+    'lane-max': { type: 'string' },
   },
 });
 const workerOptions = values['worker-options'] ? (JSON.parse(values['worker-options']) as Partial<WorkerOptions>) : undefined;
@@ -134,6 +136,7 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       seconds: num(values.seconds),
       latencyMs: num(values.latency),
       apis: values.api === 'v1' || values.api === 'v2' ? [values.api] : ['v1', 'v2'],
+      laneMax: values['lane-max'],
     });
     await publish(report);
   },

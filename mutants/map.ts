@@ -117,8 +117,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'claim-reads-backlog',
     guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
-    find: 'CASE WHEN $6::int IS NULL THEN $1::int',
-    replace: 'CASE WHEN $6::int IS NULL THEN 1000000',
+    find: 'least($1::int, $6::int - (SELECT count(*)',
+    replace: '($6::int - (SELECT count(*)',
     test: 'test/fairness.test.ts',
     name: 'reads at most a batch of any lane',
   },

@@ -129,7 +129,7 @@ const schema = z.object({
   RELAY_COUNT: int(1, 64).default(2),
   RELAY_CLAIM_TIMEOUT_MS: int(1_000, 3_600_000).default(60_000),
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
-  LANE_MAX_IN_FLIGHT: int(1, 10_000).default(4),
+  LANE_MAX_IN_FLIGHT: int(1, 10_000).optional(),
   WORKER_MAX_CONCURRENT_DELIVERIES: int(2, 100_000).default(500),
   API_HOST: z.string().trim().min(1).default('127.0.0.1'),
   API_PORT: int(0, 65_535).default(8080),
@@ -236,6 +236,17 @@ export interface DeliveryTimings {
 }
 
 /** The fixed parts of the timings; `resolveTimings` derives the rest. */
+/**
+ * LANE_MAX_IN_FLIGHT's defaults. v1: Stripe takes one call at a time per customer and meter, so
+ * more in flight would only wait for the lease. v2: the stream has no such rule, but a lane with
+ * no limit put a whole backlog into Temporal at once, where every queue it passes (the worker's
+ * slots, the local activities, the server's CPU) is shared: one tenant's flood of 3,000 held every
+ * other tenant's new events 30 s and more (bench fairness). A limit keeps the backlog in the outbox,
+ * where the claim serves tenants in turn.
+ */
+export const CALL_LANE_MAX_IN_FLIGHT = 4;
+export const STREAM_LANE_MAX_IN_FLIGHT = 100;
+
 const LEASE_WAIT_MS = 10_000;
 const HEARTBEAT_EVERY_MS = 2_000;
 
@@ -484,7 +495,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       deadLetterOpenMs: Math.round(c.DEAD_LETTER_OPEN_DAYS * 86_400_000),
     },
     timings,
-    lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT },
+    lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT ?? (c.STRIPE_METER_API === 'v2' ? STREAM_LANE_MAX_IN_FLIGHT : CALL_LANE_MAX_IN_FLIGHT) },
     worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES },
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,

@@ -123,6 +123,13 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
   });
 
+  it('LANE_MAX_IN_FLIGHT: by default one call\'s worth for v1 (4) and one stream request\'s for v2 (100); a value set wins in either', () => {
+    expect(loadConfig({}).lanes.maxInFlight).toBe(4);
+    expect(loadConfig({ STRIPE_METER_API: 'v2' }).lanes.maxInFlight).toBe(100);
+    expect(loadConfig({ STRIPE_METER_API: 'v2', LANE_MAX_IN_FLIGHT: '10' }).lanes.maxInFlight).toBe(10);
+    expect(loadConfig({ LANE_MAX_IN_FLIGHT: '10' }).lanes.maxInFlight).toBe(10);
+  });
+
   it('STRIPE_IDENTIFIER_NAMESPACE: empty by default (identifiers unchanged), short and safe characters only', () => {
     expect(loadConfig({}).stripe.identifierNamespace).toBe('');
     expect(loadConfig({ STRIPE_IDENTIFIER_NAMESPACE: 'eu-west_2' }).stripe.identifierNamespace).toBe('eu-west_2');

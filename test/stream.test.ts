@@ -1,11 +1,13 @@
 /**
  * STRIPE_METER_API=v2 on the real pipeline: events go out in batches on the meter event stream,
- * end `accepted` (Stripe validates them later), once each, with no per-customer lane limit, a
+ * end `accepted` (Stripe validates them later), once each, a lane held to the stream's default
+ * limit (a whole request's worth in flight, not v1's one call's), a
  * session that expires is replaced without losing an event, and one event that makes every request
  * it is in fail does not take its batch-mates with it.
  */
 import { randomUUID } from 'node:crypto';
 import { beforeAll, expect, it } from 'vitest';
+import { CALL_LANE_MAX_IN_FLIGHT, STREAM_LANE_MAX_IN_FLIGHT } from '../src/config.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { usePipeline, waitFor } from './hooks.js';
 
@@ -15,7 +17,6 @@ const t = usePipeline({
   env: {
     STRIPE_METER_API: 'v2',
     STRIPE_RATE_LIMIT_PER_SECOND: '50',
-    LANE_MAX_IN_FLIGHT: '2',
     RELAY_BATCH_SIZE: '500',
   },
 });
@@ -28,7 +29,7 @@ const recorded = (keys: string[]) => {
   return t.stripe.events().filter((e) => keys.includes(e.identifier));
 };
 
-it('delivers a hot customer through the stream in batches: accepted, once each, past the v1 lane limit', async () => {
+it('delivers a hot customer through the stream in batches: accepted, once each, within the stream\'s lane limit and past v1\'s', async () => {
   const keys = await backlog('one', 300);
   let maxInFlight = 0;
   await waitFor(
@@ -51,8 +52,10 @@ it('delivers a hot customer through the stream in batches: accepted, once each, 
   // Each event under its own value, the customer the tenant is billed as.
   expect(events.every((e) => e.customer === 'cus_one')).toBe(true);
   expect(events.reduce((s, e) => s + e.value, 0)).toBe((300 * 301) / 2);
-  // One customer's events were in flight far beyond LANE_MAX_IN_FLIGHT (2): the stream has no such rule.
-  expect(maxInFlight).toBeGreaterThan(2);
+  // One customer's events in flight: more than v1's lane allows (one Stripe call's worth), never
+  // more than the stream's (the rest of the backlog waited in the outbox).
+  expect(maxInFlight).toBeGreaterThan(CALL_LANE_MAX_IN_FLIGHT);
+  expect(maxInFlight).toBeLessThanOrEqual(STREAM_LANE_MAX_IN_FLIGHT);
   // Batched: far fewer requests than events.
   const requests = t.stripe.streamRequests().filter((r) => r.status === 200);
   expect(requests.length).toBeLessThan(keys.length / 3);

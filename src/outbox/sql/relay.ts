@@ -29,9 +29,10 @@ const CLAIM_LOCK = 727_274_002;
 
 /**
  * Claims up to `limit` rows for one relay, serving tenants in turn: each tenant's oldest claimable
- * row first, then each tenant's second oldest, and so on (ties: oldest row first). With `laneMax`,
- * at most that many of a lane (tenant, event name) are claimed or dispatched at once, counting what
- * the lane already has in flight; `null` (the v2 stream) sets no lane limit.
+ * row first, then each tenant's second oldest, and so on (ties: oldest row first). At most
+ * `laneMax` of a lane (tenant, event name) are claimed or dispatched at once, counting what the
+ * lane already has in flight: the rest of its backlog waits here, where tenants take turns, and not
+ * in Temporal, whose queues and CPU every tenant shares.
  *
  * The bound: whatever the backlog of any other tenant, a tenant's oldest claimable row is in the
  * next claim of any relay whenever at most `limit` tenants have claimable rows (one turn each fits
@@ -41,7 +42,7 @@ const CLAIM_LOCK = 727_274_002;
  *
  * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
  * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
- * flight is counted on `outbox_in_flight_idx` (only with a lane limit), and its oldest claimable
+ * flight is counted on `outbox_in_flight_idx`, and its oldest claimable
  * rows up to its room and never more than `limit` are read from `outbox_lane_idx`; those are
  * numbered per tenant (its turn), and the first `limit` by (turn, id) are locked with `FOR UPDATE
  * SKIP LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
@@ -103,8 +104,8 @@ export interface ClaimOptions {
   claimedBy: string;
   claimId: string;
   claimTimeoutMs: number;
-  /** LANE_MAX_IN_FLIGHT (v1); null: no lane limit (the v2 stream), and nothing in flight is counted. */
-  laneMax: number | null;
+  /** LANE_MAX_IN_FLIGHT: a lane's events claimed or dispatched at once. */
+  laneMax: number;
 }
 
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
@@ -121,14 +122,13 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
             WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), room AS (
-       -- Never more than the batch from one lane: a lane's backlog beyond that is not read. The
-       -- in-flight count is evaluated only under a lane limit (CASE runs the branch it takes).
+       -- Never more than the batch from one lane: a lane's backlog beyond that is not read. What
+       -- the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
        SELECT l.tenant_id, l.event_name,
-              CASE WHEN $6::int IS NULL THEN $1::int
-                   ELSE least($1::int, $6::int - (SELECT count(*) FROM ${schema.outbox} f
-                          WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
-                            AND f.status = ANY($7::text[])
-                            AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int) END AS free
+              least($1::int, $6::int - (SELECT count(*) FROM ${schema.outbox} f
+                     WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
+                       AND f.status = ANY($7::text[])
+                       AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int) AS free
          FROM lanes l
      ), candidates AS (
        SELECT c.id, r.tenant_id FROM room r, LATERAL (
