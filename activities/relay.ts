@@ -39,6 +39,24 @@ export interface RelayDeps {
 const MAX_IDLE_WAIT_MS = 5_000;
 /** Under load, how long a woken relay gathers freed lanes before claiming (lanes buffer more than this). */
 const COALESCE_MS = 25;
+/**
+ * About how long one batch's workflow starts should take. A batch is started all at once and the
+ * relay claims again when the last start has answered, so an event committed meanwhile waits for
+ * the whole batch. Unloaded, Temporal answers a batch of 200 in milliseconds; saturated, it starts
+ * a few dozen workflows a second, and a flooding tenant's batches of 25 took a second each here,
+ * every other tenant's new events waiting behind them (bench fairness). So each claim is sized by
+ * the rate the relay's last batch was started at (nextClaimLimit).
+ */
+export const BATCH_TARGET_MS = 200;
+
+/**
+ * The next claim's size: what the last batch's start rate (`started` rows answered in `startMs`)
+ * starts in about BATCH_TARGET_MS, between 1 and `max` (the configured batch). The rows a claim
+ * leaves are not lost: they wait, pending, for the next claim, which follows at once.
+ */
+export function nextClaimLimit(started: number, startMs: number, max: number): number {
+  return Math.max(1, Math.min(max, Math.ceil((started * BATCH_TARGET_MS) / Math.max(startMs, 1))));
+}
 
 export interface RelayResult {
   claimed: number;
@@ -72,15 +90,18 @@ export function createRelayActivities(deps: RelayDeps) {
    * claimed and how long to wait before the next batch so that all relays together dispatch at the
    * Stripe rate limit (the backlog waits in the outbox, not as waiting workflows).
    */
-  async function relayBatch(claimedBy: string, totals: RelayResult): Promise<{ claimed: number; paceMs: number }> {
+  async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; nextLimit: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, schema, { limit: batchLimit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
+    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
-    if (rows.length === 0) return { claimed: 0, paceMs: 0 };
+    // Nothing claimable (or every lane full): the size stands until a batch is started.
+    if (rows.length === 0) return { claimed: 0, paceMs: 0, nextLimit: limit };
     const pace = await reserveSlots(db, schema, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
+    const startedAt = performance.now();
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
+    const nextLimit = nextClaimLimit(rows.length, performance.now() - startedAt, batchLimit);
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
@@ -100,7 +121,7 @@ export function createRelayActivities(deps: RelayDeps) {
     );
     await markDispatched(db, schema, inTemporal, claimId);
     totals.claimed += rows.length;
-    return { claimed: rows.length, paceMs: pace.spanEndMs };
+    return { claimed: rows.length, paceMs: pace.spanEndMs, nextLimit };
   }
 
   async function closedRun(row: ClaimedRow, claimId: string, run: Extract<StartOutcome, { kind: 'closed' }>, totals: RelayResult): Promise<void> {
@@ -135,16 +156,19 @@ export function createRelayActivities(deps: RelayDeps) {
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
       const until = Date.now() + runForMs;
+      let limit = batchLimit;
       notifier.start();
       while (!stop.aborted && Date.now() < until) {
         const mark = notifier.mark();
-        const { claimed: n, paceMs } = await relayBatch(claimedBy, totals);
+        const { claimed: n, paceMs, nextLimit } = await relayBatch(claimedBy, totals, limit);
+        const full = n === limit;
+        limit = nextLimit;
         ctx.heartbeat(totals);
         for (let left = paceMs; left > 0 && !stop.aborted; left -= MAX_IDLE_WAIT_MS) {
           await waitUnlessAborted(Math.min(left, MAX_IDLE_WAIT_MS), stop);
           ctx.heartbeat(totals);
         }
-        if (n < batchLimit) {
+        if (!full) {
           const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - Date.now()));
           await notifier.wait(idleMs, stop, mark);
           // Under load (work found, but lanes full), every finished delivery wakes the relay: a
