@@ -19,5 +19,5 @@ export async function backlog(services: Services, report: Report, opts: { events
       });
     }
   }
-  report.notes.push(`Stripe latency ${opts.latencyMs} ms; LANE_MAX_IN_FLIGHT 4 (v1); STRIPE_RATE_LIMIT_PER_SECOND 5000 (not binding)`);
+  report.notes.push(`Stripe latency ${opts.latencyMs} ms; LANE_MAX_IN_FLIGHT 4 (v1), 100 (v2); STRIPE_RATE_LIMIT_PER_SECOND 5000 (not binding)`);
 }

@@ -44,7 +44,7 @@ const { values } = parseArgs({
     starters: { type: 'string', default: '100' },
     customers: { type: 'string', default: '100' },
     latency: { type: 'string', default: '30' },
-    // Unset: v1, or both APIs for `fairness`.
+    // Unset: v1, or both APIs for `fairness` and `backlog`.
     api: { type: 'string' },
     seconds: { type: 'string', default: '20' },
     backlog: { type: 'string', default: '20000' },
@@ -101,7 +101,7 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       events: values.events === '2000' ? 20_000 : num(values.events),
       latencyMs: num(values.latency),
       customers: [1, 5, 100],
-      apis: ['v1', 'v2'],
+      apis: values.api === 'v1' || values.api === 'v2' ? [values.api] : ['v1', 'v2'],
     });
     await publish(report);
   },
