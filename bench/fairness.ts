@@ -11,7 +11,7 @@ import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { benchConfig, commitBacklog, freshDatabase, pct, startPipelineWorker, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
+import { benchConfig, commitBacklog, freshDatabase, onSchedule, pct, startPipelineWorker, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
 
 export interface FairnessOptions {
   /** The flooding tenant's backlog. */
@@ -116,19 +116,7 @@ async function phase(pool: pg.Pool, opts: FairnessOptions, withFlood: boolean): 
  */
 async function steadyArrivals(pool: pg.Pool, run: string, rate: number, seconds: number, tenants: number): Promise<number> {
   const total = Math.round(rate * seconds);
-  const started = performance.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: 8 }, async () => {
-      for (;;) {
-        const i = next++;
-        if (i >= total) return;
-        const wait = started + (i * 1000) / rate - performance.now();
-        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-        await withTransaction(pool, (c) => recordUsage(c, { usageId: `${run}-${i}`, tenantId: `t${(i % (tenants - 1)) + 2}`, quantity: 1 }));
-      }
-    }),
-  );
+  await onSchedule(total, rate, (i) => withTransaction(pool, (c) => recordUsage(c, { usageId: `${run}-${i}`, tenantId: `t${(i % (tenants - 1)) + 2}`, quantity: 1 })).then(() => undefined));
   return total;
 }
 

@@ -361,3 +361,22 @@ export async function publish(report: Report): Promise<string> {
 }
 
 export { LocalStripe };
+
+/**
+ * Arrivals on schedule: `arrive(i)` for i = 0 … total − 1, each at `started` + i / rate, with up to
+ * eight in flight so that one slow commit or request does not delay the next.
+ */
+export async function onSchedule(total: number, rate: number, arrive: (i: number) => Promise<void>, started = performance.now()): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      for (;;) {
+        const i = next++;
+        if (i >= total) return;
+        const wait = started + (i * 1000) / rate - performance.now();
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        await arrive(i);
+      }
+    }),
+  );
+}

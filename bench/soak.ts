@@ -9,7 +9,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { freePort } from '../src/embedded/postgres.js';
-import { countSent, freshDatabase, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
+import { countSent, freshDatabase, onSchedule, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
 
 async function rssMb(pid: number): Promise<number> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8');
@@ -51,23 +51,19 @@ export async function soak(services: Services, report: Report, opts: { seconds: 
     }, 15_000);
     try {
       const total = opts.rate * opts.seconds;
-      let next = 0;
-      await Promise.all(
-        Array.from({ length: 8 }, async () => {
-          for (;;) {
-            const i = next++;
-            if (i >= total) return;
-            const wait = started + (i * 1000) / opts.rate - performance.now();
-            if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-            const res = await fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
-              method: 'POST',
-              headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-              body: JSON.stringify({ tenant_id: `t${(i % opts.customers) + 1}`, usage_id: `soak-${i}`, quantity: 1 }),
-            }).catch(() => undefined);
-            if (res?.status === 201) posted++;
-            else failed++;
-          }
-        }),
+      await onSchedule(
+        total,
+        opts.rate,
+        async (i) => {
+          const res = await fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
+            method: 'POST',
+            headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+            body: JSON.stringify({ tenant_id: `t${(i % opts.customers) + 1}`, usage_id: `soak-${i}`, quantity: 1 }),
+          }).catch(() => undefined);
+          if (res?.status === 201) posted++;
+          else failed++;
+        },
+        started,
       );
     } finally {
       clearInterval(sampler);

@@ -9,7 +9,7 @@
 import { randomUUID } from 'node:crypto';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { benchConfig, freshDatabase, pct, startPipelineWorker, startStripeProcess, type Report, type Services } from './harness.js';
+import { benchConfig, freshDatabase, onSchedule, pct, startPipelineWorker, startStripeProcess, type Report, type Services } from './harness.js';
 
 export async function steady(
   services: Services,
@@ -26,20 +26,7 @@ export async function steady(
       const run = randomUUID().slice(0, 8);
       const total = Math.round(rate * opts.seconds);
       const started = performance.now();
-      // Arrivals on schedule (each at started + i/rate), several in flight so a slow commit does not delay the next.
-      let next = 0;
-      await Promise.all(
-        Array.from({ length: 8 }, async () => {
-          for (;;) {
-            const i = next++;
-            if (i >= total) return;
-            const due = started + (i * 1000) / rate;
-            const wait = due - performance.now();
-            if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-            await withTransaction(db.pool, (c) => recordUsage(c, { usageId: `${run}-${i}`, tenantId: `t${(i % opts.customers) + 1}`, quantity: 1 }));
-          }
-        }),
-      );
+      await onSchedule(total, rate, (i) => withTransaction(db.pool, (c) => recordUsage(c, { usageId: `${run}-${i}`, tenantId: `t${(i % opts.customers) + 1}`, quantity: 1 })).then(() => undefined), started);
       const arrivalMs = performance.now() - started;
       // Whatever is not delivered a few seconds after the last arrival did not keep up.
       const graceMs = 5_000;

@@ -7,38 +7,13 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Stripe from 'stripe';
-import { afterEach, describe, expect, it } from 'vitest';
-import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
+import { describe, expect, it } from 'vitest';
+import type { LocalStripe } from '../src/embedded/stripe/server.js';
+import { CUSTOMER, DAY, HOUR, METER_EVENT, MINUTE, T0, cleanups, clientFor, startStripe } from './local-stripe.js';
 
 /** stripe 23 does not re-export the stream's parameter types; read them off the method. */
 type StreamEvent = Parameters<Stripe['v2']['billing']['meterEventStream']['create']>[0]['events'][number];
 
-const MINUTE = 60 * 1000;
-const HOUR = 60 * MINUTE;
-const DAY = 24 * HOUR;
-const CUSTOMER = 'cus_test_1';
-const METER_EVENT = 'api_requests';
-/** A fixed "now" on a minute boundary, so summaries are predictable. */
-const T0 = Date.parse('2026-03-10T12:00:00Z');
-
-const started: LocalStripe[] = [];
-const cleanups: (() => Promise<void>)[] = [];
-
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-  for (const cleanup of cleanups.splice(0)) await cleanup();
-});
-
-async function startStripe(opts: LocalStripeOptions = {}): Promise<LocalStripe> {
-  const server = await LocalStripe.start({ customers: [CUSTOMER], ...opts });
-  started.push(server);
-  return server;
-}
-
-/** A client as the pipeline builds one: a custom host, which also replaces the meter-events host. */
-function clientFor(server: LocalStripe, key = 'sk_test_local'): Stripe {
-  return new Stripe(key, { host: '127.0.0.1', port: server.port, protocol: 'http', maxNetworkRetries: 0 });
-}
 
 /** A session from the secret-key client, and a client that sends with the session's token. */
 async function openStream(server: LocalStripe): Promise<{ session: Stripe.V2.Billing.MeterEventSession; stream: Stripe }> {

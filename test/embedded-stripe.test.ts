@@ -9,33 +9,10 @@ import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
-import { afterEach, describe, expect, it } from 'vitest';
-import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/server.js';
+import { describe, expect, it } from 'vitest';
+import type { LocalStripe } from '../src/embedded/stripe/server.js';
+import { CUSTOMER, DAY, HOUR, METER_EVENT, T0, cleanups, clientFor, startStripe } from './local-stripe.js';
 
-const HOUR = 60 * 60 * 1000;
-const DAY = 24 * HOUR;
-const CUSTOMER = 'cus_test_1';
-const METER_EVENT = 'api_requests';
-/** A fixed "now" on a minute boundary, so summaries are predictable. */
-const T0 = Date.parse('2026-03-10T12:00:00Z');
-
-const started: LocalStripe[] = [];
-const cleanups: (() => Promise<void>)[] = [];
-
-afterEach(async () => {
-  await Promise.all(started.splice(0).map((server) => server.close()));
-  for (const cleanup of cleanups.splice(0)) await cleanup();
-});
-
-async function startStripe(opts: LocalStripeOptions = {}): Promise<LocalStripe> {
-  const server = await LocalStripe.start({ customers: [CUSTOMER], ...opts });
-  started.push(server);
-  return server;
-}
-
-function clientFor(server: LocalStripe, key = 'sk_test_local'): Stripe {
-  return new Stripe(key, { host: '127.0.0.1', port: server.port, protocol: 'http', maxNetworkRetries: 0 });
-}
 
 /** A settable clock for the 24-hour and 35-day rules. */
 function fakeClock(start = T0): { now: () => number; advance: (ms: number) => void } {

@@ -118,7 +118,11 @@ it('runs the retry policy out, then the event is dead and waits for a retry sign
   });
 });
 
-it('does not drop a retry signal sent while the dead mark is still being written', async () => {
+/**
+ * Stripe refuses the first delivery for good and accepts the next; the dead mark, once started
+ * (`deadStarted`), is held until `releaseMarkDead()`: an operator's retry can arrive mid-bookkeeping.
+ */
+function refusedOnceThenSent() {
   let markDeadStarted!: () => void;
   const deadStarted = new Promise<void>((resolve) => (markDeadStarted = resolve));
   let releaseMarkDead!: () => void;
@@ -139,6 +143,11 @@ it('does not drop a retry signal sent while the dead mark is still being written
       },
     },
   );
+  return { calls, activities, deadStarted, releaseMarkDead };
+}
+
+it('does not drop a retry signal sent while the dead mark is still being written', async () => {
+  const { calls, activities, deadStarted, releaseMarkDead } = refusedOnceThenSent();
   await withWorker(activities, async (taskQueue) => {
     const handle = await start(taskQueue);
     await deadStarted;
@@ -189,26 +198,7 @@ it('honours a retry signal that arrives in the same workflow task as the dead le
 });
 
 it('the retry Update sent while the dead mark is still being written answers for the next delivery, not the one that died', async () => {
-  let markDeadStarted!: () => void;
-  const deadStarted = new Promise<void>((resolve) => (markDeadStarted = resolve));
-  let releaseMarkDead!: () => void;
-  const markDeadGate = new Promise<void>((resolve) => (releaseMarkDead = resolve));
-  let first = true;
-  const { calls, activities } = fakeActivities(
-    async () => {
-      if (first) {
-        first = false;
-        throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
-      }
-      return sent();
-    },
-    {
-      markDead: async () => {
-        markDeadStarted();
-        await markDeadGate;
-      },
-    },
-  );
+  const { calls, activities, deadStarted, releaseMarkDead } = refusedOnceThenSent();
   await withWorker(activities, async (taskQueue) => {
     const handle = await start(taskQueue);
     await deadStarted;
