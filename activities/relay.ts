@@ -53,9 +53,15 @@ export const BATCH_TARGET_MS = 200;
  * The next claim's size: what the last batch's start rate (`started` rows answered in `startMs`)
  * starts in about BATCH_TARGET_MS, between 1 and `max` (the configured batch). The rows a claim
  * leaves are not lost: they wait, pending, for the next claim, which follows at once.
+ *
+ * A far Temporal (Temporal Cloud in another region) answers every start after its round trip,
+ * however small the batch: a smaller claim would take as long and carry less, down to one row a
+ * round trip. So the target is never below twice `fastestMs`, the quickest batch this relay has
+ * seen started (its round trip when nothing queues).
  */
-export function nextClaimLimit(started: number, startMs: number, max: number): number {
-  return Math.max(1, Math.min(max, Math.ceil((started * BATCH_TARGET_MS) / Math.max(startMs, 1))));
+export function nextClaimLimit(started: number, startMs: number, max: number, fastestMs = 0): number {
+  const targetMs = Math.max(BATCH_TARGET_MS, 2 * fastestMs);
+  return Math.max(1, Math.min(max, Math.ceil((started * targetMs) / Math.max(startMs, 1))));
 }
 
 export interface RelayResult {
@@ -80,9 +86,9 @@ export function createRelayActivities(deps: RelayDeps) {
   const eventsPerSecond = config.stripe.rateLimitPerSecond * (config.stripe.meterApi === 'v2' ? MAX_STREAM_BATCH : 1);
   // At most one second's worth per batch: what is dispatched is what can be sent.
   const batchLimit = Math.min(config.relay.batchSize, Math.max(1, Math.ceil(eventsPerSecond)));
-  // The lane limit exists for v1's one call at a time per customer and meter; the stream has no
-  // such rule (null: no limit, nothing in flight counted). Either way the claim serves tenants in
-  // turn, so a busy customer takes what the others leave of each batch, never their place.
+  // A lane's events in flight at once (LANE_MAX_IN_FLIGHT): the rest of a busy customer's backlog
+  // waits in the outbox, where the claim serves tenants in turn, so a busy customer takes what the
+  // others leave of each batch, never their place.
   const laneMax = config.lanes.maxInFlight;
 
   /**
@@ -90,18 +96,25 @@ export function createRelayActivities(deps: RelayDeps) {
    * claimed and how long to wait before the next batch so that all relays together dispatch at the
    * Stripe rate limit (the backlog waits in the outbox, not as waiting workflows).
    */
-  async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; nextLimit: number }> {
+  async function relayBatch(
+    claimedBy: string,
+    totals: RelayResult,
+    sizing: { limit: number; fastestMs: number },
+  ): Promise<{ claimed: number; paceMs: number }> {
+    const { limit } = sizing;
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
     const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     // Nothing claimable (or every lane full): the size stands until a batch is started.
-    if (rows.length === 0) return { claimed: 0, paceMs: 0, nextLimit: limit };
+    if (rows.length === 0) return { claimed: 0, paceMs: 0 };
     const pace = await reserveSlots(db, schema, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
     const startedAt = performance.now();
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
-    const nextLimit = nextClaimLimit(rows.length, performance.now() - startedAt, batchLimit);
+    const startMs = performance.now() - startedAt;
+    sizing.fastestMs = Math.min(sizing.fastestMs, startMs);
+    sizing.limit = nextClaimLimit(rows.length, startMs, batchLimit, sizing.fastestMs);
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
@@ -121,7 +134,7 @@ export function createRelayActivities(deps: RelayDeps) {
     );
     await markDispatched(db, schema, inTemporal, claimId);
     totals.claimed += rows.length;
-    return { claimed: rows.length, paceMs: pace.spanEndMs, nextLimit };
+    return { claimed: rows.length, paceMs: pace.spanEndMs };
   }
 
   async function closedRun(row: ClaimedRow, claimId: string, run: Extract<StartOutcome, { kind: 'closed' }>, totals: RelayResult): Promise<void> {
@@ -156,13 +169,14 @@ export function createRelayActivities(deps: RelayDeps) {
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
       const until = Date.now() + runForMs;
-      let limit = batchLimit;
+      // This call's claim size (nextClaimLimit), adjusted after each batch it starts.
+      const sizing = { limit: batchLimit, fastestMs: Infinity };
       notifier.start();
       while (!stop.aborted && Date.now() < until) {
         const mark = notifier.mark();
-        const { claimed: n, paceMs, nextLimit } = await relayBatch(claimedBy, totals, limit);
+        const limit = sizing.limit;
+        const { claimed: n, paceMs } = await relayBatch(claimedBy, totals, sizing);
         const full = n === limit;
-        limit = nextLimit;
         ctx.heartbeat(totals);
         for (let left = paceMs; left > 0 && !stop.aborted; left -= MAX_IDLE_WAIT_MS) {
           await waitUnlessAborted(Math.min(left, MAX_IDLE_WAIT_MS), stop);
