@@ -412,4 +412,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/unit/stripe-errors.test.ts',
     name: "about the deployment's key",
   },
+  {
+    id: 'retry-wait-unbounded',
+    guarantee: "Nothing waits forever in silence: `retry --wait` waits at most its limit (10 minutes), then says the event is still on its way",
+    find: 'const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result());',
+    replace: 'const answer = await update.result();',
+    test: 'test/retry-wait.test.ts',
+    name: 'waits no longer than its limit',
+  },
 ];

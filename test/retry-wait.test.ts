@@ -6,6 +6,7 @@
 import { temporal } from '@temporalio/proto';
 import { describe, expect, it } from 'vitest';
 import { runCli } from '../src/cli/run.js';
+import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
 import { LIST_QUERIES } from '../src/temporal/web-ui.js';
 import { OutboxErrorKey, OutboxStatusKey, retryUpdate, stateQuery } from '../workflows/shared.js';
@@ -13,7 +14,7 @@ import { usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({
   // Mapped to customers the local Stripe does not know yet: each event is refused (400) at once.
-  customers: { fixme: 'cus_fixme', bulkw: 'cus_bulkw', ghostw: 'cus_ghostw' },
+  customers: { fixme: 'cus_fixme', bulkw: 'cus_bulkw', ghostw: 'cus_ghostw', slowfix: 'cus_slowfix' },
   stripe: { meters: ['api_requests'], customers: [] },
 });
 
@@ -103,6 +104,27 @@ describe('retry --wait', () => {
     expect(answer).toMatchObject({ status: 'dead', lastError: { code: 'resource_missing' } });
     expect((await run.fetchHistory()).events!.length).toBeGreaterThan(before!);
     expect(t.requestsFor(key)).toHaveLength(requests + 1);
+  });
+
+  it('waits no longer than its limit (and a query of the run\'s state): the retry stands, and the event is delivered once', async () => {
+    const key = await deadLetter('slowfix');
+    t.stripe.addCustomer('cus_slowfix');
+    // Stripe takes 8 s to answer; the wait's limit (10 minutes for the CLI) is 1 s here.
+    t.stripe.setLatency(8_000);
+    try {
+      const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now });
+      const began = Date.now();
+      const result = await retrier.retryKey(key, { force: false, requestedBy: 'test-operator', wait: { timeoutMs: 1_000 } });
+      // The limit, then the state as the run tells it: a query that waits for the attempt in the
+      // workflow task gives up after 5 s. Either way, long before Stripe answers.
+      expect(Date.now() - began).toBeLessThan(7_000);
+      expect(result).toMatchObject({ key, outcome: 'retried', message: expect.stringMatching(/^no answer within 1 ?s; /) });
+      // Not cancelled by the wait's end: the attempt goes on and the event is delivered, once.
+      await t.waitStatus(key, 'sent');
+      expect(t.eventsFor(key)).toHaveLength(1);
+    } finally {
+      t.stripe.setLatency(0);
+    }
   });
 
   it('retry --all-dead --wait: progress on a terminal, then a table of outcomes (an open run and a reopened one)', async () => {
