@@ -5,6 +5,8 @@
  * plain Node. Nothing here imports the repository's sources: what the tarball lacks, fails.
  */
 import { execFile, spawn } from 'node:child_process';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -211,6 +213,58 @@ describe.concurrent('installed from the tarballs', () => {
           expect(out).toContain('stopped');
         } finally {
           child.kill('SIGKILL');
+        }
+
+        // The package's own worker command with tracing on: it runs the shipped tracing bundle
+        // (dist/workflow-bundle-tracing.js; a checkout bundles at start instead), whose workflow
+        // spans reach the OTLP endpoint only if the bundle carries Temporal's interceptors.
+        await writeFile(
+          path.join(app, 'record.js'),
+          `import pg from 'pg';
+  import { recordUsage } from 'billing-outbox';
+  const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
+  await client.connect();
+  const { entry } = await recordUsage(client, { usageId: process.env.USAGE_ID, tenantId: 'acme', quantity: 2, occurredAt: new Date(Date.now() - 60_000) });
+  await client.end();
+  console.log(entry.idempotencyKey);
+  `,
+        );
+        const traced = (await exec(process.execPath, ['record.js'], { cwd: app, env: { ...env, DATABASE_URL: url, USAGE_ID: randomUUID() } })).stdout.trim();
+        const received: Buffer[] = [];
+        const collector = createServer((req, res) => {
+          req.on('data', (c: Buffer) => received.push(c));
+          req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{}'));
+        });
+        await new Promise<void>((resolve) => collector.listen(0, '127.0.0.1', resolve));
+        // The installed bin run by node itself (npx would not pass SIGTERM on to it).
+        const worker = spawn(process.execPath, [path.join(app, 'node_modules', 'billing-outbox', 'bin', 'billing-outbox.mjs'), 'worker'], {
+          cwd: app,
+          env: {
+            ...env,
+            DATABASE_URL: url,
+            TEMPORAL_ADDRESS: inject('temporalAddress'),
+            TEMPORAL_NAMESPACE: t.config.temporal.namespace,
+            TEMPORAL_TASK_QUEUE: `package-traced-${randomUUID()}`,
+            STRIPE_API_KEY: 'sk_test_package',
+            STRIPE_API_BASE: t.stripe.url,
+            OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${(collector.address() as AddressInfo).port}`,
+            RECONCILE_SCHEDULE: 'off',
+          },
+        });
+        let workerErr = '';
+        worker.stderr.on('data', (d: Buffer) => (workerErr += d.toString()));
+        const workerExited = new Promise<number | null>((resolve) => worker.on('exit', (code) => resolve(code)));
+        try {
+          await waitFor(`${traced} at the local Stripe (worker stderr: ${workerErr})`, async () => t.eventsFor(traced).length === 1, 60_000);
+          // Stopping flushes the spans still batched.
+          worker.kill('SIGTERM');
+          expect(await workerExited, workerErr).toBe(0);
+          const body = Buffer.concat(received).toString('latin1');
+          expect(body).toContain('RunWorkflow:usageWorkflow');
+          expect(body).toContain(traced);
+        } finally {
+          worker.kill('SIGKILL');
+          collector.close();
         }
       } finally {
         await pool.end();
