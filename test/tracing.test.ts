@@ -4,9 +4,7 @@
  * application does) exporting into memory; the worker runs Temporal's OpenTelemetry interceptors.
  */
 import { context, propagation, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
-import { Resource } from '@opentelemetry/resources';
-import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
-import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import type { ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { temporal } from '@temporalio/proto';
 import { Worker } from '@temporalio/worker';
 import { execFile } from 'node:child_process';
@@ -15,7 +13,7 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { buildApi } from '../src/api/index.js';
 import type { ApiToken } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
@@ -23,22 +21,10 @@ import { createLogger } from '../src/log.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { IDEMPOTENCY_KEY_ATTRIBUTE, temporalTracing } from '../src/tracing.js';
 import { tracingWorkflowBundle, usePipeline, waitFor } from './hooks.js';
+import { useInMemoryTracing } from './in-memory-tracing.js';
 
-const exporter = new InMemorySpanExporter();
-const spanProcessor = new SimpleSpanProcessor(exporter);
-const resource = new Resource({ 'service.name': 'billing-outbox-test' });
-const provider = new NodeTracerProvider({ resource, spanProcessors: [spanProcessor] });
-
-// Before the fixture's own beforeAll: the worker's interceptors read the registered SDK.
-beforeAll(() => {
-  provider.register();
-});
-afterAll(async () => {
-  await provider.shutdown();
-  trace.disable();
-  context.disable();
-  propagation.disable();
-});
+// Before the fixture: the worker's interceptors read the registered SDK.
+const { exporter, spanProcessor, resource } = useInMemoryTracing();
 
 const t = usePipeline({
   customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist' },

@@ -3,24 +3,14 @@
  * carries the key, the identifier, the API and Stripe's answer; a refusal marks it ERROR. The
  * pipeline's traces (test/tracing.test.ts) run v1; this is the v2 stream's span too.
  */
-import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
-import { InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
-import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { SpanKind, SpanStatusCode } from '@opentelemetry/api';
+import { beforeEach, describe, expect, it } from 'vitest';
 import type { MeterEvent } from '../../src/stripe/meters.js';
 import { tracedSender } from '../../src/stripe/sender.js';
 import { IDEMPOTENCY_KEY_ATTRIBUTE } from '../../src/tracing.js';
+import { useInMemoryTracing } from '../in-memory-tracing.js';
 
-const exporter = new InMemorySpanExporter();
-const provider = new NodeTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
-beforeAll(() => {
-  provider.register();
-});
-afterAll(async () => {
-  await provider.shutdown();
-  trace.disable();
-  context.disable();
-});
+const { exporter } = useInMemoryTracing();
 beforeEach(() => exporter.reset());
 
 const event: MeterEvent = {
