@@ -96,25 +96,17 @@ export function createRelayActivities(deps: RelayDeps) {
    * claimed and how long to wait before the next batch so that all relays together dispatch at the
    * Stripe rate limit (the backlog waits in the outbox, not as waiting workflows).
    */
-  async function relayBatch(
-    claimedBy: string,
-    totals: RelayResult,
-    sizing: { limit: number; fastestMs: number },
-  ): Promise<{ claimed: number; paceMs: number }> {
-    const { limit } = sizing;
+  async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; startMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
     const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
-    // Nothing claimable (or every lane full): the size stands until a batch is started.
-    if (rows.length === 0) return { claimed: 0, paceMs: 0 };
+    if (rows.length === 0) return { claimed: 0, paceMs: 0, startMs: 0 };
     const pace = await reserveSlots(db, schema, { bucket: 'dispatch', count: rows.length, perSecond: eventsPerSecond });
     const startedAt = performance.now();
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const startMs = performance.now() - startedAt;
-    sizing.fastestMs = Math.min(sizing.fastestMs, startMs);
-    sizing.limit = nextClaimLimit(rows.length, startMs, batchLimit, sizing.fastestMs);
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
@@ -134,7 +126,7 @@ export function createRelayActivities(deps: RelayDeps) {
     );
     await markDispatched(db, schema, inTemporal, claimId);
     totals.claimed += rows.length;
-    return { claimed: rows.length, paceMs: pace.spanEndMs };
+    return { claimed: rows.length, paceMs: pace.spanEndMs, startMs };
   }
 
   async function closedRun(row: ClaimedRow, claimId: string, run: Extract<StartOutcome, { kind: 'closed' }>, totals: RelayResult): Promise<void> {
@@ -169,14 +161,19 @@ export function createRelayActivities(deps: RelayDeps) {
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
       const until = Date.now() + runForMs;
-      // This call's claim size (nextClaimLimit), adjusted after each batch it starts.
-      const sizing = { limit: batchLimit, fastestMs: Infinity };
+      // This call's claim size, adjusted after each batch it starts (nextClaimLimit); an empty claim
+      // leaves it as it is.
+      let limit = batchLimit;
+      let fastestMs = Infinity;
       notifier.start();
       while (!stop.aborted && Date.now() < until) {
         const mark = notifier.mark();
-        const limit = sizing.limit;
-        const { claimed: n, paceMs } = await relayBatch(claimedBy, totals, sizing);
+        const { claimed: n, paceMs, startMs } = await relayBatch(claimedBy, totals, limit);
         const full = n === limit;
+        if (n > 0) {
+          fastestMs = Math.min(fastestMs, startMs);
+          limit = nextClaimLimit(n, startMs, batchLimit, fastestMs);
+        }
         ctx.heartbeat(totals);
         for (let left = paceMs; left > 0 && !stop.aborted; left -= MAX_IDLE_WAIT_MS) {
           await waitUnlessAborted(Math.min(left, MAX_IDLE_WAIT_MS), stop);

@@ -235,7 +235,6 @@ export interface DeliveryTimings {
   attemptTimeoutMs: number;
 }
 
-/** The fixed parts of the timings; `resolveTimings` derives the rest. */
 /**
  * LANE_MAX_IN_FLIGHT's defaults. v1: Stripe takes one call at a time per customer and meter, so
  * more in flight would only wait for the lease. v2: the stream has no such rule, but a lane with
@@ -247,6 +246,7 @@ export interface DeliveryTimings {
 export const CALL_LANE_MAX_IN_FLIGHT = 4;
 export const STREAM_LANE_MAX_IN_FLIGHT = 100;
 
+/** The fixed parts of the timings; `resolveTimings` derives the rest. */
 const LEASE_WAIT_MS = 10_000;
 const HEARTBEAT_EVERY_MS = 2_000;
 
