@@ -11,7 +11,8 @@
  *   workers        the same backlog drained by 1, 2 and 4 worker processes
  *   claim          the claim with 1,000,000 sent rows and a live backlog: plan and latency
  *   fairness       one tenant's backlog (--backlog, 20,000) vs 99 tenants at a steady rate (--rate,
- *                  --seconds): their commit → acknowledged with and without the flood, v1 and v2
+ *                  --seconds): their commit → acknowledged alone, with the flood and alone again,
+ *                  v1 and v2 (--api, --lane-max, --relays)
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
  *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
@@ -58,6 +59,8 @@ const { values } = parseArgs({
     'worker-options': { type: 'string' },
     // LANE_MAX_IN_FLIGHT for `fairness` (unset: each API's default).
     'lane-max': { type: 'string' },
+    // RELAY_COUNT for `fairness` (unset: the bench's 2).
+    relays: { type: 'string' },
   },
 });
 const workerOptions = values['worker-options'] ? (JSON.parse(values['worker-options']) as Partial<WorkerOptions>) : undefined;
@@ -137,6 +140,7 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       latencyMs: num(values.latency),
       apis: values.api === 'v1' || values.api === 'v2' ? [values.api] : ['v1', 'v2'],
       laneMax: values['lane-max'],
+      relays: values.relays,
     });
     await publish(report);
   },
