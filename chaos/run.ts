@@ -68,6 +68,9 @@ export async function runChaos(opts: ChaosOptions): Promise<ChaosResult> {
     const drainSeconds = Math.round((Date.now() - drainStarted) / 100) / 10;
 
     const { table, violations } = await checkInvariant(world, load, opts.dir);
+    // A process of the product that ended by itself (no fault ended it) is a crash, whatever the
+    // outbox says afterwards: the other processes may have covered for it.
+    violations.push(...[world.api, ...world.workers].flatMap((p) => p.exitsOnItsOwn));
     ok = violations.length === 0;
     const { say: _say, ...options } = opts;
     const result: ChaosResult = {

@@ -59,8 +59,12 @@ function productEnv(w: { pg: EmbeddedPg; temporal: DevServer; stripe: LocalStrip
 export class ProductProcess {
   private child: ChildProcess | undefined;
   private paused = false;
+  /** Set while the runner itself ends the process (kill, stop): any other exit is the product's. */
+  private ending = false;
   private readonly logFile: WriteStream;
   starts = 0;
+  /** Exits the runner did not cause (a crash: an uncaught error, a lost connection it gave up on). */
+  readonly exitsOnItsOwn: string[] = [];
 
   readonly name: string;
   private readonly script: string;
@@ -96,8 +100,12 @@ export class ProductProcess {
     });
     child.stdout!.pipe(this.logFile, { end: false });
     child.stderr!.pipe(this.logFile, { end: false });
+    child.once('exit', (code, signal) => {
+      if (!this.ending) this.exitsOnItsOwn.push(`${this.name} exited on its own at ${new Date().toISOString()} (code ${code}, signal ${signal}); see ${this.name}.log`);
+    });
     this.child = child;
     this.paused = false;
+    this.ending = false;
   }
 
   /** SIGKILL: no shutdown hook runs, in-flight work is simply gone. */
@@ -105,6 +113,7 @@ export class ProductProcess {
     const child = this.child;
     if (!child || !this.running) return;
     const exited = new Promise((resolve) => child.once('exit', resolve));
+    this.ending = true;
     if (this.paused) child.kill('SIGCONT');
     child.kill('SIGKILL');
     await exited;
@@ -126,6 +135,7 @@ export class ProductProcess {
     const child = this.child;
     if (!child || !this.running) return;
     const exited = new Promise((resolve) => child.once('exit', resolve));
+    this.ending = true;
     if (this.paused) child.kill('SIGCONT');
     child.kill('SIGTERM');
     const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
