@@ -420,4 +420,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/retry-wait.test.ts',
     name: 'waits no longer than its limit',
   },
+  {
+    id: 'startup-gives-up-at-once',
+    guarantee: 'A worker started while PostgreSQL or Temporal is away waits for them (`WORKER_STARTUP_WAIT_MS`), saying so, then delivers',
+    find: 'if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;',
+    replace: 'throw err;',
+    test: 'test/startup-wait.test.ts',
+    name: 'waits for PostgreSQL and then Temporal',
+  },
 ];

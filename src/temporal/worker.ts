@@ -20,6 +20,7 @@ import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
 import { sweepClosedRuns, type SweepOptions } from '../ops/closed-runs.js';
 import { pruneDelivered } from '../ops/prune.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
+import { postgresUnreachable, temporalUnreachable, untilReachable } from '../reachable.js';
 import { createStripeClient } from '../stripe/client.js';
 import { connectTemporal } from './connection.js';
 import { MeterCatalog } from '../stripe/meters.js';
@@ -313,13 +314,15 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       pool = own;
       listenWith = config.databaseUrl;
     }
-    if (opts.migrate) await migrate(listenWith, { schema: config.databaseSchema });
+    // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
+    const reach = { waitMs: config.worker.startupWaitMs, ...(log ? { log } : {}) };
+    if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
     let connection = opts.connection;
     let client: Client;
     if (connection) {
       client = new Client({ connection, namespace: config.temporal.namespace });
     } else {
-      const own = await connectTemporal(config.temporal, { tracing: tracing !== undefined });
+      const own = await untilReachable('Temporal', () => connectTemporal(config.temporal, { tracing: tracing !== undefined }), { ...reach, unreachable: temporalUnreachable });
       closers.push(() => own.connection.close(), () => own.clientConnection.close());
       connection = own.connection;
       client = own.client;

@@ -1,0 +1,58 @@
+/**
+ * A starting worker and the services it needs: PostgreSQL and Temporal may be restarting when it
+ * starts (a deploy of either, a node moved). Exiting at once hands the wait to a supervisor, whose
+ * backoff grows with every exit (Kubernetes: up to 5 minutes); so the worker waits itself, for a
+ * bounded time (WORKER_STARTUP_WAIT_MS), logging every failed try with its reason, then gives up
+ * with the last error. Only a service that cannot be reached is waited for: a refused password, a
+ * missing database or namespace, a bad certificate fail at once.
+ */
+import type { Logger } from './log.js';
+
+/** PostgreSQL's answers (SQLSTATE) and the socket's errors that mean "not there yet", not "wrong". */
+const POSTGRES_AWAY = new Set([
+  'ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'ENOTFOUND', 'EPIPE',
+  '57P01', // admin_shutdown: stopping
+  '57P02', // crash_shutdown
+  '57P03', // cannot_connect_now: starting up, or in recovery
+  '08001', '08006', // could not connect, connection failure
+  '53300', // too_many_connections: others may leave
+]);
+
+export function postgresUnreachable(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && POSTGRES_AWAY.has(code)) return true;
+  // pg's own words for a connection the server closed or that never answered.
+  return err instanceof Error && /Connection terminated|timeout expired/i.test(err.message);
+}
+
+/**
+ * The Temporal SDK reports a connection it could not open as text (the Rust core's transport
+ * error, or gRPC UNAVAILABLE from the client): a refused or reset TCP connection, a name that does
+ * not resolve yet, a timeout. A TLS or authentication failure is not among them.
+ */
+export function temporalUnreachable(err: unknown): boolean {
+  const text = err instanceof Error ? `${err.message} ${err.cause instanceof Error ? err.cause.message : ''}` : String(err);
+  return /tcp connect error|connection refused|connectionrefused|connection reset|dns error|deadline exceeded|timed out|14 UNAVAILABLE/i.test(text);
+}
+
+/**
+ * `attempt()` until it succeeds; while it fails in a way `unreachable` says may pass, again after
+ * 0.5, 1, 2, 4, 5, 5 … s, until `waitMs` has gone by since the first try. Then, or at once for any
+ * other failure, its error.
+ */
+export async function untilReachable<T>(
+  service: string,
+  attempt: () => Promise<T>,
+  opts: { waitMs: number; unreachable: (err: unknown) => boolean; log?: Pick<Logger, 'warn'> },
+): Promise<T> {
+  const giveUpAt = Date.now() + opts.waitMs;
+  for (let delayMs = 500, tries = 1; ; delayMs = Math.min(delayMs * 2, 5_000), tries++) {
+    try {
+      return await attempt();
+    } catch (err) {
+      if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;
+      opts.log?.warn({ service, tries, retryInMs: delayMs, error: err instanceof Error ? err.message : String(err) }, `${service} cannot be reached yet; trying again`);
+      await new Promise((resolve) => setTimeout(resolve, delayMs));
+    }
+  }
+}

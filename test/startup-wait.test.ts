@@ -1,0 +1,115 @@
+/**
+ * A worker process started while PostgreSQL and Temporal are away (both restarting in a deploy)
+ * waits for them, saying so, and then delivers; one whose services stay away gives up after
+ * WORKER_STARTUP_WAIT_MS with the reason; one pointed at a database that does not exist fails at
+ * once, without waiting. Found by the chaos runner: a worker restarted during a Temporal restart
+ * exited at once (code 1) and stayed down until something started it again.
+ *
+ * "Away" is a port nobody listens on yet; "back" is a plain TCP proxy opened on that port to the
+ * suite's real PostgreSQL and Temporal.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import net from 'node:net';
+import { afterAll, beforeAll, expect, inject, it } from 'vitest';
+import { freePort } from '../src/embedded/postgres.js';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { usePipeline, waitFor } from './hooks.js';
+
+const ENV = { STRIPE_API_KEY: 'sk_test_startup', RELAY_COUNT: '1', LOG_LEVEL: 'info' };
+const t = usePipeline({ customers: { a: 'cus_a' }, stripe: { meters: ['api_requests'] }, env: ENV, worker: false });
+let env: Record<string, string>;
+const children: ChildProcess[] = [];
+const proxies: net.Server[] = [];
+
+beforeAll(() => {
+  env = { ...ENV, TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue, STRIPE_API_BASE: t.stripe.url };
+});
+
+afterAll(async () => {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+  await Promise.all(proxies.map((p) => new Promise((r) => p.close(r))));
+});
+
+/** The worker as `npm run worker` runs it, its output gathered. */
+function startWorker(extra: Record<string, string>): { child: ChildProcess; output: () => string } {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], { env: { ...process.env, ...env, ...extra }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let out = '';
+  child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+  child.stderr!.on('data', (b: Buffer) => (out += b.toString()));
+  return { child, output: () => out };
+}
+
+/** Opens `port` and forwards every connection to `target`, both ways. */
+async function proxy(port: number, target: { host: string; port: number }): Promise<void> {
+  const server = net.createServer((client) => {
+    const upstream = net.connect(target.port, target.host);
+    const end = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end).pipe(upstream).on('error', end).pipe(client);
+  });
+  proxies.push(server);
+  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+}
+
+const hostPort = (address: string) => {
+  const i = address.lastIndexOf(':');
+  return { host: address.slice(0, i).replace(/^localhost$/, '127.0.0.1'), port: Number(address.slice(i + 1)) };
+};
+
+it('waits for PostgreSQL and then Temporal to come back, saying so, then delivers', async () => {
+  const pgPort = await freePort();
+  const temporalPort = await freePort();
+  const realPg = new URL(t.db.url);
+  const viaProxy = new URL(t.db.url);
+  viaProxy.hostname = '127.0.0.1';
+  viaProxy.port = String(pgPort);
+  const worker = startWorker({ DATABASE_URL: viaProxy.toString(), TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, WORKER_STARTUP_WAIT_MS: '60000' });
+
+  await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
+  await new Promise((r) => setTimeout(r, 2_000));
+  expect(worker.child.exitCode).toBeNull();
+  await proxy(pgPort, { host: realPg.hostname, port: Number(realPg.port) });
+
+  await waitFor('a try at Temporal', async () => /Temporal cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
+  expect(worker.child.exitCode).toBeNull();
+  await proxy(temporalPort, hostPort(inject('temporalAddress')));
+
+  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 60_000);
+  const usageId = `startup-${randomUUID()}`;
+  const { entry } = await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 3 }));
+  await waitFor('the event billed', async () => t.stripe.events().some((e) => e.identifier === entry.idempotencyKey), 60_000);
+  // Each wait was logged with its service and reason, never the password.
+  const tries = worker.output().split('\n').filter((l) => l.includes('cannot be reached yet'));
+  expect(tries.some((l) => l.includes('"service":"PostgreSQL"') && l.includes('ECONNREFUSED'))).toBe(true);
+  expect(tries.some((l) => l.includes('"service":"Temporal"'))).toBe(true);
+  if (realPg.password) expect(worker.output()).not.toContain(realPg.password);
+  worker.child.kill('SIGTERM');
+}, 150_000);
+
+it('gives up after WORKER_STARTUP_WAIT_MS with the reason, having said what it waited for', async () => {
+  const started = Date.now();
+  const worker = startWorker({ DATABASE_URL: `postgres://u:p@127.0.0.1:${await freePort()}/db`, TEMPORAL_ADDRESS: inject('temporalAddress'), WORKER_STARTUP_WAIT_MS: '3000' });
+  const code = await new Promise<number | null>((r) => worker.child.once('exit', r));
+  expect(code).toBe(1);
+  // Tried at 0, 0.5 and 1.5 s; the next try (3.5 s) would be past the 3 s.
+  expect(worker.output().match(/PostgreSQL cannot be reached yet/g)?.length).toBe(2);
+  expect(Date.now() - started).toBeLessThan(30_000);
+  expect(worker.output()).toMatch(/billing-outbox: connect ECONNREFUSED/);
+}, 60_000);
+
+it('a database that does not exist fails at once: not a service that is away', async () => {
+  const url = new URL(t.db.url);
+  url.pathname = `/missing_${randomUUID().slice(0, 8)}`;
+  const started = Date.now();
+  const worker = startWorker({ DATABASE_URL: url.toString(), TEMPORAL_ADDRESS: inject('temporalAddress'), WORKER_STARTUP_WAIT_MS: '60000' });
+  const code = await new Promise<number | null>((r) => worker.child.once('exit', r));
+  expect(code).toBe(1);
+  expect(worker.output()).toMatch(/does not exist/);
+  expect(worker.output()).not.toMatch(/cannot be reached yet/);
+  expect(Date.now() - started).toBeLessThan(30_000);
+}, 60_000);
