@@ -422,7 +422,7 @@ export const MUTANTS: Mutant[] = [
   },
   {
     id: 'startup-gives-up-at-once',
-    guarantee: 'A worker started while PostgreSQL or Temporal is away waits for them (`WORKER_STARTUP_WAIT_MS`), saying so, then delivers',
+    guarantee: 'A worker started while PostgreSQL or Temporal is away waits for them (`STARTUP_WAIT_MS`), saying so, then delivers',
     find: 'if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;',
     replace: 'throw err;',
     test: 'test/startup-wait.test.ts',

@@ -131,7 +131,7 @@ const schema = z.object({
   RELAY_POLL_INTERVAL_MS: int(10, 60_000).default(1_000),
   LANE_MAX_IN_FLIGHT: int(1, 10_000).optional(),
   WORKER_MAX_CONCURRENT_DELIVERIES: int(2, 100_000).default(500),
-  WORKER_STARTUP_WAIT_MS: int(0, 3_600_000).default(60_000),
+  STARTUP_WAIT_MS: int(0, 3_600_000).default(60_000),
   API_HOST: z.string().trim().min(1).default('127.0.0.1'),
   API_PORT: int(0, 65_535).default(8080),
   API_BODY_LIMIT_BYTES: int(256, 10_485_760).default(65_536),
@@ -346,15 +346,14 @@ export interface Config {
    * limits (WORKER_MAX_CONCURRENT_DELIVERIES; measured: the SDK's default of 40 slots left the
    * server handing out workflow tasks that waited for one, a third more of its CPU per event).
    */
-  worker: {
-    maxConcurrentDeliveries: number;
-    /**
-     * How long a starting worker waits for PostgreSQL and Temporal to accept connections, trying
-     * again with backoff and logging each failed try (WORKER_STARTUP_WAIT_MS; 0: not at all). A
-     * worker started while either restarts comes up once it is back instead of exiting.
-     */
-    startupWaitMs: number;
-  };
+  worker: { maxConcurrentDeliveries: number };
+  /**
+   * How long a starting worker or API process waits for the services it needs (PostgreSQL; the
+   * worker also Temporal) to accept connections, trying again with backoff and logging each failed
+   * try (STARTUP_WAIT_MS; 0: not at all): one started while either restarts comes up once it is
+   * back instead of exiting (src/reachable.ts).
+   */
+  startupWaitMs: number;
   api: { host: string; port: number; bodyLimitBytes: number; requestTimeoutMs: number; keepAliveTimeoutMs: number; tokens: ApiToken[] };
   /**
    * Delivered (and cancelled) rows older than `olderThanMs` (by sent_at) are deleted, in batches,
@@ -505,7 +504,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     timings,
     lanes: { maxInFlight: c.LANE_MAX_IN_FLIGHT ?? (c.STRIPE_METER_API === 'v2' ? STREAM_LANE_MAX_IN_FLIGHT : CALL_LANE_MAX_IN_FLIGHT) },
-    worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES, startupWaitMs: c.WORKER_STARTUP_WAIT_MS },
+    worker: { maxConcurrentDeliveries: c.WORKER_MAX_CONCURRENT_DELIVERIES },
+    startupWaitMs: c.STARTUP_WAIT_MS,
     relay: {
       batchSize: c.RELAY_BATCH_SIZE,
       count: c.RELAY_COUNT,

@@ -1,9 +1,9 @@
 /**
- * A starting worker and the services it needs: PostgreSQL and Temporal may be restarting when it
- * starts (a deploy of either, a node moved). Exiting at once hands the wait to a supervisor, whose
- * backoff grows with every exit (Kubernetes: up to 5 minutes); so the worker waits itself, for a
- * bounded time (WORKER_STARTUP_WAIT_MS), logging every failed try with its reason, then gives up
- * with the last error. Only a service that cannot be reached is waited for: a refused password, a
+ * A starting process and the services it needs: PostgreSQL and Temporal may be restarting when a
+ * worker or the API starts (a deploy of either, a node moved). Exiting at once hands the wait to a
+ * supervisor, whose backoff grows with every exit (Kubernetes: up to 5 minutes); so the process
+ * waits itself, for a bounded time (STARTUP_WAIT_MS), logging every failed try with its reason,
+ * then gives up with the last error. Only a service that cannot be reached is waited for: a refused password, a
  * missing database or namespace, a bad certificate fail at once.
  */
 import type { Logger } from './log.js';

@@ -71,7 +71,7 @@ export interface WorkerTuning {
   relayPollIntervalMs?: number; // RELAY_POLL_INTERVAL_MS
   laneMaxInFlight?: number; // LANE_MAX_IN_FLIGHT
   maxConcurrentDeliveries?: number; // WORKER_MAX_CONCURRENT_DELIVERIES
-  startupWaitMs?: number; // WORKER_STARTUP_WAIT_MS
+  startupWaitMs?: number; // STARTUP_WAIT_MS
   retryInitialIntervalMs?: number; // RETRY_INITIAL_INTERVAL_MS
   retryBackoffCoefficient?: number; // RETRY_BACKOFF_COEFFICIENT
   retryMaximumIntervalMs?: number; // RETRY_MAXIMUM_INTERVAL_MS
@@ -139,7 +139,7 @@ const TUNING_VARIABLES = {
   relayPollIntervalMs: 'RELAY_POLL_INTERVAL_MS',
   laneMaxInFlight: 'LANE_MAX_IN_FLIGHT',
   maxConcurrentDeliveries: 'WORKER_MAX_CONCURRENT_DELIVERIES',
-  startupWaitMs: 'WORKER_STARTUP_WAIT_MS',
+  startupWaitMs: 'STARTUP_WAIT_MS',
   retryInitialIntervalMs: 'RETRY_INITIAL_INTERVAL_MS',
   retryBackoffCoefficient: 'RETRY_BACKOFF_COEFFICIENT',
   retryMaximumIntervalMs: 'RETRY_MAXIMUM_INTERVAL_MS',

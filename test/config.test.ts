@@ -63,7 +63,7 @@ describe('configuration', () => {
       LANE_MAX_IN_FLIGHT: '2',
       LOCAL_STRIPE_URL: 'http://127.0.0.1:12111/',
       WORKER_MAX_CONCURRENT_DELIVERIES: '100',
-      WORKER_STARTUP_WAIT_MS: '5000',
+      STARTUP_WAIT_MS: '5000',
       API_HOST: '0.0.0.0',
       API_PORT: '9090',
       API_BODY_LIMIT_BYTES: '1024',

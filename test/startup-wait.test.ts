@@ -1,7 +1,8 @@
 /**
  * A worker process started while PostgreSQL and Temporal are away (both restarting in a deploy)
- * waits for them, saying so, and then delivers; one whose services stay away gives up after
- * WORKER_STARTUP_WAIT_MS with the reason; one pointed at a database that does not exist fails at
+ * waits for them, saying so, and then delivers (the API likewise waits for PostgreSQL, then takes
+ * usage); one whose services stay away gives up after
+ * STARTUP_WAIT_MS with the reason; one pointed at a database that does not exist fails at
  * once, without waiting. Found by the chaos runner: a worker restarted during a Temporal restart
  * exited at once (code 1) and stayed down until something started it again.
  *
@@ -32,9 +33,9 @@ afterAll(async () => {
   await Promise.all(proxies.map((p) => new Promise((r) => p.close(r))));
 });
 
-/** The worker as `npm run worker` runs it, its output gathered. */
-function startWorker(extra: Record<string, string>): { child: ChildProcess; output: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], { env: { ...process.env, ...env, ...extra }, stdio: ['ignore', 'pipe', 'pipe'] });
+/** The worker as `npm run worker` runs it (or the API, `npm run api`), its output gathered. */
+function startWorker(extra: Record<string, string>, script = 'src/bin/worker.ts'): { child: ChildProcess; output: () => string } {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], { env: { ...process.env, ...env, ...extra }, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
   let out = '';
   child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
@@ -68,7 +69,7 @@ it('waits for PostgreSQL and then Temporal to come back, saying so, then deliver
   const viaProxy = new URL(t.db.url);
   viaProxy.hostname = '127.0.0.1';
   viaProxy.port = String(pgPort);
-  const worker = startWorker({ DATABASE_URL: viaProxy.toString(), TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, WORKER_STARTUP_WAIT_MS: '60000' });
+  const worker = startWorker({ DATABASE_URL: viaProxy.toString(), TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, STARTUP_WAIT_MS: '60000' });
 
   await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
   await new Promise((r) => setTimeout(r, 2_000));
@@ -91,9 +92,9 @@ it('waits for PostgreSQL and then Temporal to come back, saying so, then deliver
   worker.child.kill('SIGTERM');
 }, 150_000);
 
-it('gives up after WORKER_STARTUP_WAIT_MS with the reason, having said what it waited for', async () => {
+it('gives up after STARTUP_WAIT_MS with the reason, having said what it waited for', async () => {
   const started = Date.now();
-  const worker = startWorker({ DATABASE_URL: `postgres://u:p@127.0.0.1:${await freePort()}/db`, TEMPORAL_ADDRESS: inject('temporalAddress'), WORKER_STARTUP_WAIT_MS: '3000' });
+  const worker = startWorker({ DATABASE_URL: `postgres://u:p@127.0.0.1:${await freePort()}/db`, TEMPORAL_ADDRESS: inject('temporalAddress'), STARTUP_WAIT_MS: '3000' });
   const code = await new Promise<number | null>((r) => worker.child.once('exit', r));
   expect(code).toBe(1);
   // Tried at 0, 0.5 and 1.5 s; the next try (3.5 s) would be past the 3 s.
@@ -106,10 +107,44 @@ it('a database that does not exist fails at once: not a service that is away', a
   const url = new URL(t.db.url);
   url.pathname = `/missing_${randomUUID().slice(0, 8)}`;
   const started = Date.now();
-  const worker = startWorker({ DATABASE_URL: url.toString(), TEMPORAL_ADDRESS: inject('temporalAddress'), WORKER_STARTUP_WAIT_MS: '60000' });
+  const worker = startWorker({ DATABASE_URL: url.toString(), TEMPORAL_ADDRESS: inject('temporalAddress'), STARTUP_WAIT_MS: '60000' });
   const code = await new Promise<number | null>((r) => worker.child.once('exit', r));
   expect(code).toBe(1);
   expect(worker.output()).toMatch(/does not exist/);
   expect(worker.output()).not.toMatch(/cannot be reached yet/);
   expect(Date.now() - started).toBeLessThan(30_000);
 }, 60_000);
+
+it('the API started while PostgreSQL is away waits for it, then takes usage', async () => {
+  const pgPort = await freePort();
+  const apiPort = await freePort();
+  const realPg = new URL(t.db.url);
+  const viaProxy = new URL(t.db.url);
+  viaProxy.hostname = '127.0.0.1';
+  viaProxy.port = String(pgPort);
+  const token = `tok_${randomUUID().replace(/-/g, '')}`;
+  const api = startWorker(
+    {
+      DATABASE_URL: viaProxy.toString(),
+      TEMPORAL_ADDRESS: inject('temporalAddress'),
+      API_PORT: String(apiPort),
+      API_TOKENS: JSON.stringify([{ name: 'app', token, tenants: ['*'], scopes: ['usage:write'] }]),
+      STARTUP_WAIT_MS: '60000',
+    },
+    'src/bin/api.ts',
+  );
+  await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(api.output()) || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 30_000);
+  expect(api.child.exitCode).toBeNull();
+  await proxy(pgPort, { host: realPg.hostname, port: Number(realPg.port) });
+  await waitFor('the API to listen', async () => api.output().includes('API listening') || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 60_000);
+  const usageId = `startup-api-${randomUUID()}`;
+  const res = await fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ tenant_id: 'a', usage_id: usageId, quantity: 1 }),
+  });
+  expect(res.status, await res.clone().text()).toBeLessThan(300);
+  const { rows } = await t.pool.query('SELECT 1 FROM usage_logs WHERE id = $1', [usageId]);
+  expect(rows).toHaveLength(1);
+  api.child.kill('SIGTERM');
+}, 120_000);

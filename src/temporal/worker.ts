@@ -315,7 +315,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       listenWith = config.databaseUrl;
     }
     // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
-    const reach = { waitMs: config.worker.startupWaitMs, ...(log ? { log } : {}) };
+    const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
     let connection = opts.connection;
     let client: Client;

@@ -8,6 +8,7 @@ import { buildApi, temporalHealthConnection } from '../../api/index.js';
 import { loadConfig } from '../../config.js';
 import { loadDotEnv } from '../../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../../db.js';
+import { postgresUnreachable, untilReachable } from '../../reachable.js';
 import { createLogger } from '../../log.js';
 import { untilSignal } from '../../bin/run-main.js';
 import { createMetrics } from '../../metrics.js';
@@ -30,7 +31,9 @@ export async function runApi(): Promise<void> {
   // OTEL_EXPORTER_OTLP_ENDPOINT set: each POST /v1/usage begins its event's trace.
   const sdk = await startTracingSdk(config.tracing);
   // Safe with workers migrating at the same time; the API may well be the first process up.
-  await migrate(config.databaseUrl, { schema: config.databaseSchema });
+  // PostgreSQL restarting as the API starts: waited for (src/reachable.ts), each try logged.
+  const databaseUrl = config.databaseUrl;
+  await untilReachable('PostgreSQL', () => migrate(databaseUrl, { schema: config.databaseSchema }), { waitMs: config.startupWaitMs, log, unreachable: postgresUnreachable });
   const pool = createPool(config.databaseUrl);
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
