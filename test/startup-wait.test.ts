@@ -57,24 +57,30 @@ async function proxy(port: number, target: { host: string; port: number }): Prom
   await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
 }
 
+/** A URL of the suite's PostgreSQL through a port nobody listens on yet, and the proxy that opens it. */
+async function postgresAway(): Promise<{ url: string; comeBack: () => Promise<void> }> {
+  const port = await freePort();
+  const real = new URL(t.db.url);
+  const url = new URL(t.db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String(port);
+  return { url: url.toString(), comeBack: () => proxy(port, { host: real.hostname, port: Number(real.port) }) };
+}
+
 const hostPort = (address: string) => {
   const i = address.lastIndexOf(':');
   return { host: address.slice(0, i).replace(/^localhost$/, '127.0.0.1'), port: Number(address.slice(i + 1)) };
 };
 
 it('waits for PostgreSQL and then Temporal to come back, saying so, then delivers', async () => {
-  const pgPort = await freePort();
+  const postgres = await postgresAway();
   const temporalPort = await freePort();
-  const realPg = new URL(t.db.url);
-  const viaProxy = new URL(t.db.url);
-  viaProxy.hostname = '127.0.0.1';
-  viaProxy.port = String(pgPort);
-  const worker = startWorker({ DATABASE_URL: viaProxy.toString(), TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, STARTUP_WAIT_MS: '60000' });
+  const worker = startWorker({ DATABASE_URL: postgres.url, TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, STARTUP_WAIT_MS: '60000' });
 
   await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
   await new Promise((r) => setTimeout(r, 2_000));
   expect(worker.child.exitCode).toBeNull();
-  await proxy(pgPort, { host: realPg.hostname, port: Number(realPg.port) });
+  await postgres.comeBack();
 
   await waitFor('a try at Temporal', async () => /Temporal cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
   expect(worker.child.exitCode).toBeNull();
@@ -88,7 +94,8 @@ it('waits for PostgreSQL and then Temporal to come back, saying so, then deliver
   const tries = worker.output().split('\n').filter((l) => l.includes('cannot be reached yet'));
   expect(tries.some((l) => l.includes('"service":"PostgreSQL"') && l.includes('ECONNREFUSED'))).toBe(true);
   expect(tries.some((l) => l.includes('"service":"Temporal"'))).toBe(true);
-  if (realPg.password) expect(worker.output()).not.toContain(realPg.password);
+  const password = new URL(t.db.url).password;
+  if (password) expect(worker.output()).not.toContain(password);
   worker.child.kill('SIGTERM');
 }, 150_000);
 
@@ -116,16 +123,12 @@ it('a database that does not exist fails at once: not a service that is away', a
 }, 60_000);
 
 it('the API started while PostgreSQL is away waits for it, then takes usage', async () => {
-  const pgPort = await freePort();
+  const postgres = await postgresAway();
   const apiPort = await freePort();
-  const realPg = new URL(t.db.url);
-  const viaProxy = new URL(t.db.url);
-  viaProxy.hostname = '127.0.0.1';
-  viaProxy.port = String(pgPort);
   const token = `tok_${randomUUID().replace(/-/g, '')}`;
   const api = startWorker(
     {
-      DATABASE_URL: viaProxy.toString(),
+      DATABASE_URL: postgres.url,
       TEMPORAL_ADDRESS: inject('temporalAddress'),
       API_PORT: String(apiPort),
       API_TOKENS: JSON.stringify([{ name: 'app', token, tenants: ['*'], scopes: ['usage:write'] }]),
@@ -135,7 +138,7 @@ it('the API started while PostgreSQL is away waits for it, then takes usage', as
   );
   await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(api.output()) || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 30_000);
   expect(api.child.exitCode).toBeNull();
-  await proxy(pgPort, { host: realPg.hostname, port: Number(realPg.port) });
+  await postgres.comeBack();
   await waitFor('the API to listen', async () => api.output().includes('API listening') || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 60_000);
   const usageId = `startup-api-${randomUUID()}`;
   const res = await fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
