@@ -104,8 +104,9 @@ it('gives up after STARTUP_WAIT_MS with the reason, having said what it waited f
   const worker = startWorker({ DATABASE_URL: `postgres://u:p@127.0.0.1:${await freePort()}/db`, TEMPORAL_ADDRESS: inject('temporalAddress'), STARTUP_WAIT_MS: '3000' });
   const code = await new Promise<number | null>((r) => worker.child.once('exit', r));
   expect(code).toBe(1);
-  // Tried at 0, 0.5 and 1.5 s; the next try (3.5 s) would be past the 3 s.
-  expect(worker.output().match(/PostgreSQL cannot be reached yet/g)?.length).toBe(2);
+  // Tried at 0, 0.5 and 1.5 s (fewer if each try is slow); the next (3.5 s) would be past the 3 s.
+  expect(worker.output().match(/PostgreSQL cannot be reached yet/g)?.length).toBeGreaterThanOrEqual(1);
+  expect(worker.output().match(/PostgreSQL cannot be reached yet/g)?.length).toBeLessThanOrEqual(2);
   expect(Date.now() - started).toBeLessThan(30_000);
   expect(worker.output()).toMatch(/billing-outbox: connect ECONNREFUSED/);
 }, 60_000);
