@@ -3,8 +3,8 @@
  * worker or the API starts (a deploy of either, a node moved). Exiting at once hands the wait to a
  * supervisor, whose backoff grows with every exit (Kubernetes: up to 5 minutes); so the process
  * waits itself, for a bounded time (STARTUP_WAIT_MS), logging every failed try with its reason,
- * then gives up with the last error. Only a service that cannot be reached is waited for: a refused password, a
- * missing database or namespace, a bad certificate fail at once.
+ * then gives up with the last error. Only a service that cannot be reached is waited for; any
+ * other failure (a refused password, a missing database) is not one that waiting mends.
  */
 import type { Logger } from './log.js';
 
