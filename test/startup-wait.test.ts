@@ -67,11 +67,6 @@ async function postgresAway(): Promise<{ url: string; comeBack: () => Promise<vo
   return { url: url.toString(), comeBack: () => proxy(port, { host: real.hostname, port: Number(real.port) }) };
 }
 
-const hostPort = (address: string) => {
-  const i = address.lastIndexOf(':');
-  return { host: address.slice(0, i).replace(/^localhost$/, '127.0.0.1'), port: Number(address.slice(i + 1)) };
-};
-
 it('waits for PostgreSQL and then Temporal to come back, saying so, then delivers', async () => {
   const postgres = await postgresAway();
   const temporalPort = await freePort();
@@ -84,7 +79,8 @@ it('waits for PostgreSQL and then Temporal to come back, saying so, then deliver
 
   await waitFor('a try at Temporal', async () => /Temporal cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
   expect(worker.child.exitCode).toBeNull();
-  await proxy(temporalPort, hostPort(inject('temporalAddress')));
+  const [host, port] = inject('temporalAddress').split(':') as [string, string];
+  await proxy(temporalPort, { host, port: Number(port) });
 
   await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 60_000);
   const usageId = `startup-${randomUUID()}`;

@@ -34,7 +34,7 @@ export async function runApi(): Promise<void> {
   // PostgreSQL restarting as the API starts: waited for (src/reachable.ts), each try logged.
   const databaseUrl = config.databaseUrl;
   await untilReachable('PostgreSQL', () => migrate(databaseUrl, { schema: config.databaseSchema }), { waitMs: config.startupWaitMs, log, unreachable: postgresUnreachable });
-  const pool = createPool(config.databaseUrl);
+  const pool = createPool(databaseUrl);
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
   const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
