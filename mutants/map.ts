@@ -428,4 +428,21 @@ export const MUTANTS: Mutant[] = [
     test: 'test/startup-wait.test.ts',
     name: 'waits for PostgreSQL and then Temporal',
   },
+  {
+    id: 'start-not-tried-again',
+    guarantee: 'A worker whose Temporal goes away after it connected, before it polls, waits for it, then delivers',
+    find: 'starting = opts.connection\n',
+    replace: 'starting = true\n',
+    test: 'test/startup-wait.test.ts',
+    name: 'as Worker.create checks the namespace',
+  },
+  {
+    id: 'client-connect-failure-not-waited-for',
+    guarantee: 'A connection cut under the SDK ("Failed to connect to Temporal server" around UNAVAILABLE) is Temporal away: the starting worker waits for it',
+    find: 'for (const e of causes(err)) if (e instanceof Error && TEMPORAL_AWAY.test(e.message)) return true;',
+    replace: 'if (err instanceof Error && TEMPORAL_AWAY.test(err.message)) return true;',
+    test: 'test/unit/reachable.test.ts',
+    name: 'wrapped',
+    quick: true,
+  },
 ];

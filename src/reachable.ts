@@ -6,6 +6,7 @@
  * then gives up with the last error. Only a service that cannot be reached is waited for; any
  * other failure (a refused password, a missing database) is not one that waiting mends.
  */
+import { causes } from './causes.js';
 import type { Logger } from './log.js';
 
 /** PostgreSQL's answers (SQLSTATE) and the socket's errors that mean "not there yet", not "wrong". */
@@ -27,13 +28,19 @@ export function postgresUnreachable(err: unknown): boolean {
 
 /**
  * The Temporal SDK reports a connection it could not open as text (the Rust core's transport
- * error, or gRPC UNAVAILABLE from the client): a refused or reset TCP connection, a name that does
- * not resolve yet, a timeout. A TLS or authentication failure is not among them.
+ * error, the client's "Failed to connect before the deadline", a gRPC status "14 UNAVAILABLE" or
+ * "4 DEADLINE_EXCEEDED"), wrapped once or twice ("Failed to connect to Temporal server", then ours):
+ * a refused or reset TCP connection, a name that does not resolve yet, a timeout, anywhere in the
+ * chain of causes. A TLS or authentication failure is not among them (the worker's connection,
+ * made first, fails on those at once).
  */
 export function temporalUnreachable(err: unknown): boolean {
-  const text = err instanceof Error ? `${err.message} ${err.cause instanceof Error ? err.cause.message : ''}` : String(err);
-  return /tcp connect error|connection refused|connectionrefused|connection reset|dns error|deadline exceeded|timed out|14 UNAVAILABLE/i.test(text);
+  if (typeof err === 'string') return TEMPORAL_AWAY.test(err);
+  for (const e of causes(err)) if (e instanceof Error && TEMPORAL_AWAY.test(e.message)) return true;
+  return false;
 }
+
+const TEMPORAL_AWAY = /tcp connect error|connection refused|connectionrefused|connection reset|dns error|deadline exceeded|timed out|14 UNAVAILABLE|failed to connect before the deadline/i;
 
 /**
  * `attempt()` until it succeeds; while it fails in a way `unreachable` says may pass, again after

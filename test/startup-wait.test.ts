@@ -148,3 +148,66 @@ it('the API started while PostgreSQL is away waits for it, then takes usage', as
   expect(rows).toHaveLength(1);
   api.child.kill('SIGTERM');
 }, 120_000);
+
+/**
+ * The suite's Temporal through a proxy that goes away once, for `awayMs`, at a step of the
+ * worker's start: `client`, as the server first answers the worker's second connection (its
+ * client's, opened after the native one); `worker`, as the native connection makes its next call
+ * after that (Worker.create asking about the namespace), which is not let through. Every open
+ * connection is cut, and the port refuses until it comes back.
+ */
+async function temporalGoingAway(cut: { at: 'client' | 'worker'; awayMs: number }): Promise<{ address: string; cutAt: () => number | undefined }> {
+  const port = await freePort();
+  const [host, upstreamPort] = inject('temporalAddress').split(':') as [string, string];
+  const open = new Set<net.Socket>();
+  let connections = 0;
+  let cutAt: number | undefined;
+  const listen = async (): Promise<net.Server> => {
+    const server = net.createServer((client) => {
+      const nth = ++connections;
+      const upstream = net.connect(Number(upstreamPort), host);
+      open.add(client).add(upstream);
+      const end = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      const goAway = () => {
+        if (cutAt !== undefined) return;
+        cutAt = Date.now();
+        server.close();
+        for (const s of open) s.destroy();
+        setTimeout(() => void listen(), cut.awayMs);
+      };
+      if (cut.at === 'client' && nth === 2) upstream.once('data', goAway);
+      client.on('data', (bytes: Buffer) => {
+        if (cut.at === 'worker' && nth === 1 && connections >= 2 && cutAt === undefined) goAway();
+        else upstream.write(bytes);
+      });
+      client.on('error', end).on('end', end);
+      upstream.on('error', end).pipe(client);
+    });
+    proxies.push(server);
+    await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+    return server;
+  };
+  await listen();
+  return { address: `127.0.0.1:${port}`, cutAt: () => cutAt };
+}
+
+// Each outage outlasts what the SDK retries by itself (its client's connect, ~10 s; a call of
+// Worker.create, ~10 s). Before, the worker exited 1 in both: the client's "Failed to connect"
+// was not taken for an unreachable Temporal, and Worker.create was not tried again.
+it.each([
+  { when: 'as its client connects', cut: { at: 'client' as const, awayMs: 12_000 } },
+  { when: 'as Worker.create checks the namespace', cut: { at: 'worker' as const, awayMs: 20_000 } },
+])('Temporal going away $when: the worker waits, then delivers', async ({ cut }) => {
+  const temporal = await temporalGoingAway(cut);
+  const worker = startWorker({ DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: temporal.address, STARTUP_WAIT_MS: '60000' });
+  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 90_000);
+  // The outage fell into the start: the worker could only run once Temporal was back.
+  expect(Date.now()).toBeGreaterThanOrEqual(temporal.cutAt()! + cut.awayMs);
+  const usageId = `startup-${randomUUID()}`;
+  const { entry } = await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 3 }));
+  await waitFor('the event billed', async () => t.stripe.events().some((e) => e.identifier === entry.idempotencyKey), 60_000);
+  worker.child.kill('SIGTERM');
+}, 150_000);

@@ -8,6 +8,7 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Clien
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
 import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
+import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
 export interface UsageEventRef {
@@ -126,7 +127,7 @@ const REFUSED_FOR_GOOD: ReadonlyMap<number, string> = new Map([
 
 /** The gRPC status code of a failed call, from the error or its causes (the SDK wraps it in ServiceError). */
 export function grpcCode(err: unknown): number | undefined {
-  for (let e: unknown = err, depth = 0; e && typeof e === 'object' && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+  for (const e of causes(err)) {
     const code = (e as { code?: unknown }).code;
     if (typeof code === 'number') return code;
   }
@@ -136,7 +137,7 @@ export function grpcCode(err: unknown): number | undefined {
 /** What Temporal said, from the innermost error that has a message (the SDK's outer one is generic). */
 function temporalAnswer(err: unknown): string {
   const parts: string[] = [];
-  for (let e: unknown = err, depth = 0; e && typeof e === 'object' && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+  for (const e of causes(err)) {
     const details = (e as { details?: unknown }).details;
     const message = typeof details === 'string' && details ? details : (e as { message?: unknown }).message;
     if (typeof message === 'string' && message && !parts.includes(message)) parts.push(message);

@@ -133,7 +133,15 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     stopping.abort();
     await Promise.all([notifier.close(), pruner, sweeper]);
   });
-  await ensureRelays(client, config);
+  try {
+    await ensureRelays(client, config);
+  } catch (err) {
+    // Not started after all: the worker already polling is stopped, not left running unowned.
+    stopping.abort();
+    if (worker.getState() === 'RUNNING') worker.shutdown();
+    await done.catch(() => undefined);
+    throw err;
+  }
   deps.log?.info(
     { taskQueue: config.temporal.taskQueue, relays: config.relay.count, stripeCallsPerSecond: config.stripe.rateLimitPerSecond },
     'worker started',
@@ -317,15 +325,17 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
     const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
-    let connection = opts.connection;
-    let client: Client;
-    if (connection) {
-      client = new Client({ connection, namespace: config.temporal.namespace });
-    } else {
+    let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
+    const connect = async () => {
       const own = await untilReachable('Temporal', () => connectTemporal(config.temporal, { tracing: tracing !== undefined }), { ...reach, unreachable: temporalUnreachable });
-      closers.push(() => own.connection.close(), () => own.clientConnection.close());
-      connection = own.connection;
-      client = own.client;
+      let closing: Promise<unknown> | undefined;
+      temporal = { ...own, close: async () => void (await (closing ??= Promise.all([own.connection.close(), own.clientConnection.close()]))) };
+    };
+    if (opts.connection) {
+      temporal = { connection: opts.connection, client: new Client({ connection: opts.connection, namespace: config.temporal.namespace }) };
+    } else {
+      await connect();
+      closers.push(() => temporal.close!());
     }
     const stripe = createStripeClient(config.stripe);
     const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool, schema: schemaFor(config.databaseSchema) }) : undefined);
@@ -340,21 +350,41 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
         runPromise ??= (async () => {
           if (state !== 'starting') throw new Error(`the worker cannot run: it is ${state}`);
           try {
-            starting = startWorker({
-              config,
-              databaseUrl: listenWith,
-              pool,
-              stripe,
-              connection,
-              client,
-              log,
-              metrics,
-              workflowBundle: opts.workflowBundle,
-              workerOptions: opts.workerOptions,
-              tracing,
-            });
+            const start = () =>
+              startWorker({
+                config,
+                databaseUrl: listenWith,
+                pool,
+                stripe,
+                connection: temporal.connection,
+                client: temporal.client,
+                log,
+                metrics,
+                workflowBundle: opts.workflowBundle,
+                workerOptions: opts.workerOptions,
+                tracing,
+              });
+            // Temporal going away after the connection was made and before the worker polls
+            // (Worker.create asks about the namespace, then the relays are started) fails the
+            // start. The SDK keeps a failed Worker.create's registration on its connection, so
+            // with a connection of our own the start is tried again on a new one, waited for
+            // like the first (STARTUP_WAIT_MS); the application's connection is its to mend.
+            let tries = 0;
+            starting = opts.connection
+              ? start()
+              : untilReachable(
+                  'Temporal',
+                  async () => {
+                    if (tries++ > 0) {
+                      await temporal.close!();
+                      await connect();
+                    }
+                    return start();
+                  },
+                  { ...reach, unreachable: temporalUnreachable },
+                );
             running = await starting;
-            if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);
+            if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(temporal.client, config, log);
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
                 log?.info({ signal }, 'shutting down: finishing in-flight activities');
