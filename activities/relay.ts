@@ -37,6 +37,13 @@ export interface RelayDeps {
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
 const MAX_IDLE_WAIT_MS = 5_000;
+/**
+ * A start that failed for a reason that may pass (Temporal away, or busy) is tried again this long
+ * after, not when its claim would lapse (RELAY_CLAIM_TIMEOUT_MS, a minute by default): events
+ * committed during a Temporal outage go out seconds after it ends. Each try of a start already
+ * waits out the client's own retries, so a long outage does not make the relays spin.
+ */
+export const START_RETRY_MS = 5_000;
 /** Under load, how long a woken relay gathers freed lanes before claiming (lanes buffer more than this). */
 const COALESCE_MS = 25;
 /**
@@ -110,7 +117,7 @@ export function createRelayActivities(deps: RelayDeps) {
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the
-    // failure on the row, counted and logged (its claim times out and a relay tries again).
+    // failure on the row, counted and logged (a relay tries again START_RETRY_MS later).
     await Promise.all(
       outcomes.map(async (outcome, i) => {
         const row = rows[i]!;
@@ -145,12 +152,12 @@ export function createRelayActivities(deps: RelayDeps) {
       await markClaimDead(db, schema, row.id, claimId, TemporalErrorCodes.startRefused, `${err.grpcStatus}: ${err.answer}`);
       return;
     }
-    // Left claimed: the claim times out and a relay picks the row up again; the row, the metric and
-    // the log say so meanwhile.
+    // Left claimed until START_RETRY_MS from now, when a relay picks the row up again; the row, the
+    // metric and the log say so meanwhile.
     totals.failedToStart++;
     deps.metrics?.startFailures.inc({ reason: 'transient' });
-    log('failed to start usage workflow; trying again after the claim lapses', { key: row.idempotency_key, error: String(err) });
-    await recordStartFailure(db, schema, row.id, claimId, TemporalErrorCodes.startFailing, String(err)).catch(() => undefined);
+    log('failed to start usage workflow; trying again shortly', { key: row.idempotency_key, retryInMs: START_RETRY_MS, error: String(err) });
+    await recordStartFailure(db, schema, row.id, claimId, TemporalErrorCodes.startFailing, String(err), START_RETRY_MS).catch(() => undefined);
   }
 
   return {

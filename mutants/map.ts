@@ -367,7 +367,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'start-failure-silent',
     guarantee: 'Nothing stuck silently: a start that keeps failing is counted (status, temporal_start_failed on the row)',
-    find: '    await recordStartFailure(db, schema, row.id, claimId, TemporalErrorCodes.startFailing, String(err)).catch(() => undefined);',
+    find: '    await recordStartFailure(db, schema, row.id, claimId, TemporalErrorCodes.startFailing, String(err), START_RETRY_MS).catch(() => undefined);',
     replace: '',
     test: 'test/start-refused.test.ts',
     name: 'is tried again',
@@ -425,7 +425,7 @@ export const MUTANTS: Mutant[] = [
     guarantee: 'A worker started while PostgreSQL or Temporal is away waits for them (`STARTUP_WAIT_MS`), saying so, then delivers',
     find: 'if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;',
     replace: 'throw err;',
-    test: 'test/startup-wait.test.ts',
+    test: 'test/services-away.test.ts',
     name: 'waits for PostgreSQL and then Temporal',
   },
   {
@@ -433,8 +433,16 @@ export const MUTANTS: Mutant[] = [
     guarantee: 'A worker whose Temporal goes away after it connected, before it polls, waits for it, then delivers',
     find: 'starting = opts.connection\n',
     replace: 'starting = true\n',
-    test: 'test/startup-wait.test.ts',
+    test: 'test/services-away.test.ts',
     name: 'as Worker.create checks the namespace',
+  },
+  {
+    id: 'failed-start-waits-for-claim-lapse',
+    guarantee: 'A start that failed for a reason that may pass is tried again seconds later, not when its claim would lapse',
+    find: "processing_deadline = least(processing_deadline, clock_timestamp() + $5::int * interval '1 millisecond')",
+    replace: 'processing_deadline = processing_deadline',
+    test: 'test/start-refused.test.ts',
+    name: 'not when a long claim would lapse',
   },
   {
     id: 'client-connect-failure-not-waited-for',

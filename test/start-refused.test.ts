@@ -7,7 +7,7 @@ import { randomUUID } from 'node:crypto';
 import { Client } from '@temporalio/client';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { Registry } from 'prom-client';
-import { createRelayActivities, type RelayResult } from '../activities/relay.js';
+import { createRelayActivities, START_RETRY_MS, type RelayResult } from '../activities/relay.js';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
@@ -140,6 +140,37 @@ describe('a start that fails for a reason that may pass', () => {
       const { rows: after } = await own.pool.query('SELECT status, last_error_code, last_error_message FROM outbox WHERE idempotency_key = $1', [key]);
       expect(after[0]).toEqual({ status: 'dispatched', last_error_code: null, last_error_message: null });
       expect((await outboxStatus(own.pool, schemaFor(), new Date())).startFailing).toBe(0);
+    } finally {
+      await notifier.close();
+      await own.drop();
+    }
+  });
+
+  it(`is tried again ${START_RETRY_MS / 1000} s after it failed, not when a long claim would lapse`, async () => {
+    const own = await createTestDb();
+    const notifier = new OutboxNotifier(own.url);
+    try {
+      await addCustomer(own.pool, 'acme', 'cus_acme');
+      const r = await withTransaction(own.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 }));
+      const unavailable = Object.assign(new Error('14 UNAVAILABLE: connection refused'), { code: 14, details: 'connection refused', metadata: {} });
+      const failing = { workflow: { start: () => Promise.reject(unavailable) } } as unknown as Client;
+      const longClaims = { ...config, relay: { ...config.relay, claimTimeoutMs: 600_000 } };
+      const relayWith = (client: Client, queue = config.temporal.taskQueue) =>
+        createRelayActivities({ db: own.pool, client, notifier, config: { ...longClaims, temporal: { ...config.temporal, taskQueue: queue } }, runForMs: 1_000 }).relayOutbox;
+
+      await new MockActivityEnvironment().run(relayWith(failing), 'relay-failing');
+      const { rows } = await own.pool.query<{ status: string; in_ms: number }>(
+        'SELECT status, extract(epoch FROM processing_deadline - now()) * 1000 AS in_ms FROM outbox WHERE idempotency_key = $1',
+        [r.entry.idempotencyKey],
+      );
+      expect(rows[0]!.status).toBe('claimed');
+      expect(Number(rows[0]!.in_ms)).toBeLessThanOrEqual(START_RETRY_MS);
+
+      await new Promise((resolve) => setTimeout(resolve, START_RETRY_MS));
+      const working = new Client({ connection: pipeline.connection, namespace: config.temporal.namespace });
+      await new MockActivityEnvironment().run(relayWith(working, `tq-idle-${randomUUID().slice(0, 8)}`), 'relay-working');
+      const { rows: after } = await own.pool.query('SELECT status FROM outbox WHERE idempotency_key = $1', [r.entry.idempotencyKey]);
+      expect(after[0]).toEqual({ status: 'dispatched' });
     } finally {
       await notifier.close();
       await own.drop();

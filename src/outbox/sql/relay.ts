@@ -201,14 +201,17 @@ export async function markClaimDead(db: Queryable, schema: Schema, id: number, c
 }
 
 /**
- * A claimed row whose start failed for a reason that may pass: it stays claimed (its claim times out
- * and a relay tries again), and says why on the row, so `status` counts it and `inspect` shows it.
- * Cleared when a start succeeds (markDispatched).
+ * A claimed row whose start failed for a reason that may pass: it stays claimed and says why on the
+ * row, so `status` counts it and `inspect` shows it; its claim now lapses `retryInMs` from now (or
+ * sooner, if it was to), and a relay tries again then. Cleared when a start succeeds
+ * (markDispatched).
  */
-export async function recordStartFailure(db: Queryable, schema: Schema, id: number, claimId: string, code: string, message: string): Promise<void> {
+export async function recordStartFailure(db: Queryable, schema: Schema, id: number, claimId: string, code: string, message: string, retryInMs: number): Promise<void> {
   await db.query(
-    `UPDATE ${schema.outbox} SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
+    `UPDATE ${schema.outbox}
+        SET last_error_code = $3::text, last_error_message = $4::text, updated_at = now(),
+            processing_deadline = least(processing_deadline, clock_timestamp() + $5::int * interval '1 millisecond')
       WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'`,
-    [id, claimId, code, message.slice(0, 1000)],
+    [id, claimId, code, message.slice(0, 1000), retryInMs],
   );
 }

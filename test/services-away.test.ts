@@ -1,13 +1,14 @@
 /**
- * A worker process started while PostgreSQL and Temporal are away (both restarting in a deploy)
- * waits for them, saying so, and then delivers (the API likewise waits for PostgreSQL, then takes
- * usage); one whose services stay away gives up after
- * STARTUP_WAIT_MS with the reason; one pointed at a database that does not exist fails at
- * once, without waiting. Found by the chaos runner: a worker restarted during a Temporal restart
- * exited at once (code 1) and stayed down until something started it again.
+ * Worker processes while PostgreSQL or Temporal is away. One started while both are (restarting in
+ * a deploy) waits for them, saying so, and then delivers (the API likewise waits for PostgreSQL,
+ * then takes usage), and so does one whose Temporal goes away in the middle of its start; one whose
+ * services stay away gives up after STARTUP_WAIT_MS with the reason; one pointed at a database that
+ * does not exist fails at once, without waiting. Found by the chaos runner: a worker restarted
+ * during a Temporal restart exited at once (code 1) and stayed down until something started it
+ * again. A running worker rides out a Temporal outage longer than the SDK's own retries.
  *
- * "Away" is a port nobody listens on yet; "back" is a plain TCP proxy opened on that port to the
- * suite's real PostgreSQL and Temporal.
+ * "Away" is a port nobody listens on yet, or a plain TCP proxy to the suite's real PostgreSQL and
+ * Temporal that cuts every connection and refuses new ones for a while.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -150,33 +151,34 @@ it('the API started while PostgreSQL is away waits for it, then takes usage', as
 }, 120_000);
 
 /**
- * The suite's Temporal through a proxy that goes away once, for `awayMs`, at a step of the
- * worker's start: `client`, as the server first answers the worker's second connection (its
- * client's, opened after the native one); `worker`, as the native connection makes its next call
- * after that (Worker.create asking about the namespace), which is not let through. Every open
- * connection is cut, and the port refuses until it comes back.
+ * The suite's Temporal through a proxy that can go away once, for `awayMs`: when the test says
+ * (`goAway`), or at a step of the worker's start: `client`, as the server first answers the
+ * worker's second connection (its client's, opened after the native one); `worker`, as the native
+ * connection makes its next call after that (Worker.create asking about the namespace), which is
+ * not let through. Every open connection is cut, and the port refuses until it comes back.
  */
-async function temporalGoingAway(cut: { at: 'client' | 'worker'; awayMs: number }): Promise<{ address: string; cutAt: () => number | undefined }> {
+async function temporalThatGoesAway(cut: { at?: 'client' | 'worker'; awayMs: number }): Promise<{ address: string; goAway: () => void; cutAt: () => number | undefined }> {
   const port = await freePort();
   const [host, upstreamPort] = inject('temporalAddress').split(':') as [string, string];
   const open = new Set<net.Socket>();
   let connections = 0;
   let cutAt: number | undefined;
-  const listen = async (): Promise<net.Server> => {
-    const server = net.createServer((client) => {
+  let server: net.Server;
+  const goAway = () => {
+    if (cutAt !== undefined) return;
+    cutAt = Date.now();
+    server.close();
+    for (const s of open) s.destroy();
+    setTimeout(() => void listen(), cut.awayMs);
+  };
+  const listen = async (): Promise<void> => {
+    server = net.createServer((client) => {
       const nth = ++connections;
       const upstream = net.connect(Number(upstreamPort), host);
       open.add(client).add(upstream);
       const end = () => {
         client.destroy();
         upstream.destroy();
-      };
-      const goAway = () => {
-        if (cutAt !== undefined) return;
-        cutAt = Date.now();
-        server.close();
-        for (const s of open) s.destroy();
-        setTimeout(() => void listen(), cut.awayMs);
       };
       if (cut.at === 'client' && nth === 2) upstream.once('data', goAway);
       client.on('data', (bytes: Buffer) => {
@@ -188,10 +190,9 @@ async function temporalGoingAway(cut: { at: 'client' | 'worker'; awayMs: number 
     });
     proxies.push(server);
     await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
-    return server;
   };
   await listen();
-  return { address: `127.0.0.1:${port}`, cutAt: () => cutAt };
+  return { address: `127.0.0.1:${port}`, goAway, cutAt: () => cutAt };
 }
 
 // Each outage outlasts what the SDK retries by itself (its client's connect, ~10 s; a call of
@@ -201,7 +202,7 @@ it.each([
   { when: 'as its client connects', cut: { at: 'client' as const, awayMs: 12_000 } },
   { when: 'as Worker.create checks the namespace', cut: { at: 'worker' as const, awayMs: 20_000 } },
 ])('Temporal going away $when: the worker waits, then delivers', async ({ cut }) => {
-  const temporal = await temporalGoingAway(cut);
+  const temporal = await temporalThatGoesAway(cut);
   const worker = startWorker({ DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: temporal.address, STARTUP_WAIT_MS: '60000' });
   await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 90_000);
   // The outage fell into the start: the worker could only run once Temporal was back.
@@ -211,3 +212,34 @@ it.each([
   await waitFor('the event billed', async () => t.stripe.events().some((e) => e.identifier === entry.idempotencyKey), 60_000);
   worker.child.kill('SIGTERM');
 }, 150_000);
+
+// Past every retry of the SDK's own (a call: ~10 s), with a Stripe call under way as it went: the
+// worker keeps running, the event whose call was in flight is billed once, and the one committed
+// while Temporal was away is billed once it is back.
+it('a running worker through a 15-s Temporal outage: still running, nothing lost or billed twice', async () => {
+  const temporal = await temporalThatGoesAway({ awayMs: 15_000 });
+  const worker = startWorker({ DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: temporal.address });
+  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 90_000);
+  const record = async (usageId: string) => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 5 }))).entry.idempotencyKey;
+  const warm = await record(`outage-warm-${randomUUID()}`);
+  await waitFor('the first event billed', async () => t.stripe.events().some((e) => e.identifier === warm), 60_000);
+
+  t.stripe.setLatency(3_000);
+  const inFlight = await record(`outage-in-flight-${randomUUID()}`);
+  await waitFor('its Stripe call under way', async () => t.stripe.callsInFlight() > 0, 30_000);
+  temporal.goAway();
+  const during = await record(`outage-during-${randomUUID()}`);
+  await new Promise((r) => setTimeout(r, 5_000));
+  t.stripe.setLatency(0);
+
+  for (const key of [inFlight, during]) {
+    await waitFor(`${key} billed and its row sent`, async () => {
+      const { rows } = await t.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key]);
+      return rows[0]?.status === 'sent' || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output())));
+    }, 120_000);
+    expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
+  }
+  expect(Date.now()).toBeGreaterThanOrEqual(temporal.cutAt()! + 15_000);
+  expect(worker.child.exitCode).toBeNull();
+  worker.child.kill('SIGTERM');
+}, 240_000);
