@@ -10,53 +10,24 @@
  * "Away" is a port nobody listens on yet, or a plain TCP proxy to the suite's real PostgreSQL and
  * Temporal that cuts every connection and refuses new ones for a while.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import net from 'node:net';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
 import { freePort } from '../src/embedded/postgres.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
+import { cleanUpAway, goingAway, proxy, startProcess, untilSaid } from './away.js';
 import { usePipeline, waitFor } from './hooks.js';
 
 const ENV = { STRIPE_API_KEY: 'sk_test_startup', RELAY_COUNT: '1', LOG_LEVEL: 'info' };
 const t = usePipeline({ customers: { a: 'cus_a' }, stripe: { meters: ['api_requests'] }, env: ENV, worker: false });
 let env: Record<string, string>;
-const children: ChildProcess[] = [];
-const proxies: net.Server[] = [];
 
 beforeAll(() => {
   env = { ...ENV, TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue, STRIPE_API_BASE: t.stripe.url };
 });
+afterAll(cleanUpAway);
 
-afterAll(async () => {
-  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
-  await Promise.all(proxies.map((p) => new Promise((r) => p.close(r))));
-});
-
-/** The worker as `npm run worker` runs it (or the API, `npm run api`), its output gathered. */
-function startWorker(extra: Record<string, string>, script = 'src/bin/worker.ts'): { child: ChildProcess; output: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', script], { env: { ...process.env, ...env, ...extra }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  let out = '';
-  child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
-  child.stderr!.on('data', (b: Buffer) => (out += b.toString()));
-  return { child, output: () => out };
-}
-
-/** Opens `port` and forwards every connection to `target`, both ways. */
-async function proxy(port: number, target: { host: string; port: number }): Promise<void> {
-  const server = net.createServer((client) => {
-    const upstream = net.connect(target.port, target.host);
-    const end = () => {
-      client.destroy();
-      upstream.destroy();
-    };
-    client.on('error', end).pipe(upstream).on('error', end).pipe(client);
-  });
-  proxies.push(server);
-  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
-}
+const startWorker = (extra: Record<string, string>, script?: string) => startProcess({ ...env, ...extra }, script);
 
 /** A URL of the suite's PostgreSQL through a port nobody listens on yet, and the proxy that opens it. */
 async function postgresAway(): Promise<{ url: string; comeBack: () => Promise<void> }> {
@@ -73,17 +44,17 @@ it('waits for PostgreSQL and then Temporal to come back, saying so, then deliver
   const temporalPort = await freePort();
   const worker = startWorker({ DATABASE_URL: postgres.url, TEMPORAL_ADDRESS: `127.0.0.1:${temporalPort}`, STARTUP_WAIT_MS: '60000' });
 
-  await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
+  await untilSaid(worker, 'PostgreSQL cannot be reached yet', 30_000);
   await new Promise((r) => setTimeout(r, 2_000));
   expect(worker.child.exitCode).toBeNull();
   await postgres.comeBack();
 
-  await waitFor('a try at Temporal', async () => /Temporal cannot be reached yet/.test(worker.output()) || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 30_000);
+  await untilSaid(worker, 'Temporal cannot be reached yet', 30_000);
   expect(worker.child.exitCode).toBeNull();
   const [host, port] = inject('temporalAddress').split(':') as [string, string];
   await proxy(temporalPort, { host, port: Number(port) });
 
-  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 60_000);
+  await untilSaid(worker, 'worker running', 60_000);
   const usageId = `startup-${randomUUID()}`;
   const { entry } = await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 3 }));
   await waitFor('the event billed', async () => t.stripe.events().some((e) => e.identifier === entry.idempotencyKey), 60_000);
@@ -134,10 +105,10 @@ it('the API started while PostgreSQL is away waits for it, then takes usage', as
     },
     'src/bin/api.ts',
   );
-  await waitFor('a try at PostgreSQL', async () => /PostgreSQL cannot be reached yet/.test(api.output()) || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 30_000);
+  await untilSaid(api, 'PostgreSQL cannot be reached yet', 30_000);
   expect(api.child.exitCode).toBeNull();
   await postgres.comeBack();
-  await waitFor('the API to listen', async () => api.output().includes('API listening') || (api.child.exitCode !== null && Promise.reject(new Error(api.output()))), 60_000);
+  await untilSaid(api, 'API listening', 60_000);
   const usageId = `startup-api-${randomUUID()}`;
   const res = await fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
     method: 'POST',
@@ -150,49 +121,11 @@ it('the API started while PostgreSQL is away waits for it, then takes usage', as
   api.child.kill('SIGTERM');
 }, 120_000);
 
-/**
- * The suite's Temporal through a proxy that can go away once, for `awayMs`: when the test says
- * (`goAway`), or at a step of the worker's start: `client`, as the server first answers the
- * worker's second connection (its client's, opened after the native one); `worker`, as the native
- * connection makes its next call after that (Worker.create asking about the namespace), which is
- * not let through. Every open connection is cut, and the port refuses until it comes back.
- */
-async function temporalThatGoesAway(cut: { at?: 'client' | 'worker'; awayMs: number }): Promise<{ address: string; goAway: () => void; cutAt: () => number | undefined }> {
-  const port = await freePort();
-  const [host, upstreamPort] = inject('temporalAddress').split(':') as [string, string];
-  const open = new Set<net.Socket>();
-  let connections = 0;
-  let cutAt: number | undefined;
-  let server: net.Server;
-  const goAway = () => {
-    if (cutAt !== undefined) return;
-    cutAt = Date.now();
-    server.close();
-    for (const s of open) s.destroy();
-    setTimeout(() => void listen(), cut.awayMs);
-  };
-  const listen = async (): Promise<void> => {
-    server = net.createServer((client) => {
-      const nth = ++connections;
-      const upstream = net.connect(Number(upstreamPort), host);
-      open.add(client).add(upstream);
-      const end = () => {
-        client.destroy();
-        upstream.destroy();
-      };
-      if (cut.at === 'client' && nth === 2) upstream.once('data', goAway);
-      client.on('data', (bytes: Buffer) => {
-        if (cut.at === 'worker' && nth === 1 && connections >= 2 && cutAt === undefined) goAway();
-        else upstream.write(bytes);
-      });
-      client.on('error', end).on('end', end);
-      upstream.on('error', end).pipe(client);
-    });
-    proxies.push(server);
-    await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
-  };
-  await listen();
-  return { address: `127.0.0.1:${port}`, goAway, cutAt: () => cutAt };
+/** The suite's Temporal behind a proxy that goes away once (away.ts). */
+async function temporalGoingAway(cut: { at?: 'client' | 'worker'; awayMs: number }) {
+  const [host, port] = inject('temporalAddress').split(':') as [string, string];
+  const away = await goingAway(await freePort(), { host, port: Number(port) }, cut);
+  return { ...away, address: `127.0.0.1:${away.port}` };
 }
 
 // Each outage outlasts what the SDK retries by itself (its client's connect, ~10 s; a call of
@@ -202,9 +135,9 @@ it.each([
   { when: 'as its client connects', cut: { at: 'client' as const, awayMs: 12_000 } },
   { when: 'as Worker.create checks the namespace', cut: { at: 'worker' as const, awayMs: 20_000 } },
 ])('Temporal going away $when: the worker waits, then delivers', async ({ cut }) => {
-  const temporal = await temporalThatGoesAway(cut);
+  const temporal = await temporalGoingAway(cut);
   const worker = startWorker({ DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: temporal.address, STARTUP_WAIT_MS: '60000' });
-  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 90_000);
+  await untilSaid(worker, 'worker running', 90_000);
   // The outage fell into the start: the worker could only run once Temporal was back.
   expect(Date.now()).toBeGreaterThanOrEqual(temporal.cutAt()! + cut.awayMs);
   const usageId = `startup-${randomUUID()}`;
@@ -212,34 +145,3 @@ it.each([
   await waitFor('the event billed', async () => t.stripe.events().some((e) => e.identifier === entry.idempotencyKey), 60_000);
   worker.child.kill('SIGTERM');
 }, 150_000);
-
-// Past every retry of the SDK's own (a call: ~10 s), with a Stripe call under way as it went: the
-// worker keeps running, the event whose call was in flight is billed once, and the one committed
-// while Temporal was away is billed once it is back.
-it('a running worker through a 15-s Temporal outage: still running, nothing lost or billed twice', async () => {
-  const temporal = await temporalThatGoesAway({ awayMs: 15_000 });
-  const worker = startWorker({ DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: temporal.address });
-  await waitFor('the worker to run', async () => worker.output().includes('worker running') || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 90_000);
-  const record = async (usageId: string) => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 5 }))).entry.idempotencyKey;
-  const warm = await record(`outage-warm-${randomUUID()}`);
-  await waitFor('the first event billed', async () => t.stripe.events().some((e) => e.identifier === warm), 60_000);
-
-  t.stripe.setLatency(3_000);
-  const inFlight = await record(`outage-in-flight-${randomUUID()}`);
-  await waitFor('its Stripe call under way', async () => t.stripe.callsInFlight() > 0, 30_000);
-  temporal.goAway();
-  const during = await record(`outage-during-${randomUUID()}`);
-  await new Promise((r) => setTimeout(r, 5_000));
-  t.stripe.setLatency(0);
-
-  for (const key of [inFlight, during]) {
-    await waitFor(`${key} billed and its row sent`, async () => {
-      const { rows } = await t.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key]);
-      return rows[0]?.status === 'sent' || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output())));
-    }, 120_000);
-    expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
-  }
-  expect(Date.now()).toBeGreaterThanOrEqual(temporal.cutAt()! + 15_000);
-  expect(worker.child.exitCode).toBeNull();
-  worker.child.kill('SIGTERM');
-}, 240_000);

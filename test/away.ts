@@ -1,0 +1,103 @@
+/**
+ * Worker and API processes as `npm run worker` / `npm run api` start them, and the services they
+ * need going away under them: a port nobody listens on yet, or a plain TCP proxy to the suite's
+ * real PostgreSQL or Temporal that cuts every connection and refuses new ones for a while. Used by
+ * services-away.test.ts (starting) and running-outages.test.ts (running). A file that uses them
+ * calls `afterAll(cleanUpAway)`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import net from 'node:net';
+import { waitFor } from './helpers.js';
+
+const children: ChildProcess[] = [];
+const proxies: net.Server[] = [];
+
+export interface ProductProcess {
+  child: ChildProcess;
+  output: () => string;
+}
+
+/** The worker (or, with its script, the API) with `env` on top of this process's, its output gathered. */
+export function startProcess(env: Record<string, string>, script = 'src/bin/worker.ts'): ProductProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let out = '';
+  child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+  child.stderr!.on('data', (b: Buffer) => (out += b.toString()));
+  return { child, output: () => out };
+}
+
+/** Waits until the process has said `text`; fails with its output if it exits first. */
+export function untilSaid(p: ProductProcess, text: string | RegExp, timeoutMs: number): Promise<true> {
+  const said = () => (typeof text === 'string' ? p.output().includes(text) : text.test(p.output()));
+  return waitFor(`the process to say ${String(text)}`, async () => said() || (p.child.exitCode !== null && Promise.reject(new Error(p.output()))), timeoutMs);
+}
+
+export async function cleanUpAway(): Promise<void> {
+  for (const c of children.splice(0)) if (c.exitCode === null) c.kill('SIGKILL');
+  await Promise.all(proxies.splice(0).map((p) => new Promise((r) => p.close(r))));
+}
+
+/** Opens `port` and forwards every connection to `target`, both ways. */
+export async function proxy(port: number, target: { host: string; port: number }): Promise<void> {
+  const server = net.createServer((client) => {
+    const upstream = net.connect(target.port, target.host);
+    const end = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end).pipe(upstream).on('error', end).pipe(client);
+  });
+  proxies.push(server);
+  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+}
+
+export interface GoingAway {
+  port: number;
+  /** Cuts every connection now and refuses new ones for `awayMs` (once). */
+  goAway: () => void;
+  cutAt: () => number | undefined;
+}
+
+/**
+ * A proxy on a free `port` to `target` that can go away once, for `awayMs`: when the test says
+ * (`goAway`), or, in front of Temporal, at a step of a worker's start: `client`, as the server
+ * first answers the worker's second connection (its client's, opened after the native one);
+ * `worker`, as the native connection makes its next call after that (Worker.create asking about
+ * the namespace), which is not let through.
+ */
+export async function goingAway(port: number, target: { host: string; port: number }, cut: { at?: 'client' | 'worker'; awayMs: number }): Promise<GoingAway> {
+  const open = new Set<net.Socket>();
+  let connections = 0;
+  let cutAt: number | undefined;
+  let server: net.Server;
+  const goAway = () => {
+    if (cutAt !== undefined) return;
+    cutAt = Date.now();
+    server.close();
+    for (const s of open) s.destroy();
+    setTimeout(() => void listen(), cut.awayMs);
+  };
+  const listen = async (): Promise<void> => {
+    server = net.createServer((client) => {
+      const nth = ++connections;
+      const upstream = net.connect(target.port, target.host);
+      open.add(client).add(upstream);
+      const end = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      if (cut.at === 'client' && nth === 2) upstream.once('data', goAway);
+      client.on('data', (bytes: Buffer) => {
+        if (cut.at === 'worker' && nth === 1 && connections >= 2 && cutAt === undefined) goAway();
+        else upstream.write(bytes);
+      });
+      client.on('error', end).on('end', end);
+      upstream.on('error', end).pipe(client);
+    });
+    proxies.push(server);
+    await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+  };
+  await listen();
+  return { port, goAway, cutAt: () => cutAt };
+}
