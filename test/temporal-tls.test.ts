@@ -12,6 +12,7 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
+import { temporalUnreachable } from '../src/reachable.js';
 import { connectClient, connectTemporal, TemporalConnectionError } from '../src/temporal/connection.js';
 import './provided.js';
 
@@ -114,6 +115,19 @@ describe('Temporal over TLS', () => {
       const err = await connectTemporal(config.temporal).catch((e: unknown) => e);
       expect(err, JSON.stringify(env)).toBeInstanceOf(TemporalConnectionError);
       expect((err as Error).message).toContain('TEMPORAL_TLS_CERT_FILE and TEMPORAL_TLS_KEY_FILE (if the server requires a client certificate)');
+    }
+  });
+
+  it('a TLS mistake is not taken for a Temporal that is away: a starting worker fails at once, with the hint', async () => {
+    for (const env of [
+      { TEMPORAL_TLS_CA_FILE: file('wrong-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('worker.pem'), TEMPORAL_TLS_KEY_FILE: file('worker.key') },
+      { TEMPORAL_TLS_CA_FILE: file('server-ca.pem') },
+      { TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('stranger.pem'), TEMPORAL_TLS_KEY_FILE: file('stranger.key') },
+      {},
+    ] as Record<string, string>[]) {
+      const err = await connectTemporal(configWith(env).temporal).catch((e: unknown) => e);
+      expect(err, JSON.stringify(env)).toBeInstanceOf(TemporalConnectionError);
+      expect(temporalUnreachable(err), `${JSON.stringify(env)}: ${String(err)}`).toBe(false);
     }
   });
 
