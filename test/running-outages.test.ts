@@ -37,7 +37,9 @@ it.each([
   { service: 'PostgreSQL' as const, awayMs: 20_000 },
 ])('a running worker through a $awayMs ms $service outage: still running, nothing lost or billed twice', async ({ service, awayMs }) => {
   const { env, away } = await workerBehind(service, awayMs);
-  const worker = startProcess({ ...ENV, ...env, TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue, STRIPE_API_BASE: t.stripe.url });
+  const httpPort = await freePort();
+  const worker = startProcess({ ...ENV, ...env, TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue, STRIPE_API_BASE: t.stripe.url, WORKER_METRICS_PORT: String(httpPort) });
+  const health = async () => (await fetch(`http://127.0.0.1:${httpPort}/health`)).json();
   await untilSaid(worker, 'worker running', 90_000);
   const record = async (usageId: string) => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 'a', quantity: 5 }))).entry.idempotencyKey;
   const warm = await record(`outage-warm-${randomUUID()}`);
@@ -49,6 +51,12 @@ it.each([
   away.goAway();
   const during = await record(`outage-during-${randomUUID()}`);
   await new Promise((r) => setTimeout(r, 5_000));
+  // GET /health says which service is away; Temporal away leaves the worker `ok`: it waits it out.
+  expect(await health()).toMatchObject(
+    service === 'Temporal'
+      ? { status: 'ok', worker: 'running', postgres: 'ok', temporal: expect.stringMatching(/^(error|timeout)$/) }
+      : { status: 'unavailable', worker: 'running', postgres: expect.stringMatching(/^(error|timeout)$/), temporal: 'ok' },
+  );
   t.stripe.setLatency(0);
 
   for (const key of [inFlight, during]) {
@@ -59,6 +67,9 @@ it.each([
     expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
   }
   expect(Date.now()).toBeGreaterThanOrEqual(away.cutAt()! + awayMs);
+  // Both answer again (within the health connection's short reconnect backoff).
+  await waitFor('GET /health to see both back', async () => (await health()).temporal === 'ok', 15_000, 500);
+  expect(await health()).toMatchObject({ status: 'ok', worker: 'running', postgres: 'ok', temporal: 'ok' });
   expect(worker.child.exitCode).toBeNull();
   worker.child.kill('SIGTERM');
 }, 240_000);

@@ -73,7 +73,7 @@ describe('createWorker', () => {
 
     const health = await fetch(`${worker.url}/health`);
     expect(health.status).toBe(200);
-    expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', postgres: 'ok', taskQueue: worker.taskQueue });
+    expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', postgres: 'ok', temporal: 'ok', taskQueue: worker.taskQueue });
     expect((await fetch(`${worker.url}/metrics`)).status).toBe(200);
 
     await worker.shutdown();

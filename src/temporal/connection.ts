@@ -62,9 +62,18 @@ export async function connectClient(temporal: TemporalConfig): Promise<Connectio
   }
 }
 
-/** For health probes: lazy (the API starts while Temporal is away) and without the retry interceptor. */
+/**
+ * For health probes: lazy (the API starts while Temporal is away) and without the retry
+ * interceptor. Its reconnect backoff stays short: gRPC's grows to two minutes while the server is
+ * away, and a probe meanwhile fails at once, so /health would say Temporal is away for up to two
+ * minutes after it came back.
+ */
 export function lazyHealthConnection(temporal: TemporalConfig): Connection {
-  return Connection.lazy({ ...connectionOptions(temporal), interceptors: [] });
+  return Connection.lazy({
+    ...connectionOptions(temporal),
+    interceptors: [],
+    channelArgs: { 'grpc.initial_reconnect_backoff_ms': 500, 'grpc.max_reconnect_backoff_ms': 2_000 },
+  });
 }
 
 /** One gRPC connection for the client (starting workflows) and one native one for the worker. */

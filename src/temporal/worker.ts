@@ -11,7 +11,7 @@ import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
-import { checkHealth, type ProbeResult } from '../api/health.js';
+import { checkHealth, temporalHealthConnection, type ProbeResult } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
 import { createPool, migrate, withPgTypes } from '../db.js';
 import type { Logger } from '../log.js';
@@ -240,6 +240,12 @@ export interface WorkerHealth {
   /** starting: not yet `run()`; stopping: shutdown under way (in-flight activities draining). */
   worker: 'starting' | 'running' | 'stopping' | 'stopped' | 'failed';
   postgres: ProbeResult;
+  /**
+   * Whether Temporal answers, for whoever looks: not part of `status`. A running worker rides out
+   * Temporal's outages (its polls and starts are tried again), and a probe that restarts unhealthy
+   * processes would only replace waiting workers with starting ones.
+   */
+  temporal: ProbeResult;
   taskQueue: string;
 }
 
@@ -339,12 +345,17 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     }
     const stripe = createStripeClient(config.stripe);
     const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool, schema: schemaFor(config.databaseSchema) }) : undefined);
+    // Lazy: it connects on the first probe.
+    const healthConnection = temporalHealthConnection(config.temporal);
+    closers.push(() => healthConnection.close());
     const handle: WorkerHandle = {
       taskQueue: config.temporal.taskQueue,
       url: undefined,
       async health() {
-        const { postgres } = await checkHealth({ db: pool, log: log ?? { warn: () => undefined } }, opts.healthTimeoutMs ?? 2_000);
-        return { status: state === 'running' && postgres === 'ok' ? 'ok' : 'unavailable', worker: state, postgres, taskQueue: config.temporal.taskQueue };
+        const probed = await checkHealth({ db: pool, temporal: healthConnection, log: log ?? { warn: () => undefined } }, opts.healthTimeoutMs ?? 2_000);
+        const { postgres } = probed;
+        const temporal = probed.temporal === 'not_configured' ? 'error' : probed.temporal;
+        return { status: state === 'running' && postgres === 'ok' ? 'ok' : 'unavailable', worker: state, postgres, temporal, taskQueue: config.temporal.taskQueue };
       },
       run() {
         runPromise ??= (async () => {
