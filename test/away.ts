@@ -38,18 +38,9 @@ export async function cleanUpAway(): Promise<void> {
   await Promise.all(proxies.splice(0).map((p) => new Promise((r) => p.close(r))));
 }
 
-/** Opens `port` and forwards every connection to `target`, both ways. */
+/** Opens `port` and forwards every connection to `target`, both ways (a proxy never told to go away). */
 export async function proxy(port: number, target: { host: string; port: number }): Promise<void> {
-  const server = net.createServer((client) => {
-    const upstream = net.connect(target.port, target.host);
-    const end = () => {
-      client.destroy();
-      upstream.destroy();
-    };
-    client.on('error', end).pipe(upstream).on('error', end).pipe(client);
-  });
-  proxies.push(server);
-  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+  await goingAway(port, target, { awayMs: 0 });
 }
 
 export interface GoingAway {
