@@ -15,6 +15,7 @@ import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
+import { LaneWindow } from '../src/outbox/lane-window.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
@@ -97,6 +98,10 @@ export function createRelayActivities(deps: RelayDeps) {
   // waits in the outbox, where the claim serves tenants in turn, so a busy customer takes what the
   // others leave of each batch, never their place.
   const laneMax = config.lanes.maxInFlight;
+  // What each lane may have in flight now, shared by this process's relays: all of laneMax unless
+  // a busy lane's load is slowing quiet lanes (LaneWindow).
+  const laneWindow = new LaneWindow(laneMax);
+  deps.metrics?.laneWindow.set(laneWindow.size);
 
   /**
    * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it
@@ -106,7 +111,7 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; startMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax });
+    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0, startMs: 0 };
@@ -114,6 +119,11 @@ export function createRelayActivities(deps: RelayDeps) {
     const startedAt = performance.now();
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const startMs = performance.now() - startedAt;
+    const window = laneWindow.afterBatch(
+      { quiet: rows.some((row) => row.lane_in_flight === 0 && !row.lane_held), held: rows.some((row) => row.lane_held), startMs },
+      performance.now(),
+    );
+    deps.metrics?.laneWindow.set(window);
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the

@@ -69,6 +69,11 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
     registers,
   });
+  const laneWindow = new Gauge({
+    name: 'billing_outbox_relay_lane_window',
+    help: "Events each lane may have in flight in this process's next claim: LANE_MAX_IN_FLIGHT, less while quiet tenants' events are claimed beside a busy lane and Temporal starts workflows slowly.",
+    registers,
+  });
   const commitToAck = new Histogram({
     name: 'billing_outbox_commit_to_ack_seconds',
     help: 'From the outbox row being committed to Stripe acknowledging the event.',
@@ -181,6 +186,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     stripeClockSkew,
     prunedRows,
     claimBatchSize,
+    laneWindow,
     claimDuration,
     commitToAck,
     outboxRows,
@@ -210,7 +216,7 @@ export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'com
 /** What the reconcile activity records. */
 export type ReconcileMetrics = Pick<Metrics, 'reconcileDrift' | 'reconcileLastSuccess' | 'reconcileDriftingCustomers'>;
 /** What the relay activity records. */
-export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'startFailures' | 'closedRuns'>;
+export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'laneWindow' | 'startFailures' | 'closedRuns'>;
 
 export interface MetricsServer {
   url: string;

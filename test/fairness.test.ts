@@ -86,6 +86,33 @@ describe('a fair claim', () => {
     expect(await claimBatch(t.pool, t.schema, options(4))).toEqual([]);
   });
 
+  it("tells the relay which lanes were quiet and which were held back (the lane window's signals)", async () => {
+    await flood();
+    const first = await claimBatch(t.pool, t.schema, options(4));
+    // The others: nothing in flight, nothing more waiting. The flood: nothing in flight yet, 4,996 more.
+    for (const row of first) {
+      expect(row.lane_in_flight).toBe(0);
+      expect(row.lane_held).toBe(row.tenant_id === 'flood');
+    }
+    // Two of the flood's four finish, and one more event of a quiet tenant arrives.
+    const done = first.filter((r) => r.tenant_id === 'flood').slice(0, 2).map((r) => r.id);
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE id = ANY($1::bigint[])`, [done]);
+    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) VALUES ('quiet1', 'api_requests', 1, now(), $1)`, [randomUUID()]);
+    const second = await claimBatch(t.pool, t.schema, options(4));
+    const byTenant = Object.fromEntries(['flood', 'quiet1'].map((x) => [x, second.filter((r) => r.tenant_id === x).map((r) => [r.lane_in_flight, r.lane_held])]));
+    expect(byTenant).toEqual({ flood: [[2, true], [2, true]], quiet1: [[1, false]] });
+    // The batch holds a lane back too: one row of a lane of two at a batch of one.
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed', 'dispatched')`);
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) SELECT 'quiet2', 'api_requests', 1, now(), $1 || g FROM generate_series(1, 2) g`,
+      [randomUUID()],
+    );
+    const one = await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 });
+    expect(one.map((r) => [r.tenant_id, r.lane_in_flight, r.lane_held])).toEqual([['quiet2', 0, true]]);
+    const last = await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 });
+    expect(last.map((r) => [r.tenant_id, r.lane_in_flight, r.lane_held])).toEqual([['quiet2', 1, false]]);
+  });
+
   it('reads at most a batch of any lane: the plan of the statement the relay sends, run', async () => {
     await flood();
     // 21 lanes found, at most 50 rows of each read, 50 locked and updated: a few hundred, not 5,000,

@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
-import type { ApiToken } from '../src/config.js';
+import { CALL_LANE_MAX_IN_FLIGHT, type ApiToken } from '../src/config.js';
 import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
@@ -177,6 +177,9 @@ describe('counters after real deliveries', () => {
     expect(sample(text, 'billing_outbox_relay_claim_batch_size_count')).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'billing_outbox_relay_claim_batch_size_sum')).toBeGreaterThanOrEqual(5);
     expect(sample(text, 'billing_outbox_relay_claim_duration_seconds_count')).toBeGreaterThanOrEqual(sample(text, 'billing_outbox_relay_claim_batch_size_count')!);
+    // One tenant's events one at a time: quiet lanes, nothing held, so the window is anywhere between its floor and the lane.
+    expect(sample(text, 'billing_outbox_relay_lane_window')).toBeGreaterThanOrEqual(1);
+    expect(sample(text, 'billing_outbox_relay_lane_window')).toBeLessThanOrEqual(CALL_LANE_MAX_IN_FLIGHT);
     expect(sample(text, 'billing_outbox_rows', '{status="sent"}')).toBeGreaterThanOrEqual(5);
     expect(sample(text, 'billing_outbox_oldest_pending_age_seconds')).toBe(0);
   });

@@ -18,6 +18,10 @@ export interface ClaimedRow {
   occurred_at: Date;
   /** The W3C traceparent the row was recorded under (src/tracing.ts), or null. */
   trace_parent: string | null;
+  /** What the row's lane had in flight (claimed or dispatched) before this claim. */
+  lane_in_flight: number;
+  /** Whether the row's lane had more claimable rows than its room (or the batch) let this claim take. */
+  lane_held: boolean;
 }
 
 /**
@@ -124,14 +128,19 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
      ), room AS (
        -- Never more than the batch from one lane: a lane's backlog beyond that is not read. What
        -- the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
-       SELECT l.tenant_id, l.event_name,
-              least($1::int, $6::int - (SELECT count(*) FROM ${schema.outbox} f
-                     WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
-                       AND f.status = ANY($7::text[])
-                       AND (f.status = 'dispatched' OR f.processing_deadline >= now()))::int) AS free
-         FROM lanes l
+       SELECT l.tenant_id, l.event_name, least($1::int, $6::int - n.in_flight) AS free, n.in_flight
+         FROM lanes l, LATERAL (
+           SELECT count(*)::int AS in_flight FROM ${schema.outbox} f
+            WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
+              AND f.status = ANY($7::text[])
+              AND (f.status = 'dispatched' OR f.processing_deadline >= now())) n
      ), candidates AS (
-       SELECT c.id, r.tenant_id FROM room r, LATERAL (
+       -- One row past a lane's room is read, to tell a lane that had more (held back: a backlog)
+       -- from one whose rows were all taken; that row is not claimed.
+       SELECT c.id, r.tenant_id, r.in_flight, r.free,
+              row_number() OVER (PARTITION BY r.tenant_id, r.event_name ORDER BY c.id) AS nth,
+              count(*) OVER (PARTITION BY r.tenant_id, r.event_name) > r.free AS lane_held
+         FROM room r, LATERAL (
          SELECT o.id FROM ${schema.outbox} o
           -- The lane as a range of the lane index, not as equalities: with "tenant_id = …" the
           -- planner may take the primary key for the order (id) and filter by lane, and with one
@@ -140,14 +149,14 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
           WHERE (o.tenant_id, o.event_name) >= (r.tenant_id, r.event_name)
             AND (o.tenant_id, o.event_name) <= (r.tenant_id, r.event_name)
             AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
-          ORDER BY o.tenant_id, o.event_name, o.id LIMIT greatest(r.free, 0)) c
+          ORDER BY o.tenant_id, o.event_name, o.id LIMIT CASE WHEN r.free > 0 THEN r.free + 1 ELSE 0 END) c
      ), turns AS (
        -- Tenants in turn: every tenant's oldest row before any tenant's second.
-       SELECT c.id FROM candidates c
+       SELECT c.id, c.in_flight, c.lane_held FROM candidates c WHERE c.nth <= c.free
         ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int
      ), locked AS (
-       SELECT o.id FROM ${schema.outbox} o WHERE o.id IN (SELECT id FROM turns)
-        ORDER BY o.id FOR UPDATE SKIP LOCKED
+       SELECT o.id, t.in_flight, t.lane_held FROM ${schema.outbox} o JOIN turns t ON t.id = o.id
+        ORDER BY o.id FOR UPDATE OF o SKIP LOCKED
      )
      UPDATE ${schema.outbox} o
         SET status = 'claimed', claimed_by = $2::text, claim_id = $3::uuid,
@@ -155,7 +164,8 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
        FROM locked k
       WHERE o.id = k.id
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
-     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent`,
+     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent,
+               k.in_flight AS lane_in_flight, k.lane_held`,
     [opts.limit, opts.claimedBy, opts.claimId, opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
   );
   return rows;
