@@ -242,7 +242,8 @@ export interface DeliveryTimings {
  * no limit put a whole backlog into Temporal at once, where every queue it passes (the worker's
  * slots, the local activities, the server's CPU) is shared: one tenant's flood of 3,000 held every
  * other tenant's new events 30 s and more (bench fairness). A limit keeps the backlog in the outbox,
- * where the claim serves tenants in turn.
+ * where the claim serves tenants in turn. The relays hold busy lanes below it while quiet lanes are
+ * served on a saturated machine (src/outbox/lane-window.ts).
  */
 export const CALL_LANE_MAX_IN_FLIGHT = 4;
 export const STREAM_LANE_MAX_IN_FLIGHT = 100;
