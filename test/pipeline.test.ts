@@ -8,10 +8,12 @@ import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/s
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { usePipeline, waitFor } from './hooks.js';
 
+/** Eight tenants with one event each: eight lanes, so that each event's call is refused once. */
+const SPREAD = Array.from({ length: 8 }, (_, i) => `spread${i}`);
 const t = usePipeline({
-  customers: { acme: 'cus_acme', globex: 'cus_globex', ghost: 'cus_does_not_exist' },
+  customers: { acme: 'cus_acme', globex: 'cus_globex', ghost: 'cus_does_not_exist', ...Object.fromEntries(SPREAD.map((t) => [t, `cus_${t}`])) },
   // 'ghost' is mapped to a customer this Stripe does not know: its events are refused (400) at once.
-  stripe: { meters: ['api_requests'], customers: ['cus_acme', 'cus_globex'] },
+  stripe: { meters: ['api_requests'], customers: ['cus_acme', 'cus_globex', ...SPREAD.map((t) => `cus_${t}`)] },
 });
 const { enqueue, row, waitStatus, eventsFor, requestsFor } = t;
 
@@ -314,9 +316,10 @@ describe('the core pipeline', () => {
   it('spreads the retries after a 429 (Retry-After plus jitter), so refused calls do not come back as one burst', async () => {
     // Eight events refused with the same Retry-After: without jitter they would all come back one
     // second later, together. With up to rateLimitJitterMs (500 ms, src/config.ts) each, eight waits fall
-    // within 100 ms of each other with probability ~1e-4.
+    // within 100 ms of each other with probability ~1e-4. One event per lane: a lane's events share its
+    // call, and its lane window may hold it to one in flight, which would take all eight 429s.
     t.stripe.failNext(8, 429, { retryAfterSeconds: 1 });
-    const keys = await Promise.all(Array.from({ length: 8 }, (_, i) => enqueue(i % 2 ? 'acme' : 'globex', 20 + i)));
+    const keys = await Promise.all(SPREAD.map((tenant, i) => enqueue(tenant, 20 + i)));
     for (const key of keys) await waitStatus(key, 'sent');
     const waits = keys.map((key) => {
       const requests = requestsFor(key);
