@@ -15,7 +15,7 @@ import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
-import { LaneWindow } from '../src/outbox/lane-window.js';
+import { LaneWindow, type Lane } from '../src/outbox/lane-window.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
@@ -34,6 +34,8 @@ export interface RelayDeps {
   log?: (msg: string, fields: Record<string, unknown>) => void;
   /** This process's claim histograms; nothing is recorded without it. */
   metrics?: RelayMetrics;
+  /** The lane window this process's relays share; by default one at LANE_MAX_IN_FLIGHT. */
+  laneWindow?: LaneWindow;
 }
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
@@ -72,6 +74,13 @@ export function nextClaimLimit(started: number, startMs: number, max: number, fa
   return Math.max(1, Math.min(max, Math.ceil((started * targetMs) / Math.max(startMs, 1))));
 }
 
+/** The lanes a claim held back (they had more rows than their room), each once. */
+function heldLanes(rows: ClaimedRow[]): Lane[] {
+  const lanes = new Map<string, Lane>();
+  for (const row of rows) if (row.lane_held) lanes.set(JSON.stringify([row.tenant_id, row.event_name]), { tenantId: row.tenant_id, eventName: row.event_name });
+  return [...lanes.values()];
+}
+
 export interface RelayResult {
   claimed: number;
   started: number;
@@ -100,8 +109,9 @@ export function createRelayActivities(deps: RelayDeps) {
   const laneMax = config.lanes.maxInFlight;
   // What each lane may have in flight now, shared by this process's relays: all of laneMax unless
   // a busy lane's load is slowing quiet lanes (LaneWindow).
-  const laneWindow = new LaneWindow(laneMax);
+  const laneWindow = deps.laneWindow ?? new LaneWindow(laneMax);
   deps.metrics?.laneWindow.set(laneWindow.size);
+  deps.metrics?.lanePause.set(0);
 
   /**
    * Claims one batch, starts its workflows, marks the started ones dispatched. Returns how many it
@@ -111,7 +121,7 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; startMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size });
+    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size, paused: laneWindow.paused(performance.now()) });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0, startMs: 0 };
@@ -120,10 +130,11 @@ export function createRelayActivities(deps: RelayDeps) {
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const startMs = performance.now() - startedAt;
     const window = laneWindow.afterBatch(
-      { quiet: rows.some((row) => row.lane_in_flight === 0 && !row.lane_held), held: rows.some((row) => row.lane_held), startMs },
+      { quiet: rows.some((row) => row.lane_in_flight === 0 && !row.lane_held), held: heldLanes(rows), startMs },
       performance.now(),
     );
     deps.metrics?.laneWindow.set(window);
+    deps.metrics?.lanePause.set(laneWindow.pauseMs / 1000);
     const inTemporal: number[] = [];
     // A row is never left to loop silently: in Temporal's hands (dispatched), dead with the reason
     // (a refusal or a closed run: the lane goes on, an operator retries it), or claimed with the

@@ -74,6 +74,11 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     help: "Events each lane may have in flight in this process's next claim: LANE_MAX_IN_FLIGHT, less while quiet tenants' events are claimed beside a busy lane and Temporal starts workflows slowly.",
     registers,
   });
+  const lanePause = new Gauge({
+    name: 'billing_outbox_relay_lane_pause_seconds',
+    help: "How long a busy lane waits after this process's claim took its rows before the next may: 0, or up to 1 s while the lane window is at its floor and Temporal still starts workflows slowly.",
+    registers,
+  });
   const commitToAck = new Histogram({
     name: 'billing_outbox_commit_to_ack_seconds',
     help: 'From the outbox row being committed to Stripe acknowledging the event.',
@@ -187,6 +192,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     prunedRows,
     claimBatchSize,
     laneWindow,
+    lanePause,
     claimDuration,
     commitToAck,
     outboxRows,
@@ -216,7 +222,7 @@ export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'com
 /** What the reconcile activity records. */
 export type ReconcileMetrics = Pick<Metrics, 'reconcileDrift' | 'reconcileLastSuccess' | 'reconcileDriftingCustomers'>;
 /** What the relay activity records. */
-export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'laneWindow' | 'startFailures' | 'closedRuns'>;
+export type RelayMetrics = Pick<Metrics, 'claimBatchSize' | 'claimDuration' | 'laneWindow' | 'lanePause' | 'startFailures' | 'closedRuns'>;
 
 export interface MetricsServer {
   url: string;

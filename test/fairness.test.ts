@@ -113,6 +113,14 @@ describe('a fair claim', () => {
     expect(last.map((r) => [r.tenant_id, r.lane_in_flight, r.lane_held])).toEqual([['quiet2', 1, false]]);
   });
 
+  it('leaves a paused lane alone (the lane window below its floor) and serves the others', async () => {
+    await flood();
+    const rows = await claimBatch(t.pool, t.schema, { ...options(4), paused: [{ tenantId: 'flood', eventName: 'api_requests' }, { tenantId: 'quiet1', eventName: 'other_meter' }] });
+    expect(rows.map((r) => r.tenant_id).sort()).toEqual([...OTHERS].sort());
+    // Unpaused, it is claimed as before.
+    expect((await claimBatch(t.pool, t.schema, options(4))).map((r) => r.tenant_id)).toEqual(['flood', 'flood', 'flood', 'flood']);
+  });
+
   it('reads at most a batch of any lane: the plan of the statement the relay sends, run', async () => {
     await flood();
     // 21 lanes found, at most 50 rows of each read, 50 locked and updated: a few hundred, not 5,000,

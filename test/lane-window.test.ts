@@ -16,7 +16,7 @@ import { createRelayActivities } from '../activities/relay.js';
 import { withTransaction } from '../src/db.js';
 import { createMetrics } from '../src/metrics.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { laneWindowFloor } from '../src/outbox/lane-window.js';
+import { LaneWindow, laneWindowFloor } from '../src/outbox/lane-window.js';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { testConfig, useDatabase } from './hooks.js';
 
@@ -60,22 +60,32 @@ afterAll(async () => {
   await new Promise((resolve) => slow?.close(resolve));
 });
 
+/** What the flood's lane has claimed so far (claimed, dispatched or sent). */
+async function floodClaimed(): Promise<number> {
+  const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'flood' AND status <> 'pending'`);
+  return rows[0].n;
+}
+
 /** What the flood's lane has claimed or dispatched, sampled. */
 async function floodInFlight(): Promise<number> {
   const { rows } = await t.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = 'flood' AND status IN ('claimed', 'dispatched')`);
   return rows[0].n;
 }
 
-it('holds a busy lane to its floor beside quiet tenants while starts are slow, and lets it grow while they are quick', async () => {
+it('holds a busy lane to its floor beside quiet tenants while starts are slow, then pauses it, and lets it grow while they are quick', async () => {
   await t.pool.query(
     `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
      SELECT 'flood', 'api_requests', 1, now(), 'flood:' || g FROM generate_series(1, 2000) g`,
   );
   const metrics = createMetrics(new Registry());
   const window = async () => (await metrics.laneWindow.get()).values[0]!.value;
+  const pause = async () => (await metrics.lanePause.get()).values[0]!.value;
   const notifier = new OutboxNotifier(t.db.url);
   // One relay's activities for the whole test: the window lives as long as the worker's relays.
-  const { relayOutbox } = createRelayActivities({ db: t.pool, client, notifier, config, runForMs: 3_500, metrics });
+  // Congested from 50 ms, not 15: in CI another test file shares this Temporal, and a quick phase
+  // must not read its noise as congestion. The slow phase's starts take 300 ms either way.
+  const laneWindow = new LaneWindow(LANE, { congestedStartMs: 50 });
+  const { relayOutbox } = createRelayActivities({ db: t.pool, client, notifier, config, runForMs: 3_500, metrics, laneWindow });
 
   /**
    * Runs the relay for its runForMs while, every 100 ms, the lanes' deliveries "finish" (their rows
@@ -114,6 +124,15 @@ it('holds a busy lane to its floor beside quiet tenants while starts are slow, a
     const held = await relayBesideQuietTenants();
     expect(await window()).toBe(FLOOR);
     expect(Math.max(...held)).toBeLessThanOrEqual(FLOOR);
+
+    // Still slow, at the floor: the lane now waits a pause (up to a second) after each claim of its
+    // rows. Unpaused, a claim every ~300 ms takes FLOOR of them (~20 in the 3.5 s); paused, a claim
+    // every 1.3 s or more (3 claims, 6 rows).
+    expect(await pause()).toBeGreaterThan(0);
+    const before = await floodClaimed();
+    await relayBesideQuietTenants();
+    expect(await pause()).toBe(1);
+    expect((await floodClaimed()) - before).toBeLessThanOrEqual(5 * FLOOR);
   } finally {
     delayMs = 0;
     await notifier.close();

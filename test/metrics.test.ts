@@ -180,6 +180,7 @@ describe('counters after real deliveries', () => {
     // One tenant's events one at a time: quiet lanes, nothing held, so the window is anywhere between its floor and the lane.
     expect(sample(text, 'billing_outbox_relay_lane_window')).toBeGreaterThanOrEqual(1);
     expect(sample(text, 'billing_outbox_relay_lane_window')).toBeLessThanOrEqual(CALL_LANE_MAX_IN_FLIGHT);
+    expect(sample(text, 'billing_outbox_relay_lane_pause_seconds')).toBe(0);
     expect(sample(text, 'billing_outbox_rows', '{status="sent"}')).toBeGreaterThanOrEqual(5);
     expect(sample(text, 'billing_outbox_oldest_pending_age_seconds')).toBe(0);
   });

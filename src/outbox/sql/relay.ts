@@ -6,6 +6,7 @@ import type pg from 'pg';
 import type { Queryable } from '../../db.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
+import type { Lane } from '../lane-window.js';
 import type { Schema } from './schema.js';
 
 export interface ClaimedRow {
@@ -108,8 +109,10 @@ export interface ClaimOptions {
   claimedBy: string;
   claimId: string;
   claimTimeoutMs: number;
-  /** LANE_MAX_IN_FLIGHT: a lane's events claimed or dispatched at once. */
+  /** LANE_MAX_IN_FLIGHT, or the lane window below it: a lane's events claimed or dispatched at once. */
   laneMax: number;
+  /** Lanes this claim leaves alone (the lane window's pause). */
+  paused?: Lane[];
 }
 
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
@@ -128,7 +131,10 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
      ), room AS (
        -- Never more than the batch from one lane: a lane's backlog beyond that is not read. What
        -- the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
-       SELECT l.tenant_id, l.event_name, least($1::int, $6::int - n.in_flight) AS free, n.in_flight
+       -- A lane the relay has paused ($8, $9: the lane window below its floor) has no room now.
+       SELECT l.tenant_id, l.event_name, n.in_flight,
+              CASE WHEN (l.tenant_id, l.event_name) IN (SELECT * FROM unnest($8::text[], $9::text[])) THEN 0
+                   ELSE least($1::int, $6::int - n.in_flight) END AS free
          FROM lanes l, LATERAL (
            SELECT count(*)::int AS in_flight FROM ${schema.outbox} f
             WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
@@ -166,7 +172,17 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
         AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
      RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent,
                k.in_flight AS lane_in_flight, k.lane_held`,
-    [opts.limit, opts.claimedBy, opts.claimId, opts.claimTimeoutMs, [...AWAITING_RELAY], opts.laneMax, [...IN_FLIGHT]],
+    [
+      opts.limit,
+      opts.claimedBy,
+      opts.claimId,
+      opts.claimTimeoutMs,
+      [...AWAITING_RELAY],
+      opts.laneMax,
+      [...IN_FLIGHT],
+      (opts.paused ?? []).map((l) => l.tenantId),
+      (opts.paused ?? []).map((l) => l.eventName),
+    ],
   );
   return rows;
 }
