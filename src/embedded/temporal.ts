@@ -39,7 +39,7 @@ export interface DevServer {
   stop(): Promise<void>;
 }
 
-export async function startTemporalDevServer(opts: {
+export interface DevServerOptions {
   dbFile?: string;
   port?: number;
   uiPort?: number;
@@ -55,11 +55,26 @@ export async function startTemporalDevServer(opts: {
   dynamicConfig?: string[];
   /** Task queue fairness (default on); off only to measure what it does (`npm run bench -- fairness`). */
   taskQueueFairness?: boolean;
-} = {}): Promise<DevServer> {
+}
+
+export async function startTemporalDevServer(opts: DevServerOptions = {}): Promise<DevServer> {
   if (opts.dbFile) await keepPrivate(opts.dbFile);
   const cli = findTemporalCli(opts.cliPath);
+  if (!cli) return startDownloadedDevServer({ ...opts, port: opts.port ?? (await freePort()) });
+  // The ports are free when chosen, not when the server binds them (the CLI picks its HTTP API port
+  // itself, in the range the kernel also hands out to outgoing connections): a server that lost a
+  // port to another process in between is started again on new ones.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await launchDevServer(cli, opts);
+    } catch (err) {
+      if (attempt === 3 || !(err instanceof Error) || !err.message.includes('address already in use')) throw err;
+    }
+  }
+}
+
+async function launchDevServer(cli: string, opts: DevServerOptions): Promise<DevServer> {
   const port = opts.port ?? (await freePort());
-  if (!cli) return startDownloadedDevServer({ ...opts, port });
   const args = [
     'server', 'start-dev',
     '--ip', '127.0.0.1',
