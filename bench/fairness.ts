@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { benchConfig, commitBacklog, freshDatabase, onSchedule, pct, startPipelineWorker, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
+import { benchConfig, commitBacklog, freshDatabase, onSchedule, pct, spawnWorkerProcesses, startPipelineWorker, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
 
 export interface FairnessOptions {
   /** The flooding tenant's backlog. */
@@ -28,6 +28,8 @@ export interface FairnessOptions {
   laneMax?: string;
   /** RELAY_COUNT; unset: the bench's 2. */
   relays?: string;
+  /** Worker processes (`src/bin/worker.ts`, each with its own lane window); unset: one worker in this process. */
+  workers?: number;
 }
 
 /** The flooding tenant: `t1` in freshDatabase's and commitBacklog's naming. */
@@ -37,12 +39,14 @@ export async function fairness(services: Services, report: Report, opts: Fairnes
   for (const api of opts.apis) {
     const db = await freshDatabase(services, opts.tenants);
     const stripe = await startStripeProcess({ customers: opts.tenants, latencyMs: opts.latencyMs });
-    const config = benchConfig(services, stripe, { STRIPE_METER_API: api, ...(opts.laneMax ? { LANE_MAX_IN_FLIGHT: opts.laneMax } : {}), ...(opts.relays ? { RELAY_COUNT: opts.relays } : {}) });
-    const pipeline = await startPipelineWorker(services, db, config);
+    const env = { STRIPE_METER_API: api, RELAY_COUNT: opts.relays ?? '2', ...(opts.laneMax ? { LANE_MAX_IN_FLIGHT: opts.laneMax } : {}) };
+    const pipeline = opts.workers
+      ? await spawnWorkerProcesses(services, opts.workers, { DATABASE_URL: db.url, STRIPE_API_BASE: stripe.url, ...env })
+      : await startPipelineWorker(services, db, benchConfig(services, stripe, env));
     try {
       // Warm up (bundle loaded, connections open) on the steady tenants.
       await steadyArrivals(db.pool, `warmup-${randomUUID().slice(0, 8)}`, 20, 1, opts.tenants);
-      await waitUntil('warm-up', async () => (await open(db.pool)) === 0, 60_000, 200);
+      await waitUntil('warm-up', async () => (await open(db.pool)) === 0, 120_000, 200);
       const alone = await phase(db.pool, opts, false);
       const flood = await phase(db.pool, opts, true);
       // What is left of the flood once the steady events are in is not measured: it is removed
@@ -79,7 +83,7 @@ export async function fairness(services: Services, report: Report, opts: Fairnes
     }
   }
   report.notes.push(
-    `LANE_MAX_IN_FLIGHT ${opts.laneMax ?? 'default'}; RELAY_COUNT ${opts.relays ?? 2}; ${opts.tenants - 1} steady tenants at ${opts.rate}/s in all for ${opts.seconds} s; one tenant's backlog of ${opts.backlog} committed at once just before the flood phase; Stripe latency ${opts.latencyMs} ms`,
+    `LANE_MAX_IN_FLIGHT ${opts.laneMax ?? 'default'}; RELAY_COUNT ${opts.relays ?? 2}; ${opts.workers ? `${opts.workers} worker processes` : 'one worker in the bench process'}; ${opts.tenants - 1} steady tenants at ${opts.rate}/s in all for ${opts.seconds} s; one tenant's backlog of ${opts.backlog} committed at once just before the flood phase; Stripe latency ${opts.latencyMs} ms`,
   );
   report.notes.push('target (issue 17): the steady tenants’ p99 with the flood within 1.5× of the same rate alone (p99VsAlone ≤ 1.5)');
 }

@@ -177,6 +177,49 @@ export async function startPipelineWorker(
   };
 }
 
+/**
+ * `n` worker processes (`src/bin/worker.ts`, as deployed) on one task queue, configured by `env`
+ * on top of the bench's defaults. `stop()` sends each SIGTERM and waits for it to exit.
+ */
+export async function spawnWorkerProcesses(
+  services: Services,
+  n: number,
+  env: { DATABASE_URL: string; STRIPE_API_BASE: string } & Record<string, string>,
+): Promise<{ taskQueue: string; stop(): Promise<void> }> {
+  const { spawn } = await import('node:child_process');
+  const taskQueue = `bench-${randomUUID()}`;
+  const children = Array.from({ length: n }, () =>
+    spawn(process.execPath, ['--import', 'tsx', path.join(import.meta.dirname, '..', 'src', 'bin', 'worker.ts')], {
+      env: {
+        ...process.env,
+        TEMPORAL_ADDRESS: services.temporal.address,
+        TEMPORAL_TASK_QUEUE: taskQueue,
+        STRIPE_API_KEY: 'sk_test_bench',
+        STRIPE_RATE_LIMIT_PER_SECOND: '5000',
+        LOG_LEVEL: 'error',
+        ...env,
+      },
+      // Output ignored: an unread pipe fills up and blocks the process on its next log line.
+      stdio: ['ignore', 'ignore', 'inherit'],
+    }),
+  );
+  return {
+    taskQueue,
+    async stop() {
+      await Promise.all(
+        children.map(
+          (c) =>
+            new Promise<void>((resolve) => {
+              if (c.exitCode !== null || c.signalCode !== null) return resolve();
+              c.once('exit', () => resolve());
+              c.kill('SIGTERM');
+            }),
+        ),
+      );
+    },
+  };
+}
+
 /** Commits `n` usages over `tenants` tenants in one statement (as a backlog after an outage). */
 export async function commitBacklog(pool: pg.Pool, n: number, tenants: number, prefix = randomUUID().slice(0, 8)): Promise<void> {
   await pool.query(

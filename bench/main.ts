@@ -12,7 +12,7 @@
  *   claim          the claim with 1,000,000 sent rows and a live backlog: plan and latency
  *   fairness       one tenant's backlog (--backlog, 20,000) vs 99 tenants at a steady rate (--rate,
  *                  --seconds): their commit → acknowledged alone, with the flood and alone again,
- *                  v1 and v2 (--api, --lane-max, --relays)
+ *                  v1 and v2 (--api, --lane-max, --relays, --workers)
  *   peers          graphile-worker and a plain SKIP LOCKED loop on the same events, same Stripe
  *   soak           the API and a worker as processes, 30 usages/s over HTTP for 10 minutes: RSS over time
  *   batcher        the v2 batcher alone at 1,000 and 5,000 events/s, Stripe answering in 30 and 100 ms,
@@ -61,6 +61,8 @@ const { values } = parseArgs({
     'lane-max': { type: 'string' },
     // RELAY_COUNT for `fairness` (unset: the bench's 2).
     relays: { type: 'string' },
+    // Worker processes for `fairness` (unset: one worker in the bench process).
+    workers: { type: 'string' },
   },
 });
 const workerOptions = values['worker-options'] ? (JSON.parse(values['worker-options']) as Partial<WorkerOptions>) : undefined;
@@ -141,6 +143,7 @@ const benches: Record<string, (services: Awaited<ReturnType<typeof startServices
       apis: values.api === 'v1' || values.api === 'v2' ? [values.api] : ['v1', 'v2'],
       laneMax: values['lane-max'],
       relays: values.relays,
+      ...(values.workers ? { workers: num(values.workers) } : {}),
     });
     await publish(report);
   },

@@ -4,35 +4,15 @@
  * machine more processes share the same two cores with the server: the figure shows what the
  * pieces cost together, not how a cluster scales (see docs/performance.md for that reasoning).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import path from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { commitBacklog, countSent, cpuMeter, freshDatabase, perSecond, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
+import { commitBacklog, countSent, cpuMeter, freshDatabase, perSecond, spawnWorkerProcesses, startStripeProcess, waitUntil, type Report, type Services } from './harness.js';
 
 export async function workers(services: Services, report: Report, opts: { counts: number[]; events: number; customers: number; latencyMs: number }): Promise<void> {
   for (const n of opts.counts) {
     const db = await freshDatabase(services, opts.customers);
     const stripe = await startStripeProcess({ customers: opts.customers, latencyMs: opts.latencyMs });
-    const taskQueue = `bench-${randomUUID()}`;
-    const children: ChildProcess[] = [];
+    const processes = await spawnWorkerProcesses(services, n, { DATABASE_URL: db.url, STRIPE_API_BASE: stripe.url });
     try {
-      for (let i = 0; i < n; i++) {
-        const child = spawn(process.execPath, ['--import', 'tsx', path.join(import.meta.dirname, '..', 'src', 'bin', 'worker.ts')], {
-          env: {
-            ...process.env,
-            DATABASE_URL: db.url,
-            TEMPORAL_ADDRESS: services.temporal.address,
-            TEMPORAL_TASK_QUEUE: taskQueue,
-            STRIPE_API_BASE: stripe.url,
-            STRIPE_API_KEY: 'sk_test_bench',
-            STRIPE_RATE_LIMIT_PER_SECOND: '5000',
-            LOG_LEVEL: 'error',
-          },
-          // Output ignored: an unread pipe fills up and blocks the process on its next log line.
-          stdio: ['ignore', 'ignore', 'inherit'],
-        });
-        children.push(child);
-      }
       // Keys unique to this run: workflow ids are the keys, and the Temporal server is shared by every run of the benchmark.
       await commitBacklog(db.pool, 20, opts.customers, `warmup-${randomUUID().slice(0, 8)}`);
       await waitUntil('the workers to start', async () => (await countSent(db.pool)) >= 20, 120_000, 200);
@@ -43,16 +23,7 @@ export async function workers(services: Services, report: Report, opts: { counts
       const ms = performance.now() - started;
       report.rows.push({ workers: n, events: opts.events, customers: opts.customers, seconds: Math.round(ms / 100) / 10, perSecond: perSecond(opts.events, ms), ...(await cpu(opts.events)) });
     } finally {
-      await Promise.all(
-        children.map(
-          (c) =>
-            new Promise<void>((resolve) => {
-              if (c.exitCode !== null) return resolve();
-              c.once('exit', () => resolve());
-              c.kill('SIGTERM');
-            }),
-        ),
-      );
+      await processes.stop();
       await stripe.stop();
       await db.pool.end();
     }

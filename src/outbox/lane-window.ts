@@ -19,7 +19,8 @@
  * however congested the machine: its floor's worth at least once a MAX_PAUSE_MS.
  *
  * One per process, shared by its relays. Each process keeps its own: a lane's room is still
- * counted in the claim over what every process has in flight.
+ * counted in the claim over what every process has in flight, but a pause is each process's own
+ * (with N worker processes a paused lane may be claimed up to N times a pause).
  */
 
 /**
