@@ -15,7 +15,7 @@ import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
-import { LaneWindow, type Lane } from '../src/outbox/lane-window.js';
+import { LaneWindow } from '../src/outbox/lane-window.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
@@ -74,13 +74,6 @@ export function nextClaimLimit(started: number, startMs: number, max: number, fa
   return Math.max(1, Math.min(max, Math.ceil((started * targetMs) / Math.max(startMs, 1))));
 }
 
-/** The lanes a claim held back (they had more rows than their room), each once. */
-function heldLanes(rows: ClaimedRow[]): Lane[] {
-  const lanes = new Map<string, Lane>();
-  for (const row of rows) if (row.lane_held) lanes.set(JSON.stringify([row.tenant_id, row.event_name]), { tenantId: row.tenant_id, eventName: row.event_name });
-  return [...lanes.values()];
-}
-
 export interface RelayResult {
   claimed: number;
   started: number;
@@ -130,7 +123,7 @@ export function createRelayActivities(deps: RelayDeps) {
     const outcomes = await Promise.allSettled(rows.map((row) => startUsageWorkflow(client, row, config, { eager: true })));
     const startMs = performance.now() - startedAt;
     const window = laneWindow.afterBatch(
-      { quiet: rows.some((row) => row.lane_in_flight === 0 && !row.lane_held), held: heldLanes(rows), startMs },
+      { quiet: rows.some((row) => row.lane_in_flight === 0 && !row.lane_held), held: rows.filter((row) => row.lane_held).map((row) => ({ tenantId: row.tenant_id, eventName: row.event_name })), startMs },
       performance.now(),
     );
     deps.metrics?.laneWindow.set(window);

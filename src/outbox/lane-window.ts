@@ -90,8 +90,8 @@ export class LaneWindow {
 
   /**
    * After a batch: whether it took a quiet lane's row (its lane had nothing in flight and nothing
-   * more waiting), the lanes it held back (they had more than their room), and how long the
-   * batch's workflow starts took. `now` is a monotonic time in milliseconds.
+   * more waiting), the lanes it held back (they had more than their room; a lane may come once a
+   * row), and how long the batch's workflow starts took. `now` is a monotonic time in milliseconds.
    */
   afterBatch(batch: { quiet: boolean; held: Lane[]; startMs: number }, now: number): number {
     this.fastestMs = Math.min(this.fastestMs, batch.startMs);
