@@ -1,6 +1,7 @@
 /**
- * The bare shapes billing-outbox is measured against, on the same server in the same run: the
- * fastest any per-event workflow can go here, with nothing of ours in it.
+ * The shapes billing-outbox is measured against, on the same server in the same run: the bare ones
+ * (the fastest any per-event workflow can go here, with nothing of ours in it), and one local
+ * activity started with billing-outbox's start and input (`usageStartShape`).
  */
 import { proxyActivities, proxyLocalActivities } from '@temporalio/workflow';
 import type { DeliveryActivities } from '../../activities/delivery.js';
