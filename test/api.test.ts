@@ -200,6 +200,7 @@ describe('POST /v1/usage', () => {
       const arr = await post('[1,2]', writer, { 'content-type': 'application/json' });
       expect(arr.statusCode).toBe(400);
       expect(errorOf(arr).code).toBe('invalid_request');
+      expect(errorOf(arr).message).toBe('(body): must be a JSON object');
       const broken = await post('{"tenant_id": ', writer, { 'content-type': 'application/json' });
       expect(broken.statusCode).toBe(400);
       expect(errorOf(broken).code).toBe('invalid_json');

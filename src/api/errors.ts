@@ -59,8 +59,9 @@ function describe(e: AjvError): FieldError {
       return { field: String(p.additionalProperty), message: 'is not a known field' };
     case 'type': {
       const type = String(p.type);
-      const article = /^[aeiou]/.test(type) ? 'an' : 'a';
-      return { field: path || '(body)', message: `must be ${article} ${type === 'object' ? 'JSON object' : type}` };
+      const noun = type === 'object' ? 'JSON object' : type;
+      const article = /^[aeiou]/.test(noun) ? 'an' : 'a';
+      return { field: path || '(body)', message: `must be ${article} ${noun}` };
     }
     case 'minimum':
       return { field: path, message: `must be at least ${String(p.limit)}` };

@@ -63,7 +63,9 @@ export function parseJsonText(text: string, what: string): unknown {
     throw new JsonTextError('invalid_json', `${what} is not valid JSON`);
   }
   if (inexact) {
-    throw new JsonTextError('inexact_number', `the number ${inexact.source} would be read as ${inexact.value}: write whole numbers as plain digits`);
+    // Past 2^53 − 1, no way of writing the number helps: say so rather than ask for plain digits.
+    const advice = Number.isSafeInteger(inexact.value) ? 'write whole numbers as plain digits' : `it is past ${Number.MAX_SAFE_INTEGER}, the largest whole number read exactly`;
+    throw new JsonTextError('inexact_number', `the number ${inexact.source} would be read as ${inexact.value}: ${advice}`);
   }
   const repeated = duplicateKey(text);
   if (repeated !== undefined) {

@@ -22,13 +22,20 @@ describe('parseStrictJson: numbers are judged by their text', () => {
     ['1.0', 1],
     ['1e0', 1],
     ['1E+3', 1000],
-    ['9007199254740993', 9007199254740992],
     ['-0', 0],
   ])('refuses %s, which would be read as %d', (written, readAs) => {
     expect(refusal(`{"quantity": ${written}}`)).toEqual({
       status: 400,
       code: 'inexact_number',
       message: `the number ${written} would be read as ${readAs}: write whole numbers as plain digits`,
+    });
+  });
+
+  it('refuses plain digits past 2^53 − 1 as too large, not as badly written', () => {
+    expect(refusal('{"quantity": 9007199254740993}')).toEqual({
+      status: 400,
+      code: 'inexact_number',
+      message: 'the number 9007199254740993 would be read as 9007199254740992: it is past 9007199254740991, the largest whole number read exactly',
     });
   });
 
