@@ -7,7 +7,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
-import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE } from './stripe/rules.js';
+import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN } from './stripe/rules.js';
 import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
@@ -80,7 +80,7 @@ const schema = z.object({
   STRIPE_API_KEY: z
     .string()
     .trim()
-    .regex(/^(sk|rk)_(test|live)_[A-Za-z0-9_]+$/, 'must be a Stripe secret or restricted key (sk_test_…, sk_live_…, rk_…)')
+    .regex(SECRET_KEY_PATTERN, 'must be a Stripe secret or restricted key (sk_test_…, sk_live_…, rk_…)')
     .optional(),
   STRIPE_API_BASE: z
     .string()
@@ -302,6 +302,8 @@ export interface Config {
   stripe: {
     /** Undefined outside production means "use the local Stripe-compatible server's test key". */
     apiKey: string | undefined;
+    /** STRIPE_API_KEY_FILE when the key came from it: read again while running (src/stripe/key-file.ts). */
+    apiKeyFile?: string;
     apiBase: string;
     /** True when STRIPE_API_BASE was left at Stripe's own API. */
     isRealStripe: boolean;
@@ -424,6 +426,8 @@ function temporalTlsProblems(c: Parsed): string[] {
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const input: Record<string, string> = {};
   const fileProblems: string[] = [];
+  // The files that values were read from: a secret's file may be read again while running.
+  const fromFile: Record<string, string> = {};
   for (const key of Object.keys(schema.shape)) {
     const value = env[key];
     const file = env[`${key}_FILE`];
@@ -434,6 +438,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       else {
         try {
           input[key] = readFileSync(file.trim(), 'utf8').trim();
+          fromFile[key] = file.trim();
         } catch (err) {
           fileProblems.push(`${key}_FILE: cannot read ${file.trim()} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
         }
@@ -483,6 +488,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     stripe: {
       apiKey: c.STRIPE_API_KEY,
+      ...(fromFile.STRIPE_API_KEY !== undefined ? { apiKeyFile: fromFile.STRIPE_API_KEY } : {}),
       apiBase: c.STRIPE_API_BASE.replace(/\/$/, ''),
       isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
       meterEventName: c.STRIPE_METER_EVENT_NAME,

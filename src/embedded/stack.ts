@@ -318,7 +318,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       await clientConnection.close();
       await connection.close();
     });
-    const stripe = createStripeClient(config.stripe);
+    const stripe = createStripeClient(config.stripe, { log });
     const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics });
     onStop('worker', () => running.shutdown());
     if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);

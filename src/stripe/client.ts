@@ -4,16 +4,26 @@
  */
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
+import type { Logger } from '../log.js';
+import { keyFromFile } from './key-file.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
 export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';
 
-/** A client for `stripe`'s base URL; `apiKey` instead of the configured key (a stream session's token). */
-export function createStripeClient(stripe: Config['stripe'], apiKey?: string): Stripe {
+/**
+ * A client for `stripe`'s base URL with the configured key: read again from its file while running
+ * when it came from STRIPE_API_KEY_FILE (./key-file.ts; `log` hears of a new key in use, never the
+ * key), or `sessionToken` instead (a v2 meter event session's).
+ */
+export function createStripeClient(stripe: Config['stripe'], opts: { sessionToken?: string; log?: Pick<Logger, 'info' | 'warn'> } = {}): Stripe {
   const base = new URL(stripe.apiBase);
   const protocol = base.protocol === 'http:' ? 'http' : 'https';
-  return new Stripe(apiKey ?? stripe.apiKey ?? LOCAL_TEST_KEY, {
+  const key = opts.sessionToken ?? stripe.apiKey ?? LOCAL_TEST_KEY;
+  const rolling = opts.sessionToken === undefined && stripe.apiKey !== undefined && stripe.apiKeyFile !== undefined ? keyReader(stripe.apiKeyFile, stripe.apiKey, opts.log) : undefined;
+  // stripe-node takes either a key or an authenticator, which sets the header on every request.
+  return new Stripe(rolling ? '' : key, {
+    ...(rolling ? { authenticator: (request) => Promise.resolve(void (request.headers.Authorization = `Bearer ${rolling()}`)) } : {}),
     host: base.hostname,
     port: base.port ? Number(base.port) : protocol === 'http' ? 80 : 443,
     protocol,
@@ -25,6 +35,15 @@ export function createStripeClient(stripe: Config['stripe'], apiKey?: string): S
     maxNetworkRetries: 0,
     telemetry: false,
     appInfo: { name: 'billing-outbox' },
+  });
+}
+
+function keyReader(file: string, firstKey: string, log: Pick<Logger, 'info' | 'warn'> | undefined): () => string {
+  return keyFromFile(file, firstKey, {
+    onNews: (news) =>
+      news.kind === 'changed'
+        ? log?.info({ file }, 'Stripe API key: a new key read from STRIPE_API_KEY_FILE is in use')
+        : log?.warn({ file }, `Stripe API key: STRIPE_API_KEY_FILE ${news.reason}; the key in use stays`),
   });
 }
 

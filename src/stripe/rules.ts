@@ -91,3 +91,6 @@ export function tooOldToSend(occurredAt: Date, now: number): boolean {
 
 /** Hours, for messages: 23 for SAFE_RESEND_WINDOW_MS. */
 export const inHours = (ms: number): number => ms / HOUR_MS;
+
+/** What a Stripe secret or restricted key looks like (STRIPE_API_KEY, and a rolled key read from its file). */
+export const SECRET_KEY_PATTERN = /^(sk|rk)_(test|live)_[A-Za-z0-9_]+$/;

@@ -86,7 +86,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const requestPace = new SlotPacer(pool, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const stream =
     config.stripe.meterApi === 'v2'
-      ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, token)), {
+      ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, { sessionToken: token })), {
           pace: () => requestPace.waitForSlot(),
           metrics: deps.metrics,
           log: deps.log,
@@ -343,7 +343,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       await connect();
       closers.push(() => temporal.close!());
     }
-    const stripe = createStripeClient(config.stripe);
+    const stripe = createStripeClient(config.stripe, { log });
     const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool, schema: schemaFor(config.databaseSchema) }) : undefined);
     // Lazy: it connects on the first probe.
     const healthConnection = temporalHealthConnection(config.temporal);

@@ -38,7 +38,7 @@ export async function runApi(): Promise<void> {
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
   const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
-  const meters = new MeterCatalog(createStripeClient(config.stripe));
+  const meters = new MeterCatalog(createStripeClient(config.stripe, { log }));
   const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
 
   try {

@@ -156,8 +156,11 @@ export class LocalStripe implements ControlTarget {
   }
 
   private readonly options: LocalStripeOptions;
+  /** The one secret key accepted (options.apiKey; `rollApiKey` changes it); undefined: any test key. */
+  private requiredKey: string | undefined;
   private constructor(options: LocalStripeOptions) {
     this.options = options;
+    this.requiredKey = options.apiKey;
     this.clock = options.now ?? Date.now;
     this.catalog = new Catalog(() => Math.floor(this.now() / 1000));
     this.idempotency = new IdempotencyStore(() => this.now());
@@ -254,6 +257,14 @@ export class LocalStripe implements ControlTarget {
   }
 
   // ---- fault injection ------------------------------------------------------------------------
+
+  /**
+   * Stripe's "roll key" with the old key expiring at once: from now on only `key` is accepted, and
+   * every call with another one is answered 401 (undefined: any test key again).
+   */
+  rollApiKey(key: string | undefined): void {
+    this.requiredKey = key;
+  }
 
   /** The next `count` meter-event requests fail with `status` (Stripe-shaped body); nothing is recorded. */
   failNext(count: number, status: number, opts?: FailNextOptions): void {
@@ -429,7 +440,7 @@ export class LocalStripe implements ControlTarget {
       await this.handleStream(res, call, headers);
       return;
     }
-    const response = checkApiKey(call.authorization, this.options.apiKey) ?? this.withIdempotency(call, () => this.dispatch(call)).response;
+    const response = checkApiKey(call.authorization, this.requiredKey) ?? this.withIdempotency(call, () => this.dispatch(call)).response;
     // A cancel's answer can be lost too (Stripe cancelled the event; the caller hears nothing).
     if (call.method === 'POST' && call.path === ADJUSTMENTS_PATH && this.faults.takeDrop()) {
       res.destroy();
@@ -486,7 +497,7 @@ export class LocalStripe implements ControlTarget {
     const latencyMs = this.faults.latencyMs;
     const flight = this.inFlight.enter(keys.customer ?? '', keys.eventName ?? '', latencyMs);
 
-    const denied = checkApiKey(call.authorization, this.options.apiKey);
+    const denied = checkApiKey(call.authorization, this.requiredKey);
     const outcome: Outcome = denied
       ? { response: denied, replayed: false }
       : this.withIdempotency(call, () => this.executeMeterEvent(call, flight.othersInFlight));
