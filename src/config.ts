@@ -291,6 +291,8 @@ export interface TemporalConfig {
   /** Undefined: plain gRPC. Files are PEM, read when connecting. */
   tls: { caFile?: string; certFile?: string; keyFile?: string; serverName?: string } | undefined;
   apiKey: string | undefined;
+  /** TEMPORAL_API_KEY_FILE when the key came from it: read again while running (src/temporal/connection.ts). */
+  apiKeyFile?: string;
 }
 
 export interface Config {
@@ -485,6 +487,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       taskQueue: c.TEMPORAL_TASK_QUEUE,
       tls: temporalTls(c),
       apiKey: c.TEMPORAL_API_KEY,
+      ...(fromFile.TEMPORAL_API_KEY !== undefined ? { apiKeyFile: fromFile.TEMPORAL_API_KEY } : {}),
     },
     stripe: {
       apiKey: c.STRIPE_API_KEY,

@@ -211,8 +211,7 @@ export async function startTestPipeline(opts: {
         await t.client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
       }
       for (const w of workers.splice(0)) await w.shutdown();
-      await t.clientConnection.close();
-      await t.connection.close();
+      await t.close();
     },
   };
 }

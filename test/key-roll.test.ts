@@ -1,16 +1,23 @@
 /**
- * A Stripe key rolled while the workers run. Stripe's "roll key" can expire the old key at once;
- * the deployment's secret (STRIPE_API_KEY_FILE, a Kubernetes secret mounted as a file) is then
- * rewritten with the new one. The running worker reads it again (src/stripe/key-file.ts): the events
- * refused meanwhile are held, not dead, and each is billed once with the new key, with no restart.
+ * Keys rolled while the workers run, each from a secret mounted as a file (a Kubernetes secret),
+ * which the running worker reads again (src/key-file.ts), with no restart:
+ * - Stripe's "roll key" can expire the old key at once; STRIPE_API_KEY_FILE is then rewritten. The
+ *   events refused meanwhile are held, not dead, and each is billed once with the new key.
+ * - A Temporal Cloud API key is rotated by making a second key, putting it in TEMPORAL_API_KEY_FILE
+ *   and deleting the first once nothing uses it. Here Temporal Cloud's key check is a proxy in
+ *   front of the dev server (test/api-key-proxy.ts), over TLS as Cloud is.
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { afterEach, beforeEach, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { outboxStatus } from '../src/ops/status.js';
+import { KEY_FILE_RECHECK_MS } from '../src/key-file.js';
 import { CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
+import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
+import { certMaker, SERVER_EXT } from './certs.js';
 import { useStripe, waitFor } from './hooks.js';
+import './provided.js';
 
 const t = useStripe({ perTest: true, customers: { acme: 'cus_acme', globex: 'cus_globex' }, stripe: { meters: ['api_requests'] } });
 
@@ -52,4 +59,48 @@ it.each(['v1', 'v2'])('%s: a key rolled in its file is taken up by the running w
   expect(status.counts.dead).toBe(0);
   expect(status.alarms).toEqual([]);
   await pipeline.stop();
+});
+
+describe('Temporal Cloud API key', () => {
+  let cloud: ApiKeyProxy;
+  let certDir: string;
+  beforeAll(async () => {
+    certDir = mkdtempSync(path.join(tmpdir(), 'key-roll-certs-'));
+    const certs = certMaker(certDir);
+    certs.ca('ca');
+    certs.cert('server', 'ca', SERVER_EXT);
+    cloud = await startApiKeyProxy({ upstream: inject('temporalAddress'), key: readFileSync(certs.file('server.key')), cert: readFileSync(certs.file('server.pem')), accept: [] });
+  });
+  afterAll(async () => {
+    await cloud?.close();
+    rmSync(certDir, { recursive: true, force: true });
+  });
+
+  it('rotated in TEMPORAL_API_KEY_FILE reaches the running worker and its client: with the old key deleted, events still go through', async () => {
+    const file = path.join(dir, 'temporal-api-key');
+    writeFileSync(file, 'cloud-key-1\n');
+    cloud.accept(['cloud-key-1']);
+    const config = t.configWith({ TEMPORAL_ADDRESS: cloud.address, TEMPORAL_TLS_CA_FILE: path.join(certDir, 'ca.pem'), TEMPORAL_API_KEY_FILE: file });
+    const pipeline = await t.startPipeline(config);
+    for (const key of await t.backlog('acme', 2)) await t.waitStatus(key, 'sent');
+
+    // A second key, both valid while the secret changes; then the first is deleted.
+    cloud.accept(['cloud-key-1', 'cloud-key-2']);
+    writeFileSync(file, 'cloud-key-2\n');
+    await new Promise((resolve) => setTimeout(resolve, KEY_FILE_RECHECK_MS + 2_000));
+    cloud.accept(['cloud-key-2']);
+    const deleted = cloud.calls().length;
+
+    // Starts (the relay's client) and the workflow tasks' completions (the worker's own connection;
+    // with eager start a task comes back with its start, and polls begun before the deletion, with
+    // the key they were accepted with, are still waiting).
+    const after = [...(await t.backlog('acme', 3)), ...(await t.backlog('globex', 3))];
+    for (const key of after) await t.waitStatus(key, 'sent');
+    for (const key of after) expect(t.eventsFor(key)).toHaveLength(1);
+    const since = cloud.calls().slice(deleted);
+    expect(since.filter((c) => c.key !== 'cloud-key-2')).toEqual([]);
+    expect(since.some((c) => c.path.endsWith('/StartWorkflowExecution'))).toBe(true);
+    expect(since.some((c) => c.path.endsWith('/RespondWorkflowTaskCompleted'))).toBe(true);
+    await pipeline.stop();
+  });
 });

@@ -4,7 +4,6 @@
  * certificate the proxy requires, and clear messages for a wrong CA, a missing client certificate
  * and incomplete settings.
  */
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net, { type AddressInfo } from 'node:net';
 import os from 'node:os';
@@ -14,33 +13,25 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { temporalUnreachable } from '../src/reachable.js';
 import { connectClient, connectTemporal, TemporalConnectionError } from '../src/temporal/connection.js';
+import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
+import { certMaker, SERVER_EXT } from './certs.js';
 import './provided.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'billing-outbox-tls-'));
-const file = (name: string) => path.join(dir, name);
-const openssl = (...args: string[]) => execFileSync('openssl', args, { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
-
-/** A CA, and a certificate it signs (server: for 127.0.0.1 and localhost; client: for a worker). */
-function makeCa(name: string) {
-  openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-days', '2', '-subj', `/CN=${name}`, '-keyout', file(`${name}.key`), '-out', file(`${name}.pem`));
-}
-function makeCert(name: string, ca: string, ext: string) {
-  openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-subj', `/CN=${name}`, '-keyout', file(`${name}.key`), '-out', file(`${name}.csr`));
-  writeFileSync(file(`${name}.ext`), ext);
-  openssl('x509', '-req', '-in', file(`${name}.csr`), '-CA', file(`${ca}.pem`), '-CAkey', file(`${ca}.key`), '-CAcreateserial', '-days', '2', '-extfile', file(`${name}.ext`), '-out', file(`${name}.pem`));
-}
+const certs = certMaker(dir);
+const file = certs.file;
 
 let proxy: tls.Server;
 let proxyAddress: string;
 const accepted: boolean[] = [];
 
 beforeAll(async () => {
-  makeCa('server-ca');
-  makeCa('client-ca');
-  makeCa('wrong-ca');
-  makeCert('server', 'server-ca', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n');
-  makeCert('worker', 'client-ca', 'extendedKeyUsage=clientAuth\n');
-  makeCert('stranger', 'wrong-ca', 'extendedKeyUsage=clientAuth\n');
+  certs.ca('server-ca');
+  certs.ca('client-ca');
+  certs.ca('wrong-ca');
+  certs.cert('server', 'server-ca', SERVER_EXT);
+  certs.cert('worker', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+  certs.cert('stranger', 'wrong-ca', 'extendedKeyUsage=clientAuth\n');
   const [host, port] = inject('temporalAddress').split(':') as [string, string];
   // Terminates TLS, requires a client certificate signed by client-ca, and passes the bytes on.
   proxy = tls.createServer(
@@ -167,5 +158,37 @@ describe('Temporal connection settings', () => {
     expect(configWith({}).temporal.tls).toBeUndefined();
     expect(problems({ TEMPORAL_API_KEY: 'inline', TEMPORAL_API_KEY_FILE: file('api-key') })).toEqual(['TEMPORAL_API_KEY_FILE: TEMPORAL_API_KEY is set too; set one of them']);
     expect(problems({ STRIPE_API_KEY_FILE: file('missing') })).toEqual([`STRIPE_API_KEY_FILE: cannot read ${file('missing')} (ENOENT)`]);
+  });
+});
+
+describe('Temporal Cloud API key', () => {
+  let cloud: ApiKeyProxy;
+  beforeAll(async () => {
+    cloud = await startApiKeyProxy({ upstream: inject('temporalAddress'), key: readFileSync(file('server.key')), cert: readFileSync(file('server.pem')), accept: ['cloud-key-1'] });
+  });
+  afterAll(async () => cloud?.close());
+  const cloudConfig = (env: Record<string, string>) => loadConfig({ NODE_ENV: 'test', LOG_LEVEL: 'silent', TEMPORAL_ADDRESS: cloud.address, TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), ...env });
+
+  it('is sent by the worker and the client on every call', async () => {
+    const from = cloud.calls().length;
+    const { connection, client, clientConnection } = await connectTemporal(cloudConfig({ TEMPORAL_API_KEY: 'cloud-key-1' }).temporal);
+    try {
+      await client.workflowService.getSystemInfo({});
+      await connection.workflowService.getSystemInfo({});
+      await client.workflowService.describeNamespace({ namespace: 'default' });
+    } finally {
+      await clientConnection.close();
+      await connection.close();
+    }
+    const calls = cloud.calls().slice(from);
+    expect(calls.length).toBeGreaterThanOrEqual(3);
+    expect(calls.filter((c) => c.key !== 'cloud-key-1')).toEqual([]);
+  });
+
+  it('a key the server refuses is a mistake, said at once, not a Temporal that is away', async () => {
+    const err = await connectTemporal(cloudConfig({ TEMPORAL_API_KEY: 'not-a-cloud-key' }).temporal).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TemporalConnectionError);
+    expect((err as Error).message).toContain('TEMPORAL_API_KEY');
+    expect(temporalUnreachable(err), String(err)).toBe(false);
   });
 });

@@ -313,11 +313,8 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       log.warn({ stripe: stripeServer.url }, 'local Stripe-compatible server: nothing is billed');
     }
 
-    const { connection, client, clientConnection } = await connectTemporal({ ...config.temporal, address: temporalAddress });
-    onStop('Temporal connections', async () => {
-      await clientConnection.close();
-      await connection.close();
-    });
+    const { connection, client, close } = await connectTemporal({ ...config.temporal, address: temporalAddress });
+    onStop('Temporal connections', close);
     const stripe = createStripeClient(config.stripe, { log });
     const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics });
     onStop('worker', () => running.shutdown());

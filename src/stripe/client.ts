@@ -4,8 +4,8 @@
  */
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
-import type { Logger } from '../log.js';
-import { keyFromFile } from './key-file.js';
+import { keyFromFile, type KeyFileOptions, type KeyLog } from '../key-file.js';
+import { SECRET_KEY_PATTERN } from './rules.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
@@ -13,14 +13,14 @@ export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';
 
 /**
  * A client for `stripe`'s base URL with the configured key: read again from its file while running
- * when it came from STRIPE_API_KEY_FILE (./key-file.ts; `log` hears of a new key in use, never the
+ * when it came from STRIPE_API_KEY_FILE (stripeKeyFromFile below; `log` hears of a new key in use, never the
  * key), or `sessionToken` instead (a v2 meter event session's).
  */
-export function createStripeClient(stripe: Config['stripe'], opts: { sessionToken?: string; log?: Pick<Logger, 'info' | 'warn'> } = {}): Stripe {
+export function createStripeClient(stripe: Config['stripe'], opts: { sessionToken?: string; log?: KeyLog } = {}): Stripe {
   const base = new URL(stripe.apiBase);
   const protocol = base.protocol === 'http:' ? 'http' : 'https';
   const key = opts.sessionToken ?? stripe.apiKey ?? LOCAL_TEST_KEY;
-  const rolling = opts.sessionToken === undefined && stripe.apiKey !== undefined && stripe.apiKeyFile !== undefined ? keyReader(stripe.apiKeyFile, stripe.apiKey, opts.log) : undefined;
+  const rolling = opts.sessionToken === undefined && stripe.apiKey !== undefined && stripe.apiKeyFile !== undefined ? stripeKeyFromFile(stripe.apiKeyFile, stripe.apiKey, opts.log) : undefined;
   // stripe-node takes either a key or an authenticator, which sets the header on every request.
   return new Stripe(rolling ? '' : key, {
     ...(rolling ? { authenticator: (request) => Promise.resolve(void (request.headers.Authorization = `Bearer ${rolling()}`)) } : {}),
@@ -38,8 +38,26 @@ export function createStripeClient(stripe: Config['stripe'], opts: { sessionToke
   });
 }
 
-function keyReader(file: string, firstKey: string, log: Pick<Logger, 'info' | 'warn'> | undefined): () => string {
+/**
+ * STRIPE_API_KEY_FILE read again while running (../key-file.ts). A rolled key keeps its kind: a
+ * live key where a test key was (or the reverse) would change what the configuration checked at
+ * start (where a live key may be sent, the default pace), which is a restart's job.
+ */
+export function stripeKeyFromFile(
+  file: string,
+  firstKey: string,
+  log: KeyLog | undefined,
+  opts: Pick<KeyFileOptions, 'recheckMs' | 'now'> = {},
+): () => string {
+  const isLive = (key: string) => key.includes('_live_');
   return keyFromFile(file, firstKey, {
+    ...opts,
+    refuse: (key) =>
+      !SECRET_KEY_PATTERN.test(key)
+        ? 'does not hold a Stripe secret or restricted key (sk_test_…, sk_live_…, rk_…)'
+        : isLive(key) !== isLive(firstKey)
+          ? `holds a ${isLive(key) ? 'live' : 'test'} key where this process started with a ${isLive(firstKey) ? 'live' : 'test'} one: restart to change modes`
+          : undefined,
     onNews: (news) =>
       news.kind === 'changed'
         ? log?.info({ file }, 'Stripe API key: a new key read from STRIPE_API_KEY_FILE is in use')

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Client, Connection, type TLSConfig } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import type { TemporalConfig } from '../config.js';
+import { keyFromFile, type KeyLog } from '../key-file.js';
 import { workflowClientTracing } from '../tracing.js';
 
 export const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
@@ -16,8 +17,26 @@ export class TemporalConnectionError extends Error {
   override name = 'TemporalConnectionError';
 }
 
+/**
+ * The API key (Temporal Cloud), asked for on each call: TEMPORAL_API_KEY as configured, or, when it
+ * came from TEMPORAL_API_KEY_FILE, read again from the file while running (../key-file.ts), so a
+ * rotated key reaches running workers without a restart.
+ */
+function apiKeyOf(temporal: TemporalConfig, log?: KeyLog): (() => string) | undefined {
+  const first = temporal.apiKey;
+  if (!first) return undefined;
+  if (temporal.apiKeyFile === undefined) return () => first;
+  const file = temporal.apiKeyFile;
+  return keyFromFile(file, first, {
+    onNews: (news) =>
+      news.kind === 'changed'
+        ? log?.info({ file }, 'Temporal API key: a new key read from TEMPORAL_API_KEY_FILE is in use')
+        : log?.warn({ file }, `Temporal API key: TEMPORAL_API_KEY_FILE ${news.reason}; the key in use stays`),
+  });
+}
+
 /** Options shared by the client's and the worker's connections. */
-export function connectionOptions(temporal: TemporalConfig): { address: string; tls?: TLSConfig; apiKey?: string } {
+function connectionOptions(temporal: TemporalConfig, apiKey = apiKeyOf(temporal)): { address: string; tls?: TLSConfig; apiKey?: () => string } {
   const address = temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
   const tls = temporal.tls;
   return {
@@ -31,7 +50,7 @@ export function connectionOptions(temporal: TemporalConfig): { address: string; 
           },
         }
       : {}),
-    ...(temporal.apiKey ? { apiKey: temporal.apiKey } : {}),
+    ...(apiKey ? { apiKey } : {}),
   };
 }
 
@@ -54,9 +73,9 @@ function explain(temporal: TemporalConfig, err: unknown): TemporalConnectionErro
 }
 
 /** A client connection, checked: the server answered a first call. */
-export async function connectClient(temporal: TemporalConfig): Promise<Connection> {
+export async function connectClient(temporal: TemporalConfig, apiKey = apiKeyOf(temporal)): Promise<Connection> {
   try {
-    return await Connection.connect(connectionOptions(temporal));
+    return await Connection.connect(connectionOptions(temporal, apiKey));
   } catch (err) {
     throw explain(temporal, err);
   }
@@ -76,24 +95,69 @@ export function lazyHealthConnection(temporal: TemporalConfig): Connection {
   });
 }
 
-/** One gRPC connection for the client (starting workflows) and one native one for the worker. */
-export async function connectTemporal(
-  temporal: TemporalConfig,
-  opts: { tracing?: boolean } = {},
-): Promise<{ connection: NativeConnection; client: Client; clientConnection: Connection }> {
+/** The connections of a worker process, and how to close them. */
+export interface TemporalConnections {
+  /** The worker's. */
+  connection: NativeConnection;
+  /** The client's (starting workflows), and the client on it. */
+  clientConnection: Connection;
+  client: Client;
+  /** Closes both (and stops reading the key file). */
+  close(): Promise<void>;
+}
+
+/**
+ * One gRPC connection for the client (starting workflows) and one native one for the worker. With
+ * TEMPORAL_API_KEY_FILE both send the key the file holds now: the client's asks on every call, the
+ * native one, which takes no function, is told each new key (`setApiKey`): the file is read again
+ * every KEY_FILE_RECHECK_MS whether or not the client calls, so an idle worker's polls carry it too.
+ */
+export async function connectTemporal(temporal: TemporalConfig, opts: { tracing?: boolean; log?: KeyLog } = {}): Promise<TemporalConnections> {
+  const apiKey = apiKeyOf(temporal, opts.log);
+  const { apiKey: _asked, ...options } = connectionOptions(temporal, apiKey);
   let connection: NativeConnection;
   try {
-    connection = await NativeConnection.connect(connectionOptions(temporal));
+    connection = await NativeConnection.connect({ ...options, ...(apiKey ? { apiKey: apiKey() } : {}) });
   } catch (err) {
     throw explain(temporal, err);
   }
-  const clientConnection = await connectClient(temporal).catch(async (err: unknown) => {
+  const clientConnection = await connectClient(temporal, apiKey).catch(async (err: unknown) => {
     await connection.close();
     throw err;
   });
+  const stopTelling = temporal.apiKeyFile !== undefined && apiKey ? tellNewKeys(connection, apiKey, opts.log) : () => undefined;
   // Tracing on: what this client starts or signals (an operator's retry, a reopen) carries the
   // caller's trace into the workflow, as the relay's starts do.
   const interceptors = opts.tracing ? { workflow: await workflowClientTracing() } : undefined;
   const client = new Client({ connection: clientConnection, namespace: temporal.namespace, ...(interceptors ? { interceptors } : {}) });
-  return { connection, client, clientConnection };
+  let closing: Promise<unknown> | undefined;
+  return {
+    connection,
+    clientConnection,
+    client,
+    close: async () => {
+      stopTelling();
+      await (closing ??= Promise.all([connection.close(), clientConnection.close()]));
+    },
+  };
+}
+
+/**
+ * Tells the native connection each new key the file gives, within a second of its being read (the
+ * reader reads the file again every KEY_FILE_RECHECK_MS; asking in between costs nothing). A failed
+ * telling is tried again a second later.
+ */
+function tellNewKeys(connection: NativeConnection, apiKey: () => string, log: KeyLog | undefined): () => void {
+  let told = apiKey();
+  const timer = setInterval(() => {
+    const key = apiKey();
+    if (key === told) return;
+    told = key;
+    connection.setApiKey(key).catch((err: unknown) => {
+      told = '';
+      log?.warn({ err: String(err) }, 'Temporal API key: the worker connection did not take the new key; trying again');
+    });
+  }, 1_000);
+  timer.unref();
+  return () => clearInterval(timer);
 }

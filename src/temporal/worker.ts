@@ -333,9 +333,10 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
     let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
     const connect = async () => {
-      const own = await untilReachable('Temporal', () => connectTemporal(config.temporal, { tracing: tracing !== undefined }), { ...reach, unreachable: temporalUnreachable });
-      let closing: Promise<unknown> | undefined;
-      temporal = { ...own, close: async () => void (await (closing ??= Promise.all([own.connection.close(), own.clientConnection.close()]))) };
+      temporal = await untilReachable('Temporal', () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) }), {
+        ...reach,
+        unreachable: temporalUnreachable,
+      });
     };
     if (opts.connection) {
       temporal = { connection: opts.connection, client: new Client({ connection: opts.connection, namespace: config.temporal.namespace }) };
