@@ -7,7 +7,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
-import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN } from './stripe/rules.js';
+import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN, WEBHOOK_SECRET_PATTERN } from './stripe/rules.js';
 import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
@@ -105,7 +105,7 @@ const schema = z.object({
   STRIPE_WEBHOOK_SECRET: z
     .string()
     .trim()
-    .regex(/^whsec_[A-Za-z0-9_]+$/, 'must be a Stripe webhook signing secret (whsec_…)')
+    .regex(WEBHOOK_SECRET_PATTERN, 'must be a Stripe webhook signing secret (whsec_…)')
     .optional(),
   STRIPE_RATE_LIMIT_PER_SECOND: decimal(0.1, 10_000).optional(),
   STRIPE_METER_API: z.enum(['v1', 'v2'], 'must be v1 (meter events) or v2 (the meter event stream)').default('v1'),
@@ -313,6 +313,8 @@ export interface Config {
     timeoutMs: number;
     /** Secret that verifies Stripe's webhook signatures; unset: the webhook route refuses all. */
     webhookSecret: string | undefined;
+    /** STRIPE_WEBHOOK_SECRET_FILE when the secret came from it: read again while running (src/api/webhooks.ts). */
+    webhookSecretFile?: string;
     /**
      * Meter-event calls per second across every worker, paced by the shared limiter in PostgreSQL
      * (src/stripe/rate-limit.ts). Default: 900 with a live key (Stripe's live limit is 1,000/s),
@@ -497,6 +499,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,
+      ...(fromFile.STRIPE_WEBHOOK_SECRET !== undefined ? { webhookSecretFile: fromFile.STRIPE_WEBHOOK_SECRET } : {}),
       rateLimitPerSecond: c.STRIPE_RATE_LIMIT_PER_SECOND ?? (c.STRIPE_API_KEY?.includes('_live_') ? DEFAULT_LIVE_RATE : DEFAULT_TEST_RATE),
       meterApi: c.STRIPE_METER_API,
       identifierNamespace: c.STRIPE_IDENTIFIER_NAMESPACE,

@@ -6,6 +6,9 @@
  */
 import type { Client } from '@temporalio/client';
 import { randomBytes, randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -15,6 +18,7 @@ import { recordErrorReport } from '../src/ops/error-reports.js';
 import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { markDelivered } from '../src/outbox/sql/delivery.js';
 import type { AddressInfo } from 'node:net';
+import { KEY_FILE_RECHECK_MS } from '../src/key-file.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
@@ -217,6 +221,30 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(res.json().error.message).toContain('STRIPE_WEBHOOK_SECRET');
     expect((await row(keys[0]!)).status).toBe('sent');
     expect((await reports()).map((r) => r.event_id)).not.toContain(event.id);
+  });
+
+  it('verifies with a secret rolled in STRIPE_WEBHOOK_SECRET_FILE, read again while running, with no restart', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'webhook-secret-'));
+    extra.push({ close: async () => rmSync(dir, { recursive: true, force: true }) });
+    const file = path.join(dir, 'whsec');
+    writeFileSync(file, `${SECRET}\n`);
+    const rolled = `whsec_${randomBytes(16).toString('hex')}`;
+    const api = buildApi({
+      config: testConfig({ STRIPE_API_BASE: t.stripe.url, STRIPE_API_KEY: STRIPE_KEY, STRIPE_WEBHOOK_SECRET_FILE: file }),
+      db: t.pool,
+      log: createLogger('silent'),
+    });
+    extra.push(api);
+    const { keys, events } = await reportedFailures('meter_event_invalid_value', 1);
+    const body = thinBody(events[0]!);
+    // Signed with the new secret only: refused while the API verifies with the old one.
+    expect((await deliver(body, signatureHeader(body, rolled), api)).statusCode).toBe(400);
+
+    writeFileSync(file, `${rolled}\n`);
+    await new Promise((resolve) => setTimeout(resolve, KEY_FILE_RECHECK_MS + 500));
+    expect((await deliver(body, signatureHeader(body, SECRET), api)).statusCode).toBe(400);
+    expect((await deliver(body, signatureHeader(body, rolled), api)).statusCode).toBe(200);
+    for (const key of keys) expect((await row(key)).status).toBe('rejected_async');
   });
 
   it('processes a redelivered event once, also when two deliveries arrive together', async () => {

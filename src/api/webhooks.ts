@@ -19,10 +19,12 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
+import { keyFromFile, type KeyLog } from '../key-file.js';
 import { scrub } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
 import { createStripeClient } from '../stripe/client.js';
+import { WEBHOOK_SECRET_PATTERN } from '../stripe/rules.js';
 import { ApiError } from './errors.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
@@ -89,9 +91,27 @@ function storable(event: Record<string, unknown>): Record<string, unknown> {
   return { id, object, type, created, livemode, related_object, data };
 }
 
+/**
+ * The signing secret to verify with now: STRIPE_WEBHOOK_SECRET, read again while running when it
+ * came from STRIPE_WEBHOOK_SECRET_FILE (../key-file.ts), so a rolled secret needs no restart.
+ * Stripe signs with the old and the new secret while a roll lasts (up to 24 h), so either works.
+ */
+function webhookSecret(config: Config['stripe'], log: KeyLog): () => string | undefined {
+  const first = config.webhookSecret;
+  if (first === undefined || config.webhookSecretFile === undefined) return () => first;
+  const file = config.webhookSecretFile;
+  return keyFromFile(file, first, {
+    refuse: (secret) => (WEBHOOK_SECRET_PATTERN.test(secret) ? undefined : 'does not hold a webhook signing secret (whsec_…)'),
+    onNews: (news) =>
+      news.kind === 'changed'
+        ? log.info({ file }, 'Stripe webhook secret: a new secret read from STRIPE_WEBHOOK_SECRET_FILE is in use')
+        : log.warn({ file }, `Stripe webhook secret: STRIPE_WEBHOOK_SECRET_FILE ${news.reason}; the secret in use stays`),
+  });
+}
+
 export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): void {
-  const secret = deps.config.webhookSecret;
-  const stripe = deps.stripe ?? createStripeClient({ ...deps.config, timeoutMs: Math.min(deps.config.timeoutMs, FETCH_TIMEOUT_MS) });
+  const secretNow = webhookSecret(deps.config, app.log);
+  const stripe = deps.stripe ?? createStripeClient({ ...deps.config, timeoutMs: Math.min(deps.config.timeoutMs, FETCH_TIMEOUT_MS) }, { log: app.log });
 
   void app.register(async (scope) => {
     // The signature covers the exact bytes Stripe sent: parse nothing, keep the Buffer.
@@ -99,6 +119,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
     scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: WEBHOOK_BODY_LIMIT_BYTES }, (_request, body, done) => done(null, body));
 
     scope.post(WEBHOOK_PATH, { config: { public: true } }, async (request: FastifyRequest, reply: FastifyReply) => {
+      const secret = secretNow();
       if (!secret) {
         throw new ApiError(
           503,

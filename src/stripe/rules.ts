@@ -94,3 +94,6 @@ export const inHours = (ms: number): number => ms / HOUR_MS;
 
 /** What a Stripe secret or restricted key looks like (STRIPE_API_KEY, and a rolled key read from its file). */
 export const SECRET_KEY_PATTERN = /^(sk|rk)_(test|live)_[A-Za-z0-9_]+$/;
+
+/** What a webhook endpoint's signing secret looks like (STRIPE_WEBHOOK_SECRET, and a rolled one read from its file). */
+export const WEBHOOK_SECRET_PATTERN = /^whsec_[A-Za-z0-9_]+$/;
