@@ -53,7 +53,7 @@ it.each(['v1', 'v2'])('%s: a key rolled in its file is taken up by the running w
 
   // Taken up within KEY_FILE_RECHECK_MS and a held delivery's next try.
   writeFileSync(file, 'sk_test_after_roll\n');
-  for (const key of during) await t.waitStatus(key, delivered);
+  for (const key of during) await t.waitStatus(key, delivered, 60_000);
   for (const key of [...before, ...during]) expect(t.eventsFor(key)).toHaveLength(1);
   const status = await outboxStatus(t.pool, t.schema, new Date());
   expect(status.counts.dead).toBe(0);
@@ -95,7 +95,7 @@ describe('Temporal Cloud API key', () => {
     // with eager start a task comes back with its start, and polls begun before the deletion, with
     // the key they were accepted with, are still waiting).
     const after = [...(await t.backlog('acme', 3)), ...(await t.backlog('globex', 3))];
-    for (const key of after) await t.waitStatus(key, 'sent');
+    for (const key of after) await t.waitStatus(key, 'sent', 60_000);
     for (const key of after) expect(t.eventsFor(key)).toHaveLength(1);
     const since = cloud.calls().slice(deleted);
     expect(since.filter((c) => c.key !== 'cloud-key-2')).toEqual([]);
