@@ -11,6 +11,8 @@ import { waitFor } from './helpers.js';
 
 const children: ChildProcess[] = [];
 const proxies: net.Server[] = [];
+/** Connections a failover left silent (closed at clean-up). */
+const silencedSockets: net.Socket[] = [];
 
 export interface ProductProcess {
   child: ChildProcess;
@@ -35,6 +37,7 @@ export function untilSaid(p: ProductProcess, text: string | RegExp, timeoutMs: n
 
 export async function cleanUpAway(): Promise<void> {
   for (const c of children.splice(0)) if (c.exitCode === null) c.kill('SIGKILL');
+  for (const s of silencedSockets.splice(0)) s.destroy();
   await Promise.all(proxies.splice(0).map((p) => new Promise((r) => p.close(r))));
 }
 
@@ -92,3 +95,56 @@ export async function goingAway(port: number, target: { host: string; port: numb
   await listen();
   return { port, goAway, cutAt: () => cutAt };
 }
+
+export interface FailingOver {
+  port: number;
+  /**
+   * What a database failover (or a dropped network path) does to open connections: from now on
+   * they carry nothing either way and are never closed, as if the old server's address went
+   * silent; new connections go through (to the new server).
+   */
+  failOver: () => void;
+  /** Connections left silent so far. */
+  silenced: () => number;
+}
+
+/** A proxy on a free `port` to `target` whose open connections can go silent at once (`failOver`). */
+export async function failingOver(port: number, target: { host: string; port: number }): Promise<FailingOver> {
+  const open = new Set<{ client: net.Socket; upstream: net.Socket }>();
+  let silenced = 0;
+  const server = net.createServer((client) => {
+    const upstream = net.connect(target.port, target.host);
+    const pair = { client, upstream };
+    open.add(pair);
+    const end = () => {
+      open.delete(pair);
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end).on('end', end);
+    upstream.on('error', end).on('end', end);
+    client.pipe(upstream);
+    upstream.pipe(client);
+  });
+  proxies.push(server);
+  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+  return {
+    port,
+    failOver: () => {
+      for (const { client, upstream } of open) {
+        client.unpipe(upstream);
+        upstream.unpipe(client);
+        client.pause();
+        upstream.pause();
+        client.removeAllListeners('end');
+        upstream.removeAllListeners('end');
+        // Kept open, never answered, never ended: the silent side of a failover.
+        silencedSockets.push(client, upstream);
+        silenced++;
+      }
+      open.clear();
+    },
+    silenced: () => silenced,
+  };
+}
+

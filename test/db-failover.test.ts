@@ -1,0 +1,62 @@
+/**
+ * PostgreSQL failing over under a running worker: the connections it had go silent (no answer, no
+ * reset: the old server's address is gone) while new ones reach the new server. Nothing may wait on
+ * a silent connection for long: the event whose Stripe call was under way and the ones committed
+ * after are billed once each, soon, none dead.
+ */
+import { randomUUID } from 'node:crypto';
+import { afterAll, expect, inject, it } from 'vitest';
+import { freePort } from '../src/embedded/postgres.js';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { cleanUpAway, failingOver, startProcess, untilSaid } from './away.js';
+import { usePipeline, waitFor } from './hooks.js';
+
+const ENV = { STRIPE_API_KEY: 'sk_test_failover', RELAY_COUNT: '1', LOG_LEVEL: 'info' };
+const TENANTS = Array.from({ length: 10 }, (_, i) => `t${i}`);
+const t = usePipeline({ customers: Object.fromEntries(TENANTS.map((id) => [id, `cus_${id}`])), stripe: { meters: ['api_requests'] }, env: ENV, worker: false });
+afterAll(cleanUpAway);
+
+it('a running worker whose PostgreSQL connections go silent carries on over new ones: nothing lost, nothing billed twice, nothing dead', async () => {
+  const db = new URL(t.db.url);
+  const proxy = await failingOver(await freePort(), { host: db.hostname, port: Number(db.port) });
+  const url = new URL(t.db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String(proxy.port);
+  const worker = startProcess({
+    ...ENV,
+    DATABASE_URL: url.toString(),
+    TEMPORAL_ADDRESS: inject('temporalAddress'),
+    TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue,
+    STRIPE_API_BASE: t.stripe.url,
+  });
+  await untilSaid(worker, 'worker running', 90_000);
+  const record = async (usageId: string, tenantId = 't0') => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId, quantity: 5 }))).entry.idempotencyKey;
+  const warm = await record(`failover-warm-${randomUUID()}`);
+  await waitFor('the first event billed', async () => t.stripe.events().some((e) => e.identifier === warm), 60_000);
+
+  t.stripe.setLatency(2_000);
+  const inFlight = await record(`failover-in-flight-${randomUUID()}`);
+  await waitFor('its Stripe call under way', async () => t.stripe.callsInFlight() > 0, 30_000);
+  // Busy: every connection of the worker's pool opened and in use.
+  const busy: string[] = [];
+  for (let i = 0; i < 40; i++) busy.push(await record(`failover-busy-${i}-${randomUUID()}`, TENANTS[i % TENANTS.length]));
+  await new Promise((r) => setTimeout(r, 1_000));
+  proxy.failOver();
+  expect(proxy.silenced()).toBeGreaterThan(0);
+  const after: string[] = [];
+  for (let i = 0; i < 3; i++) after.push(await record(`failover-after-${i}-${randomUUID()}`));
+  t.stripe.setLatency(0);
+
+  for (const key of [inFlight, ...busy, ...after]) {
+    await waitFor(`${key} billed and its row sent`, async () => {
+      const { rows } = await t.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key]);
+      return rows[0]?.status === 'sent' || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output())));
+    }, 180_000);
+    expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
+  }
+  const { rows } = await t.pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
+  expect(rows).toEqual([{ status: 'sent', n: 2 + busy.length + after.length }]);
+  expect(worker.child.exitCode).toBeNull();
+  worker.child.kill('SIGTERM');
+}, 300_000);
