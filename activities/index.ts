@@ -7,6 +7,7 @@ import { Context } from '@temporalio/activity';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import type { Config } from '../src/config.js';
+import { answeredWithin } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
 import { deliveryStore } from '../src/outbox/sql/delivery.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
@@ -35,12 +36,15 @@ export function createActivities(deps: ActivityDeps) {
   const { db, config } = deps;
   const schema = schemaFor(config.databaseSchema);
   const sender = deps.stream ?? meterEventsV1(deps.stripe);
+  // The delivery's statements each take milliseconds: one unanswered for longer is a connection
+  // gone silent (a failover), taken for PostgreSQL away (the delivery waits, spending no attempt).
+  const deliveryDb = answeredWithin(db, config.timings.statementAnswerMs);
   const delivery = createDeliveryActivities({
-    store: deliveryStore(db, schema, { identifierNamespace: config.stripe.identifierNamespace }),
+    store: deliveryStore(deliveryDb, schema, { identifierNamespace: config.stripe.identifierNamespace }),
     // The usage workflow's id is the event's idempotency key.
     sender: deps.traced ? tracedSender(sender, () => Context.current().info.workflowExecution?.workflowId) : sender,
-    lease: new MeterLease(db, schema, config.timings, deps.notifier, deps.stopping),
-    pacer: new SlotPacer(db, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
+    lease: new MeterLease(deliveryDb, schema, config.timings, deps.notifier, deps.stopping),
+    pacer: new SlotPacer(deliveryDb, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs }),
     meters: deps.meters,
     config,
     metrics: deps.metrics,

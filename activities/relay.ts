@@ -11,6 +11,7 @@ import { Context } from '@temporalio/activity';
 import type { Client } from '@temporalio/client';
 import type pg from 'pg';
 import type { Config } from '../src/config.js';
+import { answeredWithin } from '../src/db.js';
 import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
@@ -26,7 +27,7 @@ export interface RelayDeps {
   db: pg.Pool;
   client: Client;
   notifier: OutboxNotifier;
-  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'databaseSchema'>;
+  config: Pick<Config, 'relay' | 'retry' | 'temporal' | 'stripe' | 'lanes' | 'databaseSchema' | 'timings'>;
   /** How long one relay activity runs before handing back to its workflow. */
   runForMs?: number;
   /** Aborted when this process is shutting down: relays stop claiming at once. */
@@ -87,8 +88,12 @@ export interface RelayResult {
 }
 
 export function createRelayActivities(deps: RelayDeps) {
-  const { db, client, notifier, config } = deps;
+  const { client, notifier, config } = deps;
   const schema = schemaFor(config.databaseSchema);
+  // The relay's statements each take milliseconds: one unanswered for longer is a connection gone
+  // silent (a failover); it fails, and the relay is tried again on a new one.
+  const answerMs = config.timings.statementAnswerMs;
+  const db = answeredWithin(deps.db, answerMs);
   const runForMs = deps.runForMs ?? 60_000;
   const log = deps.log ?? (() => undefined);
 
@@ -114,7 +119,7 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; startMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size, paused: laneWindow.paused(performance.now()) });
+    const rows = await claimBatch(deps.db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size, paused: laneWindow.paused(performance.now()), answerMs });
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0, startMs: 0 };

@@ -226,6 +226,11 @@ export interface DeliveryTimings {
   rateLimitJitterMs: number;
   /** A delivery that found PostgreSQL away comes back this much later (plus up to a second). */
   databaseRetryMs: number;
+  /**
+   * A delivery's statement (the attempt, the lease, the pace, the mark) unanswered this long is a
+   * connection gone silent (a failover): taken for PostgreSQL away, and its connection dropped.
+   */
+  statementAnswerMs: number;
   /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
   credentialsRetryMs: number;
   /** Heartbeats during an attempt (waiting for the lease, pacing, the call). */
@@ -272,6 +277,8 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number):
     rateLimitedWaitMs: 1_000,
     rateLimitJitterMs: 500,
     databaseRetryMs: 2_000,
+    // Each takes milliseconds; the lease leaves our statements around a call 5 s (leaseMs).
+    statementAnswerMs: 5_000,
     // Often enough that delivery resumes within seconds of the key being fixed, rarely enough that
     // a backlog held this way costs Stripe a handful of refused calls a second at most.
     credentialsRetryMs: 15_000,

@@ -188,22 +188,55 @@ export function isDatabaseUnavailable(err: unknown): boolean {
   if (typeof e?.code === 'string') {
     return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code) || TRANSIENT_SQLSTATE.test(e.code);
   }
-  return typeof e?.message === 'string' && /Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message);
+  return typeof e?.message === 'string' && (/Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message) || e.message === UNANSWERED);
+}
+
+/** What pg says when a statement given a `query_timeout` got no answer within it. */
+const UNANSWERED = 'Query read timeout';
+
+/**
+ * `db` (a pool or a client), with every statement failing (`Query read timeout`, which
+ * isDatabaseUnavailable counts as PostgreSQL away) when it is not answered within `ms`. For
+ * statements that each take milliseconds: a connection gone silent (the server failed over, the
+ * network path dropped) is found in `ms` instead of by TCP minutes later. A pool then drops that
+ * connection itself; a client's holder must release it with the error (`releaseAfter`). A statement
+ * that was only slow may still commit after its timeout: only for statements whose caller can take
+ * "unknown" and try again.
+ */
+export function answeredWithin(db: Queryable, ms: number): Queryable {
+  type Query = (first: unknown, ...rest: unknown[]) => unknown;
+  const query = db.query.bind(db) as Query;
+  return {
+    query: ((first: unknown, ...rest: unknown[]) => {
+      if (typeof first === 'string') return query({ text: first, query_timeout: ms }, ...rest);
+      return query({ ...(first as object), query_timeout: ms }, ...rest);
+    }) as Queryable['query'],
+  };
+}
+
+/**
+ * Gives a pooled client back after `err` (undefined: none): one whose connection failed or went
+ * silent is dropped, not lent out again (a silent one would hold its next borrower's statements).
+ */
+export function releaseAfter(client: pg.PoolClient, err: unknown): void {
+  client.release(isDatabaseUnavailable(err) ? (err as Error) : undefined);
 }
 
 /** Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. */
 export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
+  let failed: unknown;
   try {
     await client.query('BEGIN');
     const result = await fn(client);
     await client.query('COMMIT');
     return result;
   } catch (err) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    failed = err;
+    if (!isDatabaseUnavailable(err)) await client.query('ROLLBACK').catch(() => undefined);
     throw err;
   } finally {
-    client.release();
+    releaseAfter(client, failed);
   }
 }
 

@@ -1,8 +1,11 @@
 /**
- * PostgreSQL failing over under a running worker: the connections it had go silent (no answer, no
+ * PostgreSQL failing over under a busy worker: the connections it had go silent (no answer, no
  * reset: the old server's address is gone) while new ones reach the new server. Nothing may wait on
- * a silent connection for long: the event whose Stripe call was under way and the ones committed
- * after are billed once each, soon, none dead.
+ * a silent connection for long: each statement of a delivery or a claim unanswered for
+ * `statementAnswerMs` (5 s) is taken for PostgreSQL away and its connection dropped, so the event
+ * whose Stripe call was under way, those in flight and those committed after are billed once each,
+ * none dead, and no attempt is spent on it (measured: all billed 12.5 s after the failover, 43.8 s
+ * before the timeout, when each hung delivery failed an attempt at its attempt timeout).
  */
 import { randomUUID } from 'node:crypto';
 import { afterAll, expect, inject, it } from 'vitest';
@@ -57,6 +60,14 @@ it('a running worker whose PostgreSQL connections go silent carries on over new 
   }
   const { rows } = await t.pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
   expect(rows).toEqual([{ status: 'sent', n: 2 + busy.length + after.length }]);
+  // A statement on a silent connection is given up on within seconds, as PostgreSQL away: the
+  // delivery waits and comes back, spending no attempt. Without that it hung until the attempt's
+  // timeout, which failed the attempt (a local activity's marker, or an activity, with a failure).
+  for (const key of [inFlight, ...busy, ...after]) {
+    const { events } = await t.client.workflow.getHandle(key).fetchHistory();
+    const failed = (events ?? []).filter((e) => e.markerRecordedEventAttributes?.failure || e.activityTaskFailedEventAttributes || e.activityTaskTimedOutEventAttributes);
+    expect(failed, key).toEqual([]);
+  }
   expect(worker.child.exitCode).toBeNull();
   worker.child.kill('SIGTERM');
 }, 300_000);

@@ -3,7 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type pg from 'pg';
-import type { Queryable } from '../../db.js';
+import { answeredWithin, isDatabaseUnavailable, releaseAfter, type Queryable } from '../../db.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
 import type { Lane } from '../lane-window.js';
@@ -86,21 +86,26 @@ export async function claimBatch(
   opts: ClaimOptions,
 ): Promise<ClaimedRow[]> {
   const client = 'release' in db ? db : await db.connect();
+  // Each statement takes milliseconds (the lock: another relay's claim): one unanswered past
+  // `answerMs` is a connection gone silent, dropped with the error.
+  const q = opts.answerMs === undefined ? client : answeredWithin(client, opts.answerMs);
+  let failed: unknown;
   try {
     try {
       // One round trip for all three (constants, so no parameter is needed). A claim lost in a
       // crash of PostgreSQL only puts its rows back to pending (their workflows, if started, refuse
       // a second start): no need to wait for the WAL flush.
-      await client.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK}, ${schema.claimLockKey})`);
-      const rows = await claimStatement(client, schema, opts);
-      await client.query('COMMIT');
+      await q.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK}, ${schema.claimLockKey})`);
+      const rows = await claimStatement(q, schema, opts);
+      await q.query('COMMIT');
       return rows;
     } catch (err) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      failed = err;
+      if (!isDatabaseUnavailable(err)) await q.query('ROLLBACK').catch(() => undefined);
       throw err;
     }
   } finally {
-    if (client !== db) (client as pg.PoolClient).release();
+    if (client !== db) releaseAfter(client as pg.PoolClient, failed);
   }
 }
 
@@ -113,6 +118,8 @@ export interface ClaimOptions {
   laneMax: number;
   /** Lanes this claim leaves alone (the lane window's pause). */
   paused?: Lane[];
+  /** Each statement of the claim unanswered this long fails as PostgreSQL away (answeredWithin). */
+  answerMs?: number;
 }
 
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
