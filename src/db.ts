@@ -178,21 +178,29 @@ function splitStatements(sql: string): string[] {
 const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03)$/;
 
 /**
- * Whether `err` says the database is away or overloaded rather than the statement wrong: Node socket
- * errors, node-postgres's own connection errors, and the SQLSTATEs above. A delivery that meets one
- * waits and tries again without spending one of its attempts (twenty minutes of overload must not
- * dead-letter every event in flight); the API answers 503.
+ * Whether `err` says the database is away or overloaded rather than the statement wrong: the
+ * connection lost (connectionLost), and the SQLSTATEs above. A delivery that meets one waits and
+ * tries again without spending one of its attempts (twenty minutes of overload must not dead-letter
+ * every event in flight); the API answers 503.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
-  const e = err as { code?: unknown; message?: unknown } | null;
-  if (typeof e?.code === 'string') {
-    return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code) || TRANSIENT_SQLSTATE.test(e.code);
-  }
-  return typeof e?.message === 'string' && (/Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message) || e.message === UNANSWERED);
+  const code = (err as { code?: unknown } | null)?.code;
+  return connectionLost(err) || (typeof code === 'string' && TRANSIENT_SQLSTATE.test(code));
 }
 
 /** What pg says when a statement given a `query_timeout` got no answer within it. */
 const UNANSWERED = 'Query read timeout';
+
+/**
+ * Whether `err` says the connection itself is gone, not a statement's error: Node socket errors,
+ * node-postgres's own connection errors, and a statement unanswered past its timeout (a silent
+ * connection, answeredWithin). Such a connection is dropped, not rolled back and lent out again.
+ */
+export function connectionLost(err: unknown): boolean {
+  const e = err as { code?: unknown; message?: unknown } | null;
+  if (typeof e?.code === 'string') return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code);
+  return typeof e?.message === 'string' && (/Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message) || e.message === UNANSWERED);
+}
 
 /**
  * `db` (a pool or a client), with every statement failing (`Query read timeout`, which
@@ -219,7 +227,7 @@ export function answeredWithin(db: Queryable, ms: number): Queryable {
  * silent is dropped, not lent out again (a silent one would hold its next borrower's statements).
  */
 export function releaseAfter(client: pg.PoolClient, err: unknown): void {
-  client.release(isDatabaseUnavailable(err) ? (err as Error) : undefined);
+  client.release(connectionLost(err) ? (err as Error) : undefined);
 }
 
 /** Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. */
@@ -233,7 +241,7 @@ export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClie
     return result;
   } catch (err) {
     failed = err;
-    if (!isDatabaseUnavailable(err)) await client.query('ROLLBACK').catch(() => undefined);
+    if (!connectionLost(err)) await client.query('ROLLBACK').catch(() => undefined);
     throw err;
   } finally {
     releaseAfter(client, failed);

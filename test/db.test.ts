@@ -4,7 +4,7 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
-import { createPool, isDatabaseUnavailable } from '../src/db.js';
+import { answeredWithin, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
 import { useDatabase, waitFor } from './hooks.js';
 
 const t = useDatabase();
@@ -100,10 +100,31 @@ it('takes overload for "not now": a statement timeout, a lock timeout, a deadloc
     const codes = [timeout, lock, deadlock, serialization, tooMany].map((e) => (e as { code?: string } | undefined)?.code);
     expect(codes).toEqual(['57014', '55P03', '40P01', '40001', '53300']);
     for (const e of [timeout, lock, deadlock, serialization, tooMany]) expect(isDatabaseUnavailable(e)).toBe(true);
+    // Overloaded, not gone: the connection is rolled back and lent out again, not dropped.
+    for (const e of [timeout, lock, deadlock, serialization]) expect(connectionLost(e)).toBe(false);
 
     // A statement that is wrong stays wrong: a duplicate key, a syntax error.
     expect(isDatabaseUnavailable(await errorOf(pool.query('INSERT INTO overload_probe VALUES (1, 0)')))).toBe(false);
     expect(isDatabaseUnavailable(await errorOf(pool.query('SELEC 1')))).toBe(false);
+  } finally {
+    await pool.end();
+  }
+});
+
+it('answeredWithin: a statement unanswered in time fails as PostgreSQL away, and the pool drops its connection', async () => {
+  const pool = createPool(t.db.url, 1);
+  try {
+    const db = answeredWithin(pool, 300);
+    const pid = async () => (await db.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+    const first = await pid();
+    // A connection that stops answering, as far as this process can tell.
+    const unanswered = await db.query('SELECT pg_sleep(3)').then(() => undefined, (e: unknown) => e);
+    expect(unanswered).toMatchObject({ message: 'Query read timeout' });
+    expect(isDatabaseUnavailable(unanswered)).toBe(true);
+    expect(connectionLost(unanswered)).toBe(true);
+    // The pool's only connection went with it: the next statement runs on a new one at once,
+    // not behind the unanswered one.
+    expect(await pid()).not.toBe(first);
   } finally {
     await pool.end();
   }

@@ -3,7 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type pg from 'pg';
-import { answeredWithin, isDatabaseUnavailable, releaseAfter, type Queryable } from '../../db.js';
+import { answeredWithin, connectionLost, releaseAfter, type Queryable } from '../../db.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
 import type { Lane } from '../lane-window.js';
@@ -101,7 +101,7 @@ export async function claimBatch(
       return rows;
     } catch (err) {
       failed = err;
-      if (!isDatabaseUnavailable(err)) await q.query('ROLLBACK').catch(() => undefined);
+      if (!connectionLost(err)) await q.query('ROLLBACK').catch(() => undefined);
       throw err;
     }
   } finally {
