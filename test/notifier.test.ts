@@ -7,9 +7,12 @@ import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createRelayActivities } from '../activities/relay.js';
 import net from 'node:net';
+import { freePort } from '../src/embedded/postgres.js';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { connectTemporal } from '../src/temporal/worker.js';
-import { testConfig, useDatabase } from './hooks.js';
+import { cleanUpAway, failingOver } from './away.js';
+import { testConfig, useDatabase, waitFor } from './hooks.js';
 
 const t = useDatabase();
 let temporal: Awaited<ReturnType<typeof connectTemporal>>;
@@ -18,8 +21,8 @@ beforeAll(async () => {
   temporal = await connectTemporal(config.temporal);
 });
 afterAll(async () => {
-  await temporal?.clientConnection.close();
-  await temporal?.connection.close();
+  await temporal?.close();
+  await cleanUpAway();
 });
 
 /**
@@ -69,3 +72,29 @@ it('the relay activity keeps polling and heartbeating while its LISTEN connectio
     await notifier.close();
   }
 }, 20_000);
+
+it('a LISTEN connection gone silent (a failover) is found by its probe and replaced: notifications are heard again', async () => {
+  const db = new URL(t.db.url);
+  const proxy = await failingOver(await freePort(), { host: db.hostname, port: Number(db.port) });
+  const url = new URL(t.db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String(proxy.port);
+  const notifier = new OutboxNotifier(url.toString(), undefined, { probeEveryMs: 500 });
+  try {
+    notifier.start();
+    await waitFor('listening', async () => notifier.listening);
+    const heard = async () => {
+      const mark = notifier.mark();
+      await t.pool.query(`NOTIFY "${schemaFor().outboxChannel}"`);
+      await notifier.wait(500, undefined, mark);
+      return notifier.mark() !== mark;
+    };
+    expect(await heard()).toBe(true);
+    proxy.failOver();
+    expect(await heard()).toBe(false);
+    // Asked every 500 ms, unanswered for 5 s: replaced over a new connection, which hears again.
+    await waitFor('a notification heard after the failover', heard, 30_000);
+  } finally {
+    await notifier.close();
+  }
+});

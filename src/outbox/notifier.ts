@@ -17,8 +17,19 @@ import { schemaFor, type Schema } from './sql/schema.js';
 /** The topic of the outbox channel's notifications (lease ids are the topics of the lease channel's). */
 export const OUTBOX_TOPIC = '';
 
+/**
+ * How often the LISTEN connection is asked a trivial question, and how long it has to answer. A
+ * connection that goes silent (the server failed over, the network path dropped) neither errors
+ * nor ends, and an idle one is never timed out by TCP: without asking, every wake-up would be lost
+ * (the waiters falling back to their polls) until the process restarted.
+ */
+export const LISTEN_PROBE_EVERY_MS = 15_000;
+const LISTEN_PROBE_ANSWER_MS = 5_000;
+
 export class OutboxNotifier {
   private client: pg.Client | undefined;
+  private probe: NodeJS.Timeout | undefined;
+  private readonly probeEveryMs: number;
   private waiters = new Map<string, Set<() => void>>();
   /**
    * When each topic was last woken (a process-wide counter), so a waiter can tell it missed a wake
@@ -41,9 +52,10 @@ export class OutboxNotifier {
   private readonly database: string | pg.ClientConfig;
 
   /** `schema`: the name of the PostgreSQL schema whose channels it listens on (default billing_outbox). */
-  constructor(database: string | pg.ClientConfig, schema?: string) {
+  constructor(database: string | pg.ClientConfig, schema?: string, opts: { probeEveryMs?: number } = {}) {
     this.database = database;
     this.schema = schemaFor(schema);
+    this.probeEveryMs = opts.probeEveryMs ?? LISTEN_PROBE_EVERY_MS;
   }
 
   /**
@@ -81,6 +93,7 @@ export class OutboxNotifier {
         await client.query(`LISTEN "${this.schema.leaseChannel}"`);
         this.client = client;
         this.reconnectDelayMs = 100;
+        this.probe ??= setInterval(() => this.askListener(), this.probeEveryMs).unref();
         // Rows may have committed, and leases been given back, while we were not listening.
         this.wakeEveryone();
         return;
@@ -90,6 +103,18 @@ export class OutboxNotifier {
         this.reconnectDelayMs = Math.min(this.reconnectDelayMs * 2, 5_000);
       }
     }
+  }
+
+  /** One trivial question to the LISTEN connection: unanswered in time, it is replaced. */
+  private probing = false;
+  private askListener(): void {
+    const client = this.client;
+    if (!client || this.probing) return;
+    this.probing = true;
+    client
+      .query({ text: 'SELECT 1', query_timeout: LISTEN_PROBE_ANSWER_MS } as pg.QueryConfig)
+      .catch(() => this.onLost(client))
+      .finally(() => (this.probing = false));
   }
 
   private onLost(client: pg.Client): void {
@@ -162,9 +187,13 @@ export class OutboxNotifier {
 
   async close(): Promise<void> {
     this.closed = true;
+    clearInterval(this.probe);
     this.wakeEveryone();
     const client = this.client;
     this.client = undefined;
-    await client?.end().catch(() => undefined);
+    // A silent connection never confirms its end: not waited for past a moment.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([client?.end().catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, 2_000)))]);
+    clearTimeout(timer);
   }
 }
