@@ -58,8 +58,18 @@ export function withPgTypes(pool: pg.Pool): pg.Pool {
   });
 }
 
-export function createPool(databaseUrl: string, max = 10): pg.Pool {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max, application_name: 'billing-outbox', types: pgTypes });
+/**
+ * `answerMs`: every statement of the pool unanswered this long fails as PostgreSQL away and its
+ * connection is dropped (answeredWithin, for a pool whose every statement is quick: the API's).
+ */
+export function createPool(databaseUrl: string, max = 10, opts: { answerMs?: number } = {}): pg.Pool {
+  const pool = new pg.Pool({
+    connectionString: databaseUrl,
+    max,
+    application_name: 'billing-outbox',
+    types: pgTypes,
+    ...(opts.answerMs === undefined ? {} : { query_timeout: opts.answerMs }),
+  });
   // An idle client losing its connection (server restart) must not crash the process; the pool
   // discards it and the next query opens a new one.
   pool.on('error', () => undefined);

@@ -5,7 +5,8 @@
  * `statementAnswerMs` (5 s) is taken for PostgreSQL away and its connection dropped, so the event
  * whose Stripe call was under way, those in flight and those committed after are billed once each,
  * none dead, and no attempt is spent on it (measured: all billed 12.5 s after the failover, 43.8 s
- * before the timeout, when each hung delivery failed an attempt at its attempt timeout).
+ * before the timeout, when each hung delivery failed an attempt at its attempt timeout). The API's
+ * requests are answered 503 (the client tries again) instead of hanging on a silent connection.
  */
 import { randomUUID } from 'node:crypto';
 import { afterAll, expect, inject, it } from 'vitest';
@@ -70,4 +71,46 @@ it('a running worker whose PostgreSQL connections go silent carries on over new 
   }
   expect(worker.child.exitCode).toBeNull();
   worker.child.kill('SIGTERM');
+}, 300_000);
+
+it('the API whose PostgreSQL connections go silent answers 503 within seconds, not never, and takes usage again over new ones', async () => {
+  const db = new URL(t.db.url);
+  const proxy = await failingOver(await freePort(), { host: db.hostname, port: Number(db.port) });
+  const url = new URL(t.db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String(proxy.port);
+  const apiPort = await freePort();
+  const token = `tok_${randomUUID().replace(/-/g, '')}`;
+  const api = startProcess(
+    { DATABASE_URL: url.toString(), TEMPORAL_ADDRESS: inject('temporalAddress'), API_PORT: String(apiPort), API_TOKENS: JSON.stringify([{ name: 'app', token, tenants: ['*'], scopes: ['usage:write'] }]) },
+    'src/bin/api.ts',
+  );
+  await untilSaid(api, 'API listening', 60_000);
+  // Each request is answered, one way or the other, well within this.
+  const post = (usageId: string) =>
+    fetch(`http://127.0.0.1:${apiPort}/v1/usage`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ tenant_id: 't0', usage_id: usageId, quantity: 1 }),
+      signal: AbortSignal.timeout(20_000),
+    });
+  // Several connections open in the API's pool, then all of them silent.
+  await Promise.all(Array.from({ length: 5 }, () => post(`failover-api-warm-${randomUUID()}`)));
+  proxy.failOver();
+  expect(proxy.silenced()).toBeGreaterThan(1);
+
+  const ids = Array.from({ length: 5 }, (_, i) => `failover-api-${i}-${randomUUID()}`);
+  const answers: number[] = [];
+  for (const id of ids) {
+    // As a client does: 503 means try again with the same usage_id.
+    for (;;) {
+      const res = await post(id);
+      answers.push(res.status);
+      if (res.status !== 503) break;
+    }
+  }
+  expect(answers.filter((s) => s !== 503)).toEqual(ids.map(() => 201));
+  const { rows } = await t.pool.query('SELECT id FROM usage_logs WHERE id = ANY($1::text[])', [ids]);
+  expect(rows).toHaveLength(ids.length);
+  api.child.kill('SIGTERM');
 }, 300_000);

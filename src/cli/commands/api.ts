@@ -34,7 +34,10 @@ export async function runApi(): Promise<void> {
   // PostgreSQL restarting as the API starts: waited for (src/reachable.ts), each try logged.
   const databaseUrl = config.databaseUrl;
   await untilReachable('PostgreSQL', () => migrate(databaseUrl, { schema: config.databaseSchema }), { waitMs: config.startupWaitMs, log, unreachable: postgresUnreachable });
-  const pool = createPool(databaseUrl);
+  // Every statement of the API is quick (a usage and its outbox row, a webhook's rows, the status
+  // counts): one unanswered for statementAnswerMs is a connection gone silent (a failover), and the
+  // request is answered 503 at once instead of hanging on it.
+  const pool = createPool(databaseUrl, 10, { answerMs: config.timings.statementAnswerMs });
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
   const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
