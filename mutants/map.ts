@@ -462,6 +462,22 @@ export const MUTANTS: Mutant[] = [
     name: 'as Worker.create checks the namespace',
   },
   {
+    id: 'silent-connection-waited-for',
+    guarantee: 'Through PostgreSQL outages: a failover (its open connections silent) costs seconds and no attempt, each delivery statement given up on after 5 s',
+    find: '    statementAnswerMs: 5_000,',
+    replace: '    statementAnswerMs: 600_000,',
+    test: 'test/db-failover.test.ts',
+    name: 'carries on over new ones',
+  },
+  {
+    id: 'silent-listen-connection-kept',
+    guarantee: 'Through PostgreSQL outages: a silent LISTEN connection is found and replaced, so wake-ups resume',
+    find: '        this.probe ??= setInterval(() => this.askListener(), this.probeEveryMs).unref();',
+    replace: '        this.probe ??= setInterval(() => undefined, this.probeEveryMs).unref();',
+    test: 'test/notifier.test.ts',
+    name: 'found by its probe and replaced',
+  },
+  {
     id: 'failed-start-waits-for-claim-lapse',
     guarantee: 'A start that failed for a reason that may pass is tried again seconds later, not when its claim would lapse',
     find: "processing_deadline = least(processing_deadline, clock_timestamp() + $5::int * interval '1 millisecond')",
