@@ -311,7 +311,7 @@ export interface Config {
   stripe: {
     /** Undefined outside production means "use the local Stripe-compatible server's test key". */
     apiKey: string | undefined;
-    /** STRIPE_API_KEY_FILE when the key came from it: read again while running (src/stripe/key-file.ts). */
+    /** STRIPE_API_KEY_FILE when the key came from it: read again while running (src/stripe/client.ts, src/key-file.ts). */
     apiKeyFile?: string;
     apiBase: string;
     /** True when STRIPE_API_BASE was left at Stripe's own API. */

@@ -1,6 +1,6 @@
 /**
- * A secret key given as a file (STRIPE_API_KEY_FILE, TEMPORAL_API_KEY_FILE), read again while the
- * process runs, so a rolled key reaches running workers and APIs without a restart. Kubernetes
+ * A secret key given as a file (STRIPE_API_KEY_FILE, STRIPE_WEBHOOK_SECRET_FILE,
+ * TEMPORAL_API_KEY_FILE), read again while the process runs, so a rolled key reaches running workers and APIs without a restart. Kubernetes
  * rewrites a mounted secret's file in place when the secret changes; Stripe's "roll key" can expire
  * the old key at once, and a Temporal Cloud API key expires on its date. Without this, every worker
  * would keep sending the old key until someone restarted it.
@@ -30,6 +30,17 @@ export interface KeyFileOptions {
   onNews?: (news: KeyFileNews) => void;
   recheckMs?: number;
   now?: () => number;
+}
+
+/**
+ * News of a key file said on `log`: `<what>: a new <noun> read from <variable> is in use`, or why
+ * the one in use stays. The key itself is never in it.
+ */
+export function newsOn(log: KeyLog | undefined, file: string, names: { what: string; noun: string; variable: string }): (news: KeyFileNews) => void {
+  return (news) =>
+    news.kind === 'changed'
+      ? log?.info({ file }, `${names.what}: a new ${names.noun} read from ${names.variable} is in use`)
+      : log?.warn({ file }, `${names.what}: ${names.variable} ${news.reason}; the ${names.noun} in use stays`);
 }
 
 /** The key to use now: `firstKey` (what the configuration read) until the file holds another. */

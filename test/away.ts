@@ -7,6 +7,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
+import { freePort } from '../src/embedded/postgres.js';
 import { waitFor } from './helpers.js';
 
 const children: ChildProcess[] = [];
@@ -97,7 +98,8 @@ export async function goingAway(port: number, target: { host: string; port: numb
 }
 
 export interface FailingOver {
-  port: number;
+  /** The database URL through the proxy. */
+  url: string;
   /**
    * What a database failover (or a dropped network path) does to open connections: from now on
    * they carry nothing either way and are never closed, as if the old server's address went
@@ -108,12 +110,16 @@ export interface FailingOver {
   silenced: () => number;
 }
 
-/** A proxy on a free `port` to `target` whose open connections can go silent at once (`failOver`). */
-export async function failingOver(port: number, target: { host: string; port: number }): Promise<FailingOver> {
+/** A proxy on a free port to the database of `databaseUrl` whose open connections can go silent at once (`failOver`). */
+export async function failingOver(databaseUrl: string): Promise<FailingOver> {
+  const target = new URL(databaseUrl);
+  const url = new URL(databaseUrl);
+  url.hostname = '127.0.0.1';
+  url.port = String(await freePort());
   const open = new Set<{ client: net.Socket; upstream: net.Socket }>();
   let silenced = 0;
   const server = net.createServer((client) => {
-    const upstream = net.connect(target.port, target.host);
+    const upstream = net.connect(Number(target.port), target.hostname);
     const pair = { client, upstream };
     open.add(pair);
     const end = () => {
@@ -127,9 +133,9 @@ export async function failingOver(port: number, target: { host: string; port: nu
     upstream.pipe(client);
   });
   proxies.push(server);
-  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+  await new Promise<void>((resolve) => server.listen(Number(url.port), '127.0.0.1', resolve));
   return {
-    port,
+    url: url.toString(),
     failOver: () => {
       for (const { client, upstream } of open) {
         client.unpipe(upstream);

@@ -7,7 +7,6 @@ import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createRelayActivities } from '../activities/relay.js';
 import net from 'node:net';
-import { freePort } from '../src/embedded/postgres.js';
 import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { connectTemporal } from '../src/temporal/worker.js';
@@ -74,12 +73,8 @@ it('the relay activity keeps polling and heartbeating while its LISTEN connectio
 }, 20_000);
 
 it('a LISTEN connection gone silent (a failover) is found by its probe and replaced: notifications are heard again', async () => {
-  const db = new URL(t.db.url);
-  const proxy = await failingOver(await freePort(), { host: db.hostname, port: Number(db.port) });
-  const url = new URL(t.db.url);
-  url.hostname = '127.0.0.1';
-  url.port = String(proxy.port);
-  const notifier = new OutboxNotifier(url.toString(), undefined, { probeEveryMs: 500 });
+  const proxy = await failingOver(t.db.url);
+  const notifier = new OutboxNotifier(proxy.url, undefined, { probeEveryMs: 500 });
   try {
     notifier.start();
     await waitFor('listening', async () => notifier.listening);

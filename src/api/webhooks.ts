@@ -19,7 +19,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
-import { keyFromFile, type KeyLog } from '../key-file.js';
+import { keyFromFile, newsOn, type KeyLog } from '../key-file.js';
 import { scrub } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
@@ -102,10 +102,7 @@ function webhookSecret(config: Config['stripe'], log: KeyLog): () => string | un
   const file = config.webhookSecretFile;
   return keyFromFile(file, first, {
     refuse: (secret) => (WEBHOOK_SECRET_PATTERN.test(secret) ? undefined : 'does not hold a webhook signing secret (whsec_…)'),
-    onNews: (news) =>
-      news.kind === 'changed'
-        ? log.info({ file }, 'Stripe webhook secret: a new secret read from STRIPE_WEBHOOK_SECRET_FILE is in use')
-        : log.warn({ file }, `Stripe webhook secret: STRIPE_WEBHOOK_SECRET_FILE ${news.reason}; the secret in use stays`),
+    onNews: newsOn(log, file, { what: 'Stripe webhook secret', noun: 'secret', variable: 'STRIPE_WEBHOOK_SECRET_FILE' }),
   });
 }
 

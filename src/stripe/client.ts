@@ -4,7 +4,7 @@
  */
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
-import { keyFromFile, type KeyFileOptions, type KeyLog } from '../key-file.js';
+import { keyFromFile, newsOn, type KeyFileOptions, type KeyLog } from '../key-file.js';
 import { SECRET_KEY_PATTERN } from './rules.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 
@@ -58,10 +58,7 @@ export function stripeKeyFromFile(
         : isLive(key) !== isLive(firstKey)
           ? `holds a ${isLive(key) ? 'live' : 'test'} key where this process started with a ${isLive(firstKey) ? 'live' : 'test'} one: restart to change modes`
           : undefined,
-    onNews: (news) =>
-      news.kind === 'changed'
-        ? log?.info({ file }, 'Stripe API key: a new key read from STRIPE_API_KEY_FILE is in use')
-        : log?.warn({ file }, `Stripe API key: STRIPE_API_KEY_FILE ${news.reason}; the key in use stays`),
+    onNews: newsOn(log, file, { what: 'Stripe API key', noun: 'key', variable: 'STRIPE_API_KEY_FILE' }),
   });
 }
 

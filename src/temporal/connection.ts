@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Client, Connection, type TLSConfig } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import type { TemporalConfig } from '../config.js';
-import { keyFromFile, type KeyLog } from '../key-file.js';
+import { keyFromFile, newsOn, type KeyLog } from '../key-file.js';
 import { workflowClientTracing } from '../tracing.js';
 
 export const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
@@ -28,10 +28,7 @@ function apiKeyOf(temporal: TemporalConfig, log?: KeyLog): (() => string) | unde
   if (temporal.apiKeyFile === undefined) return () => first;
   const file = temporal.apiKeyFile;
   return keyFromFile(file, first, {
-    onNews: (news) =>
-      news.kind === 'changed'
-        ? log?.info({ file }, 'Temporal API key: a new key read from TEMPORAL_API_KEY_FILE is in use')
-        : log?.warn({ file }, `Temporal API key: TEMPORAL_API_KEY_FILE ${news.reason}; the key in use stays`),
+    onNews: newsOn(log, file, { what: 'Temporal API key', noun: 'key', variable: 'TEMPORAL_API_KEY_FILE' }),
   });
 }
 
