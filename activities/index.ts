@@ -36,8 +36,9 @@ export function createActivities(deps: ActivityDeps) {
   const { db, config } = deps;
   const schema = schemaFor(config.databaseSchema);
   const sender = deps.stream ?? meterEventsV1(deps.stripe);
-  // The delivery's statements each take milliseconds: one unanswered for longer is a connection
-  // gone silent (a failover), taken for PostgreSQL away (the delivery waits, spending no attempt).
+  // The delivery's statements (and any pace's) each take milliseconds: one unanswered for longer is
+  // a connection gone silent (a failover), taken for PostgreSQL away (the delivery waits, spending
+  // no attempt).
   const deliveryDb = answeredWithin(db, config.timings.statementAnswerMs);
   const delivery = createDeliveryActivities({
     store: deliveryStore(deliveryDb, schema, { identifierNamespace: config.stripe.identifierNamespace }),
@@ -54,9 +55,9 @@ export function createActivities(deps: ActivityDeps) {
     delivery.markDead = (input) => inDeadLetterSpan(input, () => markDead(input));
   }
   // The reconciliation's calls share the deliveries' bucket: together they stay under the account's limit.
-  const reconcilePacer = new SlotPacer(db, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
+  const reconcilePacer = new SlotPacer(deliveryDb, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const reconcile = createReconcileActivities({
-    db,
+    db: answeredWithin(db, config.timings.maintenanceAnswerMs),
     schema,
     stripe: deps.stripe,
     pace: () => reconcilePacer.waitForSlot(),

@@ -4,14 +4,14 @@
  * The full report stays here; the workflow gets the bounded result.
  */
 import { Context } from '@temporalio/activity';
-import type pg from 'pg';
 import type Stripe from 'stripe';
+import type { Queryable } from '../src/db.js';
 import type { ReconcileMetrics } from '../src/metrics.js';
 import { reconcile, reconcileWindowAt, runResult, type ReconcileRunInput, type ReconcileRunResult } from '../src/ops/reconcile.js';
 import type { Schema } from '../src/outbox/sql/schema.js';
 
 export interface ReconcileActivityDeps {
-  db: pg.Pool;
+  db: Queryable;
   schema: Schema;
   stripe: Pick<Stripe, 'billing'>;
   /** A slot in the account-wide pace of Stripe calls (SlotPacer.waitForSlot on `stripe_calls`). */

@@ -231,6 +231,11 @@ export interface DeliveryTimings {
    * connection gone silent (a failover): taken for PostgreSQL away, and its connection dropped.
    */
   statementAnswerMs: number;
+  /**
+   * The worker's other statements (pruning, the closed-run sweep, reconciliation, /metrics'
+   * counts) may take longer; one unanswered this long is a connection gone silent all the same.
+   */
+  maintenanceAnswerMs: number;
   /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
   credentialsRetryMs: number;
   /** Heartbeats during an attempt (waiting for the lease, pacing, the call). */
@@ -279,6 +284,8 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number):
     databaseRetryMs: 2_000,
     // Each takes milliseconds; the lease leaves our statements around a call 5 s (leaseMs).
     statementAnswerMs: 5_000,
+    // Each is bounded (a batch, a window, a count) and takes seconds at most on a big table.
+    maintenanceAnswerMs: 120_000,
     // Often enough that delivery resumes within seconds of the key being fixed, rarely enough that
     // a backlog held this way costs Stripe a handful of refused calls a second at most.
     credentialsRetryMs: 15_000,

@@ -2,6 +2,7 @@
  * PostgreSQL access: the pool, and the migration runner.
  */
 import { readdir, readFile } from 'node:fs/promises';
+import type { Socket } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -68,6 +69,7 @@ export function createPool(databaseUrl: string, max = 10, opts: { answerMs?: num
     max,
     application_name: 'billing-outbox',
     types: pgTypes,
+    Client: ClosingClient,
     ...(opts.answerMs === undefined ? {} : { query_timeout: opts.answerMs }),
   });
   // An idle client losing its connection (server restart) must not crash the process; the pool
@@ -230,6 +232,35 @@ export function answeredWithin(db: Queryable, ms: number): Queryable {
       return query({ ...(first as object), query_timeout: ms }, ...rest);
     }) as Queryable['query'],
   };
+}
+
+/** How long a connection being ended waits for the server's goodbye before its socket is destroyed. */
+export const CLOSE_WAIT_MS = 2_000;
+
+/**
+ * Makes sure `client`'s socket is gone `ms` after its end was asked for. pg ends an idle
+ * connection by telling the server and waiting for it to close the socket: a connection gone
+ * silent (the server failed over) never does, and its half-closed socket would stay open for good,
+ * keeping a stopped worker's process from exiting.
+ */
+export function closeWithin(client: pg.ClientBase, ms: number): void {
+  const socket = (client as unknown as { connection?: { stream?: Socket } }).connection?.stream;
+  if (!socket || socket.destroyed) return;
+  const timer = setTimeout(() => socket.destroy(), ms).unref();
+  socket.once('close', () => clearTimeout(timer));
+}
+
+/**
+ * The client of our pools: a connection the pool lets go (idle too long, failed, or the pool
+ * ended) is ended politely, and destroyed if the server has not closed it CLOSE_WAIT_MS later.
+ */
+class ClosingClient extends pg.Client {
+  override end(): Promise<void>;
+  override end(callback: (err: Error) => void): void;
+  override end(callback?: (err: Error) => void): Promise<void> | void {
+    closeWithin(this, CLOSE_WAIT_MS);
+    return callback ? super.end(callback) : super.end();
+  }
 }
 
 /**

@@ -5,15 +5,24 @@
  * `statementAnswerMs` (5 s) is taken for PostgreSQL away and its connection dropped, so the event
  * whose Stripe call was under way, those in flight and those committed after are billed once each,
  * none dead, and no attempt is spent on it (measured: all billed 12.5 s after the failover, 43.8 s
- * before the timeout, when each hung delivery failed an attempt at its attempt timeout). The API's
- * requests are answered 503 (the client tries again) instead of hanging on a silent connection.
+ * before the timeout, when each hung delivery failed an attempt at its attempt timeout), in v1 and
+ * in v2 (whose batcher's pace statement held every request behind a silent connection before it had
+ * the same limit). The worker's maintenance gives up after `maintenanceAnswerMs` and goes on (the
+ * closed-run sweep waited for good before), and a stopped worker exits (half-closed silent sockets
+ * kept its process alive). The API's requests are answered 503 (the client tries again) instead of
+ * hanging on a silent connection.
  */
 import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
 import { afterAll, expect, inject, it } from 'vitest';
 import { freePort } from '../src/embedded/postgres.js';
-import { withTransaction } from '../src/db.js';
+import { createPool, withTransaction } from '../src/db.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { startWorker } from '../src/temporal/worker.js';
+import { TemporalErrorCodes } from '../workflows/shared.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { cleanUpAway, failingOver, startProcess, untilSaid } from './away.js';
+import { workflowBundle } from './helpers.js';
 import { usePipeline, waitFor } from './hooks.js';
 
 const ENV = { STRIPE_API_KEY: 'sk_test_failover', RELAY_COUNT: '1', LOG_LEVEL: 'info' };
@@ -21,10 +30,15 @@ const TENANTS = Array.from({ length: 10 }, (_, i) => `t${i}`);
 const t = usePipeline({ customers: Object.fromEntries(TENANTS.map((id) => [id, `cus_${id}`])), stripe: { meters: ['api_requests'] }, env: ENV, worker: false });
 afterAll(cleanUpAway);
 
-it('a running worker whose PostgreSQL connections go silent carries on over new ones: nothing lost, nothing billed twice, nothing dead', async () => {
+const statusOf = async (key: string) => (await t.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key])).rows[0]?.status;
+
+it.each(['v1', 'v2'])('a running worker (%s) whose PostgreSQL connections go silent carries on over new ones: nothing lost, nothing billed twice, nothing dead', async (meterApi) => {
+  // What Stripe's answer makes the row: v1's endpoint billed it, v2's stream took it.
+  const delivered = meterApi === 'v1' ? 'sent' : 'accepted';
   const proxy = await failingOver(t.db.url);
   const worker = startProcess({
     ...ENV,
+    STRIPE_METER_API: meterApi,
     DATABASE_URL: proxy.url,
     TEMPORAL_ADDRESS: inject('temporalAddress'),
     TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue,
@@ -37,7 +51,9 @@ it('a running worker whose PostgreSQL connections go silent carries on over new 
 
   t.stripe.setLatency(2_000);
   const inFlight = await record(`failover-in-flight-${randomUUID()}`);
-  await waitFor('its Stripe call under way', async () => t.stripe.callsInFlight() > 0, 30_000);
+  // v1: a call for it, answered in 2 s; v2: a stream request holding it, answered in 2 s.
+  const underWay = () => (meterApi === 'v1' ? t.stripe.callsInFlight() > 0 : t.stripe.streamRequests().some((r) => r.identifiers.includes(inFlight)));
+  await waitFor('its Stripe call under way', async () => underWay(), 30_000);
   // Busy: every connection of the worker's pool opened and in use.
   const busy: string[] = [];
   for (let i = 0; i < 40; i++) busy.push(await record(`failover-busy-${i}-${randomUUID()}`, TENANTS[i % TENANTS.length]));
@@ -49,14 +65,14 @@ it('a running worker whose PostgreSQL connections go silent carries on over new 
   t.stripe.setLatency(0);
 
   for (const key of [inFlight, ...busy, ...after]) {
-    await waitFor(`${key} billed and its row sent`, async () => {
+    await waitFor(`${key} delivered`, async () => {
       const { rows } = await t.pool.query<{ status: string }>('SELECT status FROM outbox WHERE idempotency_key = $1', [key]);
-      return rows[0]?.status === 'sent' || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output())));
+      return rows[0]?.status === delivered || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output())));
     }, 180_000);
     expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
   }
-  const { rows } = await t.pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
-  expect(rows).toEqual([{ status: 'sent', n: 2 + busy.length + after.length }]);
+  const { rows } = await t.pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox WHERE idempotency_key = ANY($1::text[]) GROUP BY status', [[warm, inFlight, ...busy, ...after]]);
+  expect(rows).toEqual([{ status: delivered, n: 2 + busy.length + after.length }]);
   // A statement on a silent connection is given up on within seconds, as PostgreSQL away: the
   // delivery waits and comes back, spending no attempt. Without that it hung until the attempt's
   // timeout, which failed the attempt (a local activity's marker, or an activity, with a failure).
@@ -66,8 +82,51 @@ it('a running worker whose PostgreSQL connections go silent carries on over new 
     expect(failed, key).toEqual([]);
   }
   expect(worker.child.exitCode).toBeNull();
+  // And it stops when told: the sockets of its silent connections are destroyed, not left
+  // half-closed for good (they kept a stopped worker's process alive).
+  const exited = once(worker.child, 'exit');
   worker.child.kill('SIGTERM');
+  await waitFor('the worker to exit after SIGTERM', async () => worker.child.exitCode !== null, 30_000);
+  expect(await exited).toEqual([0, null]);
 }, 300_000);
+
+it("the worker's maintenance on a silent connection gives up in time and goes on: a run terminated after the failover still turns its row dead", async () => {
+  const proxy = await failingOver(t.db.url);
+  const pool = createPool(proxy.url);
+  // The sweep's statements given up on after 3 s (2 minutes by default), its passes every 200 ms.
+  const config = { ...t.config, timings: { ...t.config.timings, maintenanceAnswerMs: 3_000 } };
+  const worker = await startWorker({
+    config,
+    databaseUrl: proxy.url,
+    pool,
+    stripe: createStripeClient(config.stripe),
+    connection: t.pipeline.connection,
+    client: t.client,
+    workflowBundle: workflowBundle(),
+    relayRunForMs: 5_000,
+    // Room for an attempt on a silent connection to give up (statementAnswerMs) as it drains.
+    workerOptions: { shutdownGraceTime: '10 seconds', shutdownForceTime: '15 seconds' },
+    closedRunSweep: { intervalMs: 200, staleAfterMs: 0 },
+  });
+  try {
+    // Stripe away: the event stays dispatched, its run retrying.
+    t.stripe.refuseFor(600);
+    const key = (await withTransaction(t.pool, (c) => recordUsage(c, { usageId: `failover-sweep-${randomUUID()}`, tenantId: 't0', quantity: 1 }))).entry.idempotencyKey;
+    await waitFor('the event dispatched', async () => (await statusOf(key)) === 'dispatched', 30_000);
+    // Every connection the sweep has used goes silent; the next pass takes one of them.
+    proxy.failOver();
+    expect(proxy.silenced()).toBeGreaterThan(0);
+    await new Promise((r) => setTimeout(r, 1_000));
+    await t.client.workflow.getHandle(key).terminate('operator terminated it after the failover');
+    await waitFor('the row of the terminated run dead', async () => (await statusOf(key)) === 'dead', 60_000);
+    const { rows } = await t.pool.query<{ last_error_code: string }>('SELECT last_error_code FROM outbox WHERE idempotency_key = $1', [key]);
+    expect(rows[0]!.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
+  } finally {
+    t.stripe.heal();
+    await worker.shutdown();
+    await pool.end();
+  }
+}, 120_000);
 
 it('the API whose PostgreSQL connections go silent answers 503 within seconds, not never, and takes usage again over new ones', async () => {
   const proxy = await failingOver(t.db.url);

@@ -2,9 +2,11 @@
  * The pool our processes use survives PostgreSQL cutting its connections, including a connection
  * checked out in the middle of a transaction (whose 'error' event would otherwise end the process).
  */
+import type { Socket } from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
-import { answeredWithin, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
+import { answeredWithin, CLOSE_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
+import { cleanUpAway, failingOver } from './away.js';
 import { useDatabase, waitFor } from './hooks.js';
 
 const t = useDatabase();
@@ -127,5 +129,23 @@ it('answeredWithin: a statement unanswered in time fails as PostgreSQL away, and
     expect(await pid()).not.toBe(first);
   } finally {
     await pool.end();
+  }
+});
+
+it('a pool ending connections gone silent destroys their sockets instead of leaving them half-closed for good', async () => {
+  const proxy = await failingOver(t.db.url);
+  const pool = createPool(proxy.url, 3);
+  const sockets: Socket[] = [];
+  pool.on('remove', (client) => sockets.push((client as unknown as { connection: { stream: Socket } }).connection.stream));
+  try {
+    // Three connections opened, then idle in the pool, then silent: the server's goodbye never comes.
+    await Promise.all([1, 2, 3].map(() => pool.query('SELECT pg_sleep(0.05)')));
+    proxy.failOver();
+    expect(proxy.silenced()).toBe(3);
+    await pool.end();
+    // Ended politely first (pg asks the server to close, and waits), destroyed CLOSE_WAIT_MS later.
+    await waitFor('every connection gone', async () => sockets.length === 3 && sockets.every((s) => s.destroyed), CLOSE_WAIT_MS + 3_000);
+  } finally {
+    await cleanUpAway();
   }
 });

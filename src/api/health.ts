@@ -5,7 +5,7 @@
 import type { Connection } from '@temporalio/client';
 import type { TemporalConfig } from '../config.js';
 import { lazyHealthConnection } from '../temporal/connection.js';
-import type { Queryable } from '../db.js';
+import { answeredWithin, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 
 export type ProbeResult = 'ok' | 'timeout' | 'error';
@@ -56,7 +56,8 @@ export async function checkHealth(
 ): Promise<HealthBody> {
   const { db, temporal, log } = deps;
   const [postgres, temporalResult] = await Promise.all([
-    probe('postgres', async () => void (await db.query('SELECT 1')), timeoutMs, log),
+    // The statement's own timeout ends it (a silent connection is dropped, not kept by the pool).
+    probe('postgres', async () => void (await answeredWithin(db, timeoutMs).query('SELECT 1')), timeoutMs, log),
     temporal
       ? probe(
           'temporal',

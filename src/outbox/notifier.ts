@@ -12,6 +12,7 @@
  * every waiter also wakes on a timeout, and the listener reconnects with backoff.
  */
 import pg from 'pg';
+import { CLOSE_WAIT_MS, closeWithin } from '../db.js';
 import { schemaFor, type Schema } from './sql/schema.js';
 
 /** The topic of the outbox channel's notifications (lease ids are the topics of the lease channel's). */
@@ -98,6 +99,7 @@ export class OutboxNotifier {
         this.wakeEveryone();
         return;
       } catch {
+        closeWithin(client, CLOSE_WAIT_MS);
         await client.end().catch(() => undefined);
         await new Promise((r) => setTimeout(r, this.reconnectDelayMs));
         this.reconnectDelayMs = Math.min(this.reconnectDelayMs * 2, 5_000);
@@ -120,6 +122,7 @@ export class OutboxNotifier {
   private onLost(client: pg.Client): void {
     if (this.client !== client) return;
     this.client = undefined;
+    closeWithin(client, CLOSE_WAIT_MS);
     client.end().catch(() => undefined);
     if (this.closed) return;
     this.connecting = this.connect();
@@ -191,9 +194,9 @@ export class OutboxNotifier {
     this.wakeEveryone();
     const client = this.client;
     this.client = undefined;
-    // A silent connection never confirms its end: not waited for past a moment.
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([client?.end().catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, 2_000)))]);
-    clearTimeout(timer);
+    if (!client) return;
+    // A silent connection never confirms its end: its socket is destroyed after a moment.
+    closeWithin(client, CLOSE_WAIT_MS);
+    await client.end().catch(() => undefined);
   }
 }

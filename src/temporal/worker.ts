@@ -13,7 +13,7 @@ import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
 import { checkHealth, temporalHealthConnection, type ProbeResult } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
-import { createPool, migrate, withPgTypes } from '../db.js';
+import { answeredWithin, createPool, migrate, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 import { waitUnlessAborted } from '../wait.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
@@ -83,7 +83,9 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.
-  const requestPace = new SlotPacer(pool, schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
+  // Its pace statement is on every v2 delivery's path: one unanswered (a silent connection) would
+  // hold the batcher's requests, so it gets the deliveries' answer time.
+  const requestPace = new SlotPacer(answeredWithin(pool, config.timings.statementAnswerMs), schema, { bucket: 'stripe_calls', perSecond: config.stripe.rateLimitPerSecond, maxWaitMs: config.timings.maxPacingWaitMs });
   const stream =
     config.stripe.meterApi === 'v2'
       ? new MeterEventStream(stripeStream(stripe, (token) => createStripeClient(config.stripe, { sessionToken: token })), {
@@ -126,8 +128,11 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });
-  const pruner = startPruner(deps, stopping.signal);
-  const sweeper = startClosedRunSweep(deps, stopping.signal);
+  // Maintenance unanswered for minutes is on a silent connection: it fails, is logged, and its
+  // loop goes on instead of waiting for good.
+  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);
+  const pruner = startPruner(deps, maintenanceDb, stopping.signal);
+  const sweeper = startClosedRunSweep(deps, maintenanceDb, stopping.signal);
   const done = worker.run().finally(async () => {
     // However the worker ended (shutdown or a crash), the pruner's and the sweep's loops end with it.
     stopping.abort();
@@ -178,8 +183,8 @@ async function bundleWorkflows(log: Logger | undefined, tracing: boolean): Promi
  * OUTBOX_RETENTION_DAYS are pruned in batches (src/ops/prune.ts). A failure is logged and tried
  * again next time; the loop ends with the worker.
  */
-async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void> {
-  const { config, pool, metrics, log } = deps;
+async function startPruner(deps: WorkerDeps, db: Queryable, signal: AbortSignal): Promise<void> {
+  const { config, metrics, log } = deps;
   const wait = (ms: number) =>
     new Promise<void>((resolve) => {
       const timer = setTimeout(resolve, ms);
@@ -191,7 +196,7 @@ async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void>
   await wait(Math.min(60_000, config.retention.intervalMs));
   while (!signal.aborted) {
     try {
-      const pruned = await pruneDelivered(pool, schemaFor(config.databaseSchema), { olderThanMs: config.retention.olderThanMs, signal, onBatch: (n) => metrics?.prunedRows.inc(n) });
+      const pruned = await pruneDelivered(db, schemaFor(config.databaseSchema), { olderThanMs: config.retention.olderThanMs, signal, onBatch: (n) => metrics?.prunedRows.inc(n) });
       if (pruned > 0) log?.info({ pruned, olderThanDays: config.retention.olderThanMs / 86_400_000 }, 'pruned delivered outbox rows');
     } catch (err) {
       log?.warn({ err: String(err) }, 'pruning delivered outbox rows failed; trying again later');
@@ -204,7 +209,7 @@ async function startPruner(deps: WorkerDeps, signal: AbortSignal): Promise<void>
  * The closed-run sweep: every interval, one bounded pass over dispatched rows whose run may have
  * closed without them (src/ops/closed-runs.ts). A failure is logged and tried again next time.
  */
-async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promise<void> {
+async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: AbortSignal): Promise<void> {
   const opts = { ...CLOSED_RUN_SWEEP, ...deps.closedRunSweep };
   const log = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   let afterId = 0;
@@ -212,7 +217,7 @@ async function startClosedRunSweep(deps: WorkerDeps, signal: AbortSignal): Promi
     await waitUnlessAborted(opts.intervalMs, signal);
     if (signal.aborted) return;
     try {
-      ({ nextAfterId: afterId } = await sweepClosedRuns({ db: deps.pool, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
+      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
@@ -277,7 +282,7 @@ export interface LaunchOptions {
   http?: { host: string; port: number };
   log?: Logger;
   /** The process's metrics, made once the pool exists (its outbox gauges read it); default: ours, with `http`. */
-  metrics?: (pool: pg.Pool) => Metrics;
+  metrics?: (db: Queryable) => Metrics;
   workflowBundle?: WorkerOptions['workflowBundle'];
   workerOptions?: Partial<WorkerOptions>;
   /** Called once the worker runs (polling its task queue, relays started). */
@@ -345,7 +350,9 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       closers.push(() => temporal.close!());
     }
     const stripe = createStripeClient(config.stripe, { log });
-    const metrics = opts.metrics?.(pool) ?? (opts.http ? createMetrics(new Registry(), { db: pool, schema: schemaFor(config.databaseSchema) }) : undefined);
+    // The scrape's counts are maintenance too: never waited on for good.
+    const countsDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);
+    const metrics = opts.metrics?.(countsDb) ?? (opts.http ? createMetrics(new Registry(), { db: countsDb, schema: schemaFor(config.databaseSchema) }) : undefined);
     // Lazy: it connects on the first probe.
     const healthConnection = temporalHealthConnection(config.temporal);
     closers.push(() => healthConnection.close());
