@@ -424,7 +424,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'worker-never-sweeps',
     guarantee: 'Nothing stuck silently: every worker runs the closed-run sweep, so a terminated run is found without anyone asking',
-    find: '  const sweeper = startClosedRunSweep(deps, stopping.signal);',
+    find: '  const sweeper = startClosedRunSweep(deps, maintenanceDb, stopping.signal);',
     replace: '  const sweeper = Promise.resolve();',
     test: 'test/closed-runs.test.ts',
     name: 'the worker runs the sweep by itself',
@@ -476,6 +476,23 @@ export const MUTANTS: Mutant[] = [
     replace: '        this.probe ??= setInterval(() => undefined, this.probeEveryMs).unref();',
     test: 'test/notifier.test.ts',
     name: 'found by its probe and replaced',
+  },
+  {
+    id: 'silent-socket-kept',
+    guarantee: 'Through PostgreSQL outages: a connection ended on a silent server is destroyed after 2 s, so a stopped worker exits',
+    find: '  const timer = setTimeout(() => socket.destroy(), ms).unref();',
+    replace: '  const timer = setTimeout(() => undefined, ms).unref();',
+    test: 'test/db.test.ts',
+    name: 'destroys their sockets',
+    quick: true,
+  },
+  {
+    id: 'silent-maintenance-waited-for',
+    guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
+    find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',
+    replace: '  const maintenanceDb = pool;',
+    test: 'test/db-failover.test.ts',
+    name: 'maintenance on a silent connection',
   },
   {
     id: 'failed-start-waits-for-claim-lapse',
