@@ -40,7 +40,9 @@ export function temporalUnreachable(err: unknown): boolean {
   return false;
 }
 
-const TEMPORAL_AWAY = /tcp connect error|connection refused|connectionrefused|connection reset|dns error|deadline exceeded|timed out|14 UNAVAILABLE|failed to connect before the deadline/i;
+// 'The service is currently unavailable': the Rust core's words for UNAVAILABLE, which a server
+// just started gives while its frontend is not healthy yet.
+const TEMPORAL_AWAY = /tcp connect error|connection refused|connectionrefused|connection reset|dns error|deadline exceeded|timed out|14 UNAVAILABLE|service is currently unavailable|failed to connect before the deadline/i;
 
 /**
  * `attempt()` until it succeeds; while it fails in a way `unreachable` says may pass, again after

@@ -16,6 +16,7 @@ describe('temporalUnreachable', () => {
     ['the worker connection refused (Rust core)', new Error('tonic::transport::Error(Transport, ConnectError("tcp connect error", 127.0.0.1:7233, Os { code: 111, kind: ConnectionRefused }))')],
     ['the client connection cut, wrapped by the SDK and by us', ours(new ServiceError('Failed to connect to Temporal server', { cause: Object.assign(new Error('14 UNAVAILABLE: Connection dropped'), { code: 14 }) }))],
     ["the client's connection deadline", ours(new Error('Failed to connect before the deadline'))],
+    ['a server just started whose frontend is not healthy yet (Rust core)', ours(new Error('Failed to call GetSystemInfo: code: \'The service is currently unavailable\', message: "Frontend is not healthy yet", details: [], metadata: MetadataMap { headers: {} }'))],
     ["Worker.create's namespace check after the SDK's retries", new Error('Namespace default was not found or otherwise could not be described: Status { code: Unavailable, message: "tcp connect error" }')],
   ])('away, waited for: %s', (_, err) => {
     expect(temporalUnreachable(err)).toBe(true);
