@@ -478,6 +478,14 @@ export const MUTANTS: Mutant[] = [
     name: 'found by its probe and replaced',
   },
   {
+    id: 'relays-not-kept',
+    guarantee: 'Nothing stuck silently: a relay workflow terminated or cancelled is started again by the workers',
+    find: '    if (was === \'RUNNING\') continue;',
+    replace: '    if (was !== \'NEVER\') continue;',
+    test: 'test/relay-keeper.test.ts',
+    name: 'started again',
+  },
+  {
     id: 'silent-socket-kept',
     guarantee: 'Through PostgreSQL outages: a connection ended on a silent server is destroyed after 2 s, so a stopped worker exits',
     find: '  const timer = setTimeout(() => socket.destroy(), ms).unref();',

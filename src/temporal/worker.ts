@@ -2,7 +2,7 @@
  * A billing-outbox worker: the relay workflows, the usage workflows and their activities, on one
  * Temporal task queue. Run as many as you like; they share the work through Temporal and PostgreSQL.
  */
-import { Client, WorkflowIdConflictPolicy } from '@temporalio/client';
+import { Client, WorkflowIdConflictPolicy, WorkflowNotFoundError } from '@temporalio/client';
 import { bundleWorkflowCode, DefaultLogger, NativeConnection, Worker, type WorkerOptions } from '@temporalio/worker';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -48,6 +48,8 @@ export interface WorkerDeps {
   /** Where the activities count deliveries and claims (nothing is counted without it). */
   metrics?: Metrics;
   workerOptions?: Partial<WorkerOptions>;
+  /** How often the worker checks that the relay workflows run (default RELAY_CHECK_EVERY_MS). */
+  relayCheckEveryMs?: number;
   /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
   closedRunSweep?: Partial<ClosedRunSweepOptions>;
   /**
@@ -57,6 +59,9 @@ export interface WorkerDeps {
    */
   tracing?: Tracing;
 }
+
+/** A closed relay is started again within this (its events wait meanwhile; the other relays go on). */
+export const RELAY_CHECK_EVERY_MS = 15_000;
 
 export interface ClosedRunSweepOptions extends Omit<SweepOptions, 'afterId'> {
   intervalMs: number;
@@ -133,10 +138,12 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);
   const pruner = startPruner(deps, maintenanceDb, stopping.signal);
   const sweeper = startClosedRunSweep(deps, maintenanceDb, stopping.signal);
+  const relayKeeper = keepRelaysRunning(deps, deps.relayCheckEveryMs ?? RELAY_CHECK_EVERY_MS, stopping.signal);
   const done = worker.run().finally(async () => {
-    // However the worker ended (shutdown or a crash), the pruner's and the sweep's loops end with it.
+    // However the worker ended (shutdown or a crash), the pruner's, the sweep's and the relays'
+    // keeper's loops end with it.
     stopping.abort();
-    await Promise.all([notifier.close(), pruner, sweeper]);
+    await Promise.all([notifier.close(), pruner, sweeper, relayKeeper]);
   });
   try {
     await ensureRelays(client, config);
@@ -226,16 +233,57 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
 
 /** Starts the relay workflows unless they are already running. Every worker calls this at boot. */
 export async function ensureRelays(client: Client, config: Config): Promise<void> {
-  await Promise.all(
-    Array.from({ length: config.relay.count }, (_, i) =>
-      client.workflow.start('relayWorkflow', {
-        workflowId: relayWorkflowId(config.temporal.taskQueue, i),
-        taskQueue: config.temporal.taskQueue,
-        args: [{ relayId: `relay-${i}` } satisfies RelayWorkflowInput],
-        workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,
-      }),
-    ),
-  );
+  await Promise.all(Array.from({ length: config.relay.count }, (_, i) => startRelay(client, config, i)));
+}
+
+function startRelay(client: Client, config: Config, index: number) {
+  return client.workflow.start('relayWorkflow', {
+    workflowId: relayWorkflowId(config.temporal.taskQueue, index),
+    taskQueue: config.temporal.taskQueue,
+    args: [{ relayId: `relay-${index}` } satisfies RelayWorkflowInput],
+    workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,
+  });
+}
+
+/**
+ * Starts again every relay workflow that is not running (terminated or cancelled by an operator, a
+ * Temporal server that lost its state) and returns what each of those was.
+ */
+export async function restartClosedRelays(client: Client, config: Config): Promise<{ workflowId: string; was: string }[]> {
+  const restarted: { workflowId: string; was: string }[] = [];
+  for (let i = 0; i < config.relay.count; i++) {
+    const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
+    let was: string;
+    try {
+      was = (await client.workflow.getHandle(workflowId).describe()).status.name;
+    } catch (err) {
+      if (!(err instanceof WorkflowNotFoundError)) throw err;
+      was = 'NOT_FOUND';
+    }
+    if (was === 'RUNNING') continue;
+    await startRelay(client, config, i);
+    restarted.push({ workflowId, was });
+  }
+  return restarted;
+}
+
+/**
+ * The relays kept running: every `everyMs` each worker looks at them and starts again any that has
+ * closed, saying so. Without it, the events committed after the last relay closed waited, pending,
+ * until a worker restarted.
+ */
+async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: AbortSignal): Promise<void> {
+  while (!signal.aborted) {
+    await waitUnlessAborted(everyMs, signal);
+    if (signal.aborted) return;
+    try {
+      for (const { workflowId, was } of await restartClosedRelays(deps.client, deps.config)) {
+        deps.log?.warn({ workflowId, was }, 'a relay workflow was not running; started it again');
+      }
+    } catch (err) {
+      deps.log?.warn({ err: String(err) }, 'checking the relay workflows failed; trying again later');
+    }
+  }
 }
 
 

@@ -1,0 +1,60 @@
+/**
+ * The relay workflows kept running: one terminated or cancelled (an operator's batch operation in
+ * the Web UI, `temporal workflow terminate`) is started again by the workers within
+ * RELAY_CHECK_EVERY_MS, saying so. Before, the events committed after the last relay closed waited,
+ * pending and unexplained, until a worker restarted.
+ */
+import { randomUUID } from 'node:crypto';
+import { expect, it } from 'vitest';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { createStripeClient } from '../src/stripe/client.js';
+import { startWorker } from '../src/temporal/worker.js';
+import { relayWorkflowId } from '../workflows/shared.js';
+import { workflowBundle } from './helpers.js';
+import { usePipeline, waitFor } from './hooks.js';
+
+const t = usePipeline({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] }, env: { RELAY_COUNT: '2' }, worker: false });
+
+it('relay workflows terminated or cancelled are started again, and the events committed after are billed', async () => {
+  const warnings: { workflowId?: string; was?: string; msg: string }[] = [];
+  const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };
+  const worker = await startWorker({
+    config: t.config,
+    databaseUrl: t.db.url,
+    pool: t.pool,
+    stripe: createStripeClient(t.config.stripe),
+    connection: t.pipeline.connection,
+    client: t.client,
+    workflowBundle: workflowBundle(),
+    relayRunForMs: 5_000,
+    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+    relayCheckEveryMs: 500,
+    log: log as never,
+  });
+  const billed = async (label: string) => {
+    const key = (await withTransaction(t.pool, (c) => recordUsage(c, { usageId: `${label}-${randomUUID()}`, tenantId: 'acme', quantity: 1 }))).entry.idempotencyKey;
+    await waitFor(`${key} billed`, async () => t.stripe.events().some((e) => e.identifier === key), 30_000);
+  };
+  try {
+    await billed('before');
+    const relays = [0, 1].map((i) => t.client.workflow.getHandle(relayWorkflowId(t.config.temporal.taskQueue, i)));
+    const runsBefore = await Promise.all(relays.map(async (h) => (await h.describe()).runId));
+    await relays[0]!.terminate('an operator terminated every running workflow');
+    await relays[1]!.cancel();
+    const closedRuns = relays.map((h, i) => t.client.workflow.getHandle(h.workflowId, runsBefore[i]));
+    await waitFor('both relay runs closed', async () => (await Promise.all(closedRuns.map(async (h) => (await h.describe()).status.name))).every((s) => s !== 'RUNNING'), 30_000);
+
+    // Each has a new run (without the keeper: none until a worker restarts, and the events
+    // committed after the closed runs' last claims wait, pending).
+    await waitFor('both relays running again, each a new run', async () => {
+      const now = await Promise.all(relays.map((h) => h.describe()));
+      return now.every((d, i) => d.status.name === 'RUNNING' && d.runId !== runsBefore[i]);
+    }, 30_000);
+    await billed('after');
+    const said = warnings.filter((w) => w.msg === 'a relay workflow was not running; started it again');
+    expect(said.map((w) => w.was).sort()).toEqual(['CANCELLED', 'TERMINATED']);
+  } finally {
+    await worker.shutdown();
+  }
+}, 120_000);
