@@ -1,6 +1,7 @@
 /**
  * A long-lived relay: loops over the relay activity and continues-as-new to keep its history short.
- * Several run at once (RELAY_COUNT), each with a fixed id, started idempotently by every worker.
+ * Several run at once (RELAY_COUNT), each with a fixed id, started idempotently by every worker (at
+ * boot, and again whenever one is found closed: src/temporal/worker.ts).
  */
 import { continueAsNew, proxyActivities, workflowInfo } from '@temporalio/workflow';
 import type { RelayActivities } from '../activities/relay.js';

@@ -231,7 +231,7 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
   }
 }
 
-/** Starts the relay workflows unless they are already running. Every worker calls this at boot. */
+/** Starts the relay workflows unless they are already running. Every worker calls this at boot (then keepRelaysRunning). */
 export async function ensureRelays(client: Client, config: Config): Promise<void> {
   await Promise.all(Array.from({ length: config.relay.count }, (_, i) => startRelay(client, config, i)));
 }
