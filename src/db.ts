@@ -29,14 +29,16 @@ export const pgTypes: pg.CustomTypesConfig = {
  * or through a client it hands out, carries `pgTypes`. The pool itself, its clients and `pg.types`
  * are left as they were, so the application's own queries read bigint as before. Used where the
  * application gives us its pool (the worker library, the Fastify plugin); our own pools get
- * `pgTypes` at creation instead.
+ * `pgTypes` at creation instead. `answerMs`: each of our statements through it that names no
+ * `query_timeout` gets this one (answeredWithin), as our own pools give theirs.
  */
-export function withPgTypes(pool: pg.Pool): pg.Pool {
+export function withPgTypes(pool: pg.Pool, opts: { answerMs?: number } = {}): pg.Pool {
   type Query = (first: unknown, ...rest: unknown[]) => unknown;
+  const ours = opts.answerMs === undefined ? { types: pgTypes } : { types: pgTypes, query_timeout: opts.answerMs };
   const typed = (query: Query): Query => (first, ...rest) => {
-    if (typeof first === 'string') return query({ text: first, types: pgTypes }, ...rest);
-    // A submittable (a cursor, a stream) brings its own reader; a config that names types keeps them.
-    if (first !== null && typeof first === 'object' && !('submit' in first) && !('types' in first)) return query({ ...first, types: pgTypes }, ...rest);
+    if (typeof first === 'string') return query({ text: first, ...ours }, ...rest);
+    // A submittable (a cursor, a stream) brings its own reader; a config keeps what it names.
+    if (first !== null && typeof first === 'object' && !('submit' in first)) return query({ ...ours, ...first }, ...rest);
     return query(first, ...rest);
   };
   const view = <T extends object>(target: T, own: (prop: string | symbol) => unknown): T =>

@@ -71,7 +71,9 @@ function resolve(opts: BillingOutboxPluginOptions) {
   }
   if (problems.length > 0 || !config) throw new ConfigError(problems);
   return {
-    db: withPgTypes(opts.pool),
+    // The route's statements each take milliseconds: one unanswered for 5 s is a connection gone
+    // silent (a failover), answered 503 as the standalone API does, and dropped from the pool.
+    db: withPgTypes(opts.pool, { answerMs: config.timings.statementAnswerMs }),
     schema: config.databaseSchema,
     tokens: config.api.tokens,
     defaultEventName: config.stripe.meterEventName,

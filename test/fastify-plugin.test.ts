@@ -10,6 +10,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ApiToken } from '../src/config.js';
 import billingOutbox from '../src/fastify.js';
+import { cleanUpAway, failingOver } from './away.js';
 import { idempotencyKeyFor, useDatabase } from './hooks.js';
 
 const t = useDatabase({ customers: { acme: 'cus_acme' } });
@@ -104,3 +105,33 @@ describe('the Fastify plugin', () => {
     await server.close();
   });
 });
+
+it("on a silent connection of the application's pool (a failover), the route answers 503 within seconds instead of hanging, then takes the usage over a new one", async () => {
+  const proxy = await failingOver(t.db.url);
+  const appPool = new pg.Pool({ connectionString: proxy.url, max: 4 });
+  const server = Fastify();
+  await server.register(billingOutbox, { prefix: '/billing', pool: appPool, tokens: [writer] });
+  await server.ready();
+  const postTo = (body: unknown) => server.inject({ method: 'POST', url: '/billing/v1/usage', headers: { authorization: `Bearer ${writer.token}` }, payload: body as object });
+  try {
+    // Three connections open, idle, then silent: the next requests get them first.
+    await Promise.all([1, 2, 3].map(() => postTo(usage())));
+    proxy.failOver();
+    expect(proxy.silenced()).toBeGreaterThan(0);
+    const body = usage();
+    // As a client does: 503 means try again with the same usage_id.
+    const statuses: number[] = [];
+    for (;;) {
+      const res = await postTo(body);
+      statuses.push(res.statusCode);
+      if (res.statusCode !== 503) break;
+    }
+    expect(statuses[0]).toBe(503);
+    expect(statuses.at(-1)).toBe(201);
+    expect((await t.row(idempotencyKeyFor('acme', body.usage_id)))?.quantity).toBe(3);
+  } finally {
+    await server.close();
+    await appPool.end();
+    await cleanUpAway();
+  }
+}, 120_000);
