@@ -80,11 +80,16 @@ export function withSearchPath(url: string, schema: string): string {
  * deployment in a test: deployments with the same tenant and usage ids have the same keys, so the
  * same workflow ids, which must live in namespaces of their own.
  */
-export async function temporalNamespace(): Promise<string> {
+export async function temporalNamespace(opts: { searchAttributes?: boolean } = {}): Promise<string> {
   const name = `bo-ns-${randomUUID().slice(0, 8)}`;
   const connection = await Connection.connect({ address: inject('temporalAddress') });
   try {
     await connection.workflowService.registerNamespace({ namespace: name, workflowExecutionRetentionPeriod: msToTs('1 day') });
+    if (opts.searchAttributes === false) {
+      // Known to the server (its namespace cache) before it is used.
+      await waitFor(`namespace ${name}`, async () => Boolean(await connection.operatorService.listSearchAttributes({ namespace: name })));
+      return name;
+    }
     const keyword = temporal.api.enums.v1.IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD;
     await waitFor(`namespace ${name}`, async () => {
       await connection.operatorService.addSearchAttributes({ namespace: name, searchAttributes: Object.fromEntries(SEARCH_ATTRIBUTES.map((k) => [k.name, keyword])) });
@@ -199,7 +204,14 @@ export async function startTestPipeline(opts: {
     workers.push(w);
     return w;
   };
-  if (opts.worker !== false) await addWorker();
+  if (opts.worker !== false) {
+    try {
+      await addWorker();
+    } catch (err) {
+      await t.close();
+      throw err;
+    }
+  }
   return {
     client: t.client,
     connection: t.connection,

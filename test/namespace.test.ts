@@ -127,3 +127,17 @@ describe('two deployments sharing one Stripe account', () => {
     expect((await row(east, fresh)).stripe_identifier).toBe(`east/${fresh}`);
   });
 });
+
+it('a worker on a Temporal namespace without its search attributes refuses to start, naming them and how to create them', async () => {
+  // Before: it started, and Temporal refused every usage start for good (each event dead at once).
+  const bare = await temporalNamespace({ searchAttributes: false });
+  const db = await createTestDb();
+  const config = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared', TEMPORAL_NAMESPACE: bare });
+  try {
+    await expect(startTestPipeline({ db, config })).rejects.toThrow(
+      new RegExp(`namespace "${bare}" lacks the search attributes billing-outbox sets on its workflows: OutboxStatus, TenantId, OutboxError\\..*temporal operator search-attribute create --namespace ${bare} --name OutboxStatus --type Keyword`),
+    );
+  } finally {
+    await db.drop();
+  }
+});

@@ -28,6 +28,7 @@ import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
 import { ensureReconcileScheduleOrWarn } from './reconcile-schedule.js';
+import { checkSearchAttributes } from './search-attributes.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 import { startTracingSdk, temporalTracing, workflowTracingModule, type Tracing } from '../tracing.js';
 
@@ -116,6 +117,8 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     metrics: deps.metrics,
     traced: traced !== undefined,
   });
+  // Without them every usage start would be refused: refused here instead, saying what to create.
+  await checkSearchAttributes(deps.connection, config.temporal.namespace, deps.log);
   const worker = await Worker.create({
     connection: deps.connection,
     namespace: config.temporal.namespace,
