@@ -15,8 +15,6 @@ const KEYWORD = 2;
 /** gRPC codes of a server that will not say: PERMISSION_DENIED, UNIMPLEMENTED. */
 const WILL_NOT_SAY = new Set([7, 12]);
 
-export class MissingSearchAttributesError extends Error {}
-
 export async function checkSearchAttributes(connection: { operatorService: OperatorService }, namespace: string, log?: Pick<Logger, 'warn'>): Promise<void> {
   let custom: Record<string, number>;
   try {
@@ -31,7 +29,7 @@ export async function checkSearchAttributes(connection: { operatorService: Opera
   if (wrong.length === 0) return;
   const said = wrong.map((k) => (k.name in custom ? `${k.name} (not Keyword)` : k.name)).join(', ');
   const create = wrong.map((k) => `temporal operator search-attribute create --namespace ${namespace} --name ${k.name} --type Keyword`).join(' && ');
-  throw new MissingSearchAttributesError(
+  throw new Error(
     `Temporal namespace "${namespace}" lacks the search attributes billing-outbox sets on its workflows: ${said}. ` +
       `Every usage workflow start would be refused. Create them once: ${create} ` +
       `(Temporal Cloud: tcld namespace search-attributes add, or the Cloud UI).`,

@@ -84,6 +84,8 @@ export interface RunningWorker {
 
 export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const { config, pool, stripe, client } = deps;
+  // Without them every usage start would be refused: refused here instead, saying what to create.
+  await checkSearchAttributes(deps.connection, config.temporal.namespace, deps.log);
   const stopping = new AbortController();
   const schema = schemaFor(config.databaseSchema);
   const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
@@ -117,8 +119,6 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     metrics: deps.metrics,
     traced: traced !== undefined,
   });
-  // Without them every usage start would be refused: refused here instead, saying what to create.
-  await checkSearchAttributes(deps.connection, config.temporal.namespace, deps.log);
   const worker = await Worker.create({
     connection: deps.connection,
     namespace: config.temporal.namespace,
