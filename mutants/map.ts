@@ -495,6 +495,14 @@ export const MUTANTS: Mutant[] = [
     quick: true,
   },
   {
+    id: 'connect-waited-for',
+    guarantee: 'Through PostgreSQL outages: a connection whose opening is never answered gives up after 10 s instead of waiting for good',
+    find: '  return { ...settings, connectionTimeoutMillis: settings.connectionTimeoutMillis || CONNECT_WAIT_MS };',
+    replace: '  return settings;',
+    test: 'test/db.test.ts',
+    name: 'never answers its start-up',
+  },
+  {
     id: 'silent-maintenance-waited-for',
     guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
     find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',

@@ -112,7 +112,7 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
   // advisory lock on a connection of its own, never one of the application's pool.
   const settings = typeof database === 'string' ? { connectionString: database } : database;
-  const client = new pg.Client({ ...settings, application_name: 'billing-outbox-migrate', types: pgTypes });
+  const client = new pg.Client(connectingWithin({ ...settings, application_name: 'billing-outbox-migrate', types: pgTypes }));
   await client.connect();
   try {
     // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,
@@ -204,16 +204,19 @@ export function isDatabaseUnavailable(err: unknown): boolean {
 
 /** What pg says when a statement given a `query_timeout` got no answer within it. */
 const UNANSWERED = 'Query read timeout';
+/** What pg says when opening a connection took longer than its `connectionTimeoutMillis`. */
+const NOT_OPENED = 'timeout expired';
 
 /**
  * Whether `err` says the connection itself is gone, not a statement's error: Node socket errors,
- * node-postgres's own connection errors, and a statement unanswered past its timeout (a silent
- * connection, answeredWithin). Such a connection is dropped, not rolled back and lent out again.
+ * node-postgres's own connection errors, a connection not opened within its time (CONNECT_WAIT_MS)
+ * and a statement unanswered past its timeout (a silent connection, answeredWithin). Such a
+ * connection is dropped, not rolled back and lent out again.
  */
 export function connectionLost(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown } | null;
   if (typeof e?.code === 'string') return ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENOTFOUND', 'EPIPE'].includes(e.code);
-  return typeof e?.message === 'string' && (/Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message) || e.message === UNANSWERED);
+  return typeof e?.message === 'string' && (/Connection terminated|connection timeout|Client has encountered a connection error|not queryable/i.test(e.message) || e.message === UNANSWERED || e.message === NOT_OPENED);
 }
 
 /**
@@ -253,10 +256,40 @@ export function closeWithin(client: pg.ClientBase, ms: number): void {
 }
 
 /**
- * The client of our pools: a connection the pool lets go (idle too long, failed, or the pool
- * ended) is ended politely, and destroyed if the server has not closed it CLOSE_WAIT_MS later.
+ * How long opening a connection (TCP, TLS, start-up, authentication) may take before it fails as
+ * PostgreSQL away (`connectionLost`). Without it a connection opened just as the server failed over
+ * waits for an answer that never comes: its statement never starts, so no statement's answer time
+ * applies, and the pool's slot and the caller (a delivery, a claim) wait for good.
+ */
+export const CONNECT_WAIT_MS = 10_000;
+
+/** `settings` with CONNECT_WAIT_MS as its connect timeout, unless it names its own. */
+export function connectingWithin<T extends pg.ClientConfig>(settings: T): T {
+  return { ...settings, connectionTimeoutMillis: settings.connectionTimeoutMillis || CONNECT_WAIT_MS };
+}
+
+/**
+ * Whether an application's pool (given to the worker library or the Fastify plugin) opens its
+ * connections without a time limit, and what to tell its owner. Its clients are the application's:
+ * CONNECT_WAIT_MS cannot be given to them from here.
+ */
+export function opensWithoutLimit(pool: pg.Pool): boolean {
+  return !(pool.options as pg.PoolConfig).connectionTimeoutMillis;
+}
+export const OPENS_WITHOUT_LIMIT =
+  "the application's pool has no connectionTimeoutMillis: a connection opened just as PostgreSQL fails over waits for good, and so does what waits on it (a request, a delivery); give the pool one (billing-outbox's own pools take 10 s)";
+
+/**
+ * The client of our pools: opening its connection takes at most CONNECT_WAIT_MS, and a connection
+ * the pool lets go (idle too long, failed, or the pool ended) is ended politely, and destroyed if
+ * the server has not closed it CLOSE_WAIT_MS later. (Given to the client, not the pool: the pool's
+ * own `connectionTimeoutMillis` would also bound the wait for a free connection under load.)
  */
 class ClosingClient extends pg.Client {
+  constructor(config: pg.ClientConfig = {}) {
+    super(connectingWithin(config));
+  }
+
   override end(): Promise<void>;
   override end(callback: (err: Error) => void): void;
   override end(callback?: (err: Error) => void): Promise<void> | void {

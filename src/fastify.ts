@@ -15,7 +15,7 @@ import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import type pg from 'pg';
 import { ingestion } from './api/ingestion.js';
 import { ConfigError, loadConfig, type ApiToken } from './config.js';
-import { withPgTypes } from './db.js';
+import { OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes } from './db.js';
 import { createStripeClient } from './stripe/client.js';
 import { MeterCatalog } from './stripe/meters.js';
 
@@ -84,7 +84,9 @@ function resolve(opts: BillingOutboxPluginOptions) {
 
 /** Register it with `app.register(billingOutbox, { prefix, pool, tokens })`; POST <prefix>/v1/usage. */
 export const billingOutbox: FastifyPluginAsync<BillingOutboxPluginOptions> = async (scope: FastifyInstance, opts: BillingOutboxPluginOptions) => {
-  await ingestion(scope, resolve(opts));
+  const resolved = resolve(opts);
+  if (opensWithoutLimit(opts.pool)) scope.log.warn(OPENS_WITHOUT_LIMIT);
+  await ingestion(scope, resolved);
 };
 
 export default billingOutbox;

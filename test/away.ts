@@ -103,9 +103,11 @@ export interface FailingOver {
   /**
    * What a database failover (or a dropped network path) does to open connections: from now on
    * they carry nothing either way and are never closed, as if the old server's address went
-   * silent; new connections go through (to the new server).
+   * silent; new connections go through (to the new server). `newSilentForMs`: the new server's
+   * address takes that long to answer, and the connections opened meanwhile are left silent too
+   * (opened just as the failover came: their start-up is never answered).
    */
-  failOver: () => void;
+  failOver: (opts?: { newSilentForMs?: number }) => void;
   /** Connections left silent so far. */
   silenced: () => number;
 }
@@ -118,7 +120,13 @@ export async function failingOver(databaseUrl: string): Promise<FailingOver> {
   url.port = String(await freePort());
   const open = new Set<{ client: net.Socket; upstream: net.Socket }>();
   let silenced = 0;
+  let newSilentUntil = 0;
   const server = net.createServer((client) => {
+    if (Date.now() < newSilentUntil) {
+      silencedSockets.push(client);
+      silenced++;
+      return;
+    }
     const upstream = net.connect(Number(target.port), target.hostname);
     const pair = { client, upstream };
     open.add(pair);
@@ -136,7 +144,8 @@ export async function failingOver(databaseUrl: string): Promise<FailingOver> {
   await new Promise<void>((resolve) => server.listen(Number(url.port), '127.0.0.1', resolve));
   return {
     url: url.toString(),
-    failOver: () => {
+    failOver: (opts = {}) => {
+      newSilentUntil = Date.now() + (opts.newSilentForMs ?? 0);
       for (const { client, upstream } of open) {
         client.unpipe(upstream);
         upstream.unpipe(client);

@@ -2,10 +2,11 @@
  * The pool our processes use survives PostgreSQL cutting its connections, including a connection
  * checked out in the middle of a transaction (whose 'error' event would otherwise end the process).
  */
-import type { Socket } from 'node:net';
+import net, { type Socket } from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
-import { answeredWithin, CLOSE_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
+import { answeredWithin, CLOSE_WAIT_MS, CONNECT_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
+import { freePort } from '../src/embedded/postgres.js';
 import { cleanUpAway, failingOver } from './away.js';
 import { useDatabase, waitFor } from './hooks.js';
 
@@ -149,3 +150,25 @@ it('a pool ending connections gone silent destroys their sockets instead of leav
     await cleanUpAway();
   }
 });
+
+it("a connection whose server never answers its start-up fails as PostgreSQL away within CONNECT_WAIT_MS, and frees the pool's slot", async () => {
+  // Accepts the connection and never says a word: opened just as the server failed over.
+  const sockets = new Set<Socket>();
+  const silent = net.createServer((s) => void sockets.add(s));
+  const port = await freePort();
+  await new Promise<void>((resolve) => silent.listen(port, '127.0.0.1', resolve));
+  const pool = createPool(`postgres://nobody:secret@127.0.0.1:${port}/outbox`, 1);
+  try {
+    const started = Date.now();
+    const err: unknown = await pool.query('SELECT 1').catch((e: unknown) => e);
+    expect(Date.now() - started).toBeLessThan(CONNECT_WAIT_MS + 5_000);
+    expect(connectionLost(err), String(err)).toBe(true);
+    expect(isDatabaseUnavailable(err)).toBe(true);
+    // The pool's one slot is free again, not held by a connection that will never open.
+    expect(pool.totalCount).toBe(0);
+  } finally {
+    await pool.end();
+    for (const s of sockets) s.destroy();
+    silent.close();
+  }
+}, 30_000);

@@ -108,7 +108,7 @@ describe('the Fastify plugin', () => {
 
 it("on a silent connection of the application's pool (a failover), the route answers 503 within seconds instead of hanging, then takes the usage over a new one", async () => {
   const proxy = await failingOver(t.db.url);
-  const appPool = new pg.Pool({ connectionString: proxy.url, max: 4 });
+  const appPool = new pg.Pool({ connectionString: proxy.url, max: 4, connectionTimeoutMillis: 3_000 });
   const server = Fastify();
   await server.register(billingOutbox, { prefix: '/billing', pool: appPool, tokens: [writer] });
   await server.ready();
@@ -116,7 +116,9 @@ it("on a silent connection of the application's pool (a failover), the route ans
   try {
     // Three connections open, idle, then silent: the next requests get them first.
     await Promise.all([1, 2, 3].map(() => postTo(usage())));
-    proxy.failOver();
+    // The new server slow to answer as well: a connection opened in its first 7 s never is, and
+    // gives up after the pool's connectionTimeoutMillis (without one it would wait for good).
+    proxy.failOver({ newSilentForMs: 7_000 });
     expect(proxy.silenced()).toBeGreaterThan(0);
     const body = usage();
     // As a client does: 503 means try again with the same usage_id.
@@ -135,3 +137,18 @@ it("on a silent connection of the application's pool (a failover), the route ans
     await cleanUpAway();
   }
 }, 120_000);
+
+it("warns, once at registration, when the application's pool opens connections without a time limit", async () => {
+  const warnings = async (options: pg.PoolConfig) => {
+    const lines: string[] = [];
+    const appPool = new pg.Pool({ connectionString: t.db.url, ...options });
+    const server = Fastify({ logger: { level: 'warn', stream: { write: (line: string) => void lines.push(line) } } });
+    await server.register(billingOutbox, { prefix: '/billing', pool: appPool, tokens: [writer] });
+    await server.ready();
+    await server.close();
+    await appPool.end();
+    return lines.filter((l) => l.includes('connectionTimeoutMillis'));
+  };
+  expect(await warnings({})).toHaveLength(1);
+  expect(await warnings({ connectionTimeoutMillis: 10_000 })).toEqual([]);
+});

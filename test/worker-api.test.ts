@@ -11,6 +11,7 @@ import { NativeConnection } from '@temporalio/worker';
 import pg from 'pg';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError } from '../src/config.js';
+import { createLogger } from '../src/log.js';
 import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
 import { useStripe, waitFor, workflowBundle } from './hooks.js';
 
@@ -66,7 +67,11 @@ afterEach(async () => {
 describe('createWorker', () => {
   it("on the application's pool: delivers, answers /health, and leaves the pool open and as it was", async () => {
     const pool = applicationPool();
-    const { worker, running } = await started(options(pool, { http: { port: 0 } }));
+    const warnings: string[] = [];
+    const log = createLogger('warn', { write: (line: string) => void warnings.push(line) });
+    const { worker, running } = await started(options(pool, { http: { port: 0 }, log }));
+    // The pool opens connections without a time limit (as pg's default): its owner is told.
+    expect(warnings.filter((w) => w.includes('connectionTimeoutMillis'))).toHaveLength(1);
     const key = await t.enqueue('acme', 7);
     await t.waitStatus(key, 'sent');
     expect(t.eventsFor(key)).toHaveLength(1);

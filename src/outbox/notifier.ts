@@ -12,7 +12,7 @@
  * every waiter also wakes on a timeout, and the listener reconnects with backoff.
  */
 import pg from 'pg';
-import { CLOSE_WAIT_MS, closeWithin } from '../db.js';
+import { CLOSE_WAIT_MS, closeWithin, connectingWithin } from '../db.js';
 import { schemaFor, type Schema } from './sql/schema.js';
 
 /** The topic of the outbox channel's notifications (lease ids are the topics of the lease channel's). */
@@ -76,7 +76,7 @@ export class OutboxNotifier {
   private async connect(): Promise<void> {
     while (!this.closed) {
       const settings = typeof this.database === 'string' ? { connectionString: this.database } : this.database;
-      const client = new pg.Client({ ...settings, application_name: 'billing-outbox-listen' });
+      const client = new pg.Client(connectingWithin({ ...settings, application_name: 'billing-outbox-listen' }));
       try {
         client.on('notification', (n) => {
           // The outbox channel (new rows, or a lane with room again) has no payload; the lease

@@ -13,7 +13,7 @@ import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
 import { checkHealth, temporalHealthConnection, type ProbeResult } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
-import { answeredWithin, createPool, migrate, withPgTypes, type Queryable } from '../db.js';
+import { answeredWithin, createPool, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 import { waitUnlessAborted } from '../wait.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
@@ -377,6 +377,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     if (opts.pool) {
       pool = withPgTypes(opts.pool);
       listenWith = opts.pool.options;
+      if (opensWithoutLimit(opts.pool)) log?.warn(OPENS_WITHOUT_LIMIT);
     } else {
       if (!config.databaseUrl) throw new ConfigError(['database: neither a pool nor a PostgreSQL URL was given']);
       const own = createPool(config.databaseUrl);
