@@ -503,6 +503,22 @@ export const MUTANTS: Mutant[] = [
     name: 'never answers its start-up',
   },
   {
+    id: 'tls-files-not-watched',
+    guarantee: 'Keys rotated while running: a renewed mTLS client certificate is taken up by the running worker, which connects again with it',
+    find: '            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()));',
+    replace: '            const stopWatching = () => undefined;',
+    test: 'test/key-roll.test.ts',
+    name: 'connects again with the new one',
+  },
+  {
+    id: 'tls-half-pair-taken',
+    guarantee: 'Keys rotated while running: a certificate whose key is not rewritten yet is not connected with',
+    find: '    if (tls.certFile && tls.keyFile) createSecureContext({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) });',
+    replace: '    if (tls.certFile && tls.keyFile) readFileSync(tls.keyFile);',
+    test: 'test/temporal-tls.test.ts',
+    name: 'new pair',
+  },
+  {
     id: 'silent-maintenance-waited-for',
     guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
     find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',

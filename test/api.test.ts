@@ -4,7 +4,6 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import net, { type AddressInfo } from 'node:net';
-import type { Connection } from '@temporalio/client';
 import type { LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
@@ -24,7 +23,7 @@ const TOKENS = [writer, acmeOnly, reader];
 
 const t = useDatabase({ customers: { acme: 'cus_acme', globex: 'cus_globex' } });
 let config: Config;
-let temporal: Connection;
+let temporal: ReturnType<typeof temporalHealthConnection>;
 let app: Api;
 const logLines: string[] = [];
 const log = createLogger('debug', { write: (line: string) => void logLines.push(line) });

@@ -6,17 +6,25 @@
  * - A Temporal Cloud API key is rotated by making a second key, putting it in TEMPORAL_API_KEY_FILE
  *   and deleting the first once nothing uses it. Here Temporal Cloud's key check is a proxy in
  *   front of the dev server (test/api-key-proxy.ts), over TLS as Cloud is.
+ * - An mTLS client certificate is renewed before it expires (cert-manager rewrites the secret's
+ *   files) and the old one is revoked: the running worker connects again with the new files.
+ *   Here the server's certificate check is a TLS proxy that accepts the certificates it is told.
  */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { randomUUID, X509Certificate } from 'node:crypto';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import net, { type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import tls from 'node:tls';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { createLogger } from '../src/log.js';
 import { outboxStatus } from '../src/ops/status.js';
+import { createWorker } from '../src/worker.js';
 import { KEY_FILE_RECHECK_MS } from '../src/key-file.js';
 import { CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
 import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
 import { certMaker, SERVER_EXT } from './certs.js';
-import { useStripe, waitFor } from './hooks.js';
+import { useStripe, waitFor, workflowBundle } from './hooks.js';
 import './provided.js';
 
 const t = useStripe({ perTest: true, customers: { acme: 'cus_acme', globex: 'cus_globex' }, stripe: { meters: ['api_requests'] } });
@@ -102,5 +110,108 @@ describe('Temporal Cloud API key', () => {
     expect(since.some((c) => c.path.endsWith('/StartWorkflowExecution'))).toBe(true);
     expect(since.some((c) => c.path.endsWith('/RespondWorkflowTaskCompleted'))).toBe(true);
     await pipeline.stop();
+  });
+});
+
+describe('Temporal mTLS client certificate', () => {
+  let certDir: string;
+  let proxy: tls.Server;
+  let address: string;
+  /** The client certificates the server accepts (SHA-256 fingerprints), and each handshake's. */
+  let accepted = new Set<string>();
+  const handshakes: string[] = [];
+  const open = new Map<tls.TLSSocket, string>();
+  const fingerprint = (pem: string) => new X509Certificate(readFileSync(pem)).fingerprint256;
+  const accept = (fingerprints: string[]) => {
+    accepted = new Set(fingerprints);
+    // A revoked certificate's connections are cut, as a server's revocation ends its sessions.
+    for (const [socket, fp] of open) if (!accepted.has(fp)) socket.destroy();
+  };
+
+  beforeAll(async () => {
+    certDir = mkdtempSync(path.join(tmpdir(), 'key-roll-mtls-'));
+    const certs = certMaker(certDir);
+    certs.ca('server-ca');
+    certs.ca('client-ca');
+    certs.cert('server', 'server-ca', SERVER_EXT);
+    certs.cert('client-1', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+    certs.cert('client-2', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+    const [host, port] = inject('temporalAddress').split(':') as [string, string];
+    proxy = tls.createServer(
+      {
+        key: readFileSync(certs.file('server.key')),
+        cert: readFileSync(certs.file('server.pem')),
+        ca: readFileSync(certs.file('client-ca.pem')),
+        requestCert: true,
+        rejectUnauthorized: true,
+        ALPNProtocols: ['h2'],
+      },
+      (socket) => {
+        const fp = socket.getPeerCertificate().fingerprint256;
+        handshakes.push(fp);
+        if (!accepted.has(fp)) return void socket.destroy();
+        open.set(socket, fp);
+        const upstream = net.connect(Number(port), host);
+        socket.pipe(upstream).pipe(socket);
+        const end = () => (open.delete(socket), socket.destroy(), upstream.destroy());
+        socket.on('error', end).on('close', end);
+        upstream.on('error', end).on('close', end);
+      },
+    );
+    proxy.on('tlsClientError', () => undefined);
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    address = `127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+  });
+  afterAll(async () => {
+    for (const socket of open.keys()) socket.destroy();
+    await new Promise((resolve) => proxy?.close(resolve));
+    rmSync(certDir, { recursive: true, force: true });
+  });
+
+  it('renewed in its files, then the old one revoked: the running worker connects again with the new one, and events still go through', async () => {
+    const file = (name: string) => path.join(certDir, name);
+    const certFile = path.join(dir, 'tls.crt');
+    const keyFile = path.join(dir, 'tls.key');
+    copyFileSync(file('client-1.pem'), certFile);
+    copyFileSync(file('client-1.key'), keyFile);
+    const [first, second] = [fingerprint(file('client-1.pem')), fingerprint(file('client-2.pem'))];
+    accept([first]);
+    const lines: string[] = [];
+    const worker = await createWorker({
+      database: t.db.url,
+      temporal: { address, tls: { caFile: file('server-ca.pem'), certFile, keyFile, serverName: 'localhost' } },
+      taskQueue: `mtls-${randomUUID()}`,
+      stripe: { apiKey: 'sk_test_mtls', apiBase: t.stripe.url },
+      tuning: { relayCount: 1, relayPollIntervalMs: 200 },
+      workflowBundle: workflowBundle(),
+      workerOptions: { shutdownGraceTime: '10 seconds' },
+      log: createLogger('info', { write: (line: string) => void lines.push(line) }),
+    });
+    const running = worker.run();
+    try {
+      for (const key of await t.backlog('acme', 2)) await t.waitStatus(key, 'sent', 60_000);
+
+      // Renewed: both accepted while the secret's files change (the certificate first, its key a
+      // moment later: in between they are no pair, and nothing is done with them).
+      accept([first, second]);
+      copyFileSync(file('client-2.pem'), certFile);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      copyFileSync(file('client-2.key'), keyFile);
+      await waitFor('the worker on a connection with the new files', async () => lines.some((l) => l.includes('made with the new TLS files')), KEY_FILE_RECHECK_MS + 30_000);
+
+      // The old certificate revoked: its connections cut, its handshakes refused.
+      const revokedAt = handshakes.length;
+      accept([second]);
+      const after = [...(await t.backlog('acme', 3)), ...(await t.backlog('globex', 3))];
+      for (const key of after) await t.waitStatus(key, 'sent', 60_000);
+      for (const key of after) expect(t.eventsFor(key)).toHaveLength(1);
+      expect(handshakes.slice(revokedAt).filter((fp) => fp !== second)).toEqual([]);
+      // Its health probe's connection too: Temporal answers it with the new certificate.
+      expect(await worker.health()).toMatchObject({ worker: 'running', temporal: 'ok' });
+      expect(lines.filter((l) => l.includes('connecting with them failed'))).toEqual([]);
+    } finally {
+      await worker.shutdown();
+      await running;
+    }
   });
 });

@@ -4,7 +4,7 @@
  * certificate the proxy requires, and clear messages for a wrong CA, a missing client certificate
  * and incomplete settings.
  */
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net, { type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -12,7 +12,7 @@ import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { temporalUnreachable } from '../src/reachable.js';
-import { connectClient, connectTemporal, TemporalConnectionError } from '../src/temporal/connection.js';
+import { connectClient, connectTemporal, onTlsFilesChanged, TemporalConnectionError } from '../src/temporal/connection.js';
 import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
 import { certMaker, SERVER_EXT } from './certs.js';
 import './provided.js';
@@ -158,6 +158,42 @@ describe('Temporal connection settings', () => {
     expect(configWith({}).temporal.tls).toBeUndefined();
     expect(problems({ TEMPORAL_API_KEY: 'inline', TEMPORAL_API_KEY_FILE: file('api-key') })).toEqual(['TEMPORAL_API_KEY_FILE: TEMPORAL_API_KEY is set too; set one of them']);
     expect(problems({ STRIPE_API_KEY_FILE: file('missing') })).toEqual([`STRIPE_API_KEY_FILE: cannot read ${file('missing')} (ENOENT)`]);
+  });
+});
+
+describe('renewed TLS files (onTlsFilesChanged)', () => {
+  it('asks for a reconnect once the certificate and its key are a new pair, not while only one of them is new, and again after a failed one', async () => {
+    certs.cert('renewed', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+    copyFileSync(file('worker.pem'), file('live.pem'));
+    copyFileSync(file('worker.key'), file('live.key'));
+    const temporal = configWith({ TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('live.pem'), TEMPORAL_TLS_KEY_FILE: file('live.key') }).temporal;
+    let asked = 0;
+    let fail = true;
+    const stop = onTlsFilesChanged(temporal, async () => {
+      asked++;
+      if (fail) throw new Error('refused');
+    }, 50);
+    const settle = () => new Promise((resolve) => setTimeout(resolve, 300));
+    try {
+      await settle();
+      expect(asked).toBe(0);
+      // The certificate rewritten, its key not yet: no pair, nothing asked.
+      copyFileSync(file('renewed.pem'), file('live.pem'));
+      await settle();
+      expect(asked).toBe(0);
+      // The pair complete: asked, and asked again while the reconnect fails.
+      copyFileSync(file('renewed.key'), file('live.key'));
+      await settle();
+      expect(asked).toBeGreaterThan(1);
+      // Once one succeeds, the files are in use: nothing more is asked.
+      fail = false;
+      await settle();
+      const done = asked;
+      await settle();
+      expect(asked).toBe(done);
+    } finally {
+      stop();
+    }
   });
 });
 

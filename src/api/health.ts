@@ -4,7 +4,7 @@
  */
 import type { Connection } from '@temporalio/client';
 import type { TemporalConfig } from '../config.js';
-import { lazyHealthConnection } from '../temporal/connection.js';
+import { lazyHealthConnection, onTlsFilesChanged } from '../temporal/connection.js';
 import { answeredWithin, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 
@@ -44,10 +44,27 @@ async function probe(what: string, fn: () => Promise<void>, timeoutMs: number, l
 /**
  * A connection for health checks only: lazy (the API starts while Temporal is away) and without
  * the client's default retry interceptor. A probe wants one answer within its deadline, not
- * retries that outlive it (and that would fire on a channel closed at shutdown).
+ * retries that outlive it (and that would fire on a channel closed at shutdown). Renewed TLS files
+ * (onTlsFilesChanged) replace it with one made with them: a probe on the old certificate would say
+ * Temporal is away for good once that certificate is revoked.
  */
-export function temporalHealthConnection(temporal: TemporalConfig): Connection {
-  return lazyHealthConnection(temporal);
+export function temporalHealthConnection(temporal: TemporalConfig): TemporalHealth & { close(): Promise<void> } {
+  let connection = lazyHealthConnection(temporal);
+  const stopWatching = onTlsFilesChanged(temporal, async () => {
+    const old = connection;
+    connection = lazyHealthConnection(temporal);
+    await old.close();
+  });
+  return {
+    get healthService() {
+      return connection.healthService;
+    },
+    withDeadline: (deadline, fn) => connection.withDeadline(deadline, fn),
+    async close() {
+      stopWatching();
+      await connection.close();
+    },
+  };
 }
 
 export async function checkHealth(

@@ -3,11 +3,13 @@
  * certificate for mTLS, a server name) or an API key (Temporal Cloud), from TemporalConfig. The
  * worker, the API's health probe and the CLI all connect through here.
  */
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { createSecureContext } from 'node:tls';
 import { Client, Connection, type TLSConfig } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import type { TemporalConfig } from '../config.js';
-import { keyFromFile, newsOn, type KeyLog } from '../key-file.js';
+import { KEY_FILE_RECHECK_MS, keyFromFile, newsOn, type KeyLog } from '../key-file.js';
 import { workflowClientTracing } from '../tracing.js';
 
 export const DEFAULT_TEMPORAL_ADDRESS = 'localhost:7233';
@@ -155,6 +157,48 @@ function tellNewKeys(connection: NativeConnection, apiKey: () => string, log: Ke
       log?.warn({ err: String(err) }, 'Temporal API key: the worker connection did not take the new key; trying again');
     });
   }, 1_000);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+/**
+ * What the TLS files (the CA, the client certificate and its key) hold now, as a digest; undefined
+ * when one cannot be read or the certificate and key are not a pair (one rewritten, the other not
+ * yet: cert-manager and Kubernetes write a secret's files one by one).
+ */
+function tlsFilesNow(tls: NonNullable<TemporalConfig['tls']>): string | undefined {
+  try {
+    const digest = createHash('sha256');
+    for (const file of [tls.caFile, tls.certFile, tls.keyFile]) digest.update(file ? readFileSync(file) : '').update('\0');
+    // Throws when the key is not the certificate's.
+    if (tls.certFile && tls.keyFile) createSecureContext({ cert: readFileSync(tls.certFile), key: readFileSync(tls.keyFile) });
+    return digest.digest('hex');
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Calls `reconnect` when the TLS files hold something else than the connection was made with: a
+ * renewed client certificate (mTLS certificates are short-lived: cert-manager, Temporal Cloud), a
+ * new CA. A connection takes its TLS files only when it is made, so a worker must reconnect to use
+ * them before the old certificate expires or is revoked. Checked every KEY_FILE_RECHECK_MS; a
+ * reconnect that fails is tried again at the next check. Returns a function that stops watching.
+ */
+export function onTlsFilesChanged(temporal: TemporalConfig, reconnect: () => Promise<void>, everyMs = KEY_FILE_RECHECK_MS): () => void {
+  const tls = temporal.tls;
+  if (!tls || !(tls.caFile || tls.certFile)) return () => undefined;
+  let inUse = tlsFilesNow(tls);
+  let busy = false;
+  const timer = setInterval(() => {
+    if (busy) return;
+    const now = tlsFilesNow(tls);
+    if (now === undefined || now === inUse) return;
+    busy = true;
+    reconnect()
+      .then(() => void (inUse = now), () => undefined)
+      .finally(() => (busy = false));
+  }, everyMs);
   timer.unref();
   return () => clearInterval(timer);
 }

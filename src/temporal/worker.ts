@@ -22,7 +22,7 @@ import { pruneDelivered } from '../ops/prune.js';
 import { OutboxNotifier } from '../outbox/notifier.js';
 import { postgresUnreachable, temporalUnreachable, untilReachable } from '../reachable.js';
 import { createStripeClient } from '../stripe/client.js';
-import { connectTemporal } from './connection.js';
+import { connectTemporal, onTlsFilesChanged } from './connection.js';
 import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
@@ -362,6 +362,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
   let stopRequested = false;
   let starting: Promise<RunningWorker> | undefined;
   let running: RunningWorker | undefined;
+  let reconnecting: Promise<void> | undefined;
   let runPromise: Promise<void> | undefined;
   let removeSignals: (() => void) | undefined;
   try {
@@ -389,11 +390,9 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
     let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
+    const connectOnce = () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) });
     const connect = async () => {
-      temporal = await untilReachable('Temporal', () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) }), {
-        ...reach,
-        unreachable: temporalUnreachable,
-      });
+      temporal = await untilReachable('Temporal', connectOnce, { ...reach, unreachable: temporalUnreachable });
     };
     if (opts.connection) {
       temporal = { connection: opts.connection, client: new Client({ connection: opts.connection, namespace: config.temporal.namespace }) };
@@ -421,14 +420,14 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
         runPromise ??= (async () => {
           if (state !== 'starting') throw new Error(`the worker cannot run: it is ${state}`);
           try {
-            const start = () =>
+            const start = (on = temporal) =>
               startWorker({
                 config,
                 databaseUrl: listenWith,
                 pool,
                 stripe,
-                connection: temporal.connection,
-                client: temporal.client,
+                connection: on.connection,
+                client: on.client,
                 log,
                 metrics,
                 workflowBundle: opts.workflowBundle,
@@ -468,7 +467,52 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
               state = 'running';
               opts.onRunning?.();
             }
-            await running.done;
+            /**
+             * Renewed TLS files (a client certificate renewed before it expires) are taken up by
+             * connecting again: a connection reads them only when it is made. A worker is started
+             * on the new connection, then the old one is drained and its connection closed; the
+             * task queue is polled throughout. A failure leaves the worker in use as it was, and
+             * the watcher tries again at its next check.
+             */
+            const reconnect = async (): Promise<void> => {
+              if (stopRequested || state !== 'running') return;
+              log?.info('Temporal TLS files changed: connecting again with them');
+              const old = { worker: running!, temporal };
+              let fresh: Awaited<ReturnType<typeof connectOnce>> | undefined;
+              let next: RunningWorker;
+              try {
+                fresh = await connectOnce();
+                next = await start(fresh);
+              } catch (err) {
+                await fresh?.close();
+                log?.error({ err: err instanceof Error ? err.message : String(err) }, 'Temporal TLS files changed, but connecting with them failed: the worker goes on with the connection it has, and tries again in 10 s');
+                throw err;
+              }
+              if (stopRequested || state !== 'running') {
+                await next.shutdown().catch(() => undefined);
+                await fresh.close();
+                return;
+              }
+              temporal = fresh;
+              running = next;
+              await old.worker.shutdown().catch((err: unknown) => log?.warn({ err: String(err) }, 'the worker on the old Temporal connection did not drain in time'));
+              await old.temporal.close!();
+              log?.info('Temporal: the worker runs on a connection made with the new TLS files');
+            };
+            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()));
+            try {
+              // The run lasts as long as the worker in use: one replaced by a reconnect ends
+              // (drained) while its successor runs on.
+              for (;;) {
+                const current: RunningWorker = running!;
+                await current.done.catch((err: unknown) => {
+                  if (current === running) throw err;
+                });
+                if (current === running) break;
+              }
+            } finally {
+              stopWatching();
+            }
             state = 'stopped';
           } catch (err) {
             state = 'failed';
@@ -488,6 +532,8 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
         }
         if (state === 'running') state = 'stopping';
         await starting?.catch(() => undefined);
+        // A reconnect under way finishes first: the worker to stop is then the one in use.
+        await reconnecting?.catch(() => undefined);
         await running?.shutdown().catch(() => undefined);
         await runPromise.catch(() => undefined);
       },
