@@ -519,6 +519,14 @@ export const MUTANTS: Mutant[] = [
     name: 'new pair',
   },
   {
+    id: 'schedule-not-kept',
+    guarantee: 'Nothing stuck silently: a reconcile schedule deleted by hand is created again by the workers',
+    find: '    if (!deps.keepReconcileSchedule) continue;',
+    replace: '    continue;',
+    test: 'test/relay-keeper.test.ts',
+    name: 'created again',
+  },
+  {
     id: 'silent-maintenance-waited-for',
     guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
     find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',

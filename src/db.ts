@@ -274,7 +274,8 @@ export function connectingWithin<T extends pg.ClientConfig>(settings: T): T {
  * CONNECT_WAIT_MS cannot be given to them from here.
  */
 export function opensWithoutLimit(pool: pg.Pool): boolean {
-  return !(pool.options as pg.PoolConfig).connectionTimeoutMillis;
+  const options = pool.options as pg.PoolConfig;
+  return !options.connectionTimeoutMillis && options.Client !== ClosingClient;
 }
 export const OPENS_WITHOUT_LIMIT =
   "the application's pool has no connectionTimeoutMillis: a connection opened just as PostgreSQL fails over waits for good, and so does what waits on it (a request, a delivery); give the pool one (billing-outbox's own pools take 10 s)";

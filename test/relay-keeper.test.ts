@@ -2,28 +2,30 @@
  * The relay workflows kept running: one terminated or cancelled (an operator's batch operation in
  * the Web UI, `temporal workflow terminate`) is started again by the workers within
  * RELAY_CHECK_EVERY_MS, saying so. Before, the events committed after the last relay closed waited,
- * pending and unexplained, until a worker restarted.
+ * pending and unexplained, until a worker restarted. The reconcile schedule likewise: one deleted
+ * is created again (a paused one is left paused).
  */
 import { randomUUID } from 'node:crypto';
 import { expect, it } from 'vitest';
+import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { startWorker } from '../src/temporal/worker.js';
+import { reconcileScheduleId } from '../src/temporal/reconcile-schedule.js';
+import { startWorker, type WorkerDeps } from '../src/temporal/worker.js';
 import { relayWorkflowId } from '../workflows/shared.js';
 import { workflowBundle } from './helpers.js';
 import { usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] }, env: { RELAY_COUNT: '2' }, worker: false });
 
-it('relay workflows terminated or cancelled are started again, and the events committed after are billed', async () => {
-  const warnings: { workflowId?: string; was?: string; msg: string }[] = [];
-  const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };
-  const worker = await startWorker({
-    config: t.config,
+/** A worker whose keeper looks every 500 ms. */
+const startKept = (config: Config, log: object, extra: Partial<WorkerDeps> = {}) =>
+  startWorker({
+    config,
     databaseUrl: t.db.url,
     pool: t.pool,
-    stripe: createStripeClient(t.config.stripe),
+    stripe: createStripeClient(config.stripe),
     connection: t.pipeline.connection,
     client: t.client,
     workflowBundle: workflowBundle(),
@@ -31,7 +33,13 @@ it('relay workflows terminated or cancelled are started again, and the events co
     workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
     relayCheckEveryMs: 500,
     log: log as never,
+    ...extra,
   });
+
+it('relay workflows terminated or cancelled are started again, and the events committed after are billed', async () => {
+  const warnings: { workflowId?: string; was?: string; msg: string }[] = [];
+  const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };
+  const worker = await startKept(t.config, log);
   const billed = async (label: string) => {
     const key = (await withTransaction(t.pool, (c) => recordUsage(c, { usageId: `${label}-${randomUUID()}`, tenantId: 'acme', quantity: 1 }))).entry.idempotencyKey;
     await waitFor(`${key} billed`, async () => t.stripe.events().some((e) => e.identifier === key), 30_000);
@@ -56,5 +64,31 @@ it('relay workflows terminated or cancelled are started again, and the events co
     expect(said.map((w) => w.was).sort()).toEqual(['CANCELLED', 'TERMINATED']);
   } finally {
     await worker.shutdown();
+  }
+}, 120_000);
+
+it('a reconcile schedule deleted by hand is created again, and one paused is left paused', async () => {
+  const warnings: { scheduleId?: string; msg: string }[] = [];
+  const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };
+  const config = { ...t.config, temporal: { ...t.config.temporal, taskQueue: `keeper-${randomUUID()}` } };
+  const handle = t.client.schedule.getHandle(reconcileScheduleId(config.temporal.taskQueue));
+  const worker = await startKept(config, log, { keepReconcileSchedule: true });
+  const exists = async () => handle.describe().then(() => true, () => false);
+  try {
+    // Never made (this worker was started without launchWorker's ensure): the keeper makes it.
+    await waitFor('the schedule created', exists, 30_000);
+    await handle.delete();
+    await waitFor('the schedule created again', exists, 30_000);
+    expect(warnings.filter((w) => w.msg === 'the reconcile schedule was gone; created it again').map((w) => w.scheduleId)).toEqual([handle.scheduleId, handle.scheduleId]);
+    await handle.pause('operator: holding reconciliation');
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    expect((await handle.describe()).state).toMatchObject({ paused: true, note: 'operator: holding reconciliation' });
+    expect(warnings.filter((w) => w.msg.includes('schedule'))).toHaveLength(2);
+  } finally {
+    await worker.shutdown();
+    await handle.delete().catch(() => undefined);
+    for await (const wf of t.client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
+      await t.client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+    }
   }
 }, 120_000);

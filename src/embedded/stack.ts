@@ -316,7 +316,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     const { connection, client, close } = await connectTemporal({ ...config.temporal, address: temporalAddress });
     onStop('Temporal connections', close);
     const stripe = createStripeClient(config.stripe, { log });
-    const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics });
+    const running = await startWorker({ config, databaseUrl, pool, stripe, connection, client, log, metrics, keepReconcileSchedule: config.reconcile.schedule });
     onStop('worker', () => running.shutdown());
     if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(client, config, log);
     // Handled here so a crash before anyone awaits it is not an unhandled rejection; callers that

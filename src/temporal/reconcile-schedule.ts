@@ -4,7 +4,7 @@
  * Every worker ensures it at start; operators pause, trigger or delete it on the Web UI's
  * Schedules page or with `temporal schedule`.
  */
-import { ScheduleAlreadyRunning, ScheduleOverlapPolicy, type Client, type ScheduleOptions } from '@temporalio/client';
+import { ScheduleAlreadyRunning, ScheduleNotFoundError, ScheduleOverlapPolicy, type Client, type ScheduleOptions } from '@temporalio/client';
 import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
 import type { ReconcileRunInput } from '../ops/reconcile.js';
@@ -78,6 +78,28 @@ export async function ensureReconcileSchedule(client: Client, config: Pick<Confi
 }
 
 /**
+ * Creates the schedule again if it is gone (deleted in the Web UI or with `temporal schedule
+ * delete`); true if it did. One that exists is left as it is, paused or not: its settings are
+ * ensureReconcileSchedule's, at a worker's start. (To stop reconciliation, RECONCILE_SCHEDULE=off;
+ * to hold it, pause the schedule.)
+ */
+export async function restoreReconcileSchedule(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>): Promise<boolean> {
+  try {
+    await client.schedule.getHandle(reconcileScheduleId(config.temporal.taskQueue)).describe();
+    return false;
+  } catch (err) {
+    if (!(err instanceof ScheduleNotFoundError)) throw err;
+  }
+  try {
+    await client.schedule.create(scheduleOptions(config));
+    return true;
+  } catch (err) {
+    if (err instanceof ScheduleAlreadyRunning) return false;
+    throw err;
+  }
+}
+
+/**
  * The schedule ensured at a worker's start; a failure is logged, not fatal: billing goes on without
  * it, and the next worker start tries again.
  */
@@ -86,6 +108,6 @@ export async function ensureReconcileScheduleOrWarn(client: Client, config: Pick
     const outcome = await ensureReconcileSchedule(client, config);
     log?.info({ outcome, scheduleId: reconcileScheduleId(config.temporal.taskQueue), intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs }, 'reconcile schedule ensured');
   } catch (err) {
-    log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; reconciliation does not run by itself until a worker starts with it');
+    log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; the worker tries to create it again within 15 s');
   }
 }

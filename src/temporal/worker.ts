@@ -27,7 +27,7 @@ import { MeterCatalog } from '../stripe/meters.js';
 import { SlotPacer } from '../stripe/rate-limit.js';
 import { MeterEventStream, stripeStream } from '../stripe/stream.js';
 import { shippedWorkflowBundle } from './workflow-bundle.js';
-import { ensureReconcileScheduleOrWarn } from './reconcile-schedule.js';
+import { ensureReconcileScheduleOrWarn, reconcileScheduleId, restoreReconcileSchedule } from './reconcile-schedule.js';
 import { checkSearchAttributes } from './search-attributes.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 import { startTracingSdk, temporalTracing, workflowTracingModule, type Tracing } from '../tracing.js';
@@ -51,6 +51,11 @@ export interface WorkerDeps {
   workerOptions?: Partial<WorkerOptions>;
   /** How often the worker checks that the relay workflows run (default RELAY_CHECK_EVERY_MS). */
   relayCheckEveryMs?: number;
+  /**
+   * Whether that check also creates the reconcile schedule again when it is gone (launchWorker:
+   * with RECONCILE_SCHEDULE=on, the schedule it ensured at start).
+   */
+  keepReconcileSchedule?: boolean;
   /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
   closedRunSweep?: Partial<ClosedRunSweepOptions>;
   /**
@@ -273,7 +278,8 @@ export async function restartClosedRelays(client: Client, config: Config): Promi
 /**
  * The relays kept running: every `everyMs` each worker looks at them and starts again any that has
  * closed, saying so. Without it, the events committed after the last relay closed waited, pending,
- * until a worker restarted.
+ * until a worker restarted. With `keepReconcileSchedule`, the reconcile schedule likewise: one
+ * deleted stopped reconciliation, unsaid, until a worker restarted.
  */
 async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: AbortSignal): Promise<void> {
   while (!signal.aborted) {
@@ -285,6 +291,14 @@ async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: Abor
       }
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'checking the relay workflows failed; trying again later');
+    }
+    if (!deps.keepReconcileSchedule) continue;
+    try {
+      if (await restoreReconcileSchedule(deps.client, deps.config)) {
+        deps.log?.warn({ scheduleId: reconcileScheduleId(deps.config.temporal.taskQueue) }, 'the reconcile schedule was gone; created it again');
+      }
+    } catch (err) {
+      deps.log?.warn({ err: String(err) }, 'checking the reconcile schedule failed; trying again later');
     }
   }
 }
@@ -433,6 +447,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
                 workflowBundle: opts.workflowBundle,
                 workerOptions: opts.workerOptions,
                 tracing,
+                keepReconcileSchedule: config.reconcile.schedule,
               });
             // Temporal going away after the connection was made and before the worker polls
             // (Worker.create asks about the namespace, then the relays are started) fails the
