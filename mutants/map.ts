@@ -527,6 +527,14 @@ export const MUTANTS: Mutant[] = [
     name: 'created again',
   },
   {
+    id: 'silent-transaction-keeps-locks',
+    guarantee: 'Through PostgreSQL outages: a claim or a usage whose connection goes silent before COMMIT is ended by PostgreSQL within 10 s, its locks with it',
+    find: 'export const BEGIN_SHORT = `BEGIN; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;',
+    replace: "export const BEGIN_SHORT = 'BEGIN';",
+    test: 'test/db-failover.test.ts',
+    name: 'before COMMIT',
+  },
+  {
     id: 'silent-maintenance-waited-for',
     guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
     find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',

@@ -307,12 +307,28 @@ export function releaseAfter(client: pg.PoolClient, err: unknown): void {
   client.release(connectionLost(err) ? (err as Error) : undefined);
 }
 
-/** Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. */
-export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+/**
+ * How long PostgreSQL lets one of our short transactions (a claim, a usage recorded by the API)
+ * wait for its client's next statement before it ends the session. A connection gone silent in the
+ * middle of one (a dropped network path; a failover's old server, if it lives on) would otherwise
+ * keep its locks until the server's TCP keepalive noticed, two hours by default: the claim lock
+ * stopping every relay of the schema, a usage's idempotency key blocking the client's retry.
+ */
+export const IDLE_IN_TRANSACTION_MS = 10_000;
+
+/** The statement that begins such a transaction, in one round trip. */
+export const BEGIN_SHORT = `BEGIN; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;
+
+/**
+ * Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. `short`: a
+ * transaction of a few quick statements, ended by PostgreSQL if its client goes silent in the
+ * middle of it (IDLE_IN_TRANSACTION_MS).
+ */
+export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>, opts: { short?: boolean } = {}): Promise<T> {
   const client = await pool.connect();
   let failed: unknown;
   try {
-    await client.query('BEGIN');
+    await client.query(opts.short ? BEGIN_SHORT : 'BEGIN');
     const result = await fn(client);
     await client.query('COMMIT');
     return result;

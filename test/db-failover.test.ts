@@ -18,9 +18,12 @@
  */
 import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
-import { afterAll, expect, inject, it } from 'vitest';
+import type pg from 'pg';
+import { afterAll, expect, inject, it, onTestFinished } from 'vitest';
 import { freePort } from '../src/embedded/postgres.js';
-import { createPool, withTransaction } from '../src/db.js';
+import { BEGIN_SHORT, createPool, IDLE_IN_TRANSACTION_MS, withTransaction } from '../src/db.js';
+import { beginClaim, claimBatch } from '../src/outbox/sql/relay.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker } from '../src/temporal/worker.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
@@ -48,6 +51,8 @@ it.each(['v1', 'v2'])('a running worker (%s) whose PostgreSQL connections go sil
     TEMPORAL_TASK_QUEUE: t.config.temporal.taskQueue,
     STRIPE_API_BASE: t.stripe.url,
   });
+  // A failure below must not leave it running: it would take the next tests' events on this task queue.
+  onTestFinished(() => void worker.child.kill('SIGKILL'));
   await untilSaid(worker, 'worker running', 90_000);
   const record = async (usageId: string, tenantId = 't0') => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId, quantity: 5 }))).entry.idempotencyKey;
   const warm = await record(`failover-warm-${randomUUID()}`);
@@ -69,7 +74,10 @@ it.each(['v1', 'v2'])('a running worker (%s) whose PostgreSQL connections go sil
   t.stripe.setLatency(0);
 
   const delivery = async (key: string) => {
-    await waitFor(`${key} delivered`, async () => (await statusOf(key)) === delivered || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 180_000);
+    await waitFor(`${key} delivered`, async () => (await statusOf(key)) === delivered || (worker.child.exitCode !== null && Promise.reject(new Error(worker.output()))), 180_000).catch((err: unknown) => {
+      console.log('WORKER OUTPUT', worker.output().split('\n').filter((l) => !l.includes('acknowledged')).slice(-80).join('\n'));
+      throw err;
+    });
     expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
   };
   for (const key of [inFlight, ...busy, ...after]) await delivery(key);
@@ -188,3 +196,34 @@ it('the API whose PostgreSQL connections go silent answers 503 within seconds, n
   expect(rows).toHaveLength(ids.length);
   api.child.kill('SIGTERM');
 }, 300_000);
+
+it("a claim or a usage whose connection goes silent before COMMIT keeps its locks seconds, not hours: PostgreSQL ends that session", async () => {
+  // The old server living on behind a dropped network path: its sessions keep what they hold until
+  // something ends them (its TCP keepalive: two hours by default).
+  const proxy = await failingOver(t.db.url);
+  const cutOff = createPool(proxy.url, 2);
+  const schema = schemaFor(t.config.databaseSchema);
+  const usageId = `failover-tx-${randomUUID()}`;
+  const held: pg.PoolClient[] = [];
+  try {
+    // A claim with the schema's claim lock taken, and a usage with its rows written, then silence.
+    const claimer = await cutOff.connect();
+    held.push(claimer);
+    await beginClaim(claimer, schema);
+    const recorder = await cutOff.connect();
+    held.push(recorder);
+    await recorder.query(BEGIN_SHORT);
+    await recordUsage(recorder, { usageId, tenantId: 't0', quantity: 1 });
+    proxy.failOver();
+    const at = Date.now();
+    // Another relay's claim waits for the lock, and the client's retry of the usage for its key:
+    // both get through once PostgreSQL has ended the silent sessions.
+    await claimBatch(t.pool, schema, { limit: 1, claimedBy: 'failover-test', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 });
+    const retried = await withTransaction(t.pool, (c) => recordUsage(c, { usageId, tenantId: 't0', quantity: 1 }));
+    expect(retried.created).toBe(true);
+    expect(Date.now() - at).toBeLessThan(IDLE_IN_TRANSACTION_MS + 10_000);
+  } finally {
+    for (const client of held) client.release(new Error('its connection went silent'));
+    await cutOff.end();
+  }
+}, 60_000);

@@ -119,6 +119,7 @@ export function registerUsageRoutes(
             },
             { defaultEventName: deps.defaultEventName, schema: deps.schema },
           ),
+          { short: true },
         );
         span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);
         return recorded;

@@ -85,5 +85,5 @@ export async function recordErrorReport(db: pg.Pool, schema: Schema, report: Err
     outcome.unmatched = Math.max(0, report.errorCount - outcome.matched);
     await finishErrorReport(client, schema, report.eventId, { matched: outcome.matched, unmatched: outcome.unmatched });
     return outcome;
-  });
+  }, { short: true });
 }

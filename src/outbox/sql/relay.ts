@@ -3,7 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type pg from 'pg';
-import { answeredWithin, connectionLost, releaseAfter, type Queryable } from '../../db.js';
+import { answeredWithin, BEGIN_SHORT, connectionLost, releaseAfter, type Queryable } from '../../db.js';
 import { TemporalErrorCodes } from '../../../workflows/shared.js';
 import { AWAITING_RELAY, IN_FLIGHT } from '../statuses.js';
 import type { Lane } from '../lane-window.js';
@@ -92,10 +92,7 @@ export async function claimBatch(
   let failed: unknown;
   try {
     try {
-      // One round trip for all three (constants, so no parameter is needed). A claim lost in a
-      // crash of PostgreSQL only puts its rows back to pending (their workflows, if started, refuse
-      // a second start): no need to wait for the WAL flush.
-      await q.query(`BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK}, ${schema.claimLockKey})`);
+      await beginClaim(q, schema);
       const rows = await claimStatement(q, schema, opts);
       await q.query('COMMIT');
       return rows;
@@ -107,6 +104,17 @@ export async function claimBatch(
   } finally {
     if (client !== db) releaseAfter(client as pg.PoolClient, failed);
   }
+}
+
+/**
+ * Opens a claim's transaction and takes the schema's claim lock. One round trip (constants, so no
+ * parameter is needed). A claim lost in a crash of PostgreSQL only puts its rows back to pending
+ * (their workflows, if started, refuse a second start): no need to wait for the WAL flush. Ended
+ * by PostgreSQL if its connection goes silent before COMMIT (BEGIN_SHORT): the lock would
+ * otherwise stop every relay of the schema for as long as the dead session lived.
+ */
+export async function beginClaim(q: Queryable, schema: Schema): Promise<void> {
+  await q.query(`${BEGIN_SHORT}; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock(${CLAIM_LOCK}, ${schema.claimLockKey})`);
 }
 
 export interface ClaimOptions {
