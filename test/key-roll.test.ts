@@ -12,10 +12,9 @@
  */
 import { randomUUID, X509Certificate } from 'node:crypto';
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import net, { type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import tls from 'node:tls';
+import type tls from 'node:tls';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
 import { createLogger } from '../src/log.js';
 import { outboxStatus } from '../src/ops/status.js';
@@ -23,7 +22,7 @@ import { createWorker } from '../src/worker.js';
 import { KEY_FILE_RECHECK_MS } from '../src/key-file.js';
 import { CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
 import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
-import { certMaker, SERVER_EXT } from './certs.js';
+import { certMaker, SERVER_EXT, startMtlsFrontend, type MtlsFrontend } from './certs.js';
 import { useStripe, waitFor, workflowBundle } from './hooks.js';
 import './provided.js';
 
@@ -115,7 +114,7 @@ describe('Temporal Cloud API key', () => {
 
 describe('Temporal mTLS client certificate', () => {
   let certDir: string;
-  let proxy: tls.Server;
+  let proxy: MtlsFrontend;
   let address: string;
   /** The client certificates the server accepts (SHA-256 fingerprints), and each handshake's. */
   let accepted = new Set<string>();
@@ -131,40 +130,21 @@ describe('Temporal mTLS client certificate', () => {
   beforeAll(async () => {
     certDir = mkdtempSync(path.join(tmpdir(), 'key-roll-mtls-'));
     const certs = certMaker(certDir);
-    certs.ca('server-ca');
-    certs.ca('client-ca');
-    certs.cert('server', 'server-ca', SERVER_EXT);
+    proxy = await startMtlsFrontend(certs, inject('temporalAddress'), (socket) => {
+      const fp = socket.getPeerCertificate().fingerprint256;
+      handshakes.push(fp);
+      if (!accepted.has(fp)) return false;
+      open.set(socket, fp);
+      socket.on('close', () => open.delete(socket));
+      return true;
+    });
+    address = proxy.address;
     certs.cert('client-1', 'client-ca', 'extendedKeyUsage=clientAuth\n');
     certs.cert('client-2', 'client-ca', 'extendedKeyUsage=clientAuth\n');
-    const [host, port] = inject('temporalAddress').split(':') as [string, string];
-    proxy = tls.createServer(
-      {
-        key: readFileSync(certs.file('server.key')),
-        cert: readFileSync(certs.file('server.pem')),
-        ca: readFileSync(certs.file('client-ca.pem')),
-        requestCert: true,
-        rejectUnauthorized: true,
-        ALPNProtocols: ['h2'],
-      },
-      (socket) => {
-        const fp = socket.getPeerCertificate().fingerprint256;
-        handshakes.push(fp);
-        if (!accepted.has(fp)) return void socket.destroy();
-        open.set(socket, fp);
-        const upstream = net.connect(Number(port), host);
-        socket.pipe(upstream).pipe(socket);
-        const end = () => (open.delete(socket), socket.destroy(), upstream.destroy());
-        socket.on('error', end).on('close', end);
-        upstream.on('error', end).on('close', end);
-      },
-    );
-    proxy.on('tlsClientError', () => undefined);
-    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
-    address = `127.0.0.1:${(proxy.address() as AddressInfo).port}`;
   });
   afterAll(async () => {
     for (const socket of open.keys()) socket.destroy();
-    await new Promise((resolve) => proxy?.close(resolve));
+    await proxy?.close();
     rmSync(certDir, { recursive: true, force: true });
   });
 

@@ -5,60 +5,35 @@
  * and incomplete settings.
  */
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import net, { type AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import tls from 'node:tls';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { temporalUnreachable } from '../src/reachable.js';
 import { connectClient, connectTemporal, onTlsFilesChanged, TemporalConnectionError } from '../src/temporal/connection.js';
 import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
-import { certMaker, SERVER_EXT } from './certs.js';
+import { certMaker, startMtlsFrontend, type MtlsFrontend } from './certs.js';
 import './provided.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'billing-outbox-tls-'));
 const certs = certMaker(dir);
 const file = certs.file;
 
-let proxy: tls.Server;
+let proxy: MtlsFrontend;
 let proxyAddress: string;
 const accepted: boolean[] = [];
 
 beforeAll(async () => {
-  certs.ca('server-ca');
-  certs.ca('client-ca');
+  // Terminates TLS, requires a client certificate signed by client-ca, and passes the bytes on.
+  proxy = await startMtlsFrontend(certs, inject('temporalAddress'), (socket) => accepted.push(socket.authorized) > 0);
   certs.ca('wrong-ca');
-  certs.cert('server', 'server-ca', SERVER_EXT);
   certs.cert('worker', 'client-ca', 'extendedKeyUsage=clientAuth\n');
   certs.cert('stranger', 'wrong-ca', 'extendedKeyUsage=clientAuth\n');
-  const [host, port] = inject('temporalAddress').split(':') as [string, string];
-  // Terminates TLS, requires a client certificate signed by client-ca, and passes the bytes on.
-  proxy = tls.createServer(
-    {
-      key: readFileSync(file('server.key')),
-      cert: readFileSync(file('server.pem')),
-      ca: readFileSync(file('client-ca.pem')),
-      requestCert: true,
-      rejectUnauthorized: true,
-      ALPNProtocols: ['h2'],
-    },
-    (socket) => {
-      accepted.push(socket.authorized);
-      const upstream = net.connect(Number(port), host);
-      socket.pipe(upstream).pipe(socket);
-      const end = () => (socket.destroy(), upstream.destroy());
-      socket.on('error', end);
-      upstream.on('error', end);
-    },
-  );
-  proxy.on('tlsClientError', () => undefined);
-  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
-  proxyAddress = `127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+  proxyAddress = proxy.address;
 });
 
 afterAll(async () => {
-  await new Promise((resolve) => proxy?.close(resolve));
+  await proxy?.close();
   rmSync(dir, { recursive: true, force: true });
 });
 
