@@ -8,7 +8,7 @@ import type { LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
 import type { ApiToken, Config } from '../src/config.js';
-import { createPool } from '../src/db.js';
+import { BEGIN_SHORT, createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
@@ -97,6 +97,31 @@ describe('POST /v1/usage', () => {
 
     const { rows } = await t.pool.query('SELECT tenant_id, quantity, event_name FROM outbox WHERE idempotency_key = $1', [created.idempotency_key]);
     expect(rows).toEqual([{ tenant_id: 'acme', quantity: 7, event_name: 'api_requests' }]);
+  });
+
+  it("records each usage in a short transaction: one whose connection goes silent before COMMIT is ended by PostgreSQL, its key's lock with it", async () => {
+    // What each transaction on the API's pool begins with (db-failover.test.ts: what BEGIN_SHORT does).
+    const pool = createPool(t.db.url, 2);
+    const begun: string[] = [];
+    const watched = new WeakSet<object>();
+    pool.on('acquire', (client) => {
+      if (watched.has(client)) return;
+      watched.add(client);
+      const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+      (client as { query: unknown }).query = (...args: unknown[]) => {
+        const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: string }).text;
+        if (text?.startsWith('BEGIN')) begun.push(text);
+        return query(...args);
+      };
+    });
+    const api = buildApi({ config, db: pool, log, temporal });
+    extraApps.push(api);
+    try {
+      expect((await post(usage(), writer, {}, api)).statusCode).toBe(201);
+      expect(begun).toEqual([BEGIN_SHORT]);
+    } finally {
+      await pool.end();
+    }
   });
 
   it('takes event_name from the request, and occurred_at defaults to now', async () => {
