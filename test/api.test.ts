@@ -13,7 +13,7 @@ import { createLogger } from '../src/log.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
-import { idempotencyKeyFor, testConfig, useDatabase, waitFor } from './hooks.js';
+import { idempotencyKeyFor, testConfig, transactionsBegun, useDatabase, waitFor } from './hooks.js';
 
 const secret = (label: string) => `${label}_${randomBytes(24).toString('hex')}`;
 const writer: ApiToken = { name: 'writer', token: secret('tok_writer'), tenants: ['*'], scopes: ['usage:write'] };
@@ -102,18 +102,7 @@ describe('POST /v1/usage', () => {
   it("records each usage in a short transaction: one whose connection goes silent before COMMIT is ended by PostgreSQL, its key's lock with it", async () => {
     // What each transaction on the API's pool begins with (db-failover.test.ts: what BEGIN_SHORT does).
     const pool = createPool(t.db.url, 2);
-    const begun: string[] = [];
-    const watched = new WeakSet<object>();
-    pool.on('acquire', (client) => {
-      if (watched.has(client)) return;
-      watched.add(client);
-      const query = client.query.bind(client) as (...args: unknown[]) => unknown;
-      (client as { query: unknown }).query = (...args: unknown[]) => {
-        const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: string }).text;
-        if (text?.startsWith('BEGIN')) begun.push(text);
-        return query(...args);
-      };
-    });
+    const begun = transactionsBegun(pool);
     const api = buildApi({ config, db: pool, log, temporal });
     extraApps.push(api);
     try {

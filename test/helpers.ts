@@ -157,6 +157,26 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined |
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ''}`);
 }
 
+/**
+ * The BEGIN statements sent through `pool`'s clients from now on, in order: what a code path opens
+ * its transactions with (BEGIN_SHORT or not; db-failover.test.ts shows what BEGIN_SHORT does).
+ */
+export function transactionsBegun(pool: pg.Pool): string[] {
+  const begun: string[] = [];
+  const watched = new WeakSet<object>();
+  pool.on('acquire', (client) => {
+    if (watched.has(client)) return;
+    watched.add(client);
+    const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+    (client as { query: unknown }).query = (...args: unknown[]) => {
+      const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: string }).text;
+      if (text?.startsWith('BEGIN')) begun.push(text);
+      return query(...args);
+    };
+  });
+  return begun;
+}
+
 export async function statusCounts(pool: pg.Pool): Promise<Record<string, number>> {
   const { rows } = await pool.query<{ status: string; n: number }>('SELECT status, count(*)::int AS n FROM outbox GROUP BY status');
   return Object.fromEntries(rows.map((r) => [r.status, r.n]));

@@ -35,7 +35,7 @@ import type { Tracing } from '../src/tracing.js';
 import { createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
 export { idempotencyKeyFor };
-export { databaseUrlFor, runCliWithoutTemporal, statusCounts, testConfig, tracingWorkflowBundle, waitFor, workflowBundle } from './helpers.js';
+export { databaseUrlFor, runCliWithoutTemporal, statusCounts, testConfig, tracingWorkflowBundle, transactionsBegun, waitFor, workflowBundle } from './helpers.js';
 export type { TestDb, TestPipeline } from './helpers.js';
 
 /** Tenant → the Stripe customer it is billed as. */

@@ -14,6 +14,7 @@ import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { buildApi, type Api } from '../src/api/index.js';
 import { parseErrorReport, WEBHOOK_PATH } from '../src/api/webhooks.js';
+import { BEGIN_SHORT, createPool } from '../src/db.js';
 import { recordErrorReport } from '../src/ops/error-reports.js';
 import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { markDelivered } from '../src/outbox/sql/delivery.js';
@@ -24,7 +25,7 @@ import { createMetrics, type Metrics } from '../src/metrics.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
 import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
 import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/embedded/stripe/server.js';
-import { runCliWithoutTemporal, testConfig, useStripe } from './hooks.js';
+import { runCliWithoutTemporal, testConfig, transactionsBegun, useStripe } from './hooks.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
 const CUSTOMER = 'cus_webhooks';
@@ -319,6 +320,26 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(outcome).toMatchObject({ duplicate: false, errorCount: 5, matched: 1, marked: [key], unmatched: 4 });
     expect((await row(key)).status).toBe('rejected_async');
     expect((await reports()).find((r) => r.event_id === event.id)).toMatchObject({ matched: 1, unmatched: 4, error_count: 5 });
+  });
+
+  it("records a report in a short transaction: one whose connection goes silent before COMMIT is ended by PostgreSQL, with the rows it locked", async () => {
+    // What the report's transaction begins with (db-failover.test.ts: what BEGIN_SHORT does).
+    const pool = createPool(t.db.url, 1);
+    const begun = transactionsBegun(pool);
+    try {
+      const key = await sentEvent(2);
+      const event = {
+        id: `evt_short_${randomUUID()}`,
+        object: 'v2.core.event',
+        type: REPORT,
+        related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
+        data: { reason: { error_count: 1, error_types: [{ code: 'meter_event_customer_not_found', error_count: 1, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }] } },
+      };
+      expect(await recordErrorReport(pool, t.schema, parseErrorReport(event), event)).toMatchObject({ marked: [key] });
+      expect(begun).toEqual([BEGIN_SHORT]);
+    } finally {
+      await pool.end();
+    }
   });
 
   it('refuses a signature dated in the future (it would stay replayable until then), and a signed event id that is not one', async () => {
