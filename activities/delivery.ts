@@ -108,6 +108,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
      * ApplicationFailure whose type tells Temporal (and the workflow) whether another attempt can help.
      */
     async deliverUsage(input: DeliverInput): Promise<DeliveryResult> {
+      // A liveness signal for the whole attempt (v1: waiting for the lease, pacing, the call; v2:
+      // waiting for a batch's turn and the stream request): a worker that dies is noticed by the
+      // heartbeat timeout, not only by the attempt's timeout, and a slow but live attempt is not
+      // taken for a dead one. Not in the workflow task: a local activity has no heartbeat on the
+      // server (each one would be answered UnknownActivity); its workflow task is its liveness.
+      const ctx = Context.current();
+      const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
       try {
         return await (sender.api === 'v1' ? attemptUnderLease(input) : attemptByStream(input));
       } catch (err) {
@@ -117,6 +124,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         if (!isDatabaseUnavailable(err)) throw err;
         log.warn('database unavailable during delivery; waiting it out', { idempotencyKey: input.key, error: String(err) });
         return deferred('database_unavailable', t.databaseRetryMs + Math.floor(Math.random() * 1_000), 0);
+      } finally {
+        clearInterval(beat);
       }
     },
 
@@ -141,12 +150,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       attempt: info.attempt,
     });
     const after: AfterCall = { handedOff: false, unanswered: false };
-    // A liveness signal for the whole attempt (waiting, pacing, the call): a worker that dies is
-    // noticed by the heartbeat timeout, not only by the attempt's timeout. Not in the workflow
-    // task: a local activity has no heartbeat on the server (each one would be answered
-    // UnknownActivity), its workflow task is its liveness, and it waits for the lease a moment only.
+    // In the workflow task the lease is waited for a moment only, and its wait cannot heartbeat.
     const inTask = info.isLocal;
-    const beat = inTask ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
     const waitCtx: WaitContext = inTask ? { cancellationSignal: ctx.cancellationSignal, sleep: (ms) => ctx.sleep(ms), heartbeat: () => undefined } : ctx;
     try {
       for (;;) {
@@ -161,7 +166,6 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         await lease.handOff(holder);
       }
     } finally {
-      clearInterval(beat);
       // Unless the row's update already did: hands the lease (or our place in its queue) to the
       // next waiting delivery, in this process at once, elsewhere by NOTIFY. If this fails
       // (PostgreSQL away), the lease lapses by itself; the outcome stands. After a call that got no

@@ -535,6 +535,14 @@ export const MUTANTS: Mutant[] = [
     name: 'before COMMIT',
   },
   {
+    id: 'slow-stream-attempt-taken-for-dead',
+    guarantee: 'At-least-once delivery: a crashed worker\'s in-flight attempt is retried by Temporal elsewhere (its heartbeat stops), and a live one waiting on a slow Stripe keeps heartbeating in v1 and v2',
+    find: '      const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);',
+    replace: "      const beat = activityInfo().isLocal || sender.api === 'v2' ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);",
+    test: 'test/unit/delivery.test.ts',
+    name: 'heartbeats for as long as its call takes',
+  },
+  {
     id: 'silent-maintenance-waited-for',
     guarantee: "Through PostgreSQL outages: the worker's maintenance gives up on a silent connection and goes on",
     find: '  const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);',

@@ -116,8 +116,8 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       ...runPriority(),
       summary: "Report to Stripe: again, on Temporal's retry policy",
       startToCloseTimeout: attemptTimeoutMs,
-      // The attempt heartbeats throughout (waiting for the lease, and the call): a dead worker's
-      // attempt is retried elsewhere after this, not after the whole attempt timeout.
+      // The attempt heartbeats throughout (waiting for the lease or a batch, and the call): a dead
+      // worker's attempt is retried elsewhere after this, not after the whole attempt timeout.
       heartbeatTimeout: input.retry.heartbeatTimeoutMs,
       retry: retryPolicy(Math.max(1, maximumAttempts - spent)),
     }).deliverUsage;

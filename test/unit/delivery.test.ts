@@ -262,6 +262,35 @@ describe('v2: the meter event stream', () => {
   });
 });
 
+describe('heartbeats', () => {
+  it.each(['v1', 'v2'] as const)('a regular %s attempt heartbeats for as long as its call takes (a slow Stripe is not a dead worker); one in the workflow task never does', async (api) => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval', 'setTimeout', 'clearTimeout'] });
+    try {
+      for (const isLocal of [false, true]) {
+        let answer!: () => void;
+        const slow = parts({ api, send: () => new Promise<void>((resolve) => (answer = resolve)) });
+        const env = new MockActivityEnvironment({ attempt: 2, isLocal }, { logger: silent });
+        const beats: unknown[] = [];
+        env.on('heartbeat', (d: unknown) => beats.push(d));
+        const done = deliver(slow.deps, {}, env);
+        await vi.waitFor(() => expect(slow.sent).toHaveLength(1));
+        // Stripe takes three heartbeat timeouts to answer.
+        await vi.advanceTimersByTimeAsync(3 * timings.heartbeatTimeoutMs);
+        answer();
+        await expect(done).resolves.toMatchObject({ outcome: api === 'v1' ? 'sent' : 'accepted' });
+        if (isLocal) expect(beats).toEqual([]);
+        else expect(beats.length).toBeGreaterThanOrEqual((3 * timings.heartbeatTimeoutMs) / timings.heartbeatEveryMs - 1);
+        // And none after the attempt.
+        const after = beats.length;
+        await vi.advanceTimersByTimeAsync(3 * timings.heartbeatEveryMs);
+        expect(beats).toHaveLength(after);
+      }
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+});
+
 describe('the first attempt, run in the workflow task (a local activity)', () => {
   it('waits for a busy lease a moment only and never heartbeats; the regular activity waits the full time', async () => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
