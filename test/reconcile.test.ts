@@ -326,6 +326,23 @@ describe('billing-outbox cancel', () => {
     expect((await actionsFor(key)).map((a) => a.outcome)).toEqual(['failed', 'cancelled']);
   });
 
+  it('a cancel Stripe answered with a 500 is not refused by that stored answer when repeated (Stripe replays it for a day): the row becomes cancelled', async () => {
+    const tn = await tenant();
+    const key = await event(tn, 3, 62);
+    t.stripe.failNext(1, 500);
+    const first = await cli(['cancel', key, '--by', 'alice']);
+    expect(first.code).toBe(1);
+    expect(first.err).toContain('could not reach a decision');
+    expect(t.stripe.events().find((e) => e.identifier === key)?.cancelled).toBe(false);
+
+    // Stripe is healthy again, but has the 500 stored under the cancel's Idempotency-Key.
+    const again = await cli(['cancel', key, '--by', 'alice', '--json']);
+    expect(again.code).toBe(0);
+    expect(JSON.parse(again.out)).toMatchObject({ outcome: 'cancelled', row: { status: 'cancelled' } });
+    expect(t.stripe.events().find((e) => e.identifier === key)?.cancelled).toBe(true);
+    expect((await actionsFor(key)).map((a) => a.outcome)).toEqual(['failed', 'cancelled']);
+  });
+
   it('an event cancelled at Stripe by someone else (another Idempotency-Key): the refusal as already cancelled makes the row cancelled', async () => {
     const tn = await tenant();
     const key = await event(tn, 2, 61);

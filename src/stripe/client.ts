@@ -102,17 +102,24 @@ export async function hourlyEventSummaries(
  * allows it within 24 hours of receiving the event; it answers 400 after that.
  */
 export async function cancelMeterEvent(client: Pick<Stripe, 'billing'>, event: { eventName: string; identifier: string }): Promise<void> {
-  await client.billing.meterEventAdjustments.create(
-    {
-      event_name: event.eventName,
-      type: 'cancel',
-      cancel: { identifier: event.identifier },
-    },
+  const params = { event_name: event.eventName, type: 'cancel', cancel: { identifier: event.identifier } } as const;
+  try {
     // One Idempotency-Key per event's cancel, not one per call: a cancel repeated after one whose
-    // answer was lost gets the first answer again from Stripe's idempotency store (kept at least 24 h,
-    // as long as the cancel window itself) instead of a refusal.
-    { idempotencyKey: cancelIdempotencyKey(event.identifier) },
-  );
+    // answer was lost gets the first answer again from Stripe's idempotency store (kept at least
+    // 24 h, as long as the cancel window itself) instead of a refusal.
+    await client.billing.meterEventAdjustments.create(params, { idempotencyKey: cancelIdempotencyKey(event.identifier) });
+  } catch (err) {
+    // But Stripe stores a 5xx under its key too, and replays it for a day however healthy it is
+    // again: such a replay is asked again under a fresh key (the client makes one). If an earlier
+    // cancel got through after all, Stripe refuses this one as already cancelled.
+    if (!replayedFailure(err)) throw err;
+    await client.billing.meterEventAdjustments.create(params);
+  }
+}
+
+/** A 5xx Stripe answered from its idempotency store: the first request's failure, not a new one. */
+function replayedFailure(err: unknown): boolean {
+  return err instanceof Stripe.errors.StripeError && (err.statusCode ?? 0) >= 500 && err.headers?.['idempotent-replayed'] === 'true';
 }
 
 /** The Idempotency-Key of an event's cancel (an identifier is at most 100 characters; Stripe takes 255). */

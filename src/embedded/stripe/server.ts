@@ -266,7 +266,10 @@ export class LocalStripe implements ControlTarget {
     this.requiredKey = key;
   }
 
-  /** The next `count` meter-event requests fail with `status` (Stripe-shaped body); nothing is recorded. */
+  /**
+   * The next `count` meter-event (or cancel adjustment) requests fail with `status` (Stripe-shaped
+   * body); nothing is recorded. A 5xx is stored under the request's Idempotency-Key, as Stripe does.
+   */
   failNext(count: number, status: number, opts?: FailNextOptions): void {
     this.faults.failNext(count, status, opts);
   }
@@ -652,6 +655,9 @@ export class LocalStripe implements ControlTarget {
       const match = route.method === call.method ? route.pattern.exec(call.path) : null;
       if (!match) continue;
       const params = match.slice(1).map((p) => decodeURIComponent(p));
+      // A cancel can fail like a meter event (an injected 5xx is stored under its key, as Stripe does).
+      const failure = call.path === ADJUSTMENTS_PATH ? this.faults.takeFailure() : undefined;
+      if (failure) return { response: failureResponse(failure), store: isStoredFailure(failure) };
       const response = route.handle(call, params);
       // Only successful writes are worth replaying; refusals are evaluated afresh.
       return { response, store: response.status < 300 };
