@@ -301,6 +301,22 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(recorded.reduce((n, r) => n + r.unmatched, 0)).toBe(1);
   });
 
+  it("leaves alone a row never attempted that a sample names by its key: another deployment's event in the same Stripe account, unknown here", async () => {
+    // Claimed and waiting for its first attempt (the lease, the pace): it has sent Stripe nothing.
+    const key = await t.enqueue('acme', 4);
+    await t.pool.query(`UPDATE outbox SET status = 'dispatched', dispatched_at = now() WHERE idempotency_key = $1`, [key]);
+    const event = {
+      id: `evt_other_${randomUUID()}`,
+      object: 'v2.core.event',
+      type: REPORT,
+      related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
+      data: { reason: { error_count: 1, error_types: [{ code: 'meter_event_customer_not_found', error_count: 1, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }] } },
+    };
+    const outcome = await recordErrorReport(t.pool, t.schema, parseErrorReport(event), event);
+    expect(outcome).toMatchObject({ matched: 0, marked: [], notSent: [], unknown: [key], unmatched: 1 });
+    expect(await row(key)).toMatchObject({ status: 'dispatched', last_error_code: null });
+  });
+
   it('counts failures Stripe did not name (it sends only samples) as unmatched', async () => {
     const key = await sentEvent(7);
     // Stripe reported 5 failures and named one of them.

@@ -64,8 +64,11 @@ export const REJECTABLE = ['sent', 'accepted', 'dispatched', 'dead'] as const;
  * row was.
  *
  * A sample names an identifier, not a key: the row's stored `stripe_identifier`, or its key when
- * none is stored (unique index each). An identifier a rebill has replaced finds its row by key
- * only to say `superseded`: Stripe's verdict on the old identifier says nothing of the new one.
+ * none is stored (unique index each) and the row was attempted. A row never attempted has sent
+ * Stripe nothing to reject: a sample with its key is another deployment's event (one without
+ * `STRIPE_IDENTIFIER_NAMESPACE` in the same Stripe account), unknown here. An identifier a rebill
+ * has replaced finds its row by key only to say `superseded`: Stripe's verdict on the old
+ * identifier says nothing of the new one.
  * One statement: the outer SELECT reads the rows as they were before the UPDATE (a data-modifying
  * CTE's effects are invisible to the rest of its statement).
  */
@@ -77,8 +80,9 @@ export async function markRejectedAsync(db: Queryable, schema: Schema, samples: 
      ), found AS (
        SELECT s.*,
               COALESCE((SELECT o.id FROM ${schema.outbox} o WHERE o.stripe_identifier = s.identifier),
-                       (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier AND o.stripe_identifier IS NULL)) AS row_id,
-              (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier) AS key_id
+                       (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier AND o.stripe_identifier IS NULL
+                           AND o.first_attempted_at IS NOT NULL)) AS row_id,
+              (SELECT o.id FROM ${schema.outbox} o WHERE o.idempotency_key = s.identifier AND o.identifier_revision > 0) AS key_id
          FROM s
      ), marked AS (
        UPDATE ${schema.outbox} o
