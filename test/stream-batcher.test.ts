@@ -227,6 +227,32 @@ describe('one event that fails every request it is in', () => {
     expect([sessionCalls, paceCalls, stream.requests]).toEqual([1, 1, 0]);
   });
 
+  it("a refused key after a request that may have reached Stripe: the events take that request's failure, not the key's (their attempt is not taken back)", async () => {
+    let sessionCalls = 0;
+    let sends = 0;
+    const keyRefused = () => new Stripe.errors.StripeAuthenticationError({ message: 'Expired API Key provided: sk_test_****', statusCode: 401, code: 'api_key_expired' } as never);
+    const fake: StreamStripe = {
+      createSession() {
+        // The key is rolled and expired after the first session.
+        if (++sessionCalls > 1) return Promise.reject(keyRefused());
+        const created = new Date();
+        return Promise.resolve({ token: 'tok_1', created, expiresAt: new Date(created.getTime() + 15 * MINUTE) });
+      },
+      sendEvents() {
+        // The first request's answer is lost (Stripe may have taken it); then the session is over.
+        if (++sends === 1) return Promise.reject(new Stripe.errors.StripeConnectionError({ message: 'socket hang up' } as never));
+        return Promise.reject(Object.assign(new Stripe.errors.StripeInvalidRequestError({ message: 'session expired', statusCode: 401 } as never), { code: 'billing_meter_event_session_expired' }));
+      },
+    };
+    const stream = new MeterEventStream(fake, { sessionBackoff: { initialMs: 1, maxMs: 1 } });
+    const outcomes = await within(5_000, 'the batch', Promise.all(Array.from({ length: 4 }, (_, i) => stream.send(event(`rolled-${i}`)).then(() => 'sent', (err: unknown) => err))));
+    expect(outcomes.map((o) => o?.constructor.name)).toEqual(Array(4).fill('StripeConnectionError'));
+
+    // Events no request of which went out take the key's refusal: nothing was sent.
+    const fresh = await within(5_000, 'the next batch', stream.send(event('fresh')).then(() => 'sent', (err: unknown) => err));
+    expect(fresh).toBeInstanceOf(Stripe.errors.StripeAuthenticationError);
+  });
+
   it('a plain outage (every request fails): at most three requests per batch, every event takes the error', async () => {
     const server = await startStripe();
     server.failNext(10_000, 500);

@@ -17,6 +17,8 @@ export interface Waiting {
   event: MeterEvent;
   resolve: () => void;
   reject: (err: unknown) => void;
+  /** The failure of an earlier request with this event that Stripe may have acted on (it was followed up). */
+  mayHaveReached?: unknown;
 }
 
 interface CustomerQueue {

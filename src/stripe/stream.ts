@@ -257,9 +257,10 @@ export class MeterEventStream implements MeterEventSender {
           // Which event made the request invalid is not said: each one goes again on its own.
           alone.push(...f.batch);
         } else if (someThrough && f.batch.length > 1 && mayHalve(f)) {
+          for (const w of f.batch) w.mayHaveReached ??= f.err;
           halves.push(...halve(f.batch));
         } else {
-          for (const w of f.batch) w.reject(f.err);
+          for (const w of f.batch) rejectWith(w, f.err);
         }
       }
       const [results] = await Promise.all([
@@ -275,7 +276,7 @@ export class MeterEventStream implements MeterEventSender {
 
   private async deliverAlone(w: Waiting): Promise<void> {
     const failed = await this.attempt([w]);
-    if (failed) w.reject(failed.err);
+    if (failed) rejectWith(w, failed.err);
   }
 
   /** One request for `batch`: resolves its events and returns nothing, or returns how it failed. */
@@ -402,6 +403,17 @@ export class MeterEventStream implements MeterEventSender {
     this.due = true;
     this.pump();
   }
+}
+
+/**
+ * Settles a failed event with `err`, unless that is the account's refusal of the key (401, 403)
+ * after an earlier request with the event failed in a way Stripe may have acted on (a lost answer,
+ * a 5xx): then with that earlier failure. The delivery takes back an attempt refused for the key as
+ * one that sent nothing (no attempt spent, the 23 h resend window not started); this one may have
+ * sent the event, and its window must stand, or a resend after a long key outage could bill twice.
+ */
+function rejectWith(w: Waiting, err: unknown): void {
+  w.reject(w.mayHaveReached !== undefined && classifyStripeError(err).kind === 'credentials' ? w.mayHaveReached : err);
 }
 
 /** Stripe answered the request itself with a 400: one of its events is malformed. */
