@@ -6,7 +6,7 @@
  */
 import { expect, it } from 'vitest';
 import { mapTenant } from '../src/ops/customers.js';
-import { usePipeline, waitFor } from './hooks.js';
+import { runCliWithoutTemporal, usePipeline, waitFor } from './hooks.js';
 
 const METER = 'api_requests';
 const t = usePipeline({
@@ -40,4 +40,17 @@ it('remapped mid-backlog: each event billed once, to the new customer from the r
   expect(t.stripe.maxConcurrencySeen('cus_after', METER)).toBe(1);
   expect(t.stripe.maxConcurrencySeen('cus_before', METER)).toBe(1);
   expect(t.stripe.requests().filter((r) => r.status === 429)).toEqual([]);
+
+  // Reconciled afterwards, each event is compared with the customer Stripe counted it under, not
+  // the tenant's mapping of today: both customers match, and nothing is drift.
+  const hour = Math.floor(Date.now() / 3_600_000) * 3_600_000;
+  const run = await runCliWithoutTemporal(['reconcile', '--from', new Date(hour).toISOString(), '--to', new Date(hour + 3_600_000).toISOString(), '--tenant', 'movers', '--json'], t.config, t.db);
+  const report = JSON.parse(run.out) as { match: boolean; groups: { stripeCustomerId: string; ours: number; stripe: number; tenantIds: string[] }[] };
+  const billedTo = (customer: string) =>
+    keys.map((k) => t.eventsFor(k)[0]!.payload).filter((p) => p.stripe_customer_id === customer).reduce((n, p) => n + Number(p.value), 0);
+  expect(report.groups.map((g) => [g.stripeCustomerId, g.ours, g.stripe, g.tenantIds]).sort()).toEqual([
+    ['cus_after', billedTo('cus_after'), billedTo('cus_after'), ['movers']],
+    ['cus_before', billedTo('cus_before'), billedTo('cus_before'), ['movers']],
+  ]);
+  expect([run.code, report.match]).toEqual([0, true]);
 }, 90_000);

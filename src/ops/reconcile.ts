@@ -198,7 +198,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     EVENTUAL_CONSISTENCY_NOTE,
     'Ours counts `sent` rows only: rows rejected_async (rejected by Stripe after a 200) or cancelled are expected not to be counted by Stripe; ' +
       'rows pending, claimed, dispatched or dead may or may not have reached Stripe and are listed, not counted.',
-    'Only Stripe customers with outbox rows in the range are compared, each under the tenant mapping in billing_customers now.',
+    'Only Stripe customers with outbox rows in the range are compared: each row under the customer its attempt named, a row never attempted under its tenant\'s mapping in billing_customers now.',
   ];
   return {
     from: opts.from.toISOString(),
@@ -220,11 +220,11 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
 
 /** Lists the rows of every window that differs or holds unsettled rows, and reads the difference. */
 async function attachEvents(db: Queryable, schema: Schema, groups: ReconcileGroup[]): Promise<void> {
-  const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; window: ReconcileWindow }[] = [];
+  const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; tenantIds: string[]; window: ReconcileWindow }[] = [];
   for (const g of groups) {
     for (const w of g.windows) {
       if (!w.match || w.rows.unsettled > 0) {
-        wanted.push({ stripeCustomerId: g.stripeCustomerId, eventName: g.eventName, windowStart: Date.parse(w.start) / 1000, window: w });
+        wanted.push({ stripeCustomerId: g.stripeCustomerId, eventName: g.eventName, windowStart: Date.parse(w.start) / 1000, tenantIds: g.tenantIds, window: w });
       }
     }
   }

@@ -16,6 +16,7 @@ export interface AttemptRow {
   quantity: number;
   occurred_at: Date;
   first_attempted_at: Date;
+  /** The customer this attempt names (the tenant's mapping now); for a row already at Stripe, the one it was billed to. */
   stripe_customer_id: string | null;
   /** When the row was committed: the start of the commit-to-acknowledgement latency. */
   created_at: Date;
@@ -83,6 +84,10 @@ export async function beginAttempt(
               -- a row attempted before it was stored (NULL, first_attempted_at set) went out under
               -- its key and stays so, whatever the namespace is now. $8: NULL when it is the key.
               stripe_identifier = COALESCE(o.stripe_identifier, CASE WHEN o.first_attempted_at IS NULL THEN $8::text END),
+              -- The customer this attempt names (reconciliation compares the row with it); a row
+              -- already at Stripe keeps the one it was billed to.
+              billed_customer_id = CASE WHEN o.status = ANY($5::text[]) THEN o.billed_customer_id
+                ELSE (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) END,
               updated_at = now()
         WHERE o.idempotency_key = $1::text
           AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended))
@@ -90,7 +95,7 @@ export async function beginAttempt(
                OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
         RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
                   COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision,
-                  (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id
+                  o.billed_customer_id AS stripe_customer_id
      )
      SELECT ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended)) AS lease_held, a.status IS NOT NULL AS found, a.*,
             -- Bookkeeping only (the attempt count, the first attempt's time, the lease), on the

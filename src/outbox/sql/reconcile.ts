@@ -27,7 +27,10 @@ export interface ReconcileWindowRow {
  * Our side of a reconciliation: per (Stripe customer, event name, hour of occurred_at), the sum of
  * the delivered (`sent`, `accepted`) quantities, and how many rows of each other kind fall in the hour. Grouped by Stripe
  * customer, not tenant, because Stripe's summaries are per customer: two tenants billed as one
- * customer are compared together. With a tenant, every customer that tenant is billed as.
+ * customer are compared together. A row's customer is the one its attempt named
+ * (`billed_customer_id`: a tenant remapped since keeps its earlier usage with the earlier
+ * customer), or, for a row never attempted, the tenant's mapping now. With a tenant, every
+ * customer that tenant's rows in the range are billed as, and the one it maps to now.
  *
  * There is no index on occurred_at (the hot path pays for every index). A sent row's sent_at is at
  * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
@@ -41,19 +44,27 @@ export async function reconcileWindows(
   opts: { from: Date; to: Date; tenantId?: string | undefined },
 ): Promise<ReconcileWindowRow[]> {
   const { rows } = await db.query<ReconcileWindowRow>(
-    `SELECT c.stripe_customer_id, o.event_name, array_agg(DISTINCT o.tenant_id ORDER BY o.tenant_id) AS tenant_ids,
-            (floor(extract(epoch FROM o.occurred_at) / 3600) * 3600)::bigint AS window_start,
-            COALESCE(sum(o.quantity) FILTER (WHERE o.status = ANY($6::text[])), 0)::bigint AS sent_quantity,
-            count(*) FILTER (WHERE o.status = ANY($6::text[])) AS sent_count,
-            count(*) FILTER (WHERE o.status = ANY($4::text[])) AS unsettled_count,
-            count(*) FILTER (WHERE o.status = ANY($5::text[])) AS excluded_count
-       FROM ${schema.outbox} o
-       JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
-      WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
-        AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> ALL($6::text[]))
-        AND ($3::text IS NULL OR c.stripe_customer_id IN (SELECT b.stripe_customer_id FROM ${schema.billingCustomers} b WHERE b.tenant_id = $3::text))
-      GROUP BY c.stripe_customer_id, o.event_name, window_start
-      ORDER BY c.stripe_customer_id, o.event_name, window_start`,
+    `WITH r AS (
+       SELECT COALESCE(o.billed_customer_id, c.stripe_customer_id) AS stripe_customer_id, o.event_name, o.tenant_id,
+              o.occurred_at, o.quantity, o.status
+         FROM ${schema.outbox} o
+         LEFT JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
+        WHERE o.occurred_at >= $1::timestamptz AND o.occurred_at < $2::timestamptz
+          AND (o.sent_at >= $1::timestamptz - interval '1 hour' OR o.status <> ALL($6::text[]))
+     )
+     SELECT r.stripe_customer_id, r.event_name, array_agg(DISTINCT r.tenant_id ORDER BY r.tenant_id) AS tenant_ids,
+            (floor(extract(epoch FROM r.occurred_at) / 3600) * 3600)::bigint AS window_start,
+            COALESCE(sum(r.quantity) FILTER (WHERE r.status = ANY($6::text[])), 0)::bigint AS sent_quantity,
+            count(*) FILTER (WHERE r.status = ANY($6::text[])) AS sent_count,
+            count(*) FILTER (WHERE r.status = ANY($4::text[])) AS unsettled_count,
+            count(*) FILTER (WHERE r.status = ANY($5::text[])) AS excluded_count
+       FROM r
+      WHERE r.stripe_customer_id IS NOT NULL
+        AND ($3::text IS NULL OR r.stripe_customer_id IN (
+              SELECT t.stripe_customer_id FROM r t WHERE t.tenant_id = $3::text
+              UNION SELECT b.stripe_customer_id FROM ${schema.billingCustomers} b WHERE b.tenant_id = $3::text))
+      GROUP BY r.stripe_customer_id, r.event_name, window_start
+      ORDER BY r.stripe_customer_id, r.event_name, window_start`,
     [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED], [...DELIVERED]],
   );
   return rows;
@@ -79,18 +90,21 @@ export interface ReconcileEventRow {
 
 /**
  * The rows of the given (customer, event name, hour) windows, every status, at most `perWindow`
- * per window (oldest first), so an operator can see which events make up a difference.
+ * per window (oldest first), so an operator can see which events make up a difference. A window's
+ * rows are found through its tenants (reconcileWindows' `tenant_ids`), each row counted with the
+ * customer reconcileWindows gave it.
  */
 export async function listWindowEvents(
   db: Queryable,
   schema: Schema,
-  windows: { stripeCustomerId: string; eventName: string; windowStart: number }[],
+  windows: { stripeCustomerId: string; eventName: string; windowStart: number; tenantIds: string[] }[],
   perWindow: number,
 ): Promise<ReconcileEventRow[]> {
-  if (windows.length === 0) return [];
+  const pairs = windows.flatMap((w) => w.tenantIds.map((tenantId) => ({ ...w, tenantId })));
+  if (pairs.length === 0) return [];
   const { rows } = await db.query<ReconcileEventRow>(
     `WITH w AS (
-       SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS w(stripe_customer_id, event_name, window_start)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS w(stripe_customer_id, event_name, window_start, tenant_id)
      ), r AS (
        SELECT w.stripe_customer_id, w.event_name, w.window_start, o.idempotency_key,
               COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision, o.tenant_id, o.quantity, o.status,
@@ -98,15 +112,16 @@ export async function listWindowEvents(
               row_number() OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start ORDER BY o.occurred_at, o.id) AS n,
               count(*) OVER (PARTITION BY w.stripe_customer_id, w.event_name, w.window_start) AS window_rows
          FROM w
-         JOIN ${schema.billingCustomers} c ON c.stripe_customer_id = w.stripe_customer_id
-         JOIN ${schema.outbox} o ON o.tenant_id = c.tenant_id AND o.event_name = w.event_name
+         JOIN ${schema.outbox} o ON o.tenant_id = w.tenant_id AND o.event_name = w.event_name
           AND o.occurred_at >= to_timestamp(w.window_start) AND o.occurred_at < to_timestamp(w.window_start + 3600)
+         LEFT JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
+        WHERE COALESCE(o.billed_customer_id, c.stripe_customer_id) = w.stripe_customer_id
      )
      SELECT stripe_customer_id, event_name, window_start, idempotency_key, identifier, identifier_revision, tenant_id, quantity, status, occurred_at,
             sent_at, last_error_code, window_rows
-       FROM r WHERE n <= $4::int
+       FROM r WHERE n <= $5::int
       ORDER BY stripe_customer_id, event_name, window_start, occurred_at, idempotency_key`,
-    [windows.map((w) => w.stripeCustomerId), windows.map((w) => w.eventName), windows.map((w) => w.windowStart), perWindow],
+    [pairs.map((p) => p.stripeCustomerId), pairs.map((p) => p.eventName), pairs.map((p) => p.windowStart), pairs.map((p) => p.tenantId), perWindow],
   );
   return rows;
 }
