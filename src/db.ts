@@ -129,7 +129,7 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
     await client.query(`CREATE TABLE IF NOT EXISTS ${schema.schemaMigrations} (
       name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
     const done = new Set((await client.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));
-    const files = (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
+    const files = await migrationFiles();
     const applied: string[] = [];
     for (const file of files) {
       // `upTo`: stop after the named migration (tests of a later migration on data of an earlier schema).
@@ -172,6 +172,25 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
     await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
     await client.end();
   }
+}
+
+/** This version's migrations, in order. */
+async function migrationFiles(): Promise<string[]> {
+  return (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
+}
+
+/**
+ * This version's migrations not yet applied to the schema `opts.schema` (default `billing_outbox`):
+ * every one of them when it was never migrated. A worker that does not migrate checks it at start:
+ * its statements name the columns of every migration it ships with.
+ */
+export async function pendingMigrations(db: Queryable, opts: { schema?: string } = {}): Promise<string[]> {
+  const schema = schemaFor(opts.schema);
+  const files = await migrationFiles();
+  const { rows } = await db.query<{ exists: boolean }>('SELECT to_regclass($1::text) IS NOT NULL AS exists', [schema.schemaMigrations]);
+  if (!rows[0]!.exists) return files;
+  const applied = new Set((await db.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));
+  return files.filter((f) => !applied.has(f));
 }
 
 /** The statements of a NO_TRANSACTION migration: split at each `;` that ends a line, comments dropped. */

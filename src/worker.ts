@@ -98,7 +98,10 @@ export interface CreateWorkerOptions {
   taskQueue?: string;
   /** The PostgreSQL schema of billing-outbox's tables (default billing_outbox; created by the migration if missing). */
   schema?: string;
-  /** Apply pending migrations before running (default true; safe with many workers at once). */
+  /**
+   * Apply pending migrations before running (default true; safe with many workers at once). With
+   * false, the worker refuses to start on a schema behind its version, naming what is missing.
+   */
   migrate?: boolean;
   /** Drain on the first SIGTERM or SIGINT, as the standalone worker does (default false). */
   handleSignals?: boolean;

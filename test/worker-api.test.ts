@@ -11,6 +11,7 @@ import { NativeConnection } from '@temporalio/worker';
 import pg from 'pg';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError } from '../src/config.js';
+import { migrate, pendingMigrations } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
 import { useStripe, waitFor, workflowBundle } from './hooks.js';
@@ -152,6 +153,25 @@ describe('createWorker', () => {
     const unreachable = await createWorker(options(applicationPool(away.toString()), { migrate: false }));
     workers.push(unreachable);
     expect(await unreachable.health()).toMatchObject({ status: 'unavailable', postgres: 'error' });
+  });
+
+  it('told not to migrate, refuses to start on a schema behind its version, naming what it lacks; migrated, it starts', async () => {
+    const schema = `behind_${randomUUID().slice(0, 8)}`;
+    const all = await pendingMigrations(t.pool, { schema });
+    expect(all.length).toBeGreaterThan(5);
+    try {
+      // The schema as the previous version left it: every migration but this version's last.
+      await migrate(t.db.url, { schema, upTo: all.at(-2)! });
+      const refused = createWorker(options(applicationPool(), { schema, migrate: false }));
+      await expect(refused).rejects.toThrow(ConfigError);
+      await expect(refused).rejects.toThrow(`not migrated to this version of billing-outbox (missing ${all.at(-1)!})`);
+
+      await migrate(t.db.url, { schema });
+      expect(await pendingMigrations(t.pool, { schema })).toEqual([]);
+      workers.push(await createWorker(options(applicationPool(), { schema, migrate: false })));
+    } finally {
+      await t.pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    }
   });
 
   it('refuses bad or missing options, each named, before opening anything', async () => {

@@ -13,7 +13,7 @@ import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
 import { checkHealth, temporalHealthConnection, type ProbeResult } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
-import { answeredWithin, createPool, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes, type Queryable } from '../db.js';
+import { answeredWithin, createPool, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 import { waitUnlessAborted } from '../wait.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
@@ -366,6 +366,27 @@ export interface LaunchOptions {
  * first if asked, and returns it ready to run. Whatever it opened is closed again if a later step
  * fails, and when the worker stops; what the caller gave is never closed.
  */
+/**
+ * A worker told not to migrate (the application migrates in its own pipeline) refuses to start on a
+ * schema behind its version, naming what is missing: its statements name every migration's columns,
+ * and on an older schema each delivery would fail until its event was dead. PostgreSQL not reachable
+ * yet: not checked here (the worker starts and waits for it, as it does without this check).
+ */
+async function refuseUnmigrated(pool: Queryable, schema: string, answerMs: number): Promise<void> {
+  let missing: string[];
+  try {
+    missing = await pendingMigrations(answeredWithin(pool, answerMs), { schema });
+  } catch (err) {
+    if (isDatabaseUnavailable(err)) return;
+    throw err;
+  }
+  if (missing.length > 0) {
+    throw new ConfigError([
+      `database schema ${schema}: not migrated to this version of billing-outbox (missing ${missing.join(', ')}); run \`billing-outbox migrate\` (or migrate(url, { schema })) first, or let the worker migrate (migrate: true)`,
+    ]);
+  }
+}
+
 export async function launchWorker(config: Config, opts: LaunchOptions): Promise<WorkerHandle> {
   const { log } = opts;
   const closers: (() => Promise<unknown>)[] = [];
@@ -403,6 +424,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
     const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
+    else await refuseUnmigrated(pool, config.databaseSchema, config.timings.statementAnswerMs);
     let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
     const connectOnce = () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) });
     const connect = async () => {
