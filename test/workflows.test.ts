@@ -332,6 +332,24 @@ it('bounds only an unbroken stretch of 429s: another answer between two of them 
   });
 });
 
+it("a rebill's reopen starts the 24 h window again: a later plain retry of the new identifier is not refused for the old one's age", async () => {
+  let mode: 'reject' | 'send' = 'reject';
+  const { activities } = fakeActivities(async () => {
+    if (mode === 'send') return { outcome: 'sent', attempts: 1 };
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    await env.sleep('25 hours');
+    // The rebill's signal (src/ops/rebill.ts): delivered again under a new identifier, dead again.
+    await handle.signal(reopenSignal, { newIdentifier: true, requestedBy: 'rebill' });
+    await waitFor('dead again', async () => (await handle.query(stateQuery)).attempts > 1 && (await handle.query(stateQuery)).status === 'dead');
+    mode = 'send';
+    expect(await handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).toMatchObject({ status: 'sent' });
+  });
+});
+
 it("uses a forced retry's force for one attempt only (that attempt starts a new 24 h window)", async () => {
   const { calls, activities } = fakeActivities(async () => {
     const n = calls.deliver.length;

@@ -124,6 +124,11 @@ export interface ReopenRequest {
    * window, where Stripe can no longer tell it is a duplicate. Only after reconciliation.
    */
   force?: boolean;
+  /**
+   * Sent by a rebill: the event goes out under an identifier Stripe never had, so the 24-hour
+   * window starts again with its next attempt (the earlier identifier's age no longer matters).
+   */
+  newIdentifier?: boolean;
   /** Who asked, for the record. */
   requestedBy?: string;
 }

@@ -193,6 +193,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
     if (requested === undefined) return undefined;
     const request = requested ?? {};
     requested = undefined;
+    if (request.newIdentifier === true) firstAttemptedAt = undefined;
     // In flight from here, in memory (the upsert follows the row): a second retry is refused at once.
     state.status = 'dispatched';
     return request;

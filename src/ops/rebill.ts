@@ -156,7 +156,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
 
   if (status === 'RUNNING') {
     try {
-      await handle.signal(reopenSignal, { force: false, requestedBy: opts.actor });
+      await handle.signal(reopenSignal, { force: false, newIdentifier: true, requestedBy: opts.actor });
       return done('rebilled', `${why}; signalled its open workflow to deliver it as ${identifier}`, next);
     } catch (err) {
       // Closed since it was described (its dead-letter wait ended): a new run below.
