@@ -121,6 +121,22 @@ describe.each(drivers)('%s', (_name, make) => {
     expect(await eventsFor(usageId)).toBe(1);
   });
 
+  it('a session in another time zone: the instant given is stored, returned, and its repeat matches', async () => {
+    const usageId = randomUUID();
+    const at = new Date('2026-12-01T08:00:00.250Z');
+    const inNewYork = <T,>(fn: (c: TransactionClient) => Promise<T>) =>
+      driver.transaction(async (c, own) => {
+        await own("SET LOCAL TimeZone = 'America/New_York'");
+        return fn(c);
+      });
+    const { entry } = await inNewYork((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 5, occurredAt: at }));
+    expect(entry.occurredAt).toEqual(at);
+    const { rows } = await t.pool.query<{ occurred_at: Date }>('SELECT occurred_at FROM outbox WHERE tenant_id = $1 AND usage_id = $2', ['acme', usageId]);
+    expect(rows[0]!.occurred_at).toEqual(at);
+    // The same usage again: the same entry, not a conflict over its time.
+    expect(await inNewYork((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 5, occurredAt: at }))).toEqual({ created: false, entry });
+  });
+
   it('a rollback leaves none', async () => {
     const usageId = randomUUID();
     await expect(

@@ -15,8 +15,15 @@ export function fromPrisma(db: { $queryRawUnsafe(query: string, ...values: unkno
   return {
     async query({ text, values }) {
       // Prisma binds `$n` itself and answers the rows, bigint columns as BigInt (recordUsage reads
-      // numbers with Number(), which takes those).
-      return { rows: (await db.$queryRawUnsafe(text, ...values)) as unknown[] };
+      // numbers with Number(), which takes those). A Date goes as ISO text with its zone:
+      // @prisma/adapter-pg sends a Date as UTC wall-clock time without one, which PostgreSQL reads
+      // in the session's TimeZone (on a server not set to UTC, usage would be stored hours off).
+      return { rows: (await db.$queryRawUnsafe(text, ...values.map(withZone))) as unknown[] };
     },
   };
+}
+
+function withZone(value: unknown): unknown {
+  if (value instanceof Date) return value.toISOString();
+  return Array.isArray(value) ? value.map(withZone) : value;
 }

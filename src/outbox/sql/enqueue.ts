@@ -33,7 +33,13 @@ export interface EntryRow {
  */
 export type CallerEntryRow = Omit<EntryRow, 'id' | 'quantity' | 'occurred_at'> & { id: number | string; quantity: number | string; occurred_at: Date | string };
 
-const ENTRY_COLUMNS = 'id, idempotency_key, tenant_id, usage_id, event_name, quantity, occurred_at, status';
+/**
+ * occurred_at as ISO 8601 text in UTC: the same instant whatever the caller's driver makes of a
+ * timestamptz and whatever the session's TimeZone (@prisma/adapter-pg reads one as if its offset
+ * were +00:00).
+ */
+export const OCCURRED_AT_UTC = `to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at`;
+const ENTRY_COLUMNS = `id, idempotency_key, tenant_id, usage_id, event_name, quantity, ${OCCURRED_AT_UTC}, status`;
 
 /**
  * Writes the usage row and its outbox row, in one round trip, inside the caller's transaction.
