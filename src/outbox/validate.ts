@@ -91,7 +91,9 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
   if (typeof input !== 'object' || input === null) throw new InvalidUsageError('input', 'must be an object');
   const usageId = checkText('usageId', input.usageId, MAX_USAGE_ID_LENGTH);
   const tenantId = check('tenantId', tenantProblem(input.tenantId), input.tenantId);
-  const eventName = checkText('eventName', input.eventName ?? defaultEventName, MAX_EVENT_NAME_LENGTH);
+  // Absent means the default; null is a value, refused (as the API and the import refuse it), not
+  // a silent move to another meter.
+  const eventName = checkText('eventName', input.eventName === undefined ? defaultEventName : input.eventName, MAX_EVENT_NAME_LENGTH);
   const { quantity } = input;
   if (typeof quantity !== 'number' || !Number.isInteger(quantity) || quantity < 1) {
     throw new InvalidUsageError('quantity', 'must be a positive integer');

@@ -41,6 +41,9 @@ describe('validateUsage', () => {
     expect(refusal({ ...ok, usageId: '' }).field).toBe('usageId');
     expect(refusal({ ...ok, tenantId: 7 }).field).toBe('tenantId');
     expect(refusal({ ...ok, eventName: ' x' }).field).toBe('eventName');
+    // null is not "absent": an export's empty column must not bill the default meter.
+    expect(refusal({ ...ok, eventName: null })).toMatchObject({ field: 'eventName', reason: 'must be a string' });
+    expect(refusal({ ...ok, occurredAt: null }).field).toBe('occurredAt');
     expect(refusal({ usageId: '', tenantId: '', quantity: 0 }).field).toBe('usageId');
   });
 
