@@ -61,6 +61,21 @@ describe('recordUsage', () => {
     expect((await t.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE idempotency_key = $1`, [idempotencyKeyFor('acme', 'u-race')])).rows[0].n).toBe(1);
   });
 
+  it('under REPEATABLE READ, a duplicate committed after the transaction began fails it with 40001; its retry is told created: false', async () => {
+    const input: UsageInput = { usageId: 'u-rr', tenantId: 'acme', quantity: 2, occurredAt: new Date('2026-11-30T12:30:00Z') };
+    const later = await t.pool.connect();
+    try {
+      await later.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+      await later.query('SELECT 1'); // its snapshot, taken before the other commits
+      expect((await withTransaction(t.pool, (c) => recordUsage(c, input))).created).toBe(true);
+      await expect(recordUsage(later, input)).rejects.toMatchObject({ code: '40001' });
+      await later.query('ROLLBACK');
+    } finally {
+      later.release();
+    }
+    expect((await withTransaction(t.pool, (c) => recordUsage(c, input))).created).toBe(false);
+  });
+
   it('refuses a usage id reused with different values, without aborting the transaction', async () => {
     await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'u-conflict', tenantId: 'acme', quantity: 5 }));
     await withTransaction(t.pool, async (c) => {
