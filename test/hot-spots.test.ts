@@ -129,12 +129,16 @@ it('v1: a worker SIGKILLed while it holds the lease of a (customer, meter) mid-c
 }, 180_000);
 
 it('v2: a worker SIGKILLed with a batch in flight on the stream: the batch is resent, each event accepted and recorded once', async () => {
-  const e = env({ STRIPE_METER_API: 'v2' });
+  // v2's own lane width (100): the batch in flight when the worker dies is a full one.
+  const e = env({ STRIPE_METER_API: 'v2', LANE_MAX_IN_FLIGHT: '100' });
   t.stripe.setLatency(1_000);
   const child = spawnWorker(e);
   const keys = await backlog('batch', 300);
   await waitFor('a stream request in flight', async () => t.stripe.streamRequests().some((r) => r.identifiers.some((id) => typeof id === 'string' && keys.includes(id))), 60_000, 20);
+  const inFlight = t.stripe.streamRequests().find((r) => r.identifiers.some((id) => typeof id === 'string' && keys.includes(id)))!.identifiers.length;
   await sigkill(child);
+  // A batch, not a lone event, was at Stripe when the worker died.
+  expect(inFlight).toBeGreaterThan(1);
   const atKill = await countDelivered(keys);
   expect(atKill).toBeLessThan(keys.length);
   t.stripe.setLatency(0);
