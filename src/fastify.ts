@@ -35,9 +35,14 @@ export interface BillingOutboxPluginOptions {
   bodyLimitBytes?: number;
   /** With it, usage for a meter Stripe does not have is refused (422); without it, not checked at the door. */
   stripe?: { apiKey: string; apiBase?: string };
+  /**
+   * False when the pool goes through a transaction pooler that cannot keep named prepared
+   * statements (PgBouncer before 1.21, or `max_prepared_statements = 0`): statements go unnamed.
+   */
+  preparedStatements?: boolean;
 }
 
-const KNOWN = ['pool', 'tokens', 'meterEventName', 'schema', 'bodyLimitBytes', 'stripe', 'prefix', 'logLevel', 'logSerializers'];
+const KNOWN = ['pool', 'tokens', 'meterEventName', 'schema', 'bodyLimitBytes', 'stripe', 'preparedStatements', 'prefix', 'logLevel', 'logSerializers'];
 
 /** Checks the options as the standalone API checks its environment; throws ConfigError naming each bad one. */
 function resolve(opts: BillingOutboxPluginOptions) {
@@ -45,6 +50,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
   for (const key of Object.keys(opts)) if (!KNOWN.includes(key)) problems.push(`${key}: is not an option of the billing-outbox plugin`);
   if (!opts.pool || typeof opts.pool.connect !== 'function') problems.push("pool: is required (the application's pg.Pool)");
   if (!Array.isArray(opts.tokens) || opts.tokens.length === 0) problems.push('tokens: is required: at least one { name, token, tenants, scopes }');
+  if (opts.preparedStatements !== undefined && typeof opts.preparedStatements !== 'boolean') problems.push('preparedStatements: must be true or false');
   const env: Record<string, string> = {
     API_TOKENS: JSON.stringify(opts.tokens ?? []),
     ...(opts.meterEventName === undefined ? {} : { STRIPE_METER_EVENT_NAME: String(opts.meterEventName) }),
@@ -79,6 +85,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
     defaultEventName: config.stripe.meterEventName,
     bodyLimitBytes: config.api.bodyLimitBytes,
     meters: opts.stripe ? new MeterCatalog(createStripeClient(config.stripe)) : undefined,
+    preparedStatements: opts.preparedStatements !== false,
   };
 }
 

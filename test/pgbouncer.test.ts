@@ -16,12 +16,14 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { drizzle } from 'drizzle-orm/node-postgres';
+import Fastify, { type FastifyInstance } from 'fastify';
 import knexFactory from 'knex';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { recordUsage, withoutPreparedStatements, withTransaction, type RecordUsageResult, type TransactionClient } from '../src/index.js';
+import { importUsage, recordUsage, withoutPreparedStatements, withTransaction, type RecordUsageResult, type TransactionClient } from '../src/index.js';
+import billingOutbox from '../src/fastify.js';
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
@@ -278,6 +280,50 @@ describe.skipIf(!executable)('behind PgBouncer in transaction pooling', () => {
       await concurrentWorkload({ transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx))) });
     } finally {
       await knex.destroy();
+    }
+  });
+
+  it("the Fastify plugin on the application's pool, with preparedStatements: false: every usage recorded once", async () => {
+    const pool = new pg.Pool({ connectionString: bouncer.url, max: CLIENT_CONNECTIONS, connectionTimeoutMillis: 10_000 });
+    const writer = { name: 'bouncer', token: `tok_${randomUUID()}`, tenants: ['*'], scopes: ['usage:write' as const] };
+    const post = (app: FastifyInstance, usageId: string) =>
+      app.inject({ method: 'POST', url: '/v1/usage', headers: { authorization: `Bearer ${writer.token}` }, payload: { tenant_id: 'acme', usage_id: usageId, quantity: 3 } });
+    const serve = async (preparedStatements?: boolean) => {
+      const app = Fastify();
+      await app.register(billingOutbox, { pool, tokens: [writer], ...(preparedStatements === undefined ? {} : { preparedStatements }) });
+      return app;
+    };
+    try {
+      // As it is: named statements, which this PgBouncer loses between server connections.
+      const named = await serve();
+      const asItIs = await Promise.all(Array.from({ length: 20 }, () => post(named, randomUUID())));
+      if (!bouncer.tracksPreparedStatements) expect(asItIs.filter((r) => r.statusCode === 500).length).toBeGreaterThan(0);
+      await named.close();
+
+      const app = await serve(false);
+      const ids = Array.from({ length: 20 }, () => randomUUID());
+      // Each twice, at once: one 201 and one 200 per usage.
+      const answers = await Promise.all([...ids, ...ids].map((id) => post(app, id)));
+      expect(answers.map((r) => r.statusCode).sort()).toEqual([...Array(20).fill(200), ...Array(20).fill(201)]);
+      for (const id of ids) expect(await eventsFor(id)).toBe(1);
+      await app.close();
+    } finally {
+      await pool.end();
+    }
+  });
+
+  it('importUsage with preparedStatements: false: every batch recorded while imports share the server connections', async () => {
+    const pool = new pg.Pool({ connectionString: bouncer.url, max: CLIENT_CONNECTIONS });
+    const files = Array.from({ length: 4 }, () => Array.from({ length: 30 }, () => randomUUID()));
+    const run = (ids: string[]) =>
+      importUsage(pool, ids.map((id) => JSON.stringify({ tenant_id: 'acme', usage_id: id, quantity: 2 })), { batchSize: 5, preparedStatements: false });
+    try {
+      // Four imports at once: their batches' transactions move between the three server connections.
+      for (const summary of await Promise.all(files.map(run))) expect(summary).toMatchObject({ read: 30, recorded: 30, refused: 0 });
+      for (const summary of await Promise.all(files.map(run))) expect(summary).toMatchObject({ read: 30, alreadyRecorded: 30, refused: 0 });
+      for (const id of files.flat()) expect(await eventsFor(id)).toBe(1);
+    } finally {
+      await pool.end();
     }
   });
 

@@ -24,6 +24,8 @@ export interface IngestionDeps {
   bodyLimitBytes: number;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
   meters?: Pick<MeterCatalog, 'keysFor'> | undefined;
+  /** False: statements go unnamed (withoutPreparedStatements), for a pooler that cannot keep named ones. */
+  preparedStatements?: boolean | undefined;
 }
 
 // Fastify's defaults coerce "5" into 5 and silently drop unknown fields; an ingestion API must
@@ -55,5 +57,5 @@ export async function ingestion(scope: FastifyInstance, deps: IngestionDeps): Pr
     if (scopeNeeded) requireScope(token, scopeNeeded);
   });
 
-  registerUsageRoutes(scope, { db: deps.db, schema: deps.schema, defaultEventName: deps.defaultEventName, meters: deps.meters, bodyLimitBytes: deps.bodyLimitBytes });
+  registerUsageRoutes(scope, deps);
 }

@@ -5,6 +5,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { withTransaction } from '../db.js';
+import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { recordUsage } from '../outbox/enqueue.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
@@ -84,7 +85,14 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor'>, eventName: st
 
 export function registerUsageRoutes(
   app: FastifyInstance,
-  deps: { db: pg.Pool; schema: string; defaultEventName: string; meters?: Pick<MeterCatalog, 'keysFor'> | undefined; bodyLimitBytes: number },
+  deps: {
+    db: pg.Pool;
+    schema: string;
+    defaultEventName: string;
+    meters?: Pick<MeterCatalog, 'keysFor'> | undefined;
+    bodyLimitBytes: number;
+    preparedStatements?: boolean | undefined;
+  },
 ): void {
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',
@@ -109,7 +117,7 @@ export function registerUsageRoutes(
       const { entry, created } = await inRequestSpan('POST /v1/usage', request.headers, key, async (span) => {
         const recorded = await withTransaction(deps.db, (client) =>
           recordUsage(
-            client,
+            deps.preparedStatements === false ? withoutPreparedStatements(client) : client,
             {
               usageId: body.usage_id,
               tenantId: body.tenant_id,

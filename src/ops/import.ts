@@ -18,6 +18,7 @@ import { JsonTextError, parseJsonText } from '../api/strict-json.js';
 import type { UsageRequestBody } from '../api/usage.js';
 import { DEFAULT_EVENT_NAME, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
+import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { findEntriesByKeys, insertUsages, type ImportedUsage } from '../outbox/sql/import.js';
 import { schemaFor, type Schema } from '../outbox/sql/schema.js';
@@ -76,6 +77,11 @@ export interface ImportUsageOptions extends RecordUsageOptions {
   onProgress?: ((summary: ImportSummary) => void) | undefined;
   /** Milliseconds since the epoch, for the 35-day and 5-minute checks (default Date.now). */
   now?: (() => number) | undefined;
+  /**
+   * False behind a transaction pooler that cannot keep named prepared statements (PgBouncer before
+   * 1.21, or `max_prepared_statements = 0`): each statement goes unnamed (withoutPreparedStatements).
+   */
+  preparedStatements?: boolean | undefined;
 }
 
 /** The body's field names, and recordUsage's for each: typed so that a field added to the API's body is a compile error here until mapped. */
@@ -261,7 +267,7 @@ export async function importUsage(
   const flush = async () => {
     if (batch.length === 0) return;
     const usages = batch.filter((slot): slot is Pending => 'usage' in slot);
-    const outcomes = usages.length === 0 ? [] : await recordBatch(pool, schema, usages, summary.dryRun);
+    const outcomes = usages.length === 0 ? [] : await recordBatch(pool, schema, usages, { dryRun: summary.dryRun, preparedStatements: options.preparedStatements !== false });
     let next = 0;
     for (const slot of batch) {
       if (!('usage' in slot)) {
@@ -315,10 +321,16 @@ export async function importUsage(
 }
 
 /** One batch in one transaction: what became of each usage ('recorded', 'already', or why it was refused). */
-async function recordBatch(pool: pg.Pool, schema: Schema, batch: readonly Pending[], dryRun: boolean): Promise<('recorded' | 'already' | UsageError)[]> {
-  const client = await pool.connect();
+async function recordBatch(
+  pool: pg.Pool,
+  schema: Schema,
+  batch: readonly Pending[],
+  opts: { dryRun: boolean; preparedStatements: boolean },
+): Promise<('recorded' | 'already' | UsageError)[]> {
+  const pooled = await pool.connect();
+  const client = opts.preparedStatements ? pooled : withoutPreparedStatements(pooled);
   try {
-    await client.query('BEGIN');
+    await pooled.query('BEGIN');
     const inserted = await insertUsages(
       client,
       schema,
@@ -326,7 +338,7 @@ async function recordBatch(pool: pg.Pool, schema: Schema, batch: readonly Pendin
     );
     const existing = batch.filter((_, i) => inserted[i]!.tenantKnown && !inserted[i]!.inserted).map((p) => p.usage);
     const found = new Map((existing.length === 0 ? [] : await findEntriesByKeys(client, schema, existing)).map((row) => [row.idempotency_key, row]));
-    await client.query(dryRun ? 'ROLLBACK' : 'COMMIT');
+    await pooled.query(opts.dryRun ? 'ROLLBACK' : 'COMMIT');
     return batch.map((p, i) => {
       if (!inserted[i]!.tenantKnown) return new UnknownTenantError(p.usage.tenantId);
       if (inserted[i]!.inserted) return 'recorded';
@@ -343,9 +355,9 @@ async function recordBatch(pool: pg.Pool, schema: Schema, batch: readonly Pendin
       return sameUsage(entry, p.usage) ? 'already' : new UsageConflictError(p.usage.usageId, entry);
     });
   } catch (err) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    await pooled.query('ROLLBACK').catch(() => undefined);
     throw err;
   } finally {
-    client.release();
+    pooled.release();
   }
 }
