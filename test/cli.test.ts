@@ -348,6 +348,8 @@ describe('customers', () => {
     expect(created.out).toContain(`tenant ${tenant} is billed as cus_New1`);
     const replaced = await cliJson(['customers', 'set', tenant, 'cus_New2']);
     expect(replaced.json).toEqual({ tenantId: tenant, stripeCustomerId: 'cus_New2', previousStripeCustomerId: 'cus_New1', created: false, sharedWith: [] });
+    // The same again: nothing changes, and the audit log says so.
+    expect((await cli(['customers', 'set', tenant, 'cus_New2'])).code).toBe(0);
     // Billed as a customer another tenant already is: allowed, with a warning naming that tenant.
     const shared = await cli(['customers', 'set', `${tenant}-b`, 'cus_New2']);
     expect(shared).toMatchObject({ code: 0, err: `warning: cus_New2 is also the Stripe customer of ${tenant}: their usage is billed together\n` });
@@ -372,6 +374,7 @@ describe('customers', () => {
     expect(rows).toEqual([
       { actor: OPERATOR, outcome: 'created', detail: '→ cus_New1' },
       { actor: OPERATOR, outcome: 'updated', detail: 'cus_New1 → cus_New2' },
+      { actor: OPERATOR, outcome: 'unchanged', detail: '→ cus_New2' },
     ]);
   });
 });

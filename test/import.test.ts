@@ -80,10 +80,17 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
   // A usage without event_name gets the configured meter, without occurred_at the import's time.
   expect(await t.row(idempotencyKeyFor('acme', `${p}-8`))).toMatchObject({ event_name: testConfig().stripe.meterEventName, quantity: 2 });
 
-  const again = await importCli([path]);
+  const again = await importCli([path, '--by', 'alice']);
   expect(again.code).toBe(1);
   expect(again.out).toBe(`${path}: 11 line(s); 0 recorded, 4 already recorded, 7 refused\n`);
   expect(await outboxCount()).toBe(before + 4);
+
+  // Each import is in the audit log, with its file and counts.
+  const { rows: audit } = await t.pool.query('SELECT actor, outcome, detail FROM operator_actions WHERE action = $1 AND detail LIKE $2 ORDER BY id', ['import', `${path}:%`]);
+  expect(audit.map((a: { actor: string; outcome: string; detail: string }) => [a.actor === 'alice', a.outcome, a.detail])).toEqual([
+    [false, 'partial', `${path}: 11 line(s); 4 recorded, 0 already recorded, 7 refused`],
+    [true, 'partial', `${path}: 11 line(s); 0 recorded, 4 already recorded, 7 refused`],
+  ]);
 });
 
 it('--dry-run answers as an import would and writes nothing', async () => {
@@ -98,6 +105,7 @@ it('--dry-run answers as an import would and writes nothing', async () => {
   expect(dry.out).toBe(`dry run, nothing written: ${path}: 2 line(s); 1 would be recorded, 0 already recorded, 1 refused\n`);
   expect(dry.code).toBe(1);
   expect([await outboxCount(), await usageLogCount()]).toEqual(before);
+  expect((await t.pool.query('SELECT 1 FROM operator_actions WHERE detail LIKE $1', [`${path}:%`])).rowCount).toBe(0);
   expect(await t.row(idempotencyKeyFor('acme', `${p}-new`))).toBeUndefined();
 });
 

@@ -61,10 +61,13 @@ it('billing-outbox prune: a dry run counts, a run deletes, and less than 36 days
   expect(JSON.parse(dry.out)).toEqual({ olderThanDays: 38, wouldPrune: 2 });
   expect(await present(old)).toEqual(old);
 
-  const run = await runCliWithoutTemporal(['prune', '--older-than-days', '38'], config, t.db);
+  const run = await runCliWithoutTemporal(['prune', '--older-than-days', '38', '--by', 'alice'], config, t.db);
   expect(run.code).toBe(0);
   expect(run.out).toBe('pruned 2 delivered row(s) sent more than 38 days ago\n');
   expect(await present(old)).toEqual([]);
+  // The run is in the audit log; the dry run is not.
+  const { rows: audit } = await t.pool.query("SELECT actor, outcome, detail FROM operator_actions WHERE action = 'prune'");
+  expect(audit).toEqual([{ actor: 'alice', outcome: 'pruned', detail: '2 delivered row(s) sent more than 38 days ago' }]);
 
   const tooSoon = await runCliWithoutTemporal(['prune', '--older-than-days', '30'], config, t.db);
   expect(tooSoon.code).toBe(2);

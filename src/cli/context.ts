@@ -54,6 +54,13 @@ export class CommandLineError extends Error {
   }
 }
 
+/** Who is acting, for operator_actions: --by NAME, else the OS user (1 to 200 characters). */
+export function actorOf(by: string | undefined, ctx: Pick<CliContext, 'user'>, help: string): string {
+  const actor = by ?? ctx.user ?? 'unknown';
+  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', help);
+  return actor;
+}
+
 /** The event's page in the Temporal Web UI (TEMPORAL_UI_URL, default http://localhost:8233). */
 export function workflowUiUrl(uiBase: string, namespace: string, workflowId: string): string {
   return webUiLinks(uiBase, namespace).workflow(workflowId);

@@ -39,14 +39,15 @@ export async function mapTenant(pool: pg.Pool, schema: Schema, tenantId: string,
   return withTransaction(pool, async (db) => {
     const row = await upsertBillingCustomer(db, schema, tenantId, stripeCustomerId);
     const created = row.previous_customer_id === null;
+    const unchanged = row.previous_customer_id === stripeCustomerId;
     await recordOperatorAction(db, schema, {
       actor,
       action: 'customers.set',
       key: null,
       tenantId,
       forced: false,
-      outcome: created ? 'created' : 'updated',
-      detail: created ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
+      outcome: created ? 'created' : unchanged ? 'unchanged' : 'updated',
+      detail: created || unchanged ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
     });
     const sharedWith = await tenantsBilledAs(db, schema, stripeCustomerId, tenantId);
     return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created, sharedWith };

@@ -3,7 +3,7 @@ import { ConfigError } from '../../config.js';
 import { cancelEvent } from '../../ops/cancel.js';
 import { createStripeClient } from '../../stripe/client.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const CANCEL_HELP = `Usage: billing-outbox cancel <key> [--by NAME] [--json]
@@ -34,8 +34,7 @@ export async function cancelCommand(args: string[], ctx: CliContext): Promise<nu
   }
   if (positionals.length !== 1) throw new CommandLineError(positionals.length === 0 ? 'cancel needs an event key (e.g. u:acme:req-42)' : 'cancel takes one key', CANCEL_HELP);
   const key = positionals[0]!;
-  const actor = values.by ?? ctx.user ?? 'unknown';
-  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CANCEL_HELP);
+  const actor = actorOf(values.by, ctx, CANCEL_HELP);
   const { stripe: stripeConfig } = ctx.config;
   if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
     throw new ConfigError(['STRIPE_API_KEY: is not set; cancel calls Stripe']);

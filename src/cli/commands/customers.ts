@@ -2,7 +2,7 @@
 import { MAX_TENANT_ID_LENGTH } from '../../outbox/validate.js';
 import { listMappings, mappingProblem, mapTenant } from '../../ops/customers.js';
 import { noPositionals, parse } from '../args.js';
-import { EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { actorOf, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 
@@ -38,8 +38,7 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
   const [tenant, customer] = positionals as [string, string];
   const problem = mappingProblem(tenant, customer);
   if (problem) throw new CommandLineError(problem, CUSTOMERS_HELP);
-  const actor = values.by ?? ctx.user ?? 'unknown';
-  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', CUSTOMERS_HELP);
+  const actor = actorOf(values.by, ctx, CUSTOMERS_HELP);
 
   const result = await mapTenant(await ctx.db(), schemaFor(ctx.config.databaseSchema), tenant, customer, actor);
   const previous = result.previousStripeCustomerId;

@@ -5,10 +5,13 @@ import { extname } from 'node:path';
 import { createInterface } from 'node:readline';
 import { DEFAULT_IMPORT_BATCH_SIZE, IMPORT_FORMATS, importUsage, MAX_IMPORT_BATCH_SIZE, type ImportFormat, type ImportSummary } from '../../ops/import.js';
 import { intOption, parse } from '../args.js';
-import { CommandLineError, EXIT_FAILED, EXIT_OK, type CliContext } from '../context.js';
+import { actorOf, CommandLineError, EXIT_FAILED, EXIT_OK, type CliContext } from '../context.js';
+import { recordOperatorAction } from '../../outbox/sql/operator.js';
+import { schemaFor } from '../../outbox/sql/schema.js';
+import { scrub } from '../../log.js';
 import { ProgressBar } from '../format.js';
 
-export const IMPORT_HELP = `Usage: billing-outbox import <file> [--format csv|jsonl] [--dry-run] [--batch-size N]
+export const IMPORT_HELP = `Usage: billing-outbox import <file> [--format csv|jsonl] [--dry-run] [--batch-size N] [--by NAME]
 
 Records usage that exists elsewhere (a migration, a batch job's records) through the outbox, as
 POST /v1/usage and recordUsage do: the same checks, the same keys, so importing a file again adds
@@ -26,7 +29,8 @@ has no billing customer (customers set), or its usage_id was recorded with other
 usage that is twice in the file counts as to be recorded twice: no batch sees another's rows).
 
 Prints a summary (recorded, already recorded, refused); a progress bar on stderr on a terminal.
-Exit code 1 if any line was refused (the others are recorded all the same).
+Exit code 1 if any line was refused (the others are recorded all the same). An import (not a dry
+run) is recorded in operator_actions with its file and counts, by --by NAME (default: the OS user).
 `;
 
 function formatOf(file: string, given: string | undefined): ImportFormat {
@@ -43,7 +47,7 @@ function formatOf(file: string, given: string | undefined): ImportFormat {
 const counts = (s: ImportSummary) => `${s.recorded} ${s.dryRun ? 'would be recorded' : 'recorded'}, ${s.alreadyRecorded} already recorded, ${s.refused} refused`;
 
 export async function importCommand(args: string[], ctx: CliContext): Promise<number> {
-  const { values, positionals } = parse(args, { format: { type: 'string' }, 'dry-run': { type: 'boolean' }, 'batch-size': { type: 'string' } }, IMPORT_HELP);
+  const { values, positionals } = parse(args, { format: { type: 'string' }, 'dry-run': { type: 'boolean' }, 'batch-size': { type: 'string' }, by: { type: 'string' } }, IMPORT_HELP);
   if (values.help) {
     ctx.out.write(IMPORT_HELP);
     return EXIT_OK;
@@ -52,6 +56,8 @@ export async function importCommand(args: string[], ctx: CliContext): Promise<nu
   const file = positionals[0]!;
   const format = formatOf(file, values.format);
   const batchSize = intOption(values['batch-size'], 'batch-size', 1, MAX_IMPORT_BATCH_SIZE, DEFAULT_IMPORT_BATCH_SIZE, IMPORT_HELP);
+  const actor = actorOf(values.by, ctx, IMPORT_HELP);
+  const dryRun = values['dry-run'] === true;
   const size = (await stat(file)).size;
   const db = await ctx.db();
 
@@ -62,20 +68,32 @@ export async function importCommand(args: string[], ctx: CliContext): Promise<nu
   // The bar counts bytes: the number of lines is not known before the end.
   const bar = ctx.err.isTTY ? new ProgressBar(ctx.err, size) : undefined;
   const say = (line: string) => (bar ? bar.printAbove(line) : ctx.err.write(`${line}\n`));
+  const schema = schemaFor(ctx.config.databaseSchema);
+  // What was done, in operator_actions: the counts, or how far it got before it failed.
+  let progress: ImportSummary | undefined;
+  const record = (outcome: string, detail: string) =>
+    dryRun ? Promise.resolve() : recordOperatorAction(db, schema, { actor, action: 'import', key: null, tenantId: null, forced: false, outcome, detail: `${file}: ${detail}` });
   try {
     const summary = await importUsage(db, lines, {
       format,
       batchSize,
-      dryRun: values['dry-run'] === true,
+      dryRun,
       schema: ctx.config.databaseSchema,
       defaultEventName: ctx.config.stripe.meterEventName,
       ...(ctx.now ? { now: ctx.now } : {}),
       onRefusal: (r) => say(`line ${r.line}: ${r.code}: ${r.reason}`),
-      onProgress: (s) => bar?.update(input.bytesRead, `${s.read} lines: ${counts(s)}`),
+      onProgress: (s) => {
+        progress = s;
+        bar?.update(input.bytesRead, `${s.read} lines: ${counts(s)}`);
+      },
     });
+    await record(summary.refused > 0 ? 'partial' : 'recorded', `${summary.read} line(s); ${counts(summary)}`);
     bar?.finish(size, `${summary.read} lines: ${counts(summary)}`);
     ctx.out.write(`${summary.dryRun ? 'dry run, nothing written: ' : ''}${file}: ${summary.read} line(s); ${counts(summary)}\n`);
     return summary.refused > 0 ? EXIT_FAILED : EXIT_OK;
+  } catch (err) {
+    await record('failed', `${progress ? `${progress.read} line(s) read; ${counts(progress)}` : 'no batch committed'}; then: ${scrub((err as Error).message)}`).catch(() => undefined);
+    throw err;
   } finally {
     lines.close();
     input.destroy();

@@ -1,7 +1,7 @@
 /** `billing-outbox rebill <key>`: deliver again, under a new identifier, an event Stripe rejected (src/ops/rebill.ts decides). */
 import { rebillEvent } from '../../ops/rebill.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const REBILL_HELP = `Usage: billing-outbox rebill <key> [--by NAME] [--json]
@@ -34,8 +34,7 @@ export async function rebillCommand(args: string[], ctx: CliContext): Promise<nu
   }
   if (positionals.length !== 1) throw new CommandLineError(positionals.length === 0 ? 'rebill needs an event key (e.g. u:acme:req-42)' : 'rebill takes one key', REBILL_HELP);
   const key = positionals[0]!;
-  const actor = values.by ?? ctx.user ?? 'unknown';
-  if (actor.trim() === '' || actor.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', REBILL_HELP);
+  const actor = actorOf(values.by, ctx, REBILL_HELP);
   const [db, client] = await Promise.all([ctx.db(), ctx.temporal()]);
   const result = await rebillEvent({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now }, key, { actor });
   const ok = result.outcome === 'rebilled' || result.outcome === 'skipped';

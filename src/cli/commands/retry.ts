@@ -2,7 +2,7 @@
 import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
-import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
+import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatDuration, formatTable, ProgressBar } from '../format.js';
 import { DEFAULT_WAIT_MS, DeadLetterRetrier, isProblem, type RetryOptions, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
@@ -101,9 +101,8 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
     return EXIT_OK;
   }
   const force = values.force === true;
-  const requestedBy = values.by ?? ctx.user ?? 'unknown';
+  const requestedBy = actorOf(values.by, ctx, RETRY_HELP);
   const wait = values.wait === true ? { timeoutMs: DEFAULT_WAIT_MS } : undefined;
-  if (requestedBy.trim() === '' || requestedBy.length > 200) throw new CommandLineError('--by must be 1 to 200 characters', RETRY_HELP);
 
   if (!values['all-dead']) {
     if (values.tenant !== undefined || values.code !== undefined) throw new CommandLineError('--tenant and --code go with --all-dead', RETRY_HELP);

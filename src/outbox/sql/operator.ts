@@ -163,7 +163,7 @@ export async function restoreRejected(db: Queryable, schema: Schema, key: string
 
 export interface OperatorAction {
   actor: string;
-  action: 'retry' | 'customers.set' | 'cancel' | 'rebill';
+  action: 'retry' | 'customers.set' | 'cancel' | 'rebill' | 'import' | 'prune';
   key: string | null;
   tenantId: string | null;
   forced: boolean;
