@@ -134,11 +134,11 @@ it('v2: a worker SIGKILLed with a batch in flight on the stream: the batch is re
   t.stripe.setLatency(1_000);
   const child = spawnWorker(e);
   const keys = await backlog('batch', 300);
-  await waitFor('a stream request in flight', async () => t.stripe.streamRequests().some((r) => r.identifiers.some((id) => typeof id === 'string' && keys.includes(id))), 60_000, 20);
-  const inFlight = t.stripe.streamRequests().find((r) => r.identifiers.some((id) => typeof id === 'string' && keys.includes(id)))!.identifiers.length;
+  // A batch, not a lone event (the first may go alone, a quiet worker does not hold it back), at
+  // Stripe when the worker dies: the answers take a second.
+  const ours = (identifiers: unknown[]) => identifiers.filter((id) => typeof id === 'string' && keys.includes(id)).length;
+  await waitFor('a batch in flight on the stream', async () => t.stripe.streamRequests().some((r) => ours(r.identifiers) > 1), 60_000, 20);
   await sigkill(child);
-  // A batch, not a lone event, was at Stripe when the worker died.
-  expect(inFlight).toBeGreaterThan(1);
   const atKill = await countDelivered(keys);
   expect(atKill).toBeLessThan(keys.length);
   t.stripe.setLatency(0);
