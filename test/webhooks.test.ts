@@ -73,6 +73,22 @@ async function reports(): Promise<{ event_id: string; matched: number; unmatched
   return rows;
 }
 
+/** Stripe's full error-report event naming `key` as its one sample, of `errorCount` failures. */
+function reportNaming(key: string, errorCount = 1) {
+  return {
+    id: `evt_${randomUUID()}`,
+    object: 'v2.core.event',
+    type: REPORT,
+    related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
+    data: {
+      reason: {
+        error_count: errorCount,
+        error_types: [{ code: 'meter_event_customer_not_found', error_count: errorCount, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }],
+      },
+    },
+  };
+}
+
 const seen = new Set<string>();
 
 /**
@@ -305,13 +321,7 @@ describe('POST /v1/stripe/webhooks', () => {
     // Claimed and waiting for its first attempt (the lease, the pace): it has sent Stripe nothing.
     const key = await t.enqueue('acme', 4);
     await t.pool.query(`UPDATE outbox SET status = 'dispatched', dispatched_at = now() WHERE idempotency_key = $1`, [key]);
-    const event = {
-      id: `evt_other_${randomUUID()}`,
-      object: 'v2.core.event',
-      type: REPORT,
-      related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
-      data: { reason: { error_count: 1, error_types: [{ code: 'meter_event_customer_not_found', error_count: 1, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }] } },
-    };
+    const event = reportNaming(key);
     const outcome = await recordErrorReport(t.pool, t.schema, parseErrorReport(event), event);
     expect(outcome).toMatchObject({ matched: 0, marked: [], notSent: [], unknown: [key], unmatched: 1 });
     expect(await row(key)).toMatchObject({ status: 'dispatched', last_error_code: null });
@@ -320,37 +330,20 @@ describe('POST /v1/stripe/webhooks', () => {
   it('counts failures Stripe did not name (it sends only samples) as unmatched', async () => {
     const key = await sentEvent(7);
     // Stripe reported 5 failures and named one of them.
-    const event = {
-      id: `evt_sampled_${randomUUID()}`,
-      object: 'v2.core.event',
-      type: REPORT,
-      related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
-      data: {
-        reason: {
-          error_count: 5,
-          error_types: [{ code: 'meter_event_customer_not_found', error_count: 5, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }],
-        },
-      },
-    };
+    const event = reportNaming(key, 5);
     const outcome = await recordErrorReport(t.pool, t.schema, parseErrorReport(event), event);
     expect(outcome).toMatchObject({ duplicate: false, errorCount: 5, matched: 1, marked: [key], unmatched: 4 });
     expect((await row(key)).status).toBe('rejected_async');
     expect((await reports()).find((r) => r.event_id === event.id)).toMatchObject({ matched: 1, unmatched: 4, error_count: 5 });
   });
 
-  it("records a report in a short transaction: one whose connection goes silent before COMMIT is ended by PostgreSQL, with the rows it locked", async () => {
+  it('records a report in a short transaction: one whose connection goes silent before COMMIT is ended by PostgreSQL, with the rows it locked', async () => {
     // What the report's transaction begins with (db-failover.test.ts: what BEGIN_SHORT does).
     const pool = createPool(t.db.url, 1);
     const begun = transactionsBegun(pool);
     try {
       const key = await sentEvent(2);
-      const event = {
-        id: `evt_short_${randomUUID()}`,
-        object: 'v2.core.event',
-        type: REPORT,
-        related_object: { id: 'mtr_local_1', type: 'billing.meter', url: '/v1/billing/meters/mtr_local_1' },
-        data: { reason: { error_count: 1, error_types: [{ code: 'meter_event_customer_not_found', error_count: 1, sample_errors: [{ error_message: 'no such customer', request: { identifier: key } }] }] } },
-      };
+      const event = reportNaming(key);
       expect(await recordErrorReport(pool, t.schema, parseErrorReport(event), event)).toMatchObject({ marked: [key] });
       expect(begun).toEqual([BEGIN_SHORT]);
     } finally {
