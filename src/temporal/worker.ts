@@ -362,11 +362,6 @@ export interface LaunchOptions {
 }
 
 /**
- * Opens what a worker needs (pool, Temporal connection, Stripe client, HTTP server), migrating
- * first if asked, and returns it ready to run. Whatever it opened is closed again if a later step
- * fails, and when the worker stops; what the caller gave is never closed.
- */
-/**
  * A worker told not to migrate (the application migrates in its own pipeline) refuses to start on a
  * schema behind its version, naming what is missing: its statements name every migration's columns,
  * and on an older schema each delivery would fail until its event was dead. PostgreSQL not reachable
@@ -387,6 +382,11 @@ async function refuseUnmigrated(pool: Queryable, schema: string, answerMs: numbe
   }
 }
 
+/**
+ * Opens what a worker needs (pool, Temporal connection, Stripe client, HTTP server), migrating
+ * first if asked, and returns it ready to run. Whatever it opened is closed again if a later step
+ * fails, and when the worker stops; what the caller gave is never closed.
+ */
 export async function launchWorker(config: Config, opts: LaunchOptions): Promise<WorkerHandle> {
   const { log } = opts;
   const closers: (() => Promise<unknown>)[] = [];
