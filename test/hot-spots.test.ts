@@ -2,7 +2,7 @@
  * Hot spots under fault: one customer's big backlog while Stripe is down, and a worker process
  * SIGKILLed while it holds a (customer, meter) lease (v1) or has a batch in flight (v2).
  *
- * HOT_SPOT_EVENTS sets the backlog (default 2,000; docs/reliability.md records a 20,000 run).
+ * HOT_SPOT_EVENTS sets the backlog (default 1,000; docs/reliability.md records a 20,000 run).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -10,7 +10,7 @@ import { afterEach, expect, inject, it } from 'vitest';
 import { DELIVERED, IN_FLIGHT } from '../src/outbox/statuses.js';
 import { testConfig, useStripe, waitFor, type TestPipeline } from './hooks.js';
 
-const HOT_EVENTS = Number(process.env.HOT_SPOT_EVENTS ?? 2_000);
+const HOT_EVENTS = Number(process.env.HOT_SPOT_EVENTS ?? 1_000);
 const LANE_MAX = 4;
 
 // Each test starts the pipeline (or worker process) it needs.
