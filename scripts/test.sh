@@ -38,7 +38,7 @@ npx vitest run "$@"
 # error classification and rules, statuses; fails under an 85 % mutation score). StrykerJS beside
 # the chaos runs instead made all three twice as slow: the chaos runs are not idle.
 if [ "$#" -eq 0 ] && [ "${SKIP_CHAOS:-}" != "1" ]; then
-  side_by_side 'chaos v1' 'npx tsx chaos/main.ts --seed 20261202 --events 2000 --duration 60 --stripe-api v1' \
+  side_by_side 'chaos v1' 'npx tsx chaos/main.ts --seed 20261202 --events 1500 --duration 45 --stripe-api v1' \
     'chaos v2' 'npx tsx chaos/main.ts --seed 20261203 --events 1500 --duration 45 --stripe-api v2'
 fi
 if [ "$#" -eq 0 ] && [ "${SKIP_MUTANTS:-}" != "1" ]; then
