@@ -6,6 +6,7 @@
 import { execFile } from 'node:child_process';
 import { watch } from 'node:fs';
 import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
@@ -46,6 +47,22 @@ it('gives every data folder its own passwords, kept readable by its owner only, 
   const password = (url: string) => new URL(url).password;
   expect(password(urls[0]!)).not.toBe(password(urls[1]!));
   expect(password(urls[0]!)).not.toBe('billing-outbox-local');
+}, 60_000);
+
+it('says why when PostgreSQL stops while starting (here: its port is taken), not "undefined"', async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
+  await chmod(dir, 0o755);
+  dirs.push(dir);
+  const taken = net.createServer();
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+  const { port } = taken.address() as net.AddressInfo;
+  try {
+    const err = await startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), port, persistent: false }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(EmbeddedPostgresError);
+    expect((err as Error).message).toMatch(new RegExp(`port ${port}.*stopped while starting: .*(could not bind|Address already in use)`));
+  } finally {
+    taken.close();
+  }
 }, 60_000);
 
 it("writes the superuser's password for initdb only where PostgreSQL's own user can read it", async () => {

@@ -156,6 +156,8 @@ export async function startEmbeddedPostgres(opts: {
   const secrets = await secretsFor(opts.dataDir);
   const password = secrets.admin;
   const EmbeddedPostgres = await loadEmbeddedPostgres();
+  /** PostgreSQL's last log lines: why it stopped, if it stops while starting. */
+  const said: string[] = [];
   const server = new EmbeddedPostgres({
     databaseDir: path.resolve(opts.dataDir),
     port,
@@ -165,11 +167,22 @@ export async function startEmbeddedPostgres(opts: {
     // PostgreSQL refuses to run as root; the package then runs it as a `postgres` system user.
     createPostgresUser: process.getuid?.() === 0,
     postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200', ...(opts.settings ?? []).flatMap((s) => ['-c', s])],
-    onLog: opts.onLog ?? (() => undefined),
+    onLog: (chunk) => {
+      said.push(...chunk.split('\n').map((l) => l.trim()).filter((l) => l !== ''));
+      said.splice(0, said.length - 5);
+      opts.onLog?.(chunk);
+    },
     onError: (e) => opts.onLog?.(String(e)),
   });
   if (fresh) await initialiseQuietly(server, opts.dataDir, systemUser);
-  await server.start();
+  said.length = 0;
+  try {
+    await server.start();
+  } catch (err) {
+    // The package rejects with nothing when PostgreSQL exits while starting: its last words say why.
+    if (err instanceof Error) throw err;
+    throw new EmbeddedPostgresError(`embedded PostgreSQL (port ${port}, ${path.resolve(opts.dataDir)}) stopped while starting: ${said.join(' | ') || 'it said nothing'}`);
+  }
   // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
   // holding the data folder: a fast shutdown, sent synchronously as the process exits.
   const child = (server as unknown as { process?: { kill(signal: string): void; exitCode: number | null; signalCode: string | null } }).process;
