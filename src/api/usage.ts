@@ -3,7 +3,7 @@
  * Repeating a request is safe: the usage_id is the idempotency key.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type pg from 'pg';
+import type { IngestionDeps } from './ingestion.js';
 import { withTransaction } from '../db.js';
 import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { recordUsage } from '../outbox/enqueue.js';
@@ -85,14 +85,7 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor'>, eventName: st
 
 export function registerUsageRoutes(
   app: FastifyInstance,
-  deps: {
-    db: pg.Pool;
-    schema: string;
-    defaultEventName: string;
-    meters?: Pick<MeterCatalog, 'keysFor'> | undefined;
-    bodyLimitBytes: number;
-    preparedStatements?: boolean | undefined;
-  },
+  deps: Omit<IngestionDeps, 'tokens'>,
 ): void {
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',

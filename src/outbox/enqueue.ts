@@ -43,7 +43,7 @@ export function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
     usageId: row.usage_id ?? usageId,
     eventName: row.event_name,
     quantity: Number(row.quantity),
-    occurredAt: row.occurred_at instanceof Date ? row.occurred_at : new Date(row.occurred_at),
+    occurredAt: new Date(row.occurred_at),
     status: row.status,
   };
 }

@@ -29,9 +29,10 @@ export interface EntryRow {
 
 /**
  * An entry row as the caller's driver parsed it: bigint may arrive as text (node-postgres's
- * default) and timestamptz as text (Drizzle's), by the application's settings, never ours.
+ * default), by the application's settings, never ours; occurred_at is always ISO text in UTC
+ * (OCCURRED_AT_UTC).
  */
-export type CallerEntryRow = Omit<EntryRow, 'id' | 'quantity' | 'occurred_at'> & { id: number | string; quantity: number | string; occurred_at: Date | string };
+export type CallerEntryRow = Omit<EntryRow, 'id' | 'quantity' | 'occurred_at'> & { id: number | string; quantity: number | string; occurred_at: string };
 
 /**
  * occurred_at as ISO 8601 text in UTC: the same instant whatever the caller's driver makes of a
