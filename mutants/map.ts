@@ -615,4 +615,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/workflows.test.ts',
     name: "rebill's reopen",
   },
+  {
+    id: 'embedded-port-lost-in-race',
+    guarantee: 'Nothing stuck silently: npm start beside another (the demo) takes a free port when its preferred one is taken between the check and the bind, instead of failing to start',
+    find: '    if (port !== preferred || !portTaken(err)) throw err;',
+    replace: '    throw err;',
+    test: 'test/embedded.test.ts',
+    name: 'between the check and the bind',
+  },
 ];

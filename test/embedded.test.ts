@@ -12,8 +12,9 @@ import path from 'node:path';
 import pg from 'pg';
 import { afterAll, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
-import { EmbeddedPostgresError, startEmbeddedPostgres } from '../src/embedded/postgres.js';
-import { startStack } from '../src/embedded/stack.js';
+import { createLogger } from '../src/log.js';
+import { EmbeddedPostgresError, freePort, startEmbeddedPostgres } from '../src/embedded/postgres.js';
+import { startOnPort, startStack } from '../src/embedded/stack.js';
 import { PROJECT_ROOT, startTemporalDevServer } from '../src/embedded/temporal.js';
 
 const dirs: string[] = [];
@@ -60,8 +61,40 @@ it('says why when PostgreSQL stops while starting (here: its port is taken), not
     const err = await startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), port, persistent: false }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(EmbeddedPostgresError);
     expect((err as Error).message).toMatch(new RegExp(`port ${port}.*stopped while starting: .*(could not bind|Address already in use)`));
+    expect((err as EmbeddedPostgresError).portTaken).toBe(true);
   } finally {
     taken.close();
+  }
+}, 60_000);
+
+it('takes a free port when its preferred one is taken between the check and the bind (the demo beside npm start)', async () => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
+  await chmod(dir, 0o755);
+  dirs.push(dir);
+  const preferred = await freePort();
+  const thief = net.createServer();
+  const tried: number[] = [];
+  const warnings: string[] = [];
+  const log = createLogger('warn', { write: (line: string) => warnings.push(line) });
+  try {
+    const server = await startOnPort('embedded PostgreSQL', preferred, log, async (port) => {
+      tried.push(port);
+      // Free when startOnPort looked; another process binds it just before PostgreSQL does.
+      if (port === preferred) await new Promise<void>((resolve) => thief.listen(preferred, '127.0.0.1', resolve));
+      return startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), port, persistent: false });
+    });
+    try {
+      expect(tried).toEqual([preferred, server.port]);
+      expect(server.port).not.toBe(preferred);
+      const client = new pg.Client({ connectionString: server.url });
+      await client.connect();
+      await client.end();
+      expect(warnings.join('')).toContain(`port ${preferred} was taken while it started`);
+    } finally {
+      await server.stop();
+    }
+  } finally {
+    thief.close();
   }
 }, 60_000);
 

@@ -42,9 +42,15 @@ async function secretsFor(dataDir: string): Promise<Secrets> {
   return secrets;
 }
 
-/** A data folder PostgreSQL cannot use, said with what to do about it. */
+/** Why embedded PostgreSQL cannot start (a data folder it cannot use, its port taken), with what to do about it. */
 export class EmbeddedPostgresError extends Error {
   override name = 'EmbeddedPostgresError';
+  /** It could not listen on its port: another process holds it. */
+  readonly portTaken: boolean;
+  constructor(message: string, portTaken = false) {
+    super(message);
+    this.portTaken = portTaken;
+  }
 }
 
 /**
@@ -181,7 +187,11 @@ export async function startEmbeddedPostgres(opts: {
   } catch (err) {
     // The package rejects with nothing when PostgreSQL exits while starting: its last words say why.
     if (err instanceof Error) throw err;
-    throw new EmbeddedPostgresError(`embedded PostgreSQL (port ${port}, ${path.resolve(opts.dataDir)}) stopped while starting: ${said.join(' | ') || 'it said nothing'}`);
+    const lastWords = said.join(' | ');
+    throw new EmbeddedPostgresError(
+      `embedded PostgreSQL (port ${port}, ${path.resolve(opts.dataDir)}) stopped while starting: ${lastWords || 'it said nothing'}`,
+      /could not (bind|create any TCP\/IP sockets)|Address already in use/.test(lastWords),
+    );
   }
   // If this process dies without stopping the server (a crash), do not leave PostgreSQL behind
   // holding the data folder: a fast shutdown, sent synchronously as the process exits.

@@ -22,7 +22,7 @@ import { ConfigError, type ApiToken, type Config } from '../config.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { stopLeftovers } from './leftovers.js';
 import { describePortHolder } from './ports.js';
-import { freePort, startEmbeddedPostgres } from './postgres.js';
+import { EmbeddedPostgresError, freePort, startEmbeddedPostgres } from './postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
@@ -167,6 +167,26 @@ async function portOr(preferred: number, what: string, log: Logger): Promise<num
   return port;
 }
 
+const portTaken = (err: unknown) =>
+  (err instanceof EmbeddedPostgresError && err.portTaken) || (err as NodeJS.ErrnoException | undefined)?.code === 'EADDRINUSE';
+
+/**
+ * Starts a service on its preferred port when that is free (see portOr), else on any free one.
+ * Another process can take the port between that check and the service's bind (two `npm start`s,
+ * or the demo beside the main job): a preferred port lost that way is given up for a free one.
+ */
+export async function startOnPort<T>(what: string, preferred: number, log: Logger, start: (port: number) => Promise<T>): Promise<T> {
+  const port = await portOr(preferred, what, log);
+  try {
+    return await start(port);
+  } catch (err) {
+    if (port !== preferred || !portTaken(err)) throw err;
+    const other = await freePort();
+    log.warn({ what, preferredPort: preferred, port: other }, `${what}: port ${preferred} was taken while it started; using ${other}`);
+    return start(other);
+  }
+}
+
 /**
  * How `promise` settles within `ms`: 'done', its error, or 'late' (it is then left running, its
  * eventual failure ignored). The pending timer keeps the process alive while waiting.
@@ -240,7 +260,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
   try {
     let databaseUrl = config.databaseUrl;
     if (!databaseUrl) {
-      const pg = await startEmbeddedPostgres({ dataDir: path.join(dataDir, 'pg'), port: await portOr(ports.postgres, 'embedded PostgreSQL', log) });
+      const pg = await startOnPort('embedded PostgreSQL', ports.postgres, log, (port) => startEmbeddedPostgres({ dataDir: path.join(dataDir, 'pg'), port }));
       onStop('embedded PostgreSQL', () => pg.stop());
       databaseUrl = pg.url;
       log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
@@ -294,12 +314,14 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       // restart "Stripe" still agrees with the outbox (and its identifier dedup still holds).
       const stateFile = path.join(dataDir, 'stripe-local.json');
       const state = await loadLocalStripeState(stateFile, log);
-      const stripeServer = await LocalStripe.start({
-        port: await portOr(ports.localStripe, 'local Stripe', log),
-        meters: [...new Set([config.stripe.meterEventName, ...LOCAL_METERS])],
-        customers: Object.values(DEMO_CUSTOMERS),
-        ...(state ? { state } : {}),
-      });
+      const stripeServer = await startOnPort('local Stripe', ports.localStripe, log, (port) =>
+        LocalStripe.start({
+          port,
+          meters: [...new Set([config.stripe.meterEventName, ...LOCAL_METERS])],
+          customers: Object.values(DEMO_CUSTOMERS),
+          ...(state ? { state } : {}),
+        }),
+      );
       localStripe = stripeServer;
       const saver = keepLocalStripeState(stripeServer, stateFile, log);
       onStop('local Stripe', async () => {
