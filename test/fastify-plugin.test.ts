@@ -24,6 +24,8 @@ async function applicationServer(): Promise<FastifyInstance> {
   server.setErrorHandler((err: Error, _request, reply) => reply.code(418).send({ app: 'handled', message: err.message }));
   server.get('/orders/:id', { schema: { params: { type: 'object', properties: { id: { type: 'integer' } } } } }, async (request) => ({ id: (request.params as { id: number }).id }));
   server.post('/notes', async (request) => ({ got: request.body }));
+  // A lenient parser of the application's own, for a vendor JSON type: duplicate keys, 1e3.
+  server.addContentTypeParser('application/vnd.api+json', { parseAs: 'string' }, (_request, body, done) => done(null, JSON.parse(body as string)));
   server.get('/boom', async () => {
     throw new Error('the application failed');
   });
@@ -76,6 +78,15 @@ describe('the Fastify plugin', () => {
     const text = await app.inject({ method: 'POST', url: '/billing/v1/usage', headers: { authorization: `Bearer ${writer.token}`, 'content-type': 'text/plain' }, payload: 'hello' });
     expect(text.statusCode).toBe(415);
     expect(text.json()).toMatchObject({ error: { code: 'unsupported_media_type' } });
+    // The application's own parsers do not reach the route: this body would be recorded as usage "b", quantity 1000.
+    const lenient = await app.inject({
+      method: 'POST',
+      url: '/billing/v1/usage',
+      headers: { authorization: `Bearer ${writer.token}`, 'content-type': 'application/vnd.api+json' },
+      payload: '{"tenant_id":"acme","usage_id":"a","usage_id":"b","quantity":1e3}',
+    });
+    expect(lenient.statusCode).toBe(415);
+    expect(await t.row(idempotencyKeyFor('acme', 'b'))).toBeUndefined();
   });
 
   it("leaves the application's routes, parsers, validator and error handler as they were", async () => {
@@ -86,6 +97,8 @@ describe('the Fastify plugin', () => {
     // Its text/plain parser is still there (the plugin removed it from its own route only).
     const note = await app.inject({ method: 'POST', url: '/notes', headers: { 'content-type': 'text/plain' }, payload: 'plain' });
     expect(note.json()).toEqual({ got: 'plain' });
+    const vendor = await app.inject({ method: 'POST', url: '/notes', headers: { 'content-type': 'application/vnd.api+json' }, payload: '{"a":1,"a":2}' });
+    expect(vendor.json()).toEqual({ got: { a: 2 } });
     // Its error handler still answers for its routes.
     const boom = await app.inject({ method: 'GET', url: '/boom' });
     expect(boom.statusCode).toBe(418);

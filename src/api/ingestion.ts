@@ -36,8 +36,10 @@ const strictValidator = AjvCompiler()({}, { customOptions: STRICT_AJV });
 export async function ingestion(scope: FastifyInstance, deps: IngestionDeps): Promise<void> {
   const verifier = new TokenVerifier(deps.tokens);
   scope.setValidatorCompiler(strictValidator);
-  // JSON only: a text/plain body would otherwise reach validation as a string (400, not 415).
-  scope.removeContentTypeParser('text/plain');
+  // Strict JSON only. Fastify hands a plugin the application's parsers too: text/plain would reach
+  // validation as a string (400, not 415), and a lenient parser of the application's own (a vendor
+  // JSON type) would take duplicate keys and 1e3 that the strict one refuses.
+  scope.removeAllContentTypeParsers();
   useStrictJson(scope);
   scope.setErrorHandler(errorHandler);
   if (!scope.hasRequestDecorator('apiToken')) scope.decorateRequest('apiToken', null);
