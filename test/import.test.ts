@@ -65,7 +65,7 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
   expect(first.out).toBe(`${path}: 11 line(s); 4 recorded, 0 already recorded, 7 refused\n`);
   const refusals = first.err.trim().split('\n');
   expect(refusals).toHaveLength(7);
-  expect(refusals[0]).toMatch(/^line 4: invalid_usage: occurred_at: must be within the past 35 days/);
+  expect(refusals[0]).toMatch(/^line 4: invalid_usage: occurred_at: must be less than 34 days 23 hours old/);
   expect(refusals[1]).toBe('line 5: unknown_tenant: tenant "initech" has no billing customer; add one first');
   expect(refusals[2]).toBe('line 6: invalid_usage: quantity: must be an integer');
   expect(refusals[3]).toBe('line 7: invalid_usage: colour: is not a known field');

@@ -36,7 +36,8 @@ const HIDDEN = /[\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\p{Zl}\p{Zp}\u2800\
 export function textProblem(value: unknown, max: number): string | undefined {
   if (typeof value !== 'string') return 'must be a string';
   if (value.length === 0 || value.trim() !== value) return 'must be non-empty, without leading or trailing spaces';
-  if (value.length > max) return `must be at most ${max} characters`;
+  // Characters as PostgreSQL and the API's JSON Schema count them (an emoji is one), not UTF-16 units.
+  if ([...value].length > max) return `must be at most ${max} characters`;
   if (!value.isWellFormed()) return 'must be valid Unicode text (it contains half of a UTF-16 surrogate pair)';
   const hidden = HIDDEN.exec(value);
   if (hidden) {
@@ -77,6 +78,8 @@ export interface UsageInput {
   occurredAt?: Date | undefined;
 }
 
+const USAGE_FIELDS: ReadonlySet<string> = new Set<keyof UsageInput>(['usageId', 'tenantId', 'quantity', 'eventName', 'occurredAt']);
+
 export interface ValidUsage {
   usageId: string;
   tenantId: string;
@@ -89,11 +92,19 @@ export interface ValidUsage {
 /** Checks every field; throws an InvalidUsageError for the first bad one. `now` is for tests. */
 export function validateUsage(input: UsageInput, defaultEventName: string, now = Date.now()): ValidUsage {
   if (typeof input !== 'object' || input === null) throw new InvalidUsageError('input', 'must be an object');
+  // A misspelt field (`event_name`, `occuredAt`) would otherwise move the usage to the default
+  // meter or to "now", billed there without a word, and recording it again correctly would then be
+  // a conflict.
+  const unknown = Object.keys(input).find((field) => !USAGE_FIELDS.has(field));
+  if (unknown !== undefined) throw new InvalidUsageError(unknown, `is not a field of a usage (they are ${[...USAGE_FIELDS].join(', ')})`);
   const usageId = checkText('usageId', input.usageId, MAX_USAGE_ID_LENGTH);
   const tenantId = check('tenantId', tenantProblem(input.tenantId), input.tenantId);
   // Absent means the default; null is a value, refused (as the API and the import refuse it), not
   // a silent move to another meter.
-  const eventName = checkText('eventName', input.eventName === undefined ? defaultEventName : input.eventName, MAX_EVENT_NAME_LENGTH);
+  const eventName =
+    input.eventName === undefined
+      ? checkText('defaultEventName', defaultEventName, MAX_EVENT_NAME_LENGTH)
+      : checkText('eventName', input.eventName, MAX_EVENT_NAME_LENGTH);
   const { quantity } = input;
   if (typeof quantity !== 'number' || !Number.isInteger(quantity) || quantity < 1) {
     throw new InvalidUsageError('quantity', 'must be a positive integer');
@@ -111,8 +122,11 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
       throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
     }
     if (tooOldToSend(input.occurredAt, now)) {
-      const days = Math.floor((now - input.occurredAt.getTime()) / 86_400_000);
-      throw new InvalidUsageError('occurredAt', `must be within the past 35 days (Stripe refuses older usage): this is ${days} days old`);
+      const hours = Math.floor((now - input.occurredAt.getTime()) / 3_600_000);
+      throw new InvalidUsageError(
+        'occurredAt',
+        `must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is ${Math.floor(hours / 24)} days ${hours % 24} hours old`,
+      );
     }
     occurredAt = input.occurredAt;
   }

@@ -75,6 +75,29 @@ describe('validateUsage', () => {
     expect(refusal({ ...ok, tenantId: 't'.repeat(201) }).reason).toBe('must be at most 200 characters');
     expect(validateUsage({ ...ok, eventName: 'e'.repeat(MAX_EVENT_NAME_LENGTH) }, 'm', NOW).eventName).toHaveLength(100);
     expect(refusal({ ...ok, eventName: 'e'.repeat(101) }).reason).toBe('must be at most 100 characters');
+    // As PostgreSQL and the API's JSON Schema count: an emoji is one character (two UTF-16 units).
+    expect(validateUsage({ ...ok, usageId: '🧾'.repeat(90) }, 'm', NOW).usageId).toBe('🧾'.repeat(90));
+    expect(refusal({ ...ok, usageId: '🧾'.repeat(91) }).reason).toBe('must be at most 90 characters');
+  });
+
+  it('refuses a field it does not know (a misspelling would bill the default meter, or now), naming it', () => {
+    for (const field of ['event_name', 'occuredAt', 'timestamp', 'usage_id']) {
+      const e = refusal({ ...ok, [field]: 'x' });
+      expect([e.field, e.reason], field).toEqual([field, 'is not a field of a usage (they are usageId, tenantId, quantity, eventName, occurredAt)']);
+    }
+    expect(refusal({ ...ok, extra: undefined }).field).toBe('extra');
+  });
+
+  it('a bad defaultEventName (an empty environment variable passed on) is named as the option, not as eventName', () => {
+    for (const name of ['', 'api_requests\r', ' tokens']) {
+      try {
+        validateUsage(ok, name, NOW);
+        throw new Error(`accepted ${JSON.stringify(name)}`);
+      } catch (err) {
+        expect((err as InvalidUsageError).field, JSON.stringify(name)).toBe('defaultEventName');
+      }
+    }
+    expect(validateUsage({ ...ok, eventName: 'tokens' }, '', NOW).eventName).toBe('tokens');
   });
 
   it('occurredAt: up to 5 minutes ahead, back to 35 days less the hour the pipeline needs', () => {
@@ -84,8 +107,8 @@ describe('validateUsage', () => {
     expect([ahead.field, ahead.message]).toEqual(['occurredAt', 'occurredAt: must not be more than 5 minutes in the future']);
     expect(at(-(34 * DAY + 23 * 60 * MIN))).toBe(NOW - (34 * DAY + 23 * 60 * MIN));
     const old = refusal({ ...ok, occurredAt: new Date(NOW - (34 * DAY + 23 * 60 * MIN) - 1) });
-    expect([old.field, old.reason]).toEqual(['occurredAt', 'must be within the past 35 days (Stripe refuses older usage): this is 34 days old']);
-    expect(refusal({ ...ok, occurredAt: new Date(NOW - 40 * DAY) }).reason).toContain('this is 40 days old');
+    expect([old.field, old.reason]).toEqual(['occurredAt', 'must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is 34 days 23 hours old']);
+    expect(refusal({ ...ok, occurredAt: new Date(NOW - 40 * DAY) }).reason).toContain('this is 40 days 0 hours old');
     const invalidDate = refusal({ ...ok, occurredAt: new Date(Number.NaN) });
     expect([invalidDate.field, invalidDate.reason]).toEqual(['occurredAt', 'must be a valid Date']);
     expect(refusal({ ...ok, occurredAt: '2026-12-02T12:00:00Z' }).reason).toBe('must be a valid Date');
