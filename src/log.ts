@@ -89,10 +89,10 @@ export function formatForHumans(line: string, colors: boolean): string {
   let entry: Record<string, unknown>;
   try {
     const parsed: unknown = JSON.parse(line);
-    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return line.trimEnd();
+    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) return visible(line.trimEnd());
     entry = parsed as Record<string, unknown>;
   } catch {
-    return line.trimEnd();
+    return visible(line.trimEnd());
   }
   const paint = (code: string, text: string) => (colors ? `\x1b[${code}m${text}\x1b[0m` : text);
   const level = LEVELS[Number(entry.level)] ?? { name: String(entry.level ?? '?').toUpperCase(), color: '0' };
@@ -109,12 +109,20 @@ export function formatForHumans(line: string, colors: boolean): string {
     }
     fields.push(`${paint('2', `${key}=`)}${fieldValue(value)}`);
   }
-  const head = [paint('2', time), paint(level.color, level.name.padEnd(5)), String(entry.msg ?? '')].filter(Boolean).join(' ');
+  const head = [paint('2', time), paint(level.color, level.name.padEnd(5)), visible(String(entry.msg ?? ''))].filter(Boolean).join(' ');
   const text = fields.length > 0 ? `${head}  ${fields.join(' ')}` : head;
-  return [text, ...stacks.map((s) => paint('2', s.replace(/^/gm, '    ')))].join('\n');
+  return [text, ...stacks.map((s) => paint('2', s.split('\n').map((l) => `    ${visible(l)}`).join('\n')))].join('\n');
 }
 
+/**
+ * Control, formatting and unassigned characters as `\uXXXX`: a value a client sent (a usage id full
+ * of escape sequences, bidirectional controls) must not repaint the terminal or reorder what it shows.
+ */
+const UNSEEN = /[\p{C}\u2028\u2029]/gu;
+const visible = (text: string): string =>
+  text.replace(UNSEEN, (c) => Array.from({ length: c.length }, (_, i) => `\\u${c.charCodeAt(i).toString(16).padStart(4, '0')}`).join(''));
+
 function fieldValue(value: unknown): string {
-  if (typeof value === 'string') return /^[^\s"=]+$/.test(value) ? value : JSON.stringify(value);
-  return typeof value === 'object' && value !== null ? JSON.stringify(value) : String(value);
+  if (typeof value === 'string' && /^[^\s"=\p{C}]+$/u.test(value)) return value;
+  return visible(typeof value === 'string' || (typeof value === 'object' && value !== null) ? JSON.stringify(value) : String(value));
 }

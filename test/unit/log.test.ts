@@ -22,6 +22,18 @@ describe('formatForHumans', () => {
     expect(formatForHumans('not json\n', false)).toBe('not json');
   });
 
+  it("shows a client's control and formatting characters as escapes, never raw (they would repaint the terminal)", () => {
+    const hostile = 'x\u001b[2J\u001b]0;pwned\u0007\u009b\u202e';
+    const line = JSON.stringify({ level: 30, time, msg: `request completed for ${hostile}`, idempotencyKey: `u:acme:${hostile}`, err: { message: hostile, stack: `Error: ${hostile}\n    at x` } });
+    const text = formatForHumans(line, false);
+    // Nothing unseen but the newlines between the line and its stack.
+    expect(text.replaceAll('\n', '')).not.toMatch(/[\p{Cc}\p{Cf}]/u);
+    expect(text.split('\n')[0]).toBe(
+      '09:30:05.123 INFO  request completed for x\\u001b[2J\\u001b]0;pwned\\u0007\\u009b\\u202e  idempotencyKey="u:acme:x\\u001b[2J\\u001b]0;pwned\\u0007\\u009b\\u202e" err="x\\u001b[2J\\u001b]0;pwned\\u0007\\u009b\\u202e"',
+    );
+    expect(formatForHumans(`raw \u001b[2J`, false)).toBe('raw \\u001b[2J');
+  });
+
   it('reads what createLogger wrote, scrubbed', () => {
     const lines: string[] = [];
     const log = createLogger('info', { write: (l: string) => void lines.push(l) });
