@@ -623,4 +623,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/embedded.test.ts',
     name: 'between the check and the bind',
   },
+  {
+    id: 'given-up-statement-left-queued',
+    guarantee: 'Nothing stuck silently: a statement our pool gave up on is cancelled at the server, not left queued behind a lock to hold a connection and commit later',
+    find: '    if ((this as unknown as { _activeQuery: unknown })._activeQuery) cancelStatement(this);',
+    replace: '',
+    test: 'test/db.test.ts',
+    name: 'cancelled at the server',
+  },
 ];

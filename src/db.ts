@@ -2,7 +2,7 @@
  * PostgreSQL access: the pool, and the migration runner.
  */
 import { readdir, readFile } from 'node:fs/promises';
-import type { Socket } from 'node:net';
+import net, { type Socket } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -313,9 +313,35 @@ class ClosingClient extends pg.Client {
   override end(): Promise<void>;
   override end(callback: (err: Error) => void): void;
   override end(callback?: (err: Error) => void): Promise<void> | void {
+    // A statement its caller gave up on (answeredWithin) goes on at the server, which notices the
+    // closed socket only when it next writes to it. One waiting for a lock (behind a migration's
+    // ALTER TABLE, say) would hold its connection slot until it gets the lock, then run and commit
+    // after its caller took it as failed; every retry would leave another. Cancelled first.
+    if ((this as unknown as { _activeQuery: unknown })._activeQuery) cancelStatement(this);
     closeWithin(this, CLOSE_WAIT_MS);
     return callback ? super.end(callback) : super.end();
   }
+}
+
+/** PostgreSQL's CancelRequest code (protocol: a 16-byte packet on a connection of its own). */
+const CANCEL_REQUEST_CODE = 80_877_102;
+
+/**
+ * Asks the server to cancel the statement `client`'s session is running: fire and forget, given up
+ * after CLOSE_WAIT_MS (a server gone silent takes no requests either).
+ */
+function cancelStatement(client: pg.Client): void {
+  const { processID, secretKey, host, port } = client as unknown as { processID: number | null; secretKey: number | null; host: string; port: number };
+  if (processID === null || secretKey === null) return;
+  const packet = Buffer.alloc(16);
+  packet.writeInt32BE(16, 0);
+  packet.writeInt32BE(CANCEL_REQUEST_CODE, 4);
+  packet.writeInt32BE(processID, 8);
+  packet.writeInt32BE(secretKey, 12);
+  const socket = host.startsWith('/') ? net.connect(path.join(host, `.s.PGSQL.${port}`)) : net.connect(port, host);
+  socket.setTimeout(CLOSE_WAIT_MS, () => socket.destroy());
+  socket.on('error', () => socket.destroy());
+  socket.on('connect', () => socket.end(packet));
 }
 
 /**

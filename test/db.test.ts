@@ -133,6 +133,28 @@ it('answeredWithin: a statement unanswered in time fails as PostgreSQL away, and
   }
 });
 
+it('a statement given up on while it waits for a lock (behind a migration) is cancelled at the server, not left to queue and commit later', async () => {
+  const pool = createPool(t.db.url, 2);
+  const holder = new pg.Client({ connectionString: t.db.url });
+  await holder.connect();
+  try {
+    await holder.query('CREATE TABLE IF NOT EXISTS lock_probe (n int)');
+    await holder.query('BEGIN');
+    await holder.query('LOCK TABLE lock_probe IN ACCESS EXCLUSIVE MODE');
+    const db = answeredWithin(pool, 300);
+    const given = await db.query(`UPDATE lock_probe SET n = n WHERE n = 0 /* given-up */`).then(() => undefined, (e: unknown) => e);
+    expect(given).toMatchObject({ message: 'Query read timeout' });
+    // Without the cancel, its session would wait here for the lock as long as the holder keeps it.
+    const waiting = () =>
+      admin.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE '%given-up%' AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'`);
+    await waitFor('the given-up statement to leave the lock queue', async () => (await waiting()).rows[0]!.n === 0, 5_000);
+  } finally {
+    await holder.query('ROLLBACK').catch(() => undefined);
+    await holder.end();
+    await pool.end();
+  }
+});
+
 it('a pool ending connections gone silent destroys their sockets instead of leaving them half-closed for good', async () => {
   const proxy = await failingOver(t.db.url);
   const pool = createPool(proxy.url, 3);
