@@ -82,9 +82,10 @@ it('holds a busy lane to its floor beside quiet tenants while starts are slow, t
   const pause = async () => (await metrics.lanePause.get()).values[0]!.value;
   const notifier = new OutboxNotifier(t.db.url);
   // One relay's activities for the whole test: the window lives as long as the worker's relays.
-  // Congested from 50 ms, not 15: in CI another test file shares this Temporal, and a quick phase
-  // must not read its noise as congestion. The slow phase's starts take 300 ms either way.
-  const laneWindow = new LaneWindow(LANE, { congestedStartMs: 50 });
+  // Congested from 100 ms, not 15: in CI another test file shares this Temporal and both cores, and
+  // a quick phase must not read their noise as congestion (at 50 ms it did once, in a fresh-clone
+  // run). The slow phase's starts take 300 ms or more either way.
+  const laneWindow = new LaneWindow(LANE, { congestedStartMs: 100 });
   const { relayOutbox } = createRelayActivities({ db: t.pool, client, notifier, config, runForMs: 3_500, metrics, laneWindow });
 
   /**
