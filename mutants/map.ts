@@ -631,4 +631,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/db.test.ts',
     name: 'cancelled at the server',
   },
+  {
+    id: 'retry-wait-without-worker-hangs',
+    guarantee: 'Nothing waits forever in silence: retry --wait with no worker to take the Update signals the run and says so',
+    find: '      if (opts.wait && state) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);',
+    replace: '      if (opts.wait) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);',
+    test: 'test/retry-wait.test.ts',
+    name: 'no worker to take an Update',
+  },
 ];

@@ -14,7 +14,7 @@ import { usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({
   // Mapped to customers the local Stripe does not know yet: each event is refused (400) at once.
-  customers: { fixme: 'cus_fixme', bulkw: 'cus_bulkw', ghostw: 'cus_ghostw', slowfix: 'cus_slowfix' },
+  customers: { fixme: 'cus_fixme', bulkw: 'cus_bulkw', ghostw: 'cus_ghostw', slowfix: 'cus_slowfix', noworker: 'cus_noworker' },
   stripe: { meters: ['api_requests'], customers: [] },
 });
 
@@ -125,6 +125,24 @@ describe('retry --wait', () => {
     } finally {
       t.stripe.setLatency(0);
     }
+  });
+
+  it('with no worker to take an Update, signals instead of waiting for one for good, and says so', async () => {
+    const key = await deadLetter('noworker');
+    // Its open run now on a task queue no worker polls: the state query and any Update go unanswered.
+    await t.client.workflow.getHandle(key).terminate('test: moved to a task queue without workers');
+    const options = usageWorkflowStartOptions({ idempotency_key: key, tenant_id: 'noworker' }, t.config, { reusePolicy: 'ALLOW_DUPLICATE' });
+    const run = await t.client.workflow.start('usageWorkflow', { ...options, taskQueue: `nobody-${key}` });
+    const began = Date.now();
+    const r = await cli(['retry', key, '--wait']);
+    // The state query's 5 s, then the signal.
+    expect(Date.now() - began).toBeLessThan(15_000);
+    expect(r.out + r.err).toContain(`signalled its open workflow to retry (its state query went unanswered: is a worker running?; not waited for)`);
+    const { EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED } = temporal.api.enums.v1.EventType;
+    expect((await run.fetchHistory()).events?.some((e) => e.eventType === EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)).toBe(true);
+    const { rows } = await t.pool.query(`SELECT action, outcome FROM operator_actions WHERE idempotency_key = $1`, [key]);
+    expect(rows).toEqual([expect.objectContaining({ outcome: 'signalled' })]);
+    await run.terminate('test: done');
   });
 
   it('retry --all-dead --wait: progress on a terminal, then a table of outcomes (an open run and a reopened one)', async () => {

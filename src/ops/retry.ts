@@ -105,6 +105,8 @@ export interface RetrierDeps {
 }
 
 const QUERY_TIMEOUT_MS = 5_000;
+/** How long an open run's worker may take to accept the `retry` Update (`--wait`). */
+const ACCEPT_TIMEOUT_MS = 10_000;
 /** Closed statuses after which a new run may be started; COMPLETED means the event was delivered. */
 const REOPENABLE: ReadonlySet<WorkflowExecutionStatusName> = new Set(['TERMINATED', 'TIMED_OUT', 'FAILED', 'CANCELLED', 'CONTINUED_AS_NEW']);
 
@@ -257,12 +259,10 @@ export class DeadLetterRetrier {
       // A run whose state is not dead has already taken a retry (another operator's, or a run
       // reopened since the row was read): signalling again would do nothing, so say so.
       if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
-      if (opts.wait) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);
-      await handle.signal(reopenSignal, { force: opts.force, requestedBy: opts.requestedBy });
-      return done(
-        'signalled',
-        state ? 'signalled its open workflow to retry' : 'signalled its open workflow to retry (its state query went unanswered: is a worker running?)',
-      );
+      // An Update needs a worker to take it; with none answering, it would wait for one for good.
+      // A signal waits in the run's history instead, for whenever one comes.
+      if (opts.wait && state) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);
+      return this.signalRetry(key, opts, state ? undefined : 'its state query went unanswered: is a worker running?');
     }
     if (status === 'COMPLETED') {
       // Another operator may have reopened and delivered it since the row was read.
@@ -323,6 +323,13 @@ export class DeadLetterRetrier {
     return { ...result, message: `${result.message}; ${describeAnswer(answer)}`, ...(answer ? { answer } : {}) };
   }
 
+  /** The open run's reopen signal: recorded in its history, acted on when its worker next runs it. */
+  private async signalRetry(key: string, opts: RetryOptions, why: string | undefined): Promise<RetryResult> {
+    await this.deps.client.workflow.getHandle(key).signal(reopenSignal, { force: opts.force, requestedBy: opts.requestedBy });
+    const waited = opts.wait ? '; not waited for' : '';
+    return { key, outcome: 'signalled', forced: opts.force, message: `signalled its open workflow to retry${why ? ` (${why}${waited})` : ''}` };
+  }
+
   /**
    * The open run's `retry` Update: its validator refuses in the workflow what cannot be retried
    * (recording nothing); accepted, it answers with the new delivery's outcome, which is waited for
@@ -333,10 +340,18 @@ export class DeadLetterRetrier {
     const { client } = this.deps;
     const handle = client.workflow.getHandle(key);
     try {
-      const update = await handle.startUpdate(retryUpdate, {
-        args: [{ force: opts.force, requestedBy: opts.requestedBy }],
-        waitForStage: WorkflowUpdateStage.ACCEPTED,
-      });
+      let update;
+      try {
+        update = await client.withDeadline(Date.now() + ACCEPT_TIMEOUT_MS, () =>
+          handle.startUpdate(retryUpdate, { args: [{ force: opts.force, requestedBy: opts.requestedBy }], waitForStage: WorkflowUpdateStage.ACCEPTED }),
+        );
+      } catch (err) {
+        if (!(err instanceof WorkflowUpdateRPCTimeoutOrCancelledError)) throw err;
+        // Its worker answered the state query but took no Update since (gone, or its workflow
+        // task failing). Should the Update still be taken later, it finds the run retrying and
+        // refuses; the signal finds it retrying after the Update and does nothing.
+        return this.signalRetry(key, opts, `its workflow took no Update within ${formatDuration(ACCEPT_TIMEOUT_MS)}: is its worker running?`);
+      }
       const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result());
       return done('retried', describeAnswer(answer), answer);
     } catch (err) {
