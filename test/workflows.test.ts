@@ -243,6 +243,20 @@ it('the retry Update: refused in flight (no Update in the history); a retried de
   });
 });
 
+it("cuts a 429's Retry-After to what is left of the 429 budget: a day's Retry-After ends dead as rate_limited, not past the 23 h window", async () => {
+  const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', waitMs: 24 * 3_600_000, attempts: 0 }));
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await env.sleep('15 minutes');
+    // The 10-minute budget: a try at its end, still 429, and dead with Stripe's reason.
+    expect(calls.deliver).toHaveLength(2);
+    expect(calls.dead).toHaveLength(1);
+    expect(calls.dead[0]!.code).toBe('rate_limited');
+    expect(calls.dead[0]!.message).toMatch(/Stripe kept answering 429 for over 600 s/);
+    await handle.terminate('test over');
+  });
+});
+
 it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", async () => {
   const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', waitMs: 60_000, attempts: 0 }));
   await withWorker(activities, async (taskQueue) => {

@@ -237,6 +237,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       spent += result.failedBefore ?? 0;
       // The 429 budget bounds an unbroken stretch of Stripe's 429s: any other answer ends it.
       if (result.reason !== 'rate_limited' || (result.failedBefore ?? 0) > 0) rateLimitedSince = undefined;
+      let waitMs = result.waitMs;
       if (result.reason === 'rate_limited') {
         rateLimitedSince ??= Date.now();
         if (Date.now() - rateLimitedSince > maxRateLimitedMs) {
@@ -247,12 +248,16 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
             nonRetryable: true,
           });
         }
+        // A Retry-After past the budget (a proxy's day, an HTTP date read by a clock behind) is cut
+        // to it: the try after it gets through or ends the stretch with this reason, rather than
+        // wake past the 23 h identifier window and die for that.
+        waitMs = Math.min(waitMs, rateLimitedSince + maxRateLimitedMs - Date.now() + 1);
       }
       show([
-        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + result.waitMs).toISOString()}. Waiting spends no retry attempt.`,
+        `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + waitMs).toISOString()}. Waiting spends no retry attempt.`,
         `Identifier \`${input.key}\`.`,
       ]);
-      await sleep(result.waitMs);
+      await sleep(waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
         // A retry Update waiting on this delivery answers `dispatched` now: the new run cannot answer it.
