@@ -647,4 +647,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/workflows.test.ts',
     name: "cuts a 429's Retry-After",
   },
+  {
+    id: 'listen-unbounded',
+    guarantee: 'Nothing stuck silently: a LISTEN left unanswered (a server gone silent mid-connect) is given up for a new connection',
+    find: '          await client.query({ text: `LISTEN "${channel}"`, query_timeout: LISTEN_PROBE_ANSWER_MS } as pg.QueryConfig);',
+    replace: '          await client.query(`LISTEN "${channel}"`);',
+    test: 'test/notifier.test.ts',
+    name: 'before LISTEN is answered',
+  },
 ];

@@ -93,3 +93,45 @@ it('a LISTEN connection gone silent (a failover) is found by its probe and repla
     await notifier.close();
   }
 });
+
+it('a server that goes silent after the start-up, before LISTEN is answered, is left for a new connection that listens', async () => {
+  // A proxy that carries the start-up, then holds the first connection's LISTEN unanswered for good.
+  const target = new URL(t.db.url);
+  const sockets: net.Socket[] = [];
+  let silenced = 0;
+  const proxy = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    sockets.push(client, upstream);
+    let silent = false;
+    client.on('data', (bytes: Buffer) => {
+      if (!silent && silenced === 0 && bytes.includes('LISTEN')) {
+        silent = true;
+        silenced++;
+      }
+      if (!silent) upstream.write(bytes);
+    });
+    upstream.on('data', (bytes: Buffer) => void (silent || client.write(bytes)));
+    const end = () => (client.destroy(), upstream.destroy());
+    client.on('error', end).on('close', end);
+    upstream.on('error', end).on('close', end);
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  const url = new URL(t.db.url);
+  url.hostname = '127.0.0.1';
+  url.port = String((proxy.address() as net.AddressInfo).port);
+  const notifier = new OutboxNotifier(url.toString(), undefined, { probeEveryMs: 500 });
+  try {
+    notifier.start();
+    // Its LISTEN unanswered for 5 s, then a new connection.
+    await waitFor('listening over a second connection', async () => notifier.listening, 20_000);
+    expect(silenced).toBe(1);
+    const mark = notifier.mark();
+    await t.pool.query(`NOTIFY "${schemaFor().outboxChannel}"`);
+    await notifier.wait(2_000, undefined, mark);
+    expect(notifier.mark()).not.toBe(mark);
+  } finally {
+    await notifier.close();
+    for (const s of sockets) s.destroy();
+    await new Promise((resolve) => proxy.close(resolve));
+  }
+}, 40_000);

@@ -89,9 +89,12 @@ export class OutboxNotifier {
         client.on('error', () => this.onLost(client));
         client.on('end', () => this.onLost(client));
         await client.connect();
-        // Quoted: the channels contain ':' (the schema's name is a plain identifier).
-        await client.query(`LISTEN "${this.schema.outboxChannel}"`);
-        await client.query(`LISTEN "${this.schema.leaseChannel}"`);
+        // Quoted: the channels contain ':' (the schema's name is a plain identifier). Answered in
+        // time, like the probe: a server gone silent between the start-up and these would leave
+        // this process without notifications for good, and the probe starts only after them.
+        for (const channel of [this.schema.outboxChannel, this.schema.leaseChannel]) {
+          await client.query({ text: `LISTEN "${channel}"`, query_timeout: LISTEN_PROBE_ANSWER_MS } as pg.QueryConfig);
+        }
         this.client = client;
         this.reconnectDelayMs = 100;
         this.probe ??= setInterval(() => this.askListener(), this.probeEveryMs).unref();
