@@ -655,4 +655,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/notifier.test.ts',
     name: 'before LISTEN is answered',
   },
+  {
+    id: 'migration-queues-for-lock',
+    guarantee: "Nothing stuck silently: a migration that cannot lock the outbox gives up its place in the lock queue and tries again, so the application's inserts go on, and says who holds the lock",
+    find: "set_config('lock_timeout', $2::text, true)`, [schema.quoted, `${MIGRATION_LOCK_WAIT_MS}ms`]",
+    replace: "set_config('lock_timeout', $2::text, true)`, [schema.quoted, '0']",
+    test: 'test/migrate.test.ts',
+    name: 'cannot lock the outbox',
+  },
 ];

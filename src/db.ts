@@ -107,7 +107,15 @@ const NO_TRANSACTION = '-- billing-outbox: no transaction';
  * the outbox are built CONCURRENTLY, new constraints added NOT VALID and validated apart (see
  * docs/operations.md, "Upgrading"; test/migrate.test.ts records usage while one runs).
  */
-export async function migrate(database: string | pg.ClientConfig, opts: { upTo?: string; schema?: string } = {}): Promise<string[]> {
+export async function migrate(
+  database: string | pg.ClientConfig,
+  opts: {
+    upTo?: string;
+    schema?: string;
+    /** Told, when a migration waits (for another migrator, for a table's lock), what it waits for. */
+    onWait?: (message: string) => void;
+  } = {},
+): Promise<string[]> {
   const schema = schemaFor(opts.schema);
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
   // advisory lock on a connection of its own, never one of the application's pool.
@@ -119,7 +127,9 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
     // and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot (a deadlock).
     // One lock for the whole database, whatever the schema: two migrators of different schemas
     // would otherwise meet the same way in each other's CREATE INDEX CONCURRENTLY.
+    const waiting = new WaitReporter(opts.onWait);
     while (!(await client.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [MIGRATION_LOCK])).rows[0]!.ok) {
+      await waiting.say(async () => `another migrator holds the migration lock (${await lockHolder(client)}); waiting for it to finish`);
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
     // Created only when missing: CREATE SCHEMA IF NOT EXISTS checks the right to create schemas in
@@ -151,15 +161,24 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
           }
           await client.query(`INSERT INTO ${schema.schemaMigrations} (name) VALUES ($1)`, [file]);
         } else {
-          await client.query('BEGIN');
-          try {
-            await client.query(`SELECT set_config('search_path', $1::text, true)`, [schema.quoted]);
-            await client.query(sql);
-            await client.query(`INSERT INTO ${schema.schemaMigrations} (name) VALUES ($1)`, [file]);
-            await client.query('COMMIT');
-          } catch (err) {
-            await client.query('ROLLBACK');
-            throw err;
+          // A table's lock it cannot have at once (a long transaction reads the outbox) is given
+          // up after MIGRATION_LOCK_WAIT_MS and asked for again later: queued for it meanwhile,
+          // it would hold every later statement on that table (the application's inserts, the
+          // relay's claims) behind it for as long as that transaction lasts.
+          for (let pause = 1_000; ; pause = Math.min(pause * 2, 10_000)) {
+            await client.query('BEGIN');
+            try {
+              await client.query(`SELECT set_config('search_path', $1::text, true), set_config('lock_timeout', $2::text, true)`, [schema.quoted, `${MIGRATION_LOCK_WAIT_MS}ms`]);
+              await client.query(sql);
+              await client.query(`INSERT INTO ${schema.schemaMigrations} (name) VALUES ($1)`, [file]);
+              await client.query('COMMIT');
+              break;
+            } catch (err) {
+              await client.query('ROLLBACK');
+              if ((err as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw err;
+            }
+            await waiting.say(async () => `${file} cannot lock its tables yet (${await tableLockHolders(client, schema.name)}); trying again every few seconds`);
+            await new Promise((resolve) => setTimeout(resolve, pause));
           }
         }
       } catch (err) {
@@ -172,6 +191,49 @@ export async function migrate(database: string | pg.ClientConfig, opts: { upTo?:
     await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => undefined);
     await client.end();
   }
+}
+
+/** How long a migration waits for a table's lock before it lets the statements queued behind it through. */
+const MIGRATION_LOCK_WAIT_MS = 1_000;
+const LOCK_NOT_AVAILABLE = '55P03';
+
+/** Says what a migration waits for: at once, then at most every 10 s while it still waits. */
+class WaitReporter {
+  private last = 0;
+  private readonly onWait: ((message: string) => void) | undefined;
+  constructor(onWait: ((message: string) => void) | undefined) {
+    this.onWait = onWait;
+  }
+
+  async say(message: () => Promise<string>): Promise<void> {
+    if (!this.onWait || Date.now() - this.last < 10_000) return;
+    this.last = Date.now();
+    this.onWait(await message().catch((err: unknown) => `waiting (${(err as Error).message})`));
+  }
+}
+
+/** Who holds the migration lock, as pg_stat_activity knows them. */
+async function lockHolder(client: pg.Client): Promise<string> {
+  const { rows } = await client.query<{ pid: number; app: string; since: Date | null }>(
+    `SELECT a.pid, a.application_name AS app, a.backend_start AS since FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+      WHERE l.locktype = 'advisory' AND l.granted AND (l.classid::bigint << 32 | l.objid::bigint) = $1::bigint LIMIT 1`,
+    [MIGRATION_LOCK],
+  );
+  const holder = rows[0];
+  return holder ? `pid ${holder.pid}, ${holder.app || 'no application_name'}, connected since ${holder.since?.toISOString() ?? '?'}` : 'it has just let go';
+}
+
+/** The sessions holding locks on the schema's tables, oldest transaction first (what a DBA would end). */
+async function tableLockHolders(client: pg.Client, schemaName: string): Promise<string> {
+  const { rows } = await client.query<{ pid: number; app: string; since: Date | null; query: string }>(
+    `SELECT DISTINCT a.pid, a.application_name AS app, a.xact_start AS since, left(a.query, 80) AS query
+       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.granted AND n.nspname = $1::text AND a.pid <> pg_backend_pid()
+      ORDER BY since NULLS LAST LIMIT 3`,
+    [schemaName],
+  );
+  if (rows.length === 0) return 'held by sessions that have just let go';
+  return `held by ${rows.map((r) => `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}: ${JSON.stringify(r.query)})`).join(', ')}`;
 }
 
 /** This version's migrations, in order. */

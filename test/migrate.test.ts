@@ -173,3 +173,69 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
     await a.end();
   }
 }, 300_000);
+
+/** A database of its own, migrated up to `upTo`, dropped after `fn`. */
+async function withDatabase(upTo: string, fn: (url: string) => Promise<void>): Promise<void> {
+  const db = `bo_migrate_wait_${randomUUID().replace(/-/g, '').slice(0, 8)}`;
+  const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${db}`);
+  try {
+    const url = databaseUrlFor(db);
+    await migrate(url, { upTo });
+    await fn(url);
+  } finally {
+    await admin.query(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`);
+    await admin.end();
+  }
+}
+
+it("a migration that cannot lock the outbox (a long transaction reads it) lets the application's inserts through while it waits, says who holds it, and applies after", async () => {
+  await withDatabase('011_trace_context.sql', async (url) => {
+    const pool = createPool(withSearchPath(url, schemaFor().name), 4);
+    const reader = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
+    await reader.connect();
+    try {
+      await mapTenant(pool, schemaFor(), 'acme', 'cus_acme', 'test');
+      await reader.query('BEGIN');
+      await reader.query('SELECT count(*) FROM outbox');
+      const readerPid = (await reader.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+      const said: string[] = [];
+      const migrating = migrate(url, { onWait: (m) => said.push(m) });
+      // 012 adds a column to the outbox: it needs the table to itself, and the reader holds it.
+      const until = Date.now() + 6_000;
+      let recorded = 0;
+      while (Date.now() < until) {
+        await withTransaction(pool, (c) => recordUsage(c, { usageId: `while-${recorded}`, tenantId: 'acme', quantity: 1 }));
+        recorded++;
+      }
+      // Queued behind the migration for good, not one would have been recorded until the reader ended.
+      expect(recorded).toBeGreaterThanOrEqual(3);
+      expect(said[0]).toMatch(new RegExp(`^012_billed_customer\\.sql cannot lock its tables yet \\(held by pid ${readerPid} `));
+      await reader.query('COMMIT');
+      expect(await migrating).toEqual(['012_billed_customer.sql']);
+    } finally {
+      await reader.end();
+      await pool.end();
+    }
+  });
+}, 60_000);
+
+it('a migrator waiting for another says who holds the migration lock', async () => {
+  await withDatabase('012_billed_customer.sql', async (url) => {
+    const other = new pg.Client({ connectionString: url, application_name: 'the-other-migrator' });
+    await other.connect();
+    try {
+      await other.query('SELECT pg_advisory_lock(727274001)');
+      const said: string[] = [];
+      const migrating = migrate(url, { onWait: (m) => said.push(m) });
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect(said).toHaveLength(1);
+      expect(said[0]).toMatch(/^another migrator holds the migration lock \(pid \d+, the-other-migrator, connected since /);
+      await other.query('SELECT pg_advisory_unlock(727274001)');
+      expect(await migrating).toEqual([]);
+    } finally {
+      await other.end();
+    }
+  });
+}, 60_000);

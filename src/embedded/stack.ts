@@ -265,7 +265,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       databaseUrl = pg.url;
       log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
     }
-    await migrate(databaseUrl, { schema: config.databaseSchema });
+    await migrate(databaseUrl, { schema: config.databaseSchema, onWait: (message) => log.warn(message) });
     const pool = createPool(databaseUrl);
     onStop('database pool', () => pool.end());
     const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });

@@ -423,7 +423,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     }
     // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
     const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
-    if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema }), { ...reach, unreachable: postgresUnreachable });
+    if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema, ...(log ? { onWait: (message: string) => log.warn(message) } : {}) }), { ...reach, unreachable: postgresUnreachable });
     else await refuseUnmigrated(pool, config.databaseSchema, config.timings.statementAnswerMs);
     let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
     const connectOnce = () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) });

@@ -33,7 +33,7 @@ export async function runApi(): Promise<void> {
   // Safe with workers migrating at the same time; the API may well be the first process up.
   // PostgreSQL restarting as the API starts: waited for (src/reachable.ts), each try logged.
   const databaseUrl = config.databaseUrl;
-  await untilReachable('PostgreSQL', () => migrate(databaseUrl, { schema: config.databaseSchema }), { waitMs: config.startupWaitMs, log, unreachable: postgresUnreachable });
+  await untilReachable('PostgreSQL', () => migrate(databaseUrl, { schema: config.databaseSchema, onWait: (message) => log.warn(message) }), { waitMs: config.startupWaitMs, log, unreachable: postgresUnreachable });
   // Every statement of the API is quick (a usage and its outbox row, a webhook's rows, the status
   // counts): one unanswered for statementAnswerMs is a connection gone silent (a failover), and the
   // request is answered 503 at once instead of hanging on it.

@@ -26,7 +26,7 @@ export async function migrateCommand(args: string[], ctx: CliContext): Promise<n
   // A failure (exit 1), as `npm run migrate` has always said it.
   if (!url) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)');
   const schema = ctx.config.databaseSchema;
-  const applied = await migrate(url, { schema });
+  const applied = await migrate(url, { schema, onWait: (message) => ctx.err.write(`billing-outbox: ${message}\n`) });
   if (values.json) writeJson(ctx.out, { applied, schema });
   else ctx.out.write(applied.length ? `applied ${applied.join(', ')} to ${redactUrl(url)}, schema ${schema}\n` : `${redactUrl(url)}, schema ${schema}, is up to date\n`);
   return EXIT_OK;
