@@ -448,12 +448,16 @@ export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClie
   }
 }
 
-/** The database URL with its password replaced, for messages and logs. */
+/** Query parameters of a PostgreSQL URL that carry a secret (node-postgres reads them as settings). */
+const SECRET_PARAMS = ['password', 'sslpassword'];
+
+/** The database URL with its password replaced (in its user part or its query), for messages and logs. */
 export function redactUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
-    return u.toString();
+    for (const name of SECRET_PARAMS) if (u.searchParams.has(name)) u.searchParams.set(name, '***');
+    return u.toString().replaceAll('%2A%2A%2A', '***');
   } catch {
     return '(unparseable URL)';
   }

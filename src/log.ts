@@ -12,10 +12,12 @@ const REDACT_PATHS = [
 
 const STRIPE_KEY = /\b(sk|rk|pk|whsec)_(test|live)?_?[A-Za-z0-9]{6,}/g;
 const URL_PASSWORD = /(\b[a-z][a-z0-9+.-]*:\/\/[^:@/\s]+:)[^@/\s]+@/gi;
+/** A password given as a URL's query parameter (`postgres://u@db/x?password=…`, `sslpassword=…`). */
+const QUERY_PASSWORD = /([?&](?:ssl)?password=)[^&\s"']+/gi;
 
 /** Removes anything that looks like a Stripe key or a password inside a URL. */
 export function scrub(text: string): string {
-  return text.replace(STRIPE_KEY, '$1_***').replace(URL_PASSWORD, '$1***@');
+  return text.replace(STRIPE_KEY, '$1_***').replace(URL_PASSWORD, '$1***@').replace(QUERY_PASSWORD, '$1***');
 }
 
 export type Logger = pino.Logger;

@@ -1,5 +1,6 @@
 /** The console a person reads: a JSON log line made readable, nothing hidden, secrets still scrubbed. */
 import { describe, expect, it } from 'vitest';
+import { redactUrl } from '../../src/db.js';
 import { createLogger, formatForHumans } from '../../src/log.js';
 
 const time = Date.UTC(2026, 11, 3, 9, 30, 5, 123);
@@ -40,5 +41,21 @@ describe('formatForHumans', () => {
     log.info({ url: 'postgres://u:hunter2@db/x', nested: { a: 1 } }, 'connected');
     const text = formatForHumans(lines[0]!, false);
     expect(text).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO {2}connected {2}url=postgres:\/\/u:\*\*\*@db\/x nested=\{"a":1\}$/);
+  });
+
+  it('scrubs a password given in the URL\'s query (node-postgres reads password= and sslpassword= there)', () => {
+    const lines: string[] = [];
+    const log = createLogger('info', { write: (l: string) => void lines.push(l) });
+    log.info({ database: 'postgres://u@db/x?sslmode=require&password=S3cret&sslpassword=K3y' }, 'billing-outbox worker running on postgres://u@db/x?password=S3cret');
+    expect(lines[0]).not.toMatch(/S3cret|K3y/);
+    expect(lines[0]).toContain('postgres://u@db/x?sslmode=require&password=***&sslpassword=***');
+  });
+});
+
+describe('redactUrl', () => {
+  it('replaces the password in the user part and in the query, and nothing else', () => {
+    expect(redactUrl('postgres://u:hunter2@db:5432/x')).toBe('postgres://u:***@db:5432/x');
+    expect(redactUrl('postgres://u@db/x?sslmode=require&password=S3cret&sslpassword=K3y')).toBe('postgres://u@db/x?sslmode=require&password=***&sslpassword=***');
+    expect(redactUrl('postgres://u@db/x?application_name=a')).toBe('postgres://u@db/x?application_name=a');
   });
 });
