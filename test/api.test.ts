@@ -314,9 +314,29 @@ describe('at the door', () => {
       });
       expect((await post(usage({ event_name: 'api_requests' }), writer, {}, withMeters)).statusCode).toBe(201);
       // Stripe away: the door cannot check, and does not lose usage for it (the worker checks again).
+      // (A second later: the list read for the requests above no longer answers for a new name.)
+      await new Promise((resolve) => setTimeout(resolve, 1_100));
       await stripe.close();
       const res = await post(usage({ event_name: 'not_checked_now' }), writer, {}, withMeters);
       expect(res.statusCode).toBe(201);
+    } finally {
+      await stripe.close();
+    }
+  });
+
+  it('refuses every request of a burst for a misspelt meter, not only the first (the catalog reads Stripe at its own pace)', async () => {
+    const stripe = await LocalStripe.start({ meters: ['api_requests'] });
+    try {
+      // Reads of the meter list 5 s apart at most: a request that had to wait for the next read
+      // would wait past the door's 1 s and be let in unchecked.
+      const catalog = new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe), { minReloadIntervalMs: 5_000 });
+      const withMeters = buildApi({ config, db: t.pool, log, temporal, meters: catalog });
+      extraApps.push(withMeters);
+      await writesNothing(async () => {
+        const answers = [await post(usage({ event_name: 'tokns' }), writer, {}, withMeters)];
+        answers.push(...(await Promise.all(Array.from({ length: 5 }, () => post(usage({ event_name: 'tokns' }), writer, {}, withMeters)))));
+        expect(answers.map((r) => r.statusCode)).toEqual([422, 422, 422, 422, 422, 422]);
+      });
     } finally {
       await stripe.close();
     }

@@ -52,7 +52,7 @@ export interface ApiDeps {
   /** For the webhook route (tests); by default a client built from `config.stripe`. */
   stripe?: WebhookStripe;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
-  meters?: Pick<MeterCatalog, 'keysFor'>;
+  meters?: Pick<MeterCatalog, 'keysFor' | 'missingSince'>;
   /** How long /health waits for each dependency (default 2 s). */
   healthTimeoutMs?: number;
 }

@@ -23,7 +23,7 @@ export interface IngestionDeps {
   defaultEventName: string;
   bodyLimitBytes: number;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
-  meters?: Pick<MeterCatalog, 'keysFor'> | undefined;
+  meters?: Pick<MeterCatalog, 'keysFor' | 'missingSince'> | undefined;
   /** False: statements go unnamed (withoutPreparedStatements), for a pooler that cannot keep named ones. */
   preparedStatements?: boolean | undefined;
 }

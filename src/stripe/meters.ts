@@ -87,6 +87,14 @@ export class MeterCatalog {
     return this.byName.get(eventName);
   }
 
+  /**
+   * Whether the last read of the meter list, started at or after `since`, found no active meter
+   * for `eventName`: a miss that recent, said without asking Stripe again.
+   */
+  missingSince(eventName: string, since: number): boolean {
+    return this.loadedFrom >= since && !this.byName.has(eventName);
+  }
+
   /** Waits for a read of the meter list that started at or after `askedAt` (starting one if needed). */
   private async readStartedAfter(askedAt: number): Promise<void> {
     for (;;) {
