@@ -134,6 +134,11 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
     // A dead letter's run waits for a retry signal (the point-4 case: dead, then Stripe's report);
     // any other running run may still have an attempt under the old identifier in flight.
     if (state?.status !== 'dead') {
+      // Another operator's rebill, begun after this row was read, has its run at work already.
+      const current = await findRebillCandidate(db, schema, key);
+      if (current && current.identifier_revision > row.identifier_revision) {
+        return done('skipped', `rebilled meanwhile to revision ${current.identifier_revision} (now ${current.status}): another rebill got there first`);
+      }
       return done(
         'refused',
         `not rebilled: its workflow is still running (${state ? `state ${state.status}` : 'its state query went unanswered: is a worker running?'}); rebill it once that run has ended`,
