@@ -29,7 +29,8 @@ function section(start: RegExp, indent: string): string {
 const LOCAL_ONLY = new Set(['DATA_DIR', 'TEMPORAL_CLI_PATH', 'LOCAL_STRIPE_URL']);
 
 it('passes every variable src/config.ts reads to the worker and the API (secrets also as *_FILE)', () => {
-  const shared = variablesOf(section(/^x-billing-environment:/m, ''));
+  const database = variablesOf(section(/^x-database-environment:/m, ''));
+  const shared = new Set([...database, ...variablesOf(section(/^x-billing-environment:/m, ''))]);
   const api = new Set([...shared, ...variablesOf(section(/^ {2}api:/m, '  '))]);
   const worker = new Set([...shared, ...variablesOf(section(/^ {2}worker:/m, '  '))]);
   const wanted = CONFIG_VARIABLES.filter((v) => !LOCAL_ONLY.has(v));
@@ -43,6 +44,13 @@ it('passes every variable src/config.ts reads to the worker and the API (secrets
   // And nothing it passes is unknown to the application (a typo would be dropped silently too).
   const known = new Set([...CONFIG_VARIABLES, ...CONFIG_VARIABLES.map((v) => `${v}_FILE`)]);
   expect([...api, ...worker].filter((v) => !known.has(v))).toEqual([]);
+});
+
+it('gives migrate the database settings alone: a Temporal certificate or a Stripe key mounted only where the docs say cannot stop it', () => {
+  expect([...variablesOf(section(/^x-database-environment:/m, ''))].sort()).toEqual(['DATABASE_SCHEMA', 'DATABASE_URL', 'LOG_LEVEL', 'NODE_ENV']);
+  const migrate = section(/^ {2}migrate:/m, '  ');
+  expect(migrate).toMatch(/<<: \*database-environment\n/);
+  expect(migrate).not.toContain('*billing-environment');
 });
 
 it("keeps the deployment's settings out of `.env`, which npm start and the CLI read", () => {
