@@ -663,4 +663,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/migrate.test.ts',
     name: 'cannot lock the outbox',
   },
+  {
+    id: 'door-burst-let-in',
+    guarantee: 'Every bad input gets a clear error: every request of a burst for a misspelt meter is refused (422), not only the first',
+    find: '  if (meters.missingSince(eventName, Date.now() - METER_CHECK_TIMEOUT_MS)) return true;',
+    replace: '',
+    test: 'test/api.test.ts',
+    name: 'refuses every request of a burst',
+  },
 ];

@@ -475,9 +475,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   const c = result.data;
   const problems: string[] = [];
-  if (c.NODE_ENV === 'production' && !c.STRIPE_API_KEY) {
-    problems.push('STRIPE_API_KEY: is required when NODE_ENV=production');
-  }
   if (c.RETRY_MAXIMUM_INTERVAL_MS < c.RETRY_INITIAL_INTERVAL_MS) {
     problems.push('RETRY_MAXIMUM_INTERVAL_MS: must not be smaller than RETRY_INITIAL_INTERVAL_MS');
   }

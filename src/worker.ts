@@ -222,8 +222,10 @@ export function workerConfig(options: CreateWorkerOptions): Config {
     if (!Number.isInteger(port) || port < 0 || port > 65_535) problems.push('http.port: must be a whole number from 0 to 65535');
     if (host !== undefined && (typeof host !== 'string' || host.trim() === '')) problems.push('http.host: must be a host name or address');
   }
-  // Stripe itself needs a key; the commands ask for it the same way (src/bin/worker.ts).
-  if ((stripe?.apiBase === undefined || /^https:\/\/api\.stripe\.com\/?$/.test(String(stripe.apiBase))) && !stripe?.apiKey) {
+  // Stripe itself needs a key, as the worker command says (src/cli/commands/worker.ts). Blank
+  // counts as not given, as in the configuration: an empty apiBase is Stripe itself.
+  const given = (v: unknown) => typeof v === 'string' && v.trim() !== '';
+  if (!given(stripe?.apiKey) && (!given(stripe?.apiBase) || /^https:\/\/api\.stripe\.com\/?$/.test(String(stripe?.apiBase).trim()))) {
     problems.push('stripe.apiKey: is required to report usage to Stripe (or give stripe.apiBase, a Stripe-compatible server)');
   }
   // Every problem at once: ours, then loadConfig's in the options' words.

@@ -3,13 +3,24 @@
  * reads and corrections reconciliation uses. How a failed call is treated: ./errors.ts.
  */
 import Stripe from 'stripe';
-import type { Config } from '../config.js';
+import { ConfigError, type Config } from '../config.js';
 import { keyFromFile, newsOn, type KeyFileOptions, type KeyLog } from '../key-file.js';
 import { SECRET_KEY_PATTERN } from './rules.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 
 /** The test key sent to the local Stripe-compatible server when no STRIPE_API_KEY is configured. */
 export const LOCAL_TEST_KEY = 'sk_test_billing_outbox_local';
+
+/**
+ * Refuses, before anything starts, a process or command that calls Stripe itself without a key:
+ * the local test key would be refused there on every call. What does not call Stripe (`migrate`,
+ * the operator commands that read the outbox) runs without one.
+ */
+export function requireStripeKey(stripe: Config['stripe'], who: string): void {
+  if (stripe.apiKey === undefined && stripe.isRealStripe) {
+    throw new ConfigError([`STRIPE_API_KEY: is not set, and ${who} calls Stripe with it (or set STRIPE_API_BASE to a Stripe-compatible server)`]);
+  }
+}
 
 /**
  * A client for `stripe`'s base URL with the configured key: read again from its file while running

@@ -13,7 +13,7 @@ import { createLogger } from '../../log.js';
 import { untilSignal } from '../../bin/run-main.js';
 import { createMetrics } from '../../metrics.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
-import { createStripeClient } from '../../stripe/client.js';
+import { createStripeClient, requireStripeKey } from '../../stripe/client.js';
 import { startTracingSdk } from '../../tracing.js';
 import { MeterCatalog } from '../../stripe/meters.js';
 
@@ -23,6 +23,7 @@ export async function runApi(): Promise<void> {
   const config = loadConfig();
   const log = createLogger(config.logLevel);
   if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  requireStripeKey(config.stripe, 'the API (its meter check at the door, its webhook route)');
   if (config.api.tokens.length === 0) {
     throw new Error('API_TOKENS is not set: every route but /health needs a bearer token (see .env.example)');
   }

@@ -1,7 +1,6 @@
 /** `billing-outbox cancel <key>`: cancel a sent event at Stripe (src/ops/cancel.ts decides). */
-import { ConfigError } from '../../config.js';
 import { cancelEvent } from '../../ops/cancel.js';
-import { createStripeClient } from '../../stripe/client.js';
+import { createStripeClient, requireStripeKey } from '../../stripe/client.js';
 import { parse } from '../args.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
@@ -36,9 +35,7 @@ export async function cancelCommand(args: string[], ctx: CliContext): Promise<nu
   const key = positionals[0]!;
   const actor = actorOf(values.by, ctx, CANCEL_HELP);
   const { stripe: stripeConfig } = ctx.config;
-  if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
-    throw new ConfigError(['STRIPE_API_KEY: is not set; cancel calls Stripe']);
-  }
+  requireStripeKey(stripeConfig, '`cancel`');
 
   const db = await ctx.db();
   const result = await cancelEvent(db, schemaFor(ctx.config.databaseSchema), key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });

@@ -1,8 +1,7 @@
 /** `billing-outbox reconcile`: our sent usage against Stripe's meter event summaries, hour by hour. */
-import { ConfigError } from '../../config.js';
 import { isMapped } from '../../ops/customers.js';
 import { alignRange, MAX_EVENTS_PER_WINDOW, MAX_RANGE_MS, reconcile, type ReconcileGroup, type ReconcileReport } from '../../ops/reconcile.js';
-import { createStripeClient } from '../../stripe/client.js';
+import { createStripeClient, requireStripeKey } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatTable } from '../format.js';
@@ -86,9 +85,7 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
   if (tenantId !== undefined && tenantId.trim() === '') throw new CommandLineError('--tenant must not be empty', RECONCILE_HELP);
 
   const { stripe: stripeConfig } = ctx.config;
-  if (stripeConfig.isRealStripe && !stripeConfig.apiKey) {
-    throw new ConfigError(['STRIPE_API_KEY: is not set; reconcile reads the meter event summaries from Stripe']);
-  }
+  requireStripeKey(stripeConfig, '`reconcile` (it reads the meter event summaries)');
   const db = await ctx.db();
   if (tenantId !== undefined && !(await isMapped(db, schemaFor(ctx.config.databaseSchema), tenantId))) {
     throw new CommandLineError(`tenant ${tenantId} has no Stripe customer in billing_customers`, RECONCILE_HELP);

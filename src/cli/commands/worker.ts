@@ -14,6 +14,7 @@ import { freePort } from '../../embedded/postgres.js';
 import { createLogger } from '../../log.js';
 import { createMetrics } from '../../metrics.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
+import { requireStripeKey } from '../../stripe/client.js';
 import { installTemporalRuntime, sdkLogLevel } from '../../temporal/runtime.js';
 import { launchWorker } from '../../temporal/worker.js';
 
@@ -23,9 +24,7 @@ export async function runWorker(): Promise<void> {
   const config = loadConfig();
   const databaseUrl = config.databaseUrl;
   if (!databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
-  if (!config.stripe.apiKey && config.stripe.isRealStripe) {
-    throw new Error('STRIPE_API_KEY is not set: the worker cannot report usage to Stripe without it');
-  }
+  requireStripeKey(config.stripe, 'the worker');
   const log = createLogger(config.logLevel);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
   installTemporalRuntime(log, sdkLogLevel(config.logLevel), sdkMetricsAddress);
