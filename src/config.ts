@@ -426,6 +426,7 @@ function temporalTlsProblems(c: Parsed): string[] {
   const files = ['TEMPORAL_TLS_CA_FILE', 'TEMPORAL_TLS_CERT_FILE', 'TEMPORAL_TLS_KEY_FILE'] as const;
   if (c.TEMPORAL_TLS === 'false') {
     for (const f of [...files, 'TEMPORAL_TLS_SERVER_NAME'] as const) if (c[f] !== undefined) problems.push(`${f}: is set while TEMPORAL_TLS=false`);
+    if (c.TEMPORAL_API_KEY !== undefined) problems.push('TEMPORAL_API_KEY: is set while TEMPORAL_TLS=false (the key would cross the network in clear text on every call)');
   }
   if ((c.TEMPORAL_TLS_CERT_FILE === undefined) !== (c.TEMPORAL_TLS_KEY_FILE === undefined)) {
     problems.push('TEMPORAL_TLS_CERT_FILE: mTLS needs both TEMPORAL_TLS_CERT_FILE and TEMPORAL_TLS_KEY_FILE (one is missing)');

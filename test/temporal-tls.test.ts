@@ -123,6 +123,9 @@ describe('Temporal connection settings', () => {
     expect(problems({ TEMPORAL_TLS_CA_FILE: file('nope.pem') })).toEqual([`TEMPORAL_TLS_CA_FILE: no such file: ${file('nope.pem')}`]);
     expect(problems({ TEMPORAL_TLS: 'false', TEMPORAL_TLS_CA_FILE: file('server-ca.pem') })).toEqual(['TEMPORAL_TLS_CA_FILE: is set while TEMPORAL_TLS=false']);
     expect(problems({ TEMPORAL_TLS: 'yes' })).toEqual(['TEMPORAL_TLS: must be true or false']);
+    expect(problems({ TEMPORAL_TLS: 'false', TEMPORAL_API_KEY: 'a-temporal-api-key' })).toEqual([
+      'TEMPORAL_API_KEY: is set while TEMPORAL_TLS=false (the key would cross the network in clear text on every call)',
+    ]);
   });
 
   it('turns TLS on for an API key (Temporal Cloud), reads secrets from *_FILE, and never both', () => {
