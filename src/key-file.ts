@@ -30,6 +30,11 @@ export interface KeyFileOptions {
   onNews?: (news: KeyFileNews) => void;
   recheckMs?: number;
   now?: () => number;
+  /**
+   * Read the file at the first ask, not only after `recheckMs`: for a reader made long after the
+   * configuration read `firstKey` (a reconnection), whose key may since have been rolled and revoked.
+   */
+  readFirst?: boolean;
 }
 
 /**
@@ -48,7 +53,7 @@ export function keyFromFile(path: string, firstKey: string, opts: KeyFileOptions
   const recheckMs = opts.recheckMs ?? KEY_FILE_RECHECK_MS;
   const now = opts.now ?? Date.now;
   let key = firstKey;
-  let checkedAt = now();
+  let checkedAt = opts.readFirst ? Number.NEGATIVE_INFINITY : now();
   // The last problem reported, so a file that stays unreadable is reported once, not every recheck.
   let reported: string | undefined;
   const keep = (reason: string) => {

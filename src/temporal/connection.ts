@@ -22,20 +22,23 @@ export class TemporalConnectionError extends Error {
 /**
  * The API key (Temporal Cloud), asked for on each call: TEMPORAL_API_KEY as configured, or, when it
  * came from TEMPORAL_API_KEY_FILE, read again from the file while running (../key-file.ts), so a
- * rotated key reaches running workers without a restart.
+ * rotated key reaches running workers without a restart. Each connection made reads the file
+ * first: a reconnection (renewed TLS files, Temporal away) long after the start must not offer the
+ * key the configuration read then, rolled and revoked since.
  */
-function apiKeyOf(temporal: TemporalConfig, log?: KeyLog): (() => string) | undefined {
+export function temporalApiKey(temporal: TemporalConfig, log?: KeyLog): (() => string) | undefined {
   const first = temporal.apiKey;
   if (!first) return undefined;
   if (temporal.apiKeyFile === undefined) return () => first;
   const file = temporal.apiKeyFile;
   return keyFromFile(file, first, {
+    readFirst: true,
     onNews: newsOn(log, file, { what: 'Temporal API key', noun: 'key', variable: 'TEMPORAL_API_KEY_FILE' }),
   });
 }
 
 /** Options shared by the client's and the worker's connections. */
-function connectionOptions(temporal: TemporalConfig, apiKey = apiKeyOf(temporal)): { address: string; tls?: TLSConfig; apiKey?: () => string } {
+function connectionOptions(temporal: TemporalConfig, apiKey = temporalApiKey(temporal)): { address: string; tls?: TLSConfig; apiKey?: () => string } {
   const address = temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
   const tls = temporal.tls;
   return {
@@ -72,7 +75,7 @@ function explain(temporal: TemporalConfig, err: unknown): TemporalConnectionErro
 }
 
 /** A client connection, checked: the server answered a first call. */
-export async function connectClient(temporal: TemporalConfig, apiKey = apiKeyOf(temporal)): Promise<Connection> {
+export async function connectClient(temporal: TemporalConfig, apiKey = temporalApiKey(temporal)): Promise<Connection> {
   try {
     return await Connection.connect(connectionOptions(temporal, apiKey));
   } catch (err) {
@@ -112,7 +115,7 @@ export interface TemporalConnections {
  * every KEY_FILE_RECHECK_MS whether or not the client calls, so an idle worker's polls carry it too.
  */
 export async function connectTemporal(temporal: TemporalConfig, opts: { tracing?: boolean; log?: KeyLog } = {}): Promise<TemporalConnections> {
-  const apiKey = apiKeyOf(temporal, opts.log);
+  const apiKey = temporalApiKey(temporal, opts.log);
   const { apiKey: _asked, ...options } = connectionOptions(temporal, apiKey);
   let connection: NativeConnection;
   try {

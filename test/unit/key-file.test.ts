@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.js';
 import { keyFromFile, type KeyFileNews } from '../../src/key-file.js';
 import { stripeKeyFromFile } from '../../src/stripe/client.js';
+import { temporalApiKey } from '../../src/temporal/connection.js';
 
 let dir: string;
 let file: string;
@@ -87,5 +88,18 @@ describe('stripeKeyFromFile: STRIPE_API_KEY_FILE read again', () => {
     expect(c.stripe.apiKey).toBe('sk_test_old');
     expect(c.stripe.apiKeyFile).toBe(file);
     expect(loadConfig({ STRIPE_API_KEY: 'sk_test_env' }).stripe.apiKeyFile).toBeUndefined();
+  });
+});
+
+describe('temporalApiKey: each connection reads TEMPORAL_API_KEY_FILE first', () => {
+  it('a connection made after the key was rolled (a reconnection) offers the new key at once, not the one read at start', () => {
+    writeFileSync(file, 'temporal-key-at-start\n');
+    const config = loadConfig({ TEMPORAL_API_KEY_FILE: file, TEMPORAL_ADDRESS: 'acme.a1b2c.tmprl.cloud:7233' });
+    expect(config.temporal.apiKey).toBe('temporal-key-at-start');
+    // Rolled, the old key revoked; then the worker reconnects (renewed TLS files, or Temporal away).
+    writeFileSync(file, 'temporal-key-rolled\n');
+    expect(temporalApiKey(config.temporal)!()).toBe('temporal-key-rolled');
+    // A key given directly is the key.
+    expect(temporalApiKey(loadConfig({ TEMPORAL_API_KEY: 'given', TEMPORAL_ADDRESS: 'a:7233' }).temporal)!()).toBe('given');
   });
 });
