@@ -12,9 +12,10 @@
  * Options are checked as the commands check the environment (src/config.ts, the same ranges and
  * defaults); a bad or missing one is refused with a ConfigError naming the option. Nothing here
  * reads `process.env` or changes anything global: signal handlers only with `handleSignals`, and
- * removed when the worker stops; the Temporal SDK's runtime (its logger) is left to the application.
+ * removed when the worker stops; the Temporal SDK's runtime (its logger) is left to the application,
+ * and installed without signal handlers when the application has not installed one.
  */
-import type { NativeConnection, WorkerOptions as TemporalWorkerOptions } from '@temporalio/worker';
+import { Runtime, type NativeConnection, type WorkerOptions as TemporalWorkerOptions } from '@temporalio/worker';
 import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { Logger } from './log.js';
@@ -261,6 +262,10 @@ const VARIABLE = new RegExp(`\\b(${[...OPTION_OF.keys()].sort((x, y) => y.length
  */
 export async function createWorker(options: CreateWorkerOptions): Promise<WorkerHandle> {
   const config = workerConfig(options);
+  // The SDK's runtime, made by default at the first connection, takes SIGINT, SIGTERM, SIGQUIT and
+  // SIGUSR2 from the application: the process would no longer end on them, and every worker would
+  // drain. One the application installed is its own; otherwise ours has no signal handlers.
+  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [] });
   return launchWorker(config, {
     ...(typeof options.database === 'string' ? {} : { pool: options.database }),
     ...(options.temporal?.connection ? { connection: options.temporal.connection } : {}),

@@ -114,6 +114,8 @@ describe('createWorker', () => {
       const { worker, running } = await started({ ...opts, temporal: { connection } });
       const key = await t.enqueue('acme', 9);
       await t.waitStatus(key, 'sent');
+      // Its health asks that connection's server, not the default address (nothing, or another server).
+      expect(await worker.health()).toMatchObject({ status: 'ok', temporal: 'ok' });
       await worker.shutdown();
       await running;
       // Still the application's: a call on it succeeds after the worker has gone.
@@ -199,6 +201,30 @@ describe('createWorker', () => {
     ).rejects.toThrow(/temporal\.tls\.certFile: mTLS needs both temporal\.tls\.certFile and temporal\.tls\.keyFile/);
   });
 });
+
+it("leaves the application's signals alone: no listener for SIGINT, SIGTERM, SIGQUIT or SIGUSR2 without handleSignals (the SDK's default runtime takes all four)", async () => {
+  const taskQueue = `worker-library-${randomUUID()}`;
+  queues.push(taskQueue);
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/library-worker.ts'], {
+    env: {
+      PATH: process.env.PATH ?? '',
+      DATABASE_URL: t.db.url,
+      TEMPORAL_ADDRESS: inject('temporalAddress'),
+      TASK_QUEUE: taskQueue,
+      STRIPE_API_BASE: t.stripe.url,
+      WORKFLOW_BUNDLE: inject('workflowBundlePath'),
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+  child.stderr.on('data', (b: Buffer) => (err += b.toString()));
+  const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+  expect(code, err).toBe(0);
+  const none = { SIGINT: 0, SIGTERM: 0, SIGQUIT: 0, SIGUSR2: 0 };
+  expect(JSON.parse(out.trim().split('\n').at(-1)!)).toEqual({ before: none, whileRunning: none, after: none });
+}, 60_000);
 
 describe('billing-outbox worker (the standalone process, on the same launch)', () => {
   it('serves GET /health on WORKER_METRICS_PORT while it runs, and drains and exits 0 on SIGTERM', async () => {

@@ -11,7 +11,7 @@ import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { createActivities } from '../../activities/index.js';
 import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
-import { checkHealth, temporalHealthConnection, type ProbeResult } from '../api/health.js';
+import { checkHealth, temporalHealthConnection, type ProbeResult, type TemporalHealth } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
 import { answeredWithin, createPool, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
@@ -440,9 +440,16 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     // The scrape's counts are maintenance too: never waited on for good.
     const countsDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);
     const metrics = opts.metrics?.(countsDb) ?? (opts.http ? createMetrics(new Registry(), { db: countsDb, schema: schemaFor(config.databaseSchema) }) : undefined);
-    // Lazy: it connects on the first probe.
-    const healthConnection = temporalHealthConnection(config.temporal);
-    closers.push(() => healthConnection.close());
+    // Lazy: it connects on the first probe. On the application's own connection, that one is asked
+    // (the configuration then names no Temporal: a connection of ours would probe localhost:7233).
+    const own = opts.connection;
+    let healthConnection: TemporalHealth;
+    if (own) healthConnection = { healthService: own.healthService, withDeadline: (deadline, fn) => own.withDeadline(deadline, fn) };
+    else {
+      const ours = temporalHealthConnection(config.temporal);
+      closers.push(() => ours.close());
+      healthConnection = ours;
+    }
     const handle: WorkerHandle = {
       taskQueue: config.temporal.taskQueue,
       url: undefined,
