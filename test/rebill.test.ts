@@ -193,11 +193,14 @@ describe('an event Stripe rejected after accepting it', () => {
 
   it('two operators rebilling at once make one new revision and one delivery; a report on the old identifier leaves it alone', async () => {
     const key = await rejectedAfterSent(4);
+    const firstSentAt = (await row(key)).sent_at as Date;
     const deps = { db: db.pool, schema: schemaFor(), client, config, now: Date.now };
     const results = await Promise.all([rebillEvent(deps, key, { actor: 'alice' }), rebillEvent(deps, key, { actor: 'bob' })]);
     expect(results.map((r) => r.outcome).sort()).toEqual(['rebilled', 'skipped']);
     const sent = await waitStatus(key, 'sent');
     expect(sent).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}` });
+    // Sent again, now: what `cancel`'s window and `status`'s recent counts go by, not the first acceptance.
+    expect((sent.sent_at as Date).getTime()).toBeGreaterThan(firstSentAt.getTime());
     // The first delivery's run, and the one rebill's (visibility lags a little).
     const runs = async () => {
       const seen: string[] = [];
