@@ -416,8 +416,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'cancelled-run-leaves-row',
     guarantee: 'Nothing stuck silently: a cancelled usage workflow marks its row dead (workflow_cancelled) before it ends',
-    find: '    if (isCancellation(err)) {\n      const { markDead } = proxyActivities',
-    replace: '    if (isCancellation(err) && err === undefined) {\n      const { markDead } = proxyActivities',
+    find: '    if (isCancellation(err)) {\n      // Listed with the dead letters',
+    replace: '    if (isCancellation(err) && err === undefined) {\n      // Listed with the dead letters',
     test: 'test/workflows.test.ts',
     name: 'a cancelled run marks its row dead',
   },
@@ -670,5 +670,21 @@ export const MUTANTS: Mutant[] = [
     replace: '',
     test: 'test/api.test.ts',
     name: 'refuses every request of a burst',
+  },
+  {
+    id: 'library-takes-app-signals',
+    guarantee: "Importing the library changes nothing global: a library worker without handleSignals leaves SIGINT, SIGTERM, SIGQUIT and SIGUSR2 to the application",
+    find: '  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [] });',
+    replace: '',
+    test: 'test/worker-api.test.ts',
+    name: "leaves the application's signals alone",
+  },
+  {
+    id: 'cancelled-run-not-listed-dead',
+    guarantee: 'Dead with a reason someone can see: a cancelled run is listed with the dead letters in the Web UI, by its code',
+    find: "        { key: OutboxErrorKey, value: TemporalErrorCodes.workflowCancelled },",
+    replace: "        { key: OutboxErrorKey, value: 'x' },",
+    test: 'test/closed-runs.test.ts',
+    name: 'cancelled: the workflow marks its row dead',
   },
 ];

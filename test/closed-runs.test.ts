@@ -16,7 +16,7 @@ import { outboxStatus } from '../src/ops/status.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker } from '../src/temporal/worker.js';
-import { TemporalErrorCodes } from '../workflows/shared.js';
+import { OutboxErrorKey, OutboxStatusKey, TemporalErrorCodes } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -123,6 +123,9 @@ describe('a row whose run has closed', () => {
       const dead = await waitStatus(key, 'dead');
       expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowCancelled);
       await waitFor('the run to be cancelled', async () => (await handle.describe()).status.name === 'CANCELLED');
+      // Listed in the Web UI with the dead letters, by its code.
+      const attributes = (await handle.describe()).typedSearchAttributes;
+      expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['dead', TemporalErrorCodes.workflowCancelled]);
     } finally {
       stripe.heal();
     }

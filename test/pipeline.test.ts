@@ -112,7 +112,7 @@ describe('the core pipeline', () => {
       return metadata.currentDetails?.startsWith('**Dead letter**') ? metadata.currentDetails : undefined;
     });
     expect(details).toContain(dead.last_error_code!);
-    expect(details).toContain(`billing-outbox retry '${key}'`);
+    expect(details).toContain(`billing-outbox retry ${key}`);
     await handle.signal(reopenSignal);
     const sent = await waitStatus(key, 'sent');
     expect(sent.attempt_count).toBe(t.config.retry.maximumAttempts + 1);

@@ -393,7 +393,7 @@ it('a cancelled run marks its row dead (workflow_cancelled) before it ends, in f
     await expect(handle.result()).rejects.toThrow();
     expect((await handle.describe()).status.name).toBe('CANCELLED');
     expect(calls.dead.map((d) => d.code)).toEqual(['http_500', TemporalErrorCodes.workflowCancelled]);
-    expect(calls.dead[1]!.message).toContain(`retry '${handle.workflowId}'`);
+    expect(calls.dead[1]!.message).toContain(`retry ${handle.workflowId} `);
   });
   // Cancelled between attempts (in the retry policy's backoff): marked once, as cancelled, not as a delivery failure.
   const slow = fakeActivities(async () => {

@@ -195,3 +195,12 @@ export const TemporalErrorCodes = {
 export function relayWorkflowId(taskQueue: string, index: number): string {
   return `billing-outbox-relay:${taskQueue}:${index}`;
 }
+
+/**
+ * A value as one shell word, for the commands we print for an operator to paste: as is when it is
+ * plainly safe, single-quoted otherwise. A usage id may hold `'`, `;` or `$(`: pasted unquoted, a
+ * tenant's id would run in the operator's shell, beside the database and Stripe credentials.
+ */
+export function shellWord(value: string): string {
+  return /^[A-Za-z0-9._:@/+=-]+$/.test(value) ? value : `'${value.replace(/'/g, `'\\''`)}'`;
+}

@@ -36,6 +36,7 @@ import {
   reopenSignal,
   RETRY_REFUSED,
   retryUpdate,
+  shellWord,
   stateQuery,
   TemporalErrorCodes,
   type DeliveryResult,
@@ -70,6 +71,11 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     // cannot reach; `retry` then starts a new run. (A terminated run runs no code: the worker's
     // closed-run sweep finds its row.)
     if (isCancellation(err)) {
+      // Listed with the dead letters in the Web UI, by its code, like any other.
+      upsertSearchAttributes([
+        { key: OutboxStatusKey, value: 'dead' },
+        { key: OutboxErrorKey, value: TemporalErrorCodes.workflowCancelled },
+      ]);
       const { markDead } = proxyActivities<DeliveryActivities>({
         ...runPriority(),
         startToCloseTimeout: '30 seconds',
@@ -80,7 +86,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
         markDead({
           key: input.key,
           code: TemporalErrorCodes.workflowCancelled,
-          message: `its workflow was cancelled before the event was delivered; billing-outbox retry '${input.key}' starts a new run (same identifier)`,
+          message: `its workflow was cancelled before the event was delivered; billing-outbox retry ${shellWord(input.key)} starts a new run (same identifier)`,
         }),
       );
     }
@@ -307,7 +313,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
         `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,
         // The command as it runs in the image (on PATH); from a checkout or an application that
         // installed the package, npx finds the same bin.
-        `Fix the cause, then retry with the same identifier: \`billing-outbox retry '${input.key}'\` (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
+        `Fix the cause, then retry with the same identifier: \`billing-outbox retry ${shellWord(input.key)}\` (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
         `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
       ]);
       settled = delivery;
@@ -318,7 +324,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       // row stays dead, and the CLI reopens it if it is ever retried.
       throw ApplicationFailure.create({
         type: ErrorTypes.deadLetterClosed,
-        message: `dead letter not retried within ${Math.round(input.retry.deadLetterOpenMs / 3_600_000)} h; the row stays dead: billing-outbox retry '${input.key}' reopens it`,
+        message: `dead letter not retried within ${Math.round(input.retry.deadLetterOpenMs / 3_600_000)} h; the row stays dead: billing-outbox retry ${shellWord(input.key)} reopens it`,
         details: [state.lastError?.code ?? 'dead'],
         nonRetryable: true,
       });

@@ -44,7 +44,7 @@ import {
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
 import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
-import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState } from '../../workflows/shared.js';
+import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 import type { Schema } from '../outbox/sql/schema.js';
@@ -134,11 +134,6 @@ export function windowRefusal(row: OperatorRow, now: number): string {
   );
 }
 
-/** A value as one shell word: as is when it is plainly safe, single-quoted otherwise. */
-function shellWord(value: string): string {
-  return /^[A-Za-z0-9._:@/+=-]+$/.test(value) ? value : `'${value.replace(/'/g, `'\\''`)}'`;
-}
-
 /** Retries in flight at once in a bulk retry: each is a few round trips to Temporal and PostgreSQL. */
 const BULK_CONCURRENCY = 8;
 const DEFAULT_PAGE_SIZE = 500;
@@ -223,7 +218,7 @@ export class DeadLetterRetrier {
     if (row.status === 'rejected_async') {
       return done(
         'refused',
-        `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}); its identifier stays taken at Stripe, so a retry would only be told "already exists": fix the cause, then \`billing-outbox rebill ${key}\` bills it under a new identifier`,
+        `Stripe rejected it after accepting it (${row.last_error_code ?? 'no code'}); its identifier stays taken at Stripe, so a retry would only be told "already exists": fix the cause, then \`billing-outbox rebill ${shellWord(key)}\` bills it under a new identifier`,
       );
     }
     if (row.status === 'cancelled') {
@@ -235,7 +230,7 @@ export class DeadLetterRetrier {
     if (tooOldToSend(row.occurred_at, now)) {
       return done(
         'refused',
-        `it occurred at ${row.occurred_at.toISOString()}, outside Stripe's 35-day window (less an hour for delivery): Stripe would refuse it, so no retry can bill it; cancel it with \`billing-outbox cancel ${key}\``,
+        `it occurred at ${row.occurred_at.toISOString()}, outside Stripe's 35-day window (less an hour for delivery): Stripe would refuse it, so no retry can bill it: bill it another way or write it off, and record the decision (docs/operations.md, "Dead letters"); the row stays dead`,
       );
     }
     const fresh = withinResendWindow(row, now);

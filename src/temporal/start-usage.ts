@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
-import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput } from '../../workflows/shared.js';
+import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
 import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -198,7 +198,7 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
   const when = run.closedAt ? ` at ${run.closedAt.toISOString()}` : '';
   return (
     `its workflow run ${CLOSED_AS[run.status]}${when} while the row was ${rowWas}: no run will deliver it. ` +
-    `Once the cause is understood: billing-outbox retry '${key}' starts a new run (same identifier)`
+    `Once the cause is understood: billing-outbox retry ${shellWord(key)} starts a new run (same identifier)`
   );
 }
 

@@ -1,7 +1,9 @@
 /** Idempotency keys, pure: readable when they fit, hashed when not, never two pairs on one key. */
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { idempotencyKeyFor, stripeIdentifierFor } from '../../src/outbox/keys.js';
+import { shellWord } from '../../workflows/shared.js';
 
 describe('idempotencyKeyFor', () => {
   it('is readable when it fits: u:<tenant>:<usage id>', () => {
@@ -72,5 +74,19 @@ describe('stripeIdentifierFor', () => {
     expect(() => stripeIdentifierFor(key, 1.5, '')).toThrow(RangeError);
     expect(() => stripeIdentifierFor(key, 0, 'a/b')).toThrow(RangeError);
     expect(() => stripeIdentifierFor(key, 0, 'x'.repeat(25))).toThrow(RangeError);
+  });
+});
+
+describe('shellWord: the keys in the commands we print for an operator to paste', () => {
+  it('leaves a plain key as it is and quotes anything a shell would read', () => {
+    expect(shellWord('u:acme:7fa3b500-ab50-4778')).toBe('u:acme:7fa3b500-ab50-4778');
+    expect(shellWord("u:acme:o'brien")).toBe(`'u:acme:o'\\''brien'`);
+    expect(shellWord('u:acme:x;rm -rf ~')).toBe(`'u:acme:x;rm -rf ~'`);
+    expect(shellWord('u:acme:$(curl evil)')).toBe(`'u:acme:$(curl evil)'`);
+    expect(shellWord('u:acme:`id`')).toBe("'u:acme:`id`'");
+    // What a shell makes of it is the key again.
+    for (const key of ["u:acme:o'brien", 'u:acme:$(id);`id`|&>', "u:t:'''"]) {
+      expect(execFileSync('bash', ['-c', `printf %s ${shellWord(key)}`], { encoding: 'utf8' }), key).toBe(key);
+    }
   });
 });

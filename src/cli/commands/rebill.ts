@@ -3,6 +3,7 @@ import { rebillEvent } from '../../ops/rebill.js';
 import { parse } from '../args.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
+import { shellWord } from '../../../workflows/shared.js';
 
 export const REBILL_HELP = `Usage: billing-outbox rebill <key> [--by NAME] [--json]
 
@@ -39,7 +40,7 @@ export async function rebillCommand(args: string[], ctx: CliContext): Promise<nu
   const result = await rebillEvent({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now }, key, { actor });
   const ok = result.outcome === 'rebilled' || result.outcome === 'skipped';
   if (values.json) writeJson(ctx.out, result);
-  else if (ok) ctx.out.write(`${result.outcome} ${key}: ${result.message}\nfollow it: billing-outbox inspect ${key}\n`);
+  else if (ok) ctx.out.write(`${result.outcome} ${key}: ${result.message}\nfollow it: billing-outbox inspect ${shellWord(key)}\n`);
   else ctx.err.write(`billing-outbox: ${result.outcome} ${key}: ${result.message}\n`);
   return ok ? EXIT_OK : EXIT_FAILED;
 }

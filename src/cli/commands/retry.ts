@@ -6,6 +6,7 @@ import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliCon
 import { formatDuration, formatTable, ProgressBar } from '../format.js';
 import { DEFAULT_WAIT_MS, DeadLetterRetrier, isProblem, type RetryOptions, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
+import { shellWord } from '../../../workflows/shared.js';
 
 export const RETRY_HELP = `Usage: billing-outbox retry <key> [--wait] [--force] [--by NAME] [--json]
        billing-outbox retry --all-dead [--tenant T] [--code C] [--wait] [--force] [--yes] [--by NAME] [--json]
@@ -125,7 +126,7 @@ async function retryOne(key: string, opts: RetryOptions & { json: boolean }, ctx
   if (opts.json) writeJson(ctx.out, result);
   else if (isProblem(result)) ctx.err.write(`billing-outbox: ${describe(result)}\n`);
   else if (result.answer && result.answer.status !== 'dispatched') ctx.out.write(`${describe(result)}\n`);
-  else ctx.out.write(`${describe(result)}\nfollow it: billing-outbox inspect ${key}\n`);
+  else ctx.out.write(`${describe(result)}\nfollow it: billing-outbox inspect ${shellWord(key)}\n`);
   return isProblem(result) ? EXIT_FAILED : EXIT_OK;
 }
 
