@@ -7,10 +7,12 @@ import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Client } from '@temporalio/client';
+import { Client as TemporalClient, type Client } from '@temporalio/client';
+import net from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { inject } from 'vitest';
 import { runCli, type CliContext } from '../src/cli/run.js';
+import { connectClient } from '../src/temporal/connection.js';
 import { OUTBOX_STATUSES } from '../src/outbox/statuses.js';
 import { stateQuery } from '../workflows/shared.js';
 import pg from 'pg';
@@ -407,6 +409,19 @@ describe('inspect', () => {
     await terminate(key);
     const closed = await cliJson<{ workflow: Record<string, unknown> }>(['inspect', key]);
     expect(closed.json.workflow).toMatchObject({ found: true, status: 'TERMINATED', state: null });
+
+    // Temporal unreachable (a port that refuses): the row still shows, with why the workflow is unknown.
+    const refusing = net.createServer((socket) => socket.destroy());
+    await new Promise<void>((resolve) => refusing.listen(0, '127.0.0.1', resolve));
+    try {
+      const away = { ...t.config.temporal, address: `127.0.0.1:${(refusing.address() as net.AddressInfo).port}` };
+      const blind = await cli(['inspect', key], { temporal: async () => new TemporalClient({ connection: await connectClient(away) }) });
+      expect(blind.code, blind.err).toBe(0);
+      expect(blind.out).toMatch(/^status\s+dead$/m);
+      expect(blind.out).toMatch(/^ {2}unknown: Temporal did not answer: /m);
+    } finally {
+      refusing.close();
+    }
 
     const missing = await cli(['inspect', idempotencyKeyFor('acme', randomUUID())]);
     expect(missing.code).toBe(1);

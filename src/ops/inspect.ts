@@ -25,6 +25,8 @@ export interface WorkflowView {
   /** The workflow's answer to the state query; only asked while it runs. */
   state: UsageState | null;
   stateError: string | null;
+  /** Why Temporal could not say anything (unreachable, no answer in time); null when it answered. */
+  unavailable: string | null;
 }
 
 export interface EventRowView {
@@ -68,18 +70,24 @@ export interface EventView {
   operatorActions: OperatorActionView[];
 }
 
-/** describe() and, for an open run, the state query. A missing workflow is an answer, not an error. */
-export async function viewWorkflow(client: Client, key: string): Promise<WorkflowView> {
-  const handle = client.workflow.getHandle(key);
+const NOT_SEEN = { found: false, status: null, runId: null, startTime: null, closeTime: null, state: null, stateError: null, unavailable: null } as const;
+
+/**
+ * describe() and, for an open run, the state query. A missing workflow is an answer, not an error;
+ * Temporal away is said in `unavailable`, so that the row (which holds a failed start's error) is
+ * still shown: `status` sends the operator here when workflow starts fail.
+ */
+export async function viewWorkflow(connect: Client | Promise<Client>, key: string): Promise<WorkflowView> {
   let description;
+  let client: Client;
   try {
-    description = await handle.describe();
+    client = await connect;
+    description = await client.withDeadline(Date.now() + QUERY_TIMEOUT_MS, () => client.workflow.getHandle(key).describe());
   } catch (err) {
-    if (err instanceof WorkflowNotFoundError) {
-      return { found: false, status: null, runId: null, startTime: null, closeTime: null, state: null, stateError: null };
-    }
-    throw err;
+    if (err instanceof WorkflowNotFoundError) return { ...NOT_SEEN };
+    return { ...NOT_SEEN, unavailable: `Temporal did not answer: ${scrub((err as Error).message)}` };
   }
+  const handle = client.workflow.getHandle(key);
   const view: WorkflowView = {
     found: true,
     status: description.status.name,
@@ -88,6 +96,7 @@ export async function viewWorkflow(client: Client, key: string): Promise<Workflo
     closeTime: iso(description.closeTime),
     state: null,
     stateError: null,
+    unavailable: null,
   };
   if (view.status === 'RUNNING') {
     try {
@@ -123,7 +132,7 @@ function rowView(row: InspectedRow): EventRowView {
 }
 
 /** The event with `key`: its row (if any), its workflow (found or not), and what operators did to it. */
-export async function inspectEvent(deps: { db: Queryable; schema: Schema; client: Client }, key: string): Promise<EventView> {
+export async function inspectEvent(deps: { db: Queryable; schema: Schema; client: Client | Promise<Client> }, key: string): Promise<EventView> {
   const [row, workflow, actions] = await Promise.all([
     findInspectedRow(deps.db, deps.schema, key),
     viewWorkflow(deps.client, key),

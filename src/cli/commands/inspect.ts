@@ -9,11 +9,12 @@ export const INSPECT_HELP = `Usage: billing-outbox inspect <key> [--json]
 
 Shows one event's outbox row beside its usage workflow: the workflow's status (from describe) and,
 while it runs, its own state (attempts, last error); plus a Temporal Web UI link and the operator
-actions recorded for it. Exit code 1 when neither the row nor the workflow exists.
+actions recorded for it. Temporal unreachable: the row and the actions, and why the workflow is
+unknown. Exit code 1 when neither the row nor the workflow exists (or could be asked).
 
 Options:
   --json   print {key, row, workflow: {found, status, runId, startTime, closeTime, state,
-           stateError}, webUi: {url}, operatorActions}
+           stateError, unavailable}, webUi: {url}, operatorActions}
 `;
 
 export async function inspectCommand(args: string[], ctx: CliContext): Promise<number> {
@@ -26,7 +27,7 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
   if (!key) throw new CommandLineError('inspect needs the event key (e.g. u:acme:req-42)', INSPECT_HELP);
   if (extra.length > 0) throw new CommandLineError(`unexpected argument: ${extra[0]}`, INSPECT_HELP);
 
-  const view = await inspectEvent({ db: await ctx.db(), schema: schemaFor(ctx.config.databaseSchema), client: await ctx.temporal() }, key);
+  const view = await inspectEvent({ db: await ctx.db(), schema: schemaFor(ctx.config.databaseSchema), client: ctx.temporal() }, key);
   const { workflow } = view;
   const report = {
     key,
@@ -55,7 +56,9 @@ export async function inspectCommand(args: string[], ctx: CliContext): Promise<n
       out.write('outbox row: none with this key\n');
     }
     out.write('\nworkflow\n');
-    if (!workflow.found) {
+    if (workflow.unavailable) {
+      out.write(`  unknown: ${workflow.unavailable}\n  (the row above is as the database has it; a failed start's error is in its last error)\n`);
+    } else if (!workflow.found) {
       out.write('  not found (never started, or closed longer ago than the namespace retention)\n');
     } else {
       out.write(`  status:   ${workflow.status}   run ${workflow.runId}\n`);
