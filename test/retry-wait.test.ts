@@ -114,7 +114,12 @@ describe('retry --wait', () => {
     try {
       const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now });
       const began = Date.now();
-      const result = await retrier.retryKey(key, { force: false, requestedBy: 'test-operator', wait: { timeoutMs: 1_000 } });
+      const retrying = retrier.retryKey(key, { force: false, requestedBy: 'test-operator', wait: { timeoutMs: 1_000 } });
+      // Recorded before it acts, as started: a wait cut short (Ctrl-C) still leaves the row.
+      const actions = async () => (await t.pool.query(`SELECT outcome, detail FROM operator_actions WHERE idempotency_key = $1`, [key])).rows;
+      await waitFor('the retry recorded as started', async () => (await actions())[0]?.outcome === 'started', 5_000, 20);
+      const result = await retrying;
+      expect(await actions()).toEqual([{ outcome: 'retried', detail: result.message }]);
       // The limit, then the state as the run tells it: a query that waits for the attempt in the
       // workflow task gives up after 5 s. Either way, long before Stripe answers.
       expect(Date.now() - began).toBeLessThan(7_000);

@@ -36,7 +36,8 @@ import { scrub } from '../log.js';
 import {
   findOperatorRow,
   listDeadLetters,
-  recordOperatorAction,
+  startOperatorAction,
+  finishOperatorAction,
   reopenDeadLetter,
   restoreDeadLetter,
   type DeadLetterFilter,
@@ -182,9 +183,27 @@ export class DeadLetterRetrier {
     }
   }
 
-  /** Retries one row and records what happened in the operator audit log; never throws. */
+  /**
+   * Retries one row, its audit row written first (`started`) and completed with what happened: a
+   * `--wait` cut short (Ctrl-C) leaves a row saying the retry began. Never throws.
+   */
   async retryRow(row: OperatorRow, opts: RetryOptions): Promise<RetryResult> {
     const key = row.idempotency_key;
+    const { db, schema } = this.deps;
+    let audit: string;
+    try {
+      audit = await startOperatorAction(db, schema, {
+        actor: opts.requestedBy,
+        action: 'retry',
+        key,
+        tenantId: row.tenant_id,
+        forced: opts.force,
+        detail: opts.wait ? 'retry asked; waiting for its outcome' : 'retry asked',
+      });
+    } catch (err) {
+      // Nothing unrecorded is done.
+      return { key, outcome: 'failed', forced: opts.force, message: `not retried: recording it in operator_actions failed: ${scrub((err as Error).message)}` };
+    }
     let result: RetryResult;
     try {
       result = await this.decide(row, opts);
@@ -192,18 +211,10 @@ export class DeadLetterRetrier {
       result = { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
     }
     try {
-      await recordOperatorAction(this.deps.db, this.deps.schema, {
-        actor: opts.requestedBy,
-        action: 'retry',
-        key,
-        tenantId: row.tenant_id,
-        forced: opts.force,
-        outcome: result.outcome,
-        detail: result.message,
-      });
+      await finishOperatorAction(db, schema, audit, result.outcome, result.message);
     } catch (err) {
-      // The retry itself stands; an unrecorded action is still a failure the operator must see.
-      result = { ...result, outcome: 'failed', message: `${result.message} (and recording it in operator_actions failed: ${scrub((err as Error).message)})` };
+      // The retry itself stands; its row says only that it began, which the operator must hear.
+      result = { ...result, outcome: 'failed', message: `${result.message} (and recording its outcome in operator_actions failed: ${scrub((err as Error).message)})` };
     }
     return result;
   }

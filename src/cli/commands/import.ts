@@ -6,7 +6,7 @@ import { createInterface } from 'node:readline';
 import { DEFAULT_IMPORT_BATCH_SIZE, IMPORT_FORMATS, importUsage, MAX_IMPORT_BATCH_SIZE, type ImportFormat, type ImportSummary } from '../../ops/import.js';
 import { intOption, parse } from '../args.js';
 import { actorOf, CommandLineError, EXIT_FAILED, EXIT_OK, type CliContext } from '../context.js';
-import { recordOperatorAction } from '../../outbox/sql/operator.js';
+import { startOperatorAction, finishOperatorAction } from '../../outbox/sql/operator.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 import { scrub } from '../../log.js';
 import { ProgressBar } from '../format.js';
@@ -60,6 +60,12 @@ export async function importCommand(args: string[], ctx: CliContext): Promise<nu
   const dryRun = values['dry-run'] === true;
   const size = (await stat(file)).size;
   const db = await ctx.db();
+  const schema = schemaFor(ctx.config.databaseSchema);
+  // What was done, in operator_actions: written before the first batch (`started`), so that an
+  // import stopped half-way (Ctrl-C, a crash) leaves a row; completed with the counts, or how far it
+  // got before it failed. (Before the file is opened: readline's lines from before its reader's
+  // first iteration would be lost.)
+  const audit = dryRun ? undefined : await startOperatorAction(db, schema, { actor, action: 'import', key: null, tenantId: null, forced: false, detail: `${file}: started` });
 
   // Read as consumed: readline pauses the file while a batch commits, so a file of any length
   // holds a batch in memory, never the file.
@@ -68,11 +74,8 @@ export async function importCommand(args: string[], ctx: CliContext): Promise<nu
   // The bar counts bytes: the number of lines is not known before the end.
   const bar = ctx.err.isTTY ? new ProgressBar(ctx.err, size) : undefined;
   const say = (line: string) => (bar ? bar.printAbove(line) : ctx.err.write(`${line}\n`));
-  const schema = schemaFor(ctx.config.databaseSchema);
-  // What was done, in operator_actions: the counts, or how far it got before it failed.
   let progress: ImportSummary | undefined;
-  const record = (outcome: string, detail: string) =>
-    dryRun ? Promise.resolve() : recordOperatorAction(db, schema, { actor, action: 'import', key: null, tenantId: null, forced: false, outcome, detail: `${file}: ${detail}` });
+  const record = (outcome: string, detail: string) => (audit === undefined ? Promise.resolve() : finishOperatorAction(db, schema, audit, outcome, `${file}: ${detail}`));
   try {
     const summary = await importUsage(db, lines, {
       format,

@@ -180,6 +180,25 @@ export async function recordOperatorAction(db: Queryable, schema: Schema, a: Ope
   );
 }
 
+/**
+ * An action's audit row written before the action, as `started` (its detail: what is asked), for
+ * finishOperatorAction to complete: one cut short (Ctrl-C in `retry --wait`, an import stopped
+ * half-way, a crash) still leaves the row saying it began. Returns the row's id.
+ */
+export async function startOperatorAction(db: Queryable, schema: Schema, a: Omit<OperatorAction, 'outcome'>): Promise<string> {
+  const { rows } = await db.query<{ id: string }>(
+    `INSERT INTO ${schema.operatorActions} (actor, action, idempotency_key, tenant_id, forced, outcome, detail)
+     VALUES ($1::text, $2::text, $3::text, $4::text, $5::boolean, 'started', $6::text) RETURNING id::text`,
+    [a.actor.slice(0, 200), a.action, a.key, a.tenantId, a.forced, a.detail?.slice(0, 2000) ?? null],
+  );
+  return rows[0]!.id;
+}
+
+/** The outcome of the action whose row startOperatorAction wrote. */
+export async function finishOperatorAction(db: Queryable, schema: Schema, id: string, outcome: string, detail: string | null): Promise<void> {
+  await db.query(`UPDATE ${schema.operatorActions} SET outcome = $2::text, detail = $3::text WHERE id = $1::bigint`, [id, outcome, detail?.slice(0, 2000) ?? null]);
+}
+
 export interface OperatorActionRow {
   at: Date;
   actor: string;
