@@ -202,28 +202,37 @@ describe('createWorker', () => {
   });
 });
 
-it("leaves the application's signals alone: no listener for SIGINT, SIGTERM, SIGQUIT or SIGUSR2 without handleSignals (the SDK's default runtime takes all four)", async () => {
-  const taskQueue = `worker-library-${randomUUID()}`;
+/**
+ * A process of its own beside this test's world (its database, Temporal and Stripe, a task queue of
+ * its own), running `script`; its output is collected as it comes.
+ */
+function spawnBeside(script: string, env: Record<string, string>): { child: ReturnType<typeof spawn>; output: () => string; taskQueue: string } {
+  const taskQueue = `worker-process-${randomUUID()}`;
   queues.push(taskQueue);
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/library-worker.ts'], {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], {
     env: {
       PATH: process.env.PATH ?? '',
       DATABASE_URL: t.db.url,
       TEMPORAL_ADDRESS: inject('temporalAddress'),
-      TASK_QUEUE: taskQueue,
+      TEMPORAL_TASK_QUEUE: taskQueue,
       STRIPE_API_BASE: t.stripe.url,
-      WORKFLOW_BUNDLE: inject('workflowBundlePath'),
+      ...env,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (b: Buffer) => (out += b.toString()));
-  child.stderr.on('data', (b: Buffer) => (err += b.toString()));
+  let output = '';
+  child.stdout!.on('data', (b: Buffer) => (output += b.toString()));
+  child.stderr!.on('data', (b: Buffer) => (output += b.toString()));
+  return { child, output: () => output, taskQueue };
+}
+
+it("leaves the application's signals alone: no listener for SIGINT, SIGTERM, SIGQUIT or SIGUSR2 without handleSignals (the SDK's default runtime takes all four)", async () => {
+  const { child, output } = spawnBeside('test/fixtures/library-worker.ts', { WORKFLOW_BUNDLE: inject('workflowBundlePath') });
   const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
-  expect(code, err).toBe(0);
+  expect(code, output()).toBe(0);
   const none = { SIGINT: 0, SIGTERM: 0, SIGQUIT: 0, SIGUSR2: 0 };
-  expect(JSON.parse(out.trim().split('\n').at(-1)!)).toEqual({ before: none, whileRunning: none, after: none });
+  const counts = output().split('\n').findLast((line) => line.startsWith('{"before"'));
+  expect(JSON.parse(counts ?? 'null')).toEqual({ before: none, whileRunning: none, after: none });
 }, 60_000);
 
 describe('billing-outbox worker (the standalone process, on the same launch)', () => {
@@ -234,36 +243,23 @@ describe('billing-outbox worker (the standalone process, on the same launch)', (
         probe.close(() => resolve(p));
       });
     });
-    const taskQueue = `worker-bin-${randomUUID()}`;
-    queues.push(taskQueue);
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], {
-      env: {
-        PATH: process.env.PATH ?? '',
-        DATABASE_URL: t.db.url,
-        TEMPORAL_ADDRESS: inject('temporalAddress'),
-        TEMPORAL_TASK_QUEUE: taskQueue,
-        STRIPE_API_KEY: 'sk_test_worker_bin',
-        STRIPE_API_BASE: t.stripe.url,
-        RELAY_COUNT: '1',
-        WORKER_METRICS_PORT: String(port),
-        LOG_LEVEL: 'info',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const { child, output: said, taskQueue } = spawnBeside('src/bin/worker.ts', {
+      STRIPE_API_KEY: 'sk_test_worker_bin',
+      RELAY_COUNT: '1',
+      WORKER_METRICS_PORT: String(port),
+      LOG_LEVEL: 'info',
     });
-    let output = '';
-    child.stdout.on('data', (b: Buffer) => (output += b.toString()));
-    child.stderr.on('data', (b: Buffer) => (output += b.toString()));
     const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
     try {
-      await waitFor('the worker to run', async () => output.includes('billing-outbox worker running') || (child.exitCode !== null && Promise.reject(new Error(output))), 60_000);
+      await waitFor('the worker to run', async () => said().includes('billing-outbox worker running') || (child.exitCode !== null && Promise.reject(new Error(said()))), 60_000);
       const health = await fetch(`http://127.0.0.1:${port}/health`);
       expect(health.status).toBe(200);
       expect(await health.json()).toMatchObject({ status: 'ok', worker: 'running', taskQueue });
       const key = await t.enqueue('acme', 4);
       await t.waitStatus(key, 'sent');
       child.kill('SIGTERM');
-      expect(await exited, output).toBe(0);
-      expect(output).toContain('worker stopped');
+      expect(await exited, said()).toBe(0);
+      expect(said()).toContain('worker stopped');
     } finally {
       if (child.exitCode === null) child.kill('SIGKILL');
     }
