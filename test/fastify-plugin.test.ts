@@ -18,7 +18,7 @@ const writer: ApiToken = { name: 'app-writer', token: `tok_${randomBytes(24).toS
 let pool: pg.Pool;
 let app: FastifyInstance;
 
-/** The application: its own routes (one coercing a number, one throwing), its own error handler. */
+/** The application: its own routes (one coercing a number, one throwing), its own error handler and request decorator. */
 async function applicationServer(): Promise<FastifyInstance> {
   const server = Fastify();
   server.setErrorHandler((err: Error, _request, reply) => reply.code(418).send({ app: 'handled', message: err.message }));
@@ -26,6 +26,12 @@ async function applicationServer(): Promise<FastifyInstance> {
   server.post('/notes', async (request) => ({ got: request.body }));
   // A lenient parser of the application's own, for a vendor JSON type: duplicate keys, 1e3.
   server.addContentTypeParser('application/vnd.api+json', { parseAs: 'string' }, (_request, body, done) => done(null, JSON.parse(body as string)));
+  // Its own `apiToken` on every request (a common name), shaped like ours: the plugin never takes
+  // it for a token of its own (a request without one of ours is refused below).
+  server.decorateRequest('apiToken', null);
+  server.addHook('onRequest', async (request) => {
+    (request as unknown as { apiToken: ApiToken }).apiToken = { name: 'app-session', token: 'app', tenants: ['*'], scopes: ['usage:write'] };
+  });
   server.get('/boom', async () => {
     throw new Error('the application failed');
   });

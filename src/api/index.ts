@@ -35,8 +35,11 @@ declare module 'fastify' {
     public?: boolean;
   }
   interface FastifyRequest {
-    /** The authenticated caller's token (null on public routes). */
-    apiToken: ApiToken | null;
+    /**
+     * The caller's token as billing-outbox authenticated it (null on public routes). A name of our
+     * own: an application's `apiToken` on the same request is not ours, and never trusted as ours.
+     */
+    billingOutboxToken: ApiToken | null;
   }
 }
 
@@ -98,7 +101,7 @@ export function buildApi(deps: ApiDeps) {
   // JSON only: a text/plain body would otherwise reach validation as a string (400, not 415).
   app.removeContentTypeParser('text/plain');
   useStrictJson(app);
-  app.decorateRequest('apiToken', null);
+  app.decorateRequest('billingOutboxToken', null);
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler((request) => {
     // The path is not echoed: whatever a client put in it (a token pasted in the wrong place) stays out
@@ -111,7 +114,7 @@ export function buildApi(deps: ApiDeps) {
     const routeConfig = request.routeOptions.config;
     if (routeConfig.public) return;
     const token = authenticate(verifier, request);
-    request.apiToken = token;
+    request.billingOutboxToken = token;
     const log = request.log.child({ tokenName: token.name });
     request.log = log;
     reply.log = log;

@@ -42,15 +42,16 @@ export async function ingestion(scope: FastifyInstance, deps: IngestionDeps): Pr
   scope.removeAllContentTypeParsers();
   useStrictJson(scope);
   scope.setErrorHandler(errorHandler);
-  if (!scope.hasRequestDecorator('apiToken')) scope.decorateRequest('apiToken', null);
+  if (!scope.hasRequestDecorator('billingOutboxToken')) scope.decorateRequest('billingOutboxToken', null);
 
   scope.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
-    // The standalone API authenticates every route at its root already; an application's server does not.
-    let token = request.apiToken;
-    if (!token) {
-      token = authenticate(verifier, request);
-      request.apiToken = token;
+    // Checked here on every request, whatever a hook before this one set: on an application's
+    // server nothing else authenticates for us. (The standalone API has checked the same token at
+    // its root already: the same token found again, its log line is not labelled twice.)
+    const token = authenticate(verifier, request);
+    if (request.billingOutboxToken !== token) {
+      request.billingOutboxToken = token;
       const log = request.log.child({ tokenName: token.name });
       request.log = log;
       reply.log = log;

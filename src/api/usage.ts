@@ -96,7 +96,7 @@ export function registerUsageRoutes(
     { schema: { body: usageBodySchema }, config: { scope: 'usage:write' }, bodyLimit: deps.bodyLimitBytes },
     async (request: FastifyRequest<{ Body: UsageRequestBody }>, reply: FastifyReply) => {
       const body = request.body;
-      requireTenant(request.apiToken!, body.tenant_id);
+      requireTenant(request.billingOutboxToken!, body.tenant_id);
       // Every later line of this request, including Fastify's "request completed", carries the key.
       const key = idempotencyKeyFor(body.tenant_id, body.usage_id);
       const log = request.log.child({ idempotencyKey: key });
