@@ -16,7 +16,7 @@ import Stripe from 'stripe';
 import type { Config } from '../src/config.js';
 import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import type { AttemptRow, DeliveryStore } from '../src/outbox/sql/delivery.js';
+import type { AttemptRow, DeadMark, DeliveryStore } from '../src/outbox/sql/delivery.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
 import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
@@ -129,8 +129,11 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       }
     },
 
-    /** After the last attempt: the row becomes a dead letter carrying the final error. */
-    async markDead(input: { key: string; code: string; message: string }): Promise<number> {
+    /**
+     * After the last attempt: the row becomes a dead letter carrying the final error. Returns its
+     * attempts and when its resend window began (null when no attempt reached Stripe).
+     */
+    async markDead(input: { key: string; code: string; message: string }): Promise<DeadMark> {
       return store.markRowDead(input.key, input.code, input.message);
     },
 

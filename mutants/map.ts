@@ -687,4 +687,20 @@ export const MUTANTS: Mutant[] = [
     test: 'test/closed-runs.test.ts',
     name: 'cancelled: the workflow marks its row dead',
   },
+  {
+    id: 'retry-judged-by-run-stamp',
+    guarantee: "retry: the Update's validator refuses the cases the CLI refuses: a dead letter no attempt of which reached Stripe is retried without --force, whenever it died",
+    find: '      if (dead.firstAttemptedAt !== undefined) firstAttemptedAt = dead.firstAttemptedAt ?? undefined;',
+    replace: '',
+    test: 'test/workflows.test.ts',
+    name: "judges a retry by the row's resend window",
+  },
+  {
+    id: 'plugin-trusts-app-token',
+    guarantee: 'Every entry point that changes state requires credentials: the Fastify plugin authenticates every request itself, whatever the application put on it',
+    find: '    const token = authenticate(verifier, request);\n    if (request.billingOutboxToken !== token) {',
+    replace: '    const token = request.billingOutboxToken ?? (request as unknown as { apiToken?: typeof request.billingOutboxToken }).apiToken ?? authenticate(verifier, request);\n    if (request.billingOutboxToken !== token) {',
+    test: 'test/fastify-plugin.test.ts',
+    name: 'refuses without a token',
+  },
 ];

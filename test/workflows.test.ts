@@ -52,7 +52,7 @@ const RETRY = {
 type Deliver = (input: DeliverInput) => Promise<DeliveryResult>;
 
 /** The workflow's activities, replaced: delivery by the test's own function, bookkeeping recorded. */
-function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: string }) => Promise<void> } = {}) {
+function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: string }) => Promise<void>; firstAttemptedAt?: () => number | null | undefined } = {}) {
   const calls = { deliver: [] as DeliverInput[], dead: [] as { code: string; message: string }[], retrying: 0 };
   const activities: Partial<DeliveryActivities> = {
     async deliverUsage(input) {
@@ -62,7 +62,7 @@ function fakeActivities(deliver: Deliver, hooks: { markDead?: (input: { code: st
     async markDead(input) {
       calls.dead.push({ code: input.code, message: input.message });
       await hooks.markDead?.(input);
-      return calls.deliver.length;
+      return { attempts: calls.deliver.length, firstAttemptedAt: hooks.firstAttemptedAt?.() };
     },
     async markReopened() {
       calls.retrying++;
@@ -343,6 +343,37 @@ it('bounds only an unbroken stretch of 429s: another answer between two of them 
     const handle = await start(taskQueue, { deferralsPerRun: 25 });
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect(calls.dead).toEqual([]);
+  });
+});
+
+it("judges a retry by the row's resend window: a dead letter no try of which reached Stripe is retried without --force days later", async () => {
+  // As the real activity does for a tenant with no Stripe customer yet: refused before any call, the
+  // attempt taken back, the row's first_attempted_at left empty (markDead reports null).
+  let mapped = false;
+  let rowWindow: number | null = null;
+  const { calls, activities } = fakeActivities(
+    async () => {
+      if (!mapped) throw ApplicationFailure.create({ type: ErrorTypes.missing, message: 'no Stripe customer for tenant wf', details: ['customer_mapping_missing'], nonRetryable: true });
+      return sent();
+    },
+    { firstAttemptedAt: () => rowWindow },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    // The customer is mapped two days later: the Update is taken and the event sent.
+    await env.sleep('2 days');
+    mapped = true;
+    expect(await handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).toMatchObject({ status: 'sent' });
+    expect(calls.deliver.map((c) => c.force)).toEqual([false, false]);
+
+    // A row whose window did begin (a try reached Stripe) two days ago: refused without --force.
+    mapped = false;
+    rowWindow = Date.now() - 2 * 86_400_000;
+    const old = await start(taskQueue);
+    await waitFor('dead', async () => (await old.query(stateQuery)).status === 'dead');
+    await expect(old.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).rejects.toMatchObject({ cause: { type: 'RetryRefused', details: ['window'] } });
+    await old.terminate('test over');
   });
 });
 

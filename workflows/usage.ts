@@ -307,7 +307,12 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
         { key: OutboxStatusKey, value: 'dead' },
         { key: OutboxErrorKey, value: state.lastError.code },
       ]);
-      state.attempts = await markDead({ key: input.key, ...state.lastError });
+      const dead = await markDead({ key: input.key, ...state.lastError });
+      state.attempts = dead.attempts;
+      // The row's resend window, not this run's stamp: a try that never reached Stripe (a missing
+      // customer or meter, a refused key) took its attempt back on the row, and a retry of it
+      // must not be refused as past the window when nothing was ever sent.
+      if (dead.firstAttemptedAt !== undefined) firstAttemptedAt = dead.firstAttemptedAt ?? undefined;
       const closesAt = new Date(Date.now() + input.retry.deadLetterOpenMs);
       show([
         `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,

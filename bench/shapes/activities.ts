@@ -16,7 +16,7 @@ export const stubbedDeliveryActivities: Pick<DeliveryActivities, 'deliverUsage' 
     return { outcome: 'sent', attempts: 1 };
   },
   async markDead() {
-    return 1;
+    return { attempts: 1, firstAttemptedAt: null };
   },
   async markReopened() {},
 };

@@ -46,7 +46,7 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
     recordAttemptError: vi.fn(async () => undefined),
     markDelivered: vi.fn(async (): Promise<number | null> => 1),
     markSentAndHandOff: vi.fn(async (): Promise<{ attempts: number | null; handOffs: { lease: string; nextHolder: string | null }[] }> => ({ attempts: 1, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
-    markRowDead: vi.fn(async () => 1),
+    markRowDead: vi.fn(async () => ({ attempts: 1, firstAttemptedAt: null })),
     markRowReopened: vi.fn(async () => undefined),
   } satisfies DeliveryStore;
   const lease = {

@@ -233,20 +233,31 @@ export async function markSentAndHandOff(
   return { attempts: rows[0]?.attempt_count ?? null, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
+/**
+ * What a dead mark leaves: the attempts spent, and when the row's resend window began (null: no
+ * attempt reached Stripe; undefined: the row was not made dead, as when it is already sent).
+ */
+export interface DeadMark {
+  attempts: number;
+  firstAttemptedAt?: number | null;
+}
+
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
-export async function markRowDead(db: Queryable, schema: Schema, key: string, code: string, message: string): Promise<number> {
-  const { rows } = await db.query<{ attempt_count: number }>(
+export async function markRowDead(db: Queryable, schema: Schema, key: string, code: string, message: string): Promise<DeadMark> {
+  const { rows } = await db.query<{ attempt_count: number; first_attempted_ms: number | string | null }>(
     `WITH dead AS (
        UPDATE ${schema.outbox}
           SET status = 'dead', dead_at = now(), last_error_code = $2::text, last_error_message = $3::text,
               claim_id = NULL, processing_deadline = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($4::text[])
-        RETURNING attempt_count
+        RETURNING attempt_count, first_attempted_at
      )
-     SELECT attempt_count, pg_notify($5::text, '') FROM dead`,
+     SELECT attempt_count, floor(extract(epoch FROM first_attempted_at) * 1000)::float8 AS first_attempted_ms, pg_notify($5::text, '') FROM dead`,
     [key, code, message.slice(0, 1000), [...AT_STRIPE], schema.outboxChannel],
   );
-  return rows[0]?.attempt_count ?? 0;
+  const row = rows[0];
+  if (!row) return { attempts: 0 };
+  return { attempts: row.attempt_count, firstAttemptedAt: row.first_attempted_ms === null ? null : Number(row.first_attempted_ms) };
 }
 
 /** An operator's retry reopened the dead letter in its open run: the row is back in flight. */
@@ -266,7 +277,7 @@ export interface DeliveryStore {
   recordAttemptError(key: string, code: string, message: string): Promise<void>;
   markDelivered(key: string, status: (typeof DELIVERED)[number], revision: number): ReturnType<typeof markDelivered>;
   markSentAndHandOff(key: string, holder: string, handOffMs: number, revision: number): ReturnType<typeof markSentAndHandOff>;
-  markRowDead(key: string, code: string, message: string): Promise<number>;
+  markRowDead(key: string, code: string, message: string): Promise<DeadMark>;
   markRowReopened(key: string): Promise<void>;
 }
 

@@ -1,0 +1,34 @@
+/**
+ * The dead mark reports the row's resend window to the workflow, whose `retry` Update judges a
+ * retry by it: empty when no attempt reached Stripe (a missing customer, a refused key: those
+ * attempts are taken back), the row's own time when one did, unknown when the row was not made dead.
+ */
+import { randomUUID } from 'node:crypto';
+import { expect, it } from 'vitest';
+import { withTransaction } from '../src/db.js';
+import { recordUsage } from '../src/outbox/enqueue.js';
+import { beginAttempt, markDelivered, markRowDead } from '../src/outbox/sql/delivery.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
+import { useDatabase } from './hooks.js';
+
+const t = useDatabase({ customers: { acme: 'cus_acme' } });
+const schema = schemaFor();
+
+const record = async () => (await withTransaction(t.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 }))).entry.idempotencyKey;
+const begin = (key: string) => beginAttempt(t.pool, schema, key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+
+it('reports no resend window for a row no attempt of which reached Stripe, and the row\'s own for one that did', async () => {
+  const never = await record();
+  expect(await markRowDead(t.pool, schema, never, 'customer_mapping_missing', 'no customer')).toEqual({ attempts: 0, firstAttemptedAt: null });
+
+  const attempted = await record();
+  await begin(attempted);
+  const { rows } = await t.pool.query<{ ms: number }>('SELECT floor(extract(epoch FROM first_attempted_at) * 1000)::float8 AS ms FROM outbox WHERE idempotency_key = $1', [attempted]);
+  expect(await markRowDead(t.pool, schema, attempted, 'http_500', 'Stripe answered 500')).toEqual({ attempts: 1, firstAttemptedAt: rows[0]!.ms });
+
+  // Sent already: not made dead, and nothing said about its window.
+  const sent = await record();
+  const begun = await begin(sent);
+  await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision);
+  expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 0 });
+});
