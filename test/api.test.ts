@@ -311,6 +311,11 @@ describe('at the door', () => {
         const res = await post(usage({ event_name: 'no_such_meter' }), writer, {}, withMeters);
         expect(res.statusCode).toBe(422);
         expect(errorOf(res)).toMatchObject({ code: 'unknown_meter', message: expect.stringContaining('"no_such_meter"') });
+        // A name that only looks right (a zero-width space in it) is a bad field, named as such: not
+        // a meter to create.
+        const hidden = await post(usage({ event_name: 'api_\u200brequests' }), writer, {}, withMeters);
+        expect(hidden.statusCode).toBe(400);
+        expect(errorOf(hidden)).toMatchObject({ code: 'invalid_request', fields: [{ field: 'event_name' }] });
       });
       expect((await post(usage({ event_name: 'api_requests' }), writer, {}, withMeters)).statusCode).toBe(201);
       // Stripe away: the door cannot check, and does not lose usage for it (the worker checks again).

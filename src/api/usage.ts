@@ -10,7 +10,7 @@ import { recordUsage } from '../outbox/enqueue.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { inRequestSpan } from '../tracing.js';
-import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from '../outbox/validate.js';
+import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, validateUsage } from '../outbox/validate.js';
 import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';
 import { ApiError } from './errors.js';
@@ -103,8 +103,17 @@ export function registerUsageRoutes(
       request.log = log;
       reply.log = log;
 
+      const usage = {
+        usageId: body.usage_id,
+        tenantId: body.tenant_id,
+        quantity: body.quantity,
+        eventName: body.event_name,
+        occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
+      };
+      // The fields first (400, naming the field): a name with a hidden character is not a meter
+      // Stripe lacks, and "create the meter first" would send the caller the wrong way.
+      const { eventName } = validateUsage(usage, deps.defaultEventName);
       // Usage that names a meter Stripe does not have could never be billed: refused at the door.
-      const eventName = body.event_name ?? deps.defaultEventName;
       if (deps.meters && (await meterMissing(deps.meters, eventName))) {
         throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
       }
@@ -113,17 +122,7 @@ export function registerUsageRoutes(
       // this span's context. A no-op span unless the process registered an OpenTelemetry SDK.
       const { entry, created } = await inRequestSpan('POST /v1/usage', request.headers, key, async (span) => {
         const recorded = await withTransaction(deps.db, (client) =>
-          recordUsage(
-            deps.preparedStatements === false ? withoutPreparedStatements(client) : client,
-            {
-              usageId: body.usage_id,
-              tenantId: body.tenant_id,
-              quantity: body.quantity,
-              eventName: body.event_name,
-              occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
-            },
-            { defaultEventName: deps.defaultEventName, schema: deps.schema },
-          ),
+          recordUsage(deps.preparedStatements === false ? withoutPreparedStatements(client) : client, usage, { defaultEventName: deps.defaultEventName, schema: deps.schema }),
           { short: true },
         );
         span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);

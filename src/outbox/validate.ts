@@ -72,7 +72,7 @@ export interface UsageInput {
   usageId: string;
   tenantId: string;
   quantity: number;
-  /** Defaults to the configured STRIPE_METER_EVENT_NAME. */
+  /** Defaults to the `defaultEventName` option (the library reads no environment variable). */
   eventName?: string | undefined;
   /** When the usage happened; defaults to the transaction's time. */
   occurredAt?: Date | undefined;
