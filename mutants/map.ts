@@ -703,4 +703,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/fastify-plugin.test.ts',
     name: 'refuses without a token',
   },
+  {
+    id: 'batcher-halves-mix-customers',
+    guarantee: "One tenant can never affect another's usage: a customer's events that break every v2 request they are in fail that customer's events only",
+    find: '  if (sizes.size === 1) {',
+    replace: '  if (sizes.size >= 1) {',
+    test: 'test/stream-batcher.test.ts',
+    name: "one customer's events that each break",
+  },
 ];

@@ -192,6 +192,30 @@ describe('one event that fails every request it is in', () => {
     expect(requests.filter((r) => r.status === 500).every((r) => r.identifiers.includes('poison'))).toBe(true);
   });
 
+  it("one customer's events that each break every request they are in: the other customers' events in the same requests are accepted", async () => {
+    const customers = ['cus_a', 'cus_b', 'cus_c', 'cus_d', 'cus_e'];
+    const server = await startStripe({ customers });
+    // cus_a's events come one per turn with the others' (the queue serves customers in turn), so
+    // they sit in every part of the request: halves cut in the middle failed both, and everyone.
+    const sends: { customer: string; id: string }[] = [];
+    for (let i = 0; i < 8; i++) for (const customer of customers) sends.push({ customer, id: `${customer}-${i}` });
+    for (const s of sends) if (s.customer === 'cus_a') server.failStreamRequestsWith(s.id, 500);
+    const stream = batcher(server);
+
+    const outcomes = await within(
+      10_000,
+      'the batch',
+      Promise.all(sends.map((s) => stream.send(eventOf(s.customer, s.id)).then(() => 'accepted', (err: unknown) => (err as Stripe.errors.StripeError).statusCode))),
+    );
+    const byCustomer = (customer: string) => outcomes.filter((_, i) => sends[i]!.customer === customer);
+    expect(byCustomer('cus_a')).toEqual(Array(8).fill(500));
+    for (const customer of customers.slice(1)) expect(byCustomer(customer), customer).toEqual(Array(8).fill('accepted'));
+    // Halved between customers, level by level, down to cus_a's own halves (9 requests here): at
+    // most 1 + 2 × ceil(log2 5) for the customers, and the two halves of cus_a's own.
+    expect(server.streamRequests().length).toBeLessThanOrEqual(9);
+    expect(server.streamRequests().filter((r) => r.status === 200).flatMap((r) => r.identifiers).filter((id) => String(id).startsWith('cus_a'))).toEqual([]);
+  });
+
   it('an event that breaks requests beside one Stripe refuses as malformed: each meets its own fate', async () => {
     const server = await startStripe();
     server.failStreamRequestsWith('poison', 503);

@@ -242,8 +242,9 @@ export class MeterEventStream implements MeterEventSender {
   /**
    * Sends `batch` and settles each event. A failed request is followed up level by level: a 400
    * (the request refused as a whole) resends its events one by one; a failure that may pass (5xx,
-   * a connection error) halves the request and resends both halves, as long as some request of the
-   * level before went through (the first split is always made). Whatever is left takes its error.
+   * a connection error) halves the request between customers (`halve`) and resends both halves, as
+   * long as some request of the level before went through (the first split is always made).
+   * Whatever is left takes its error.
    */
   private async deliver(batch: Waiting[]): Promise<void> {
     const first = await this.attempt(batch, true);
@@ -432,9 +433,29 @@ function mayHalve(f: Failure): boolean {
   return classifyStripeError(f.err).kind === 'retryable';
 }
 
-function halve<T>(items: T[]): [T[], T[]] {
-  const middle = Math.ceil(items.length / 2);
-  return [items.slice(0, middle), items.slice(middle)];
+/**
+ * Two requests from one that failed, split between Stripe customers: each customer's events stay
+ * together, the halves as even as whole customers allow (arrival order kept within each). One
+ * customer's event that breaks every request it is in then fails its own customer's half only: the
+ * other half goes through, and its events are not failed for a request they shared with it. A
+ * batch of one customer is cut in the middle.
+ */
+function halve(items: Waiting[]): [Waiting[], Waiting[]] {
+  const sizes = new Map<string, number>();
+  for (const w of items) sizes.set(w.event.stripeCustomerId, (sizes.get(w.event.stripeCustomerId) ?? 0) + 1);
+  if (sizes.size === 1) {
+    const middle = Math.ceil(items.length / 2);
+    return [items.slice(0, middle), items.slice(middle)];
+  }
+  const first = new Set<string>();
+  let taken = 0;
+  for (const [customer, n] of sizes) {
+    // The last customer always goes to the second half, so neither is empty.
+    if (first.size === sizes.size - 1 || (taken > 0 && taken + n / 2 > items.length / 2)) break;
+    first.add(customer);
+    taken += n;
+  }
+  return [items.filter((w) => first.has(w.event.stripeCustomerId)), items.filter((w) => !first.has(w.event.stripeCustomerId))];
 }
 
 export function isSessionExpired(err: unknown): boolean {
