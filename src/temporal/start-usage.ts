@@ -118,10 +118,12 @@ export function usageWorkflowStartOptions(
  * long, a payload or search attribute over a limit): sending the same start again is refused again.
  * Anything else (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, and
  * deployment-wide ones like PERMISSION_DENIED or an unknown namespace) may pass, and is tried again.
+ * So is FAILED_PRECONDITION: Temporal answers it for a namespace not active in this cluster (a
+ * multi-region namespace failing over), which would otherwise make every start of the failover a
+ * dead letter.
  */
 const REFUSED_FOR_GOOD: ReadonlyMap<number, string> = new Map([
   [3, 'INVALID_ARGUMENT'],
-  [9, 'FAILED_PRECONDITION'],
   [11, 'OUT_OF_RANGE'],
 ]);
 
