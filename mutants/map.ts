@@ -711,4 +711,12 @@ export const MUTANTS: Mutant[] = [
     test: 'test/stream-batcher.test.ts',
     name: "one customer's events that each break",
   },
+  {
+    id: 'details-key-breaks-span',
+    guarantee: "Secrets and tenants: a tenant's usage id shown in the Web UI's current details is text, never a link of its making",
+    find: "  const fence = '`'.repeat(longest + 1);",
+    replace: "  const fence = '`';",
+    test: 'test/workflows.test.ts',
+    name: "shows a tenant's text in the Web UI's details as text",
+  },
 ];

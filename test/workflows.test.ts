@@ -5,6 +5,7 @@
  * (PostgreSQL, Stripe, workers dying) is tested end to end in pipeline.test.ts and faults.test.ts.
  */
 // First: installs the SDK runtime (quiet logging) before anything else touches it.
+import { marked } from 'marked';
 import { waitFor, workflowBundle } from './helpers.js';
 import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
@@ -220,6 +221,9 @@ it('the retry Update: refused in flight (no Update in the history); a retried de
     const handle = await start(taskQueue, { deferralsPerRun: 1 });
     // Waiting out its first deferral: the task that deferred is complete, its timer started.
     await waitFor('the first deferral', async () => (await handle.fetchHistory()).events?.at(-1)?.eventType === temporal.api.enums.v1.EventType.EVENT_TYPE_TIMER_STARTED);
+    // The Web UI's current details say what it waits for, and until when.
+    const { currentDetails } = await handle.query<{ currentDetails?: string }>('__temporal_workflow_metadata');
+    expect(currentDetails).toMatch(/^\*\*Waiting\*\* for the \(customer, meter\) lease: .*; next try at \d{4}-\d\d-\d\dT.*Waiting spends no retry attempt\./);
     await expect(handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).rejects.toMatchObject({
       cause: { type: 'RetryRefused', details: ['not_dead'] },
     });
@@ -275,10 +279,10 @@ it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", a
   });
 });
 
-it('never dead-letters an event for waiting on our own pace, a busy customer or our own database', async () => {
-  const reasons = ['paced', 'lease_busy', 'database_unavailable'] as const;
+it('never dead-letters an event for waiting on our own pace, a busy customer, our own database, a refused key or its clock', async () => {
+  const reasons = ['paced', 'lease_busy', 'database_unavailable', 'stripe_credentials', 'stamped_ahead'] as const;
   const { calls, activities } = fakeActivities(async () =>
-    calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % 2]!, waitMs: 60_000, attempts: 0 },
+    calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % reasons.length]!, waitMs: 60_000, attempts: 0 },
   );
   await withWorker(activities, async (taskQueue) => {
     // 40 minutes of waiting, four times the 429 budget: still delivered.
@@ -411,6 +415,26 @@ it("uses a forced retry's force for one attempt only (that attempt starts a new 
     expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, false]);
   });
 });
+it("shows a tenant's text in the Web UI's details as text: a usage id or an answer quoting one makes no link", async () => {
+  // The usage id closes a one-backtick code span and opens a link; Stripe's answer quotes another.
+  const key = 'u:wf:x` [Retry here](https://evil.example) `';
+  const { activities } = fakeActivities(async () => {
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: "No such customer: '[Fix it](https://evil.example)' <img src=x> **now**", details: ['resource_missing'], nonRetryable: true });
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { key });
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    const { currentDetails } = await handle.query<{ currentDetails?: string }>('__temporal_workflow_metadata');
+    const html = await marked.parse(currentDetails!);
+    expect(html).not.toMatch(/<a |<img|<strong>now/);
+    // Both read as they are: the key in code, the answer as text.
+    const text = html.replace(/<[^>]+>/g, '').replace(/&#39;/g, "'").replace(/&quot;/g, '"').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
+    expect(text).toContain(key);
+    expect(text).toContain("No such customer: '[Fix it](https://evil.example)' <img src=x> **now**");
+    await handle.terminate('test over');
+  });
+});
+
 it('a cancelled run marks its row dead (workflow_cancelled) before it ends, in flight or as a dead letter', async () => {
   const { calls, activities } = fakeActivities(async () => {
     throw retryable();

@@ -197,6 +197,28 @@ export function relayWorkflowId(taskQueue: string, index: number): string {
 }
 
 /**
+ * A value as one Markdown code span, for the run's current details in the Web UI: fenced by more
+ * backticks than it holds in a row, so a usage id with a backtick cannot close the span and show
+ * the operator a link or text of the tenant's making.
+ */
+export function codeSpan(value: string): string {
+  const longest = Math.max(0, ...[...value.matchAll(/`+/g)].map((m) => m[0].length));
+  const fence = '`'.repeat(longest + 1);
+  // A space inside each fence when the value starts or ends with a backtick (Markdown drops one).
+  const pad = value.startsWith('`') || value.endsWith('`') ? ' ' : '';
+  return `${fence}${pad}${value}${pad}${fence}`;
+}
+
+/**
+ * Text shown in the Web UI's Markdown as it is: every ASCII punctuation character escaped. Stripe's
+ * answers and our own messages quote what a tenant sent (ids, names), which must not become links,
+ * emphasis or HTML.
+ */
+export function markdownText(value: string): string {
+  return value.replace(/[!-/:-@[-`{-~]/g, (ch) => `\\${ch}`);
+}
+
+/**
  * A value as one shell word, for the commands we print for an operator to paste: as is when it is
  * plainly safe, single-quoted otherwise. A usage id may hold `'`, `;` or `$(`: pasted unquoted, a
  * tenant's id would run in the operator's shell, beside the database and Stripe credentials.

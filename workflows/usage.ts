@@ -30,7 +30,9 @@ import {
 import type { DeliveryActivities } from '../activities/delivery.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import {
+  codeSpan,
   ErrorTypes,
+  markdownText,
   OutboxErrorKey,
   OutboxStatusKey,
   reopenSignal,
@@ -138,7 +140,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
 
   // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
   const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
-  show([`**Delivering** to Stripe with identifier \`${input.key}\`.`]);
+  show([`**Delivering** to Stripe with identifier ${codeSpan(input.key)}.`]);
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: ReopenRequest | undefined;
   let force = input.force === true;
@@ -261,7 +263,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       }
       show([
         `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + waitMs).toISOString()}. Waiting spends no retry attempt.`,
-        `Identifier \`${input.key}\`.`,
+        `Identifier ${codeSpan(input.key)}.`,
       ]);
       await sleep(waitMs);
       // Deferrals add history; a very hot customer must not grow it without bound.
@@ -315,10 +317,10 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       if (dead.firstAttemptedAt !== undefined) firstAttemptedAt = dead.firstAttemptedAt ?? undefined;
       const closesAt = new Date(Date.now() + input.retry.deadLetterOpenMs);
       show([
-        `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: \`${state.lastError.code}\`: ${state.lastError.message}`,
+        `**Dead letter** after ${state.attempts} attempt(s). Stripe's last answer: ${codeSpan(state.lastError.code)}: ${markdownText(state.lastError.message)}`,
         // The command as it runs in the image (on PATH); from a checkout or an application that
         // installed the package, npx finds the same bin.
-        `Fix the cause, then retry with the same identifier: \`billing-outbox retry ${shellWord(input.key)}\` (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
+        `Fix the cause, then retry with the same identifier: ${codeSpan(`billing-outbox retry ${shellWord(input.key)}`)} (\`npx billing-outbox …\` from a checkout or your application; or signal \`retry\` here).`,
         `If nobody retries it, this run closes as Failed at ${closesAt.toISOString()}; the row stays dead and the retry command still works.`,
       ]);
       settled = delivery;
@@ -343,7 +345,7 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
       { key: OutboxStatusKey, value: 'dispatched' },
       { key: OutboxErrorKey, value: null },
     ]);
-    show([`**Retrying** at ${reopen.requestedBy ? `${reopen.requestedBy}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier \`${input.key}\`.`]);
+    show([`**Retrying** at ${reopen.requestedBy ? `${markdownText(reopen.requestedBy)}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier ${codeSpan(input.key)}.`]);
   }
 }
 
