@@ -595,6 +595,18 @@ describe('customers, meters and the control API', () => {
     expect(server.events()).toEqual([]);
     expect(server.requests()).toEqual([]);
     expect(server.meters()).toHaveLength(2);
+
+    // Not from a web page in the developer's browser: a POST carrying Origin, or a request addressed
+    // to another name (DNS rebinding) changes nothing and reads nothing.
+    const fromPage = await fetch(`${server.url}/_local/faults`, { method: 'POST', headers: { origin: 'https://evil.example', 'content-type': 'application/json' }, body: JSON.stringify({ failNext: { count: 5, status: 500 } }) });
+    expect(fromPage.status).toBe(403);
+    expect(server.faultState().failNext).toEqual([]);
+    const rebound = await new Promise<number>((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port: server.port, path: '/_local/events', headers: { host: `evil.example:${server.port}` } }, (res) => resolve(res.statusCode ?? 0));
+      req.on('error', reject).end();
+    });
+    expect(rebound).toBe(403);
+    expect((await fetch(`${server.url.replace('127.0.0.1', 'localhost')}/_local/events`)).status).toBe(200);
   });
 
   it('`npm run stripe -- status` shows queued failures and `heal` ends them with the outage and the latency', async () => {

@@ -1,7 +1,7 @@
 /**
  * Control API (`/_local/*`) for processes that cannot call LocalStripe's methods directly: the demo
- * and tests that run the main job as a separate process. Plain JSON, no API key, loopback clients
- * only. It is not part of Stripe and `refuseFor` never blocks it.
+ * and tests that run the main job as a separate process. Plain JSON, no API key, processes on this
+ * machine only (`refusal`). It is not part of Stripe and `refuseFor` never blocks it.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { WebhookDelivery } from './error-reports.js';
@@ -30,10 +30,26 @@ export interface ControlTarget {
 class BadRequest extends Error {}
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', '::ffff:127.0.0.1']);
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '[::1]']);
+
+/**
+ * Who may drive it: a process on this machine, not a web page open in the developer's browser.
+ * Loopback peers only; addressed to a loopback name (a page whose own name resolves to 127.0.0.1,
+ * DNS rebinding, sends its name as Host); and no change from a browser (every browser POST carries
+ * Origin; our processes and curl send none). Opening `/_local/events` in the browser still works.
+ */
+function refusal(req: IncomingMessage): string | undefined {
+  if (!LOOPBACK.has(req.socket.remoteAddress ?? '')) return 'the control API only answers loopback clients';
+  const host = (req.headers.host ?? '').replace(/:\d+$/, '').toLowerCase();
+  if (!LOOPBACK_HOSTS.has(host)) return 'the control API only answers requests addressed to 127.0.0.1, localhost or [::1]';
+  if (req.method !== 'GET' && req.headers.origin !== undefined) return 'the control API takes no changes from a web page (the request carries Origin)';
+  return undefined;
+}
 
 export async function handleControl(target: ControlTarget, req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
-  if (!LOOPBACK.has(req.socket.remoteAddress ?? '')) {
-    send(res, 403, { error: 'the control API only answers loopback clients' });
+  const refused = refusal(req);
+  if (refused) {
+    send(res, 403, { error: refused });
     return;
   }
   try {
