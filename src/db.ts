@@ -426,13 +426,42 @@ export const IDLE_IN_TRANSACTION_MS = 10_000;
 /** The statement that begins such a transaction, in one round trip. */
 export const BEGIN_SHORT = `BEGIN; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;
 
+/** No connection of the pool came free by the caller's deadline (`withTransaction`'s `connectBy`). */
+export class ConnectWaitError extends Error {
+  override readonly name = 'ConnectWaitError';
+  readonly waitedMs: number;
+  constructor(waitedMs: number) {
+    super(`no free database connection within ${waitedMs} ms`);
+    this.waitedMs = waitedMs;
+  }
+}
+
+/**
+ * A client of `pool` by `deadline` (epoch ms), or ConnectWaitError. One that comes free later goes
+ * straight back to the pool: the caller has moved on.
+ */
+export async function connectBy(pool: pg.Pool, deadline: number): Promise<pg.PoolClient> {
+  const waitMs = Math.max(0, deadline - Date.now());
+  const pending = pool.connect();
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new ConnectWaitError(waitMs)), waitMs)));
+  try {
+    return await Promise.race([pending, late]);
+  } catch (err) {
+    if (err instanceof ConnectWaitError) pending.then((client) => client.release(), () => undefined);
+    throw err;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /**
  * Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. `short`: a
  * transaction of a few quick statements, ended by PostgreSQL if its client goes silent in the
- * middle of it (IDLE_IN_TRANSACTION_MS).
+ * middle of it (IDLE_IN_TRANSACTION_MS). `connectBy`: the client must be had by then (epoch ms).
  */
-export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>, opts: { short?: boolean } = {}): Promise<T> {
-  const client = await pool.connect();
+export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>, opts: { short?: boolean; connectBy?: number } = {}): Promise<T> {
+  const client = opts.connectBy === undefined ? await pool.connect() : await connectBy(pool, opts.connectBy);
   let failed: unknown;
   try {
     await client.query(opts.short ? BEGIN_SHORT : 'BEGIN');

@@ -113,6 +113,41 @@ describe('POST /v1/usage', () => {
     }
   });
 
+  it("serves tenants in turn when requests outnumber connections: one tenant's flood waits behind itself, and no request waits past the bound", async () => {
+    // One connection, held by the test: every request queues for it.
+    const pool = createPool(t.db.url, 1);
+    const api = buildApi({ config, db: pool, log, temporal, turnWaitMs: 3_000 });
+    extraApps.push(api);
+    const held = await pool.connect();
+    try {
+      const answered: string[] = [];
+      const send = (tenant: string, i: number) => post(usage({ tenant_id: tenant, usage_id: `turn-${tenant}-${i}-${randomUUID()}` }), writer, {}, api).then((res) => {
+        answered.push(`${tenant}:${res.statusCode}`);
+        return res;
+      });
+      const flood = Array.from({ length: 30 }, (_, i) => send('acme', i));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const other = send('globex', 0);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      held.release();
+      expect((await other).statusCode).toBe(201);
+      // globex's one request went after at most two of acme's (the one holding the turn, the one
+      // whose turn came first), not after all thirty.
+      expect(answered.indexOf('globex:201')).toBeLessThanOrEqual(2);
+      expect((await Promise.all(flood)).map((r) => r.statusCode)).toEqual(Array(30).fill(201));
+
+      // Held past the bound: the waiting request is answered 503 (retry), not left hanging.
+      const again = await pool.connect();
+      const late = await post(usage({ tenant_id: 'globex' }), writer, {}, api);
+      again.release();
+      expect(late.statusCode).toBe(503);
+      expect(late.headers['retry-after']).toBe('1');
+      expect(errorOf(late)).toMatchObject({ code: 'busy' });
+    } finally {
+      await pool.end();
+    }
+  });
+
   it('takes event_name from the request, and occurred_at defaults to now', async () => {
     const res = await post(usage({ event_name: 'tokens', tenant_id: 'globex' }));
     expect(res.statusCode).toBe(201);

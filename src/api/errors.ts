@@ -5,7 +5,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
-import { isDatabaseUnavailable } from '../db.js';
+import { ConnectWaitError, isDatabaseUnavailable } from '../db.js';
 import { plainError } from './request-log.js';
 
 export interface FieldError {
@@ -113,6 +113,9 @@ function toApiError(err: unknown): ApiError | undefined {
   }
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
     return new ApiError(fe.statusCode, 'bad_request', fe.message ?? 'bad request');
+  }
+  if (err instanceof ConnectWaitError) {
+    return new ApiError(503, 'busy', `${err.message}; retry with the same usage_id`, undefined, { 'retry-after': '1' });
   }
   if (isDatabaseUnavailable(err)) {
     return new ApiError(503, 'unavailable', 'the database is unavailable; retry with the same usage_id', undefined, { 'retry-after': '5' });

@@ -56,6 +56,8 @@ export interface ApiDeps {
   stripe?: WebhookStripe;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
   meters?: Pick<MeterCatalog, 'keysFor' | 'missingSince'>;
+  /** How long a usage request waits for its tenant's turn at a database connection before a 503 (default 5 s). */
+  turnWaitMs?: number;
   /** How long /health waits for each dependency (default 2 s). */
   healthTimeoutMs?: number;
 }
@@ -128,6 +130,7 @@ export function buildApi(deps: ApiDeps) {
     defaultEventName: deps.config.stripe.meterEventName,
     bodyLimitBytes: deps.config.api.bodyLimitBytes,
     meters: deps.meters,
+    turnWaitMs: deps.turnWaitMs,
   });
   registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 

@@ -14,6 +14,7 @@ import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID
 import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';
 import { ApiError } from './errors.js';
+import { TenantTurns } from './turns.js';
 
 export interface UsageRequestBody {
   tenant_id: string;
@@ -87,10 +88,15 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'missingSince
   }
 }
 
+/** How long a request waits for its tenant's turn and a database connection before a 503. */
+export const TURN_WAIT_MS = 5_000;
+
 export function registerUsageRoutes(
   app: FastifyInstance,
   deps: Omit<IngestionDeps, 'tokens'>,
 ): void {
+  // One tenant's flood waits behind itself: the pool's connections go to the tenants in turn.
+  const turns = new TenantTurns(deps.db.options.max ?? 10);
   app.post<{ Body: UsageRequestBody }>(
     '/v1/usage',
     { schema: { body: usageBodySchema }, config: { scope: 'usage:write' }, bodyLimit: deps.bodyLimitBytes },
@@ -121,12 +127,19 @@ export function registerUsageRoutes(
       // The event's trace begins here (or in the caller's, by its traceparent header): the row keeps
       // this span's context. A no-op span unless the process registered an OpenTelemetry SDK.
       const { entry, created } = await inRequestSpan('POST /v1/usage', request.headers, key, async (span) => {
-        const recorded = await withTransaction(deps.db, (client) =>
-          recordUsage(deps.preparedStatements === false ? withoutPreparedStatements(client) : client, usage, { defaultEventName: deps.defaultEventName, schema: deps.schema }),
-          { short: true },
-        );
-        span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);
-        return recorded;
+        // A connection by the deadline, in the tenant's turn, or 503 (ConnectWaitError).
+        const connectBy = Date.now() + (deps.turnWaitMs ?? TURN_WAIT_MS);
+        const release = await turns.enter(body.tenant_id, connectBy);
+        try {
+          const recorded = await withTransaction(deps.db, (client) =>
+            recordUsage(deps.preparedStatements === false ? withoutPreparedStatements(client) : client, usage, { defaultEventName: deps.defaultEventName, schema: deps.schema }),
+            { short: true, connectBy },
+          );
+          span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);
+          return recorded;
+        } finally {
+          release();
+        }
       });
       log.info({ tenantId: entry.tenantId, quantity: entry.quantity, created, status: entry.status }, created ? 'usage recorded' : 'usage already recorded');
       return reply.code(created ? 201 : 200).send(responseBody(entry, body.usage_id, created));

@@ -1,0 +1,77 @@
+/**
+ * Who gets the next connection to PostgreSQL when requests outnumber them: the tenants waiting,
+ * in turn. The pool alone serves its waiters first come, first served, so one tenant's flood of
+ * requests put every other tenant's request behind all of its own, for as long as the flood
+ * lasted (and went on running requests whose callers had given up). Here each tenant queues for
+ * itself and the tenants take turns, and no request waits past its deadline: it is answered 503
+ * (the client tries again with the same usage_id) instead.
+ */
+import { ConnectWaitError } from '../db.js';
+
+interface Waiter {
+  admit: () => void;
+  timer: NodeJS.Timeout;
+}
+
+export class TenantTurns {
+  private active = 0;
+  /** Tenant → its requests waiting, in arrival order. Map order is the turn: the first key goes next. */
+  private readonly waiting = new Map<string, Waiter[]>();
+
+  /** Requests let through at once: the pool's connections. */
+  private readonly slots: number;
+
+  constructor(slots: number) {
+    this.slots = slots;
+  }
+
+  /**
+   * Waits for the tenant's turn, until `deadline` (epoch ms) at most (then ConnectWaitError);
+   * returns the release, to call once the request is done with the database.
+   */
+  async enter(tenant: string, deadline: number): Promise<() => void> {
+    if (this.active < this.slots && this.waiting.size === 0) {
+      this.active++;
+      return this.releaser();
+    }
+    const waitMs = Math.max(0, deadline - Date.now());
+    await new Promise<void>((resolve, reject) => {
+      const queue = this.waiting.get(tenant) ?? [];
+      if (queue.length === 0) this.waiting.set(tenant, queue);
+      const waiter: Waiter = {
+        admit: resolve,
+        timer: setTimeout(() => {
+          queue.splice(queue.indexOf(waiter), 1);
+          if (queue.length === 0 && this.waiting.get(tenant) === queue) this.waiting.delete(tenant);
+          reject(new ConnectWaitError(waitMs));
+        }, waitMs),
+      };
+      queue.push(waiter);
+    });
+    return this.releaser();
+  }
+
+  private releaser(): () => void {
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.active--;
+      this.next();
+    };
+  }
+
+  /** Lets the next tenant's oldest request through; that tenant goes to the back of the turn. */
+  private next(): void {
+    if (this.active >= this.slots) return;
+    const first = this.waiting.entries().next();
+    if (first.done) return;
+    const [tenant, queue] = first.value;
+    const waiter = queue.shift()!;
+    this.waiting.delete(tenant);
+    if (queue.length > 0) this.waiting.set(tenant, queue);
+    clearTimeout(waiter.timer);
+    this.active++;
+    waiter.admit();
+  }
+}
