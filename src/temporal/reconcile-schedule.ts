@@ -101,7 +101,7 @@ export async function restoreReconcileSchedule(client: Client, config: Pick<Conf
 
 /**
  * The schedule ensured at a worker's start; a failure is logged, not fatal: billing goes on without
- * it, and the next worker start tries again.
+ * it, and the worker's check every 15 s creates it once it can.
  */
 export async function ensureReconcileScheduleOrWarn(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>, log: Logger | undefined): Promise<void> {
   try {
