@@ -82,10 +82,10 @@ it('holds a busy lane to its floor beside quiet tenants while starts are slow, t
   const pause = async () => (await metrics.lanePause.get()).values[0]!.value;
   const notifier = new OutboxNotifier(t.db.url);
   // One relay's activities for the whole test: the window lives as long as the worker's relays.
-  // Congested from 100 ms, not 15: in CI another test file shares this Temporal and both cores, and
-  // a quick phase must not read their noise as congestion (at 50 ms it did once, in a fresh-clone
-  // run). The slow phase's starts take 300 ms or more either way.
-  const laneWindow = new LaneWindow(LANE, { congestedStartMs: 100 });
+  // Congested from 200 ms, not 15: in CI other test files share this Temporal and both cores, and a
+  // quick phase must not read their noise as congestion (at 50 ms it did once, and at 100 ms with
+  // three files at once, in fresh-clone runs). The slow phase's starts take 400 ms or more.
+  const laneWindow = new LaneWindow(LANE, { congestedStartMs: 200 });
   const { relayOutbox } = createRelayActivities({ db: t.pool, client, notifier, config, runForMs: 3_500, metrics, laneWindow });
 
   /**
@@ -120,15 +120,15 @@ it('holds a busy lane to its floor beside quiet tenants while starts are slow, t
     expect(await window()).toBeGreaterThan(FLOOR);
     expect(Math.max(...quick)).toBeGreaterThan(FLOOR);
 
-    // Temporal slow to answer (every start 2 × 150 ms on the wire): held to the floor.
-    delayMs = 150;
+    // Temporal slow to answer (every start 2 × 200 ms on the wire): held to the floor.
+    delayMs = 200;
     const held = await relayBesideQuietTenants();
     expect(await window()).toBe(FLOOR);
     expect(Math.max(...held)).toBeLessThanOrEqual(FLOOR);
 
     // Still slow, at the floor: the lane now waits a pause (up to a second) after each claim of its
-    // rows. Unpaused, a claim every ~300 ms takes FLOOR of them (~20 in the 3.5 s); paused, a claim
-    // every 1.3 s or more (3 claims, 6 rows).
+    // rows. Unpaused, a claim every ~400 ms takes FLOOR of them (~16 in the 3.5 s); paused, a claim
+    // every 1.4 s or more (3 claims, 6 rows).
     expect(await pause()).toBeGreaterThan(0);
     const before = await floodClaimed();
     await relayBesideQuietTenants();
