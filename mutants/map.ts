@@ -384,8 +384,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'summary-unbounded',
     guarantee: "Nothing stuck silently: the static summary stays within Temporal's limit.userMetadataSummarySize, whatever the tenant",
-    find: '  return boundedSummary(`${row.tenant_id}: ${what}${when}`);',
-    replace: '  return `${row.tenant_id}: ${what}${when}`;',
+    find: '  return boundedSummary(`${markdownText(row.tenant_id)}: ${what}${when}`);',
+    replace: '  return `${markdownText(row.tenant_id)}: ${what}${when}`;',
     test: 'test/unit/summary.test.ts',
     name: '120-CJK-character tenant',
   },
@@ -726,5 +726,13 @@ export const MUTANTS: Mutant[] = [
     replace: '        const release = () => undefined;',
     test: 'test/api.test.ts',
     name: 'serves tenants in turn',
+  },
+  {
+    id: 'summary-tenant-markdown',
+    guarantee: "Secrets and tenants: a tenant id in the Web UI's summary is text, never a link of its making, however the bound cuts it",
+    find: '  return boundedSummary(`${markdownText(row.tenant_id)}: ${what}${when}`);',
+    replace: '  return boundedSummary(`${row.tenant_id}: ${what}${when}`);',
+    test: 'test/unit/web-ui-text.test.ts',
+    name: 'however the bound cuts them',
   },
 ];

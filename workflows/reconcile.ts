@@ -7,6 +7,7 @@ import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/commo
 import { proxyActivities, setCurrentDetails, upsertMemo, workflowInfo } from '@temporalio/workflow';
 import type { ReconcileActivities } from '../activities/reconcile.js';
 import type { ReconcileRunInput, ReconcileRunResult } from '../src/ops/reconcile.js';
+import { markdownText } from './shared.js';
 
 const { reconcileWindow } = proxyActivities<ReconcileActivities>({
   summary: "Compare the window's sent rows with Stripe's meter summaries",
@@ -55,7 +56,11 @@ export function reconcileDetails(r: ReconcileRunResult): string {
       [
         '| customer | tenants | meter | ours | Stripe | Stripe more | Stripe less | note |',
         '|---|---|---|---|---|---|---|---|',
-        ...r.drifting.map((p) => `| ${p.stripeCustomerId} | ${p.tenantIds.join(', ')} | ${p.eventName} | ${p.ours} | ${p.stripe} | ${p.stripeMore} | ${p.stripeLess} | ${p.problem ?? ''} |`),
+        // Tenant ids, names and Stripe's messages are text of others' making: escaped (a `|` too).
+        ...r.drifting.map(
+          (p) =>
+            `| ${markdownText(p.stripeCustomerId)} | ${p.tenantIds.map(markdownText).join(', ')} | ${markdownText(p.eventName)} | ${p.ours} | ${p.stripe} | ${p.stripeMore} | ${p.stripeLess} | ${markdownText(p.problem ?? '')} |`,
+        ),
       ].join('\n'),
     );
     if (r.driftingOmitted > 0) lines.push(`${r.driftingOmitted} more pair(s) not listed.`);

@@ -210,11 +210,13 @@ export function codeSpan(value: string): string {
 }
 
 /**
- * Text shown in the Web UI's Markdown as it is: every ASCII punctuation character escaped. Stripe's
- * answers and our own messages quote what a tenant sent (ids, names), which must not become links,
- * emphasis or HTML.
+ * Text shown in the Web UI's Markdown as it is. Stripe's answers and our own messages quote what a
+ * tenant sent (ids, names), which must not become links, emphasis, tables or HTML: every ASCII
+ * punctuation character is escaped, one by one (so a cut anywhere leaves nothing half-open). A
+ * plain word (`acme`, `api_requests`, `t-42`) is left as it is: nothing in it is Markdown.
  */
 export function markdownText(value: string): string {
+  if (/^[A-Za-z0-9][A-Za-z0-9_.=+-]*$/.test(value) && !/www\./i.test(value)) return value;
   return value.replace(/[!-/:-@[-`{-~]/g, (ch) => `\\${ch}`);
 }
 

@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
-import { OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
+import { markdownText, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
 import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -57,9 +57,12 @@ export function boundedSummary(text: string, maxBytes = SUMMARY_MAX_DATA_BYTES):
  * CJK characters alone is 360): a summary Temporal refuses would refuse the start itself.
  */
 export function usageSummary(row: UsageEventRef): string {
-  const what = row.quantity !== undefined && row.event_name ? `${row.quantity} × ${row.event_name}` : 'usage';
+  // The Web UI renders the summary as Markdown: the tenant's id and the meter's name are theirs to
+  // spell, so either is escaped unless it is a plain word (a tenant id like `[Pay](https://…)` shows
+  // as text, not a link), and stays so however the bound cuts it.
+  const what = row.quantity !== undefined && row.event_name ? `${row.quantity} × ${markdownText(row.event_name)}` : 'usage';
   const when = row.occurred_at ? ` at ${row.occurred_at.toISOString()}` : '';
-  return boundedSummary(`${row.tenant_id}: ${what}${when}`);
+  return boundedSummary(`${markdownText(row.tenant_id)}: ${what}${when}`);
 }
 
 /** Temporal's limit on a fairness key, in bytes (longer ones are refused with the start). */
