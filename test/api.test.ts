@@ -136,13 +136,15 @@ describe('POST /v1/usage', () => {
       expect(answered.indexOf('globex:201')).toBeLessThanOrEqual(2);
       expect((await Promise.all(flood)).map((r) => r.statusCode)).toEqual(Array(30).fill(201));
 
-      // Held past the bound: the waiting request is answered 503 (retry), not left hanging.
+      // Held past the bound: requests waiting for the connection and for their turn behind it are
+      // answered 503 (retry), not left hanging, and the next one after is served.
       const again = await pool.connect();
-      const late = await post(usage({ tenant_id: 'globex' }), writer, {}, api);
+      const late = await Promise.all([usage({ tenant_id: 'globex' }), usage(), usage()].map((body) => post(body, writer, {}, api)));
       again.release();
-      expect(late.statusCode).toBe(503);
-      expect(late.headers['retry-after']).toBe('1');
-      expect(errorOf(late)).toMatchObject({ code: 'busy' });
+      expect(late.map((r) => r.statusCode)).toEqual([503, 503, 503]);
+      expect(late[1]!.headers['retry-after']).toBe('1');
+      expect(errorOf(late[2]!)).toMatchObject({ code: 'busy' });
+      expect((await post(usage(), writer, {}, api)).statusCode).toBe(201);
     } finally {
       await pool.end();
     }

@@ -25,6 +25,7 @@ export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
 import { ingestion, STRICT_AJV } from './ingestion.js';
 import { registerWebhookRoutes, type WebhookStripe } from './webhooks.js';
+import { TURN_WAIT_MS } from './usage.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 
 declare module 'fastify' {
@@ -130,7 +131,9 @@ export function buildApi(deps: ApiDeps) {
     defaultEventName: deps.config.stripe.meterEventName,
     bodyLimitBytes: deps.config.api.bodyLimitBytes,
     meters: deps.meters,
-    turnWaitMs: deps.turnWaitMs,
+    // Within the request's own limit (API_REQUEST_TIMEOUT_MS): a request still waiting when its
+    // socket is dropped would run for nobody.
+    turnWaitMs: deps.turnWaitMs ?? Math.min(TURN_WAIT_MS, Math.floor(deps.config.api.requestTimeoutMs / 2)),
   });
   registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 

@@ -10,8 +10,13 @@ import { ConnectWaitError } from '../db.js';
 
 interface Waiter {
   admit: () => void;
+  refuse: () => void;
+  deadline: number;
   timer: NodeJS.Timeout;
 }
+
+/** A turn that comes with less than this left is refused at once: no connection would come in time. */
+const MIN_TURN_MS = 25;
 
 export class TenantTurns {
   private active = 0;
@@ -38,12 +43,15 @@ export class TenantTurns {
     await new Promise<void>((resolve, reject) => {
       const queue = this.waiting.get(tenant) ?? [];
       if (queue.length === 0) this.waiting.set(tenant, queue);
+      const refuse = () => reject(new ConnectWaitError(waitMs));
       const waiter: Waiter = {
         admit: resolve,
+        refuse,
+        deadline,
         timer: setTimeout(() => {
           queue.splice(queue.indexOf(waiter), 1);
           if (queue.length === 0 && this.waiting.get(tenant) === queue) this.waiting.delete(tenant);
-          reject(new ConnectWaitError(waitMs));
+          refuse();
         }, waitMs),
       };
       queue.push(waiter);
@@ -61,17 +69,25 @@ export class TenantTurns {
     };
   }
 
-  /** Lets the next tenant's oldest request through; that tenant goes to the back of the turn. */
+  /**
+   * Lets the next tenant's oldest request through; that tenant goes to the back of the turn. One
+   * whose deadline is all but past is refused instead, and the turn goes on.
+   */
   private next(): void {
-    if (this.active >= this.slots) return;
-    const first = this.waiting.entries().next();
-    if (first.done) return;
-    const [tenant, queue] = first.value;
-    const waiter = queue.shift()!;
-    this.waiting.delete(tenant);
-    if (queue.length > 0) this.waiting.set(tenant, queue);
-    clearTimeout(waiter.timer);
-    this.active++;
-    waiter.admit();
+    while (this.active < this.slots) {
+      const first = this.waiting.entries().next();
+      if (first.done) return;
+      const [tenant, queue] = first.value;
+      const waiter = queue.shift()!;
+      this.waiting.delete(tenant);
+      if (queue.length > 0) this.waiting.set(tenant, queue);
+      clearTimeout(waiter.timer);
+      if (waiter.deadline - Date.now() < MIN_TURN_MS) {
+        waiter.refuse();
+        continue;
+      }
+      this.active++;
+      waiter.admit();
+    }
   }
 }
