@@ -181,8 +181,10 @@ export class LocalStripe implements ControlTarget {
     return this.boundPort;
   }
 
+  /** Where clients on this machine reach it (a wildcard bind, `0.0.0.0` or `::`, by loopback). */
   get url(): string {
-    const host = this.boundHost.includes(':') ? `[${this.boundHost}]` : this.boundHost;
+    const bound = this.boundHost === '0.0.0.0' ? '127.0.0.1' : this.boundHost === '::' ? '::1' : this.boundHost;
+    const host = bound.includes(':') ? `[${bound}]` : bound;
     return `http://${host}:${this.boundPort}`;
   }
 
