@@ -607,6 +607,11 @@ describe('customers, meters and the control API', () => {
     });
     expect(rebound).toBe(403);
     expect((await fetch(`${server.url.replace('127.0.0.1', 'localhost')}/_local/events`)).status).toBe(200);
+
+    // Listening on every address, it is reached (and driven) by loopback from this machine.
+    const everywhere = await startStripe({ host: '0.0.0.0' });
+    expect(everywhere.url).toBe(`http://127.0.0.1:${everywhere.port}`);
+    expect((await fetch(`${everywhere.url}/_local/events`)).status).toBe(200);
   });
 
   it('`npm run stripe -- status` shows queued failures and `heal` ends them with the outage and the latency', async () => {
