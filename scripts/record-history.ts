@@ -48,7 +48,7 @@ try {
       deliverUsage: async () => {
         throw ApplicationFailure.create({ type: 'StripeRejected', message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
       },
-      markDead: async () => 1,
+      markDead: async () => ({ attempts: 1, firstAttemptedAt: null }),
       markReopened: async () => undefined,
     },
   });

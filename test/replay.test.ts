@@ -22,5 +22,8 @@ it('replays a dead letter of today\'s shape: first attempt in the workflow task,
   const types = (history.events ?? []).map((e) => e.eventType);
   expect(types).toContain(EVENT_TYPE_MARKER_RECORDED);
   expect(types).toContain(EVENT_TYPE_ACTIVITY_TASK_SCHEDULED);
+  // markDead's answer as today's activity gives it: the attempts and the row's resend window.
+  const completed = (history.events ?? []).find((e) => e.activityTaskCompletedEventAttributes)?.activityTaskCompletedEventAttributes;
+  expect(JSON.parse(Buffer.from(completed!.result!.payloads![0]!.data!).toString())).toEqual({ attempts: 1, firstAttemptedAt: null });
   await expect(Worker.runReplayHistory({ workflowBundle: workflowBundle() }, history, 'u:fixture:dead-letter')).resolves.toBeUndefined();
 });
