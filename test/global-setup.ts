@@ -13,7 +13,36 @@ import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { startTemporalDevServer } from '../src/embedded/temporal.js';
 import { WORKFLOWS_PATH } from '../src/temporal/worker.js';
 
+interface Services {
+  adminDatabaseUrl: string;
+  temporalAddress: string;
+  workflowBundlePath: string;
+  stop: () => Promise<void>;
+}
+
+/**
+ * Vitest calls this once per project (vitest.config.ts has two: the suite, then the files run
+ * alone), in one process: the services are started by the first call and shared by the others
+ * (kept on globalThis, as each project loads this module anew), and stopped after the last one.
+ */
+const shared = globalThis as { billingOutboxTestServices?: { services: Promise<Services>; users: number } };
+
 export default async function setup(project: TestProject) {
+  shared.billingOutboxTestServices ??= { services: startServices(), users: 0 };
+  const entry = shared.billingOutboxTestServices;
+  entry.users++;
+  const services = await entry.services;
+  project.provide('adminDatabaseUrl', services.adminDatabaseUrl);
+  project.provide('temporalAddress', services.temporalAddress);
+  project.provide('workflowBundlePath', services.workflowBundlePath);
+  return async () => {
+    if (--entry.users > 0) return;
+    shared.billingOutboxTestServices = undefined;
+    await services.stop();
+  };
+}
+
+async function startServices(): Promise<Services> {
   const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-test-'));
   // Run as root, PostgreSQL runs as a `postgres` system user that must be able to enter this folder.
   await chmod(tmp, 0o755);
@@ -38,13 +67,14 @@ export default async function setup(project: TestProject) {
   const workflowBundlePath = path.join(tmp, 'workflow-bundle.js');
   await writeFile(workflowBundlePath, bundle.code);
 
-  project.provide('adminDatabaseUrl', adminDatabaseUrl);
-  project.provide('temporalAddress', temporalAddress);
-  project.provide('workflowBundlePath', workflowBundlePath);
-
-  return async () => {
-    for (const stop of stops.reverse()) await stop().catch(() => undefined);
-    await rm(tmp, { recursive: true, force: true });
+  return {
+    adminDatabaseUrl,
+    temporalAddress,
+    workflowBundlePath,
+    stop: async () => {
+      for (const stop of stops.reverse()) await stop().catch(() => undefined);
+      await rm(tmp, { recursive: true, force: true });
+    },
   };
 }
 
