@@ -231,6 +231,27 @@ describe('one event that fails every request it is in', () => {
     expect(outcomes[10]).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
   });
 
+  it("one customer's event Stripe refuses as malformed: the other customers' events go in a few requests, not one each", async () => {
+    const customers = ['cus_a', 'cus_b', 'cus_c', 'cus_d', 'cus_e'];
+    const server = await startStripe({ customers });
+    const sends: { customer: string; id: string }[] = [];
+    for (let i = 0; i < 8; i++) for (const customer of customers) sends.push({ customer, id: `${customer}-${i}` });
+    // An identifier over Stripe's 100 characters: the whole request carrying it is refused (400).
+    sends[5] = { customer: 'cus_a', id: 'x'.repeat(101) };
+    const stream = batcher(server);
+
+    const outcomes = await within(
+      10_000,
+      'the batch',
+      Promise.all(sends.map((s) => stream.send(eventOf(s.customer, s.id)).then(() => 'accepted', (err: unknown) => (err as Stripe.errors.StripeError).statusCode))),
+    );
+    expect(outcomes.filter((o) => o !== 'accepted')).toEqual([400]);
+    expect(outcomes[5]).toBe(400);
+    // Halved between customers down to cus_a's eight, then those one by one: at most
+    // 1 + 2 × ceil(log2 5) + 8 requests, not 1 + 40.
+    expect(server.streamRequests().length).toBeLessThanOrEqual(15);
+  });
+
   it('a failure before any request (the session, the pace) says nothing about the events: no split', async () => {
     let sessionCalls = 0;
     let paceCalls = 0;

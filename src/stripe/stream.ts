@@ -241,7 +241,8 @@ export class MeterEventStream implements MeterEventSender {
 
   /**
    * Sends `batch` and settles each event. A failed request is followed up level by level: a 400
-   * (the request refused as a whole) resends its events one by one; a failure that may pass (5xx,
+   * (the request refused as a whole) is halved between customers, and one customer's events are
+   * resent one by one; a failure that may pass (5xx,
    * a connection error) halves the request between customers (`halve`) and resends both halves, as
    * long as some request of the level before went through (the first split is always made).
    * Whatever is left takes its error.
@@ -255,8 +256,12 @@ export class MeterEventStream implements MeterEventSender {
       const alone: Waiting[] = [];
       for (const f of failing) {
         if (f.batch.length > 1 && refusedAsMalformed(f)) {
-          // Which event made the request invalid is not said: each one goes again on its own.
-          alone.push(...f.batch);
+          // Which event made the request invalid is not said. Events of several customers are
+          // halved between them first (nothing of a refused request reached Stripe): the halves
+          // without the bad event go through in a request each, instead of one request per event,
+          // each taking a slot of the account's pace. One customer's events go again one by one.
+          if (new Set(f.batch.map((w) => w.event.stripeCustomerId)).size > 1) halves.push(...halve(f.batch));
+          else alone.push(...f.batch);
         } else if (someThrough && f.batch.length > 1 && mayHalve(f)) {
           for (const w of f.batch) w.mayHaveReached ??= f.err;
           halves.push(...halve(f.batch));
