@@ -1,13 +1,16 @@
 /**
- * The dead mark reports the row's resend window to the workflow, whose `retry` Update judges a
- * retry by it: empty when no attempt reached Stripe (a missing customer, a refused key: those
- * attempts are taken back), the row's own time when one did, unknown when the row was not made dead.
+ * Dead letters in the database. The dead mark reports the row's resend window to the workflow,
+ * whose `retry` Update judges a retry by it: empty when no attempt reached Stripe (a missing
+ * customer, a refused key: those attempts are taken back), the row's own time when one did, unknown
+ * when the row was not made dead. And a page of dead letters reads that page, not every dead row.
  */
 import { randomUUID } from 'node:crypto';
 import { expect, it } from 'vitest';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt, markDelivered, markRowDead } from '../src/outbox/sql/delivery.js';
+import { listDeadLetters } from '../src/outbox/sql/operator.js';
+import type { Queryable } from '../src/db.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { useDatabase } from './hooks.js';
 
@@ -31,4 +34,25 @@ it('reports no resend window for a row no attempt of which reached Stripe, and t
   const begun = await begin(sent);
   await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision);
   expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 0 });
+});
+
+it('reads a page of dead letters from their own index, however many there are and however many were sent', async () => {
+  await t.pool.query(
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+     SELECT 'acme', 'api_requests', 1, now(), 'bulk:' || g, CASE WHEN g % 2 = 0 THEN 'sent' ELSE 'dead' END FROM generate_series(1, 60000) g`,
+  );
+  await t.pool.query('ANALYZE outbox');
+  // Exactly what `dead` and `retry --all-dead` send for a page deep in the list, planned by PostgreSQL.
+  let sent: { text: string; values: unknown[] } | undefined;
+  const capture: Queryable = {
+    query: ((text: string, values: unknown[]) => {
+      sent = { text, values };
+      return Promise.resolve({ rows: [] });
+    }) as unknown as Queryable['query'],
+  };
+  await listDeadLetters(capture, schema, { afterId: 30_000, limit: 500 });
+  const { rows } = await t.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
+  const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+  expect(plan).toMatch(/Index Scan using outbox_dead_idx/);
+  expect(plan).not.toMatch(/Sort|Seq Scan|Bitmap Heap Scan/);
 });

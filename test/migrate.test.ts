@@ -141,8 +141,9 @@ it('a migration leaves recordUsage writing while it builds its indexes over a bi
     await recorder;
 
     // 008 and every later migration (009, 011 and 012 add columns with a constant default or none:
-    // no rewrite; 010 builds its index concurrently): all of them must leave the inserts running.
-    expect(applied).toEqual(['008_online_indexes.sql', '009_identifier_revision.sql', '010_identifier_index.sql', '011_trace_context.sql', '012_billed_customer.sql']);
+    // no rewrite; 010 and 013 build their indexes concurrently): all of them must leave the inserts
+    // running.
+    expect(applied).toEqual(['008_online_indexes.sql', '009_identifier_revision.sql', '010_identifier_index.sql', '011_trace_context.sql', '012_billed_customer.sql', '013_dead_letter_index.sql']);
     // Every recording that overlapped the migration, blocked ones included.
     const during = latencies.filter((l) => l.startedAt < started + took && l.startedAt + l.ms > started);
     const slowest = Math.max(...during.map((l) => l.ms));
@@ -215,7 +216,7 @@ it("a migration that cannot lock the outbox (a long transaction reads it) lets t
       expect(recorded).toBeGreaterThanOrEqual(3);
       expect(said[0]).toMatch(new RegExp(`^012_billed_customer\\.sql cannot lock its tables yet \\(held by pid ${readerPid} `));
       await reader.query('COMMIT');
-      expect(await migrating).toEqual(['012_billed_customer.sql']);
+      expect(await migrating).toEqual(['012_billed_customer.sql', '013_dead_letter_index.sql']);
     } finally {
       await reader.end();
       await pool.end();
@@ -224,7 +225,7 @@ it("a migration that cannot lock the outbox (a long transaction reads it) lets t
 }, 60_000);
 
 it('a migrator waiting for another says who holds the migration lock', async () => {
-  await withDatabase('012_billed_customer.sql', async (url) => {
+  await withDatabase('013_dead_letter_index.sql', async (url) => {
     const other = new pg.Client({ connectionString: url, application_name: 'the-other-migrator' });
     await other.connect();
     try {
