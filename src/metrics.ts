@@ -275,3 +275,24 @@ export async function startMetricsServer(
       }),
   };
 }
+
+/**
+ * Label values from outside (Stripe's error codes in its reports), kept to a bounded set: a value
+ * shaped like a code is its own label until `max` of them are in use, anything after that or
+ * shaped otherwise counts as `other`. Stripe adds codes now and then; a metric must not grow without
+ * bound whatever a payload says.
+ */
+export class BoundedLabels {
+  private readonly seen = new Set<string>();
+  private readonly max: number;
+  constructor(max = 50) {
+    this.max = max;
+  }
+
+  of(value: string): string {
+    if (this.seen.has(value)) return value;
+    if (!/^[a-z][a-z0-9_]{0,63}$/.test(value) || this.seen.size >= this.max) return 'other';
+    this.seen.add(value);
+    return value;
+  }
+}

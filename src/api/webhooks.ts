@@ -21,7 +21,7 @@ import Stripe from 'stripe';
 import type { Config } from '../config.js';
 import { keyFromFile, newsOn, type KeyLog } from '../key-file.js';
 import { scrub } from '../log.js';
-import type { Metrics } from '../metrics.js';
+import { BoundedLabels, type Metrics } from '../metrics.js';
 import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
 import { createStripeClient } from '../stripe/client.js';
 import { WEBHOOK_SECRET_PATTERN } from '../stripe/rules.js';
@@ -108,6 +108,8 @@ function webhookSecret(config: Config['stripe'], log: KeyLog): () => string | un
 
 export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): void {
   const secretNow = webhookSecret(deps.config, app.log);
+  // The metric's `code` label is Stripe's, from each report: a bounded set of them.
+  const codes = new BoundedLabels();
   const stripe = deps.stripe ?? createStripeClient({ ...deps.config, timeoutMs: Math.min(deps.config.timeoutMs, FETCH_TIMEOUT_MS) }, { log: app.log });
 
   void app.register(async (scope) => {
@@ -181,7 +183,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
 
       const outcome = await recordErrorReport(deps.db, deps.schema, report, storable(obj(event)));
       if (!outcome.duplicate) {
-        for (const type of report.errorTypes) deps.metrics?.asyncRejections?.inc({ code: type.code }, type.errorCount);
+        for (const type of report.errorTypes) deps.metrics?.asyncRejections?.inc({ code: codes.of(type.code) }, type.errorCount);
         log.warn(
           {
             meterId: report.meterId,
