@@ -286,8 +286,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'stream-poison-event-shared',
     guarantee: 'At-least-once (v2): one event that makes every stream request it is in fail (5xx) fails alone; its batch-mates are accepted',
-    find: 'halves.push(...halve(f.batch));',
-    replace: 'for (const w of f.batch) w.reject(f.err);',
+    find: 'w.mayHaveReached ??= f.err;\n          halves.push(...halve(f.batch));',
+    replace: 'w.mayHaveReached ??= f.err;\n          for (const w of f.batch) w.reject(f.err);',
     test: 'test/stream-batcher.test.ts',
     name: 'its 20 batch-mates are accepted',
   },
