@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { claimBatch, claimStatement, markDispatched } from '../src/outbox/sql/relay.js';
-import type { Queryable } from '../src/db.js';
+import { planOf } from './helpers.js';
 import { useDatabase, waitFor } from './hooks.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -87,18 +87,8 @@ describe('claiming outbox rows', () => {
     );
     await t.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN ('plan:20', 'plan:40')`);
     await t.pool.query('ANALYZE outbox');
-    // Capture exactly what claimBatch sends, and have PostgreSQL plan that (EXPLAIN does not run it).
-    let sent: { text: string; values: unknown[] } | undefined;
-    const capture: Queryable = {
-      query: ((text: string, values: unknown[]) => {
-        sent = { text, values };
-        return Promise.resolve({ rows: [] });
-      }) as unknown as Queryable['query'],
-    };
-    await claimStatement(capture, schemaFor(), { limit: 100, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 });
-    const { rows } = await t.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
-    const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
-    if (process.env.SHOW_PLAN) console.error(plan);
+    // Exactly what claimBatch sends, as PostgreSQL plans it.
+    const plan = await planOf(t.pool, (capture) => claimStatement(capture, schemaFor(), { limit: 100, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 4 }));
     // Lanes found by a skip scan, each lane's room counted on its in-flight rows and its oldest rows
     // read from its own index range: nothing reads the sent rows, nor the whole backlog.
     expect(plan).toMatch(/Index Only Scan using outbox_lane_idx[^\n]*\n\s*Index Cond: \(ROW\(tenant_id, event_name\) > ROW/);

@@ -10,8 +10,8 @@ import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt, markDelivered, markRowDead } from '../src/outbox/sql/delivery.js';
 import { listDeadLetters } from '../src/outbox/sql/operator.js';
-import type { Queryable } from '../src/db.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
+import { planOf } from './helpers.js';
 import { useDatabase } from './hooks.js';
 
 const t = useDatabase({ customers: { acme: 'cus_acme' } });
@@ -43,16 +43,7 @@ it('reads a page of dead letters from their own index, however many there are an
   );
   await t.pool.query('ANALYZE outbox');
   // Exactly what `dead` and `retry --all-dead` send for a page deep in the list, planned by PostgreSQL.
-  let sent: { text: string; values: unknown[] } | undefined;
-  const capture: Queryable = {
-    query: ((text: string, values: unknown[]) => {
-      sent = { text, values };
-      return Promise.resolve({ rows: [] });
-    }) as unknown as Queryable['query'],
-  };
-  await listDeadLetters(capture, schema, { afterId: 30_000, limit: 500 });
-  const { rows } = await t.pool.query(`EXPLAIN ${sent!.text}`, sent!.values);
-  const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+  const plan = await planOf(t.pool, (capture) => listDeadLetters(capture, schema, { afterId: 30_000, limit: 500 }));
   expect(plan).toMatch(/Index Scan using outbox_dead_idx/);
   expect(plan).not.toMatch(/Sort|Seq Scan|Bitmap Heap Scan/);
 });

@@ -13,7 +13,7 @@ import { msToTs } from '@temporalio/common/lib/time.js';
 import { temporal } from '@temporalio/proto';
 import { bundleWorkflowCode, type NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
-import { createPool, migrate } from '../src/db.js';
+import { createPool, migrate, type Queryable } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
 import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
@@ -264,4 +264,23 @@ export async function runCliWithoutTemporal(argv: string[], config: Config, db: 
     user: 'test-operator',
   });
   return { code, out, err };
+}
+
+/**
+ * The plan PostgreSQL makes for exactly the statement `send` sends (captured, not run: EXPLAIN
+ * plans it without running it), as EXPLAIN prints it. SHOW_PLAN=1 prints it to stderr.
+ */
+export async function planOf(db: Queryable, send: (capture: Queryable) => Promise<unknown>): Promise<string> {
+  let sent: { text: string; values: unknown[] } | undefined;
+  const capture: Queryable = {
+    query: ((text: string, values: unknown[]) => {
+      sent = { text, values };
+      return Promise.resolve({ rows: [] });
+    }) as unknown as Queryable['query'],
+  };
+  await send(capture);
+  const { rows } = await db.query(`EXPLAIN ${sent!.text}`, sent!.values);
+  const plan = rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+  if (process.env.SHOW_PLAN) console.error(plan);
+  return plan;
 }
