@@ -116,12 +116,15 @@ export function registerUsageRoutes(
         eventName: body.event_name,
         occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
       };
-      // The fields first (400, naming the field): a name with a hidden character is not a meter
-      // Stripe lacks, and "create the meter first" would send the caller the wrong way.
-      const { eventName } = validateUsage(usage, deps.defaultEventName);
       // Usage that names a meter Stripe does not have could never be billed: refused at the door.
-      if (deps.meters && (await meterMissing(deps.meters, eventName))) {
-        throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
+      // The fields first (400, naming the field): a name with a hidden character is not a meter
+      // Stripe lacks, and "create the meter first" would send the caller the wrong way. (Without
+      // the meter check, recordUsage's own check is the only one.)
+      if (deps.meters) {
+        const { eventName } = validateUsage(usage, deps.defaultEventName);
+        if (await meterMissing(deps.meters, eventName)) {
+          throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
+        }
       }
 
       // The event's trace begins here (or in the caller's, by its traceparent header): the row keeps
