@@ -1,19 +1,22 @@
 /**
  * recordUsage inside the transactions of what applications use: node-postgres as it is, Kysely,
- * Drizzle (node-postgres driver), Knex and Prisma (interactive transactions, @prisma/adapter-pg)
- * through billing-outbox's adapters, each on its own pool
- * with the driver's default type parsing (not ours). For each: a commit leaves one event, a rollback
+ * Drizzle (node-postgres and postgres.js drivers), Knex and Prisma (interactive transactions,
+ * @prisma/adapter-pg) through billing-outbox's adapters, each on its own pool with the driver's
+ * default type parsing (not ours), and Kysely and Knex with the result rows camel-cased, as many
+ * applications set them up. For each: a commit leaves one event, a rollback
  * none, a repeat adds nothing, and bad input throws a UsageError before anything is written and
  * leaves the transaction usable.
  */
 import { randomUUID } from 'node:crypto';
 import { drizzle } from 'drizzle-orm/node-postgres';
+import { drizzle as drizzlePostgresJs } from 'drizzle-orm/postgres-js';
 import { sql as drizzleSql } from 'drizzle-orm';
 import knexFactory from 'knex';
-import { Kysely, PostgresDialect, sql as kyselySql } from 'kysely';
+import { CamelCasePlugin, Kysely, PostgresDialect, sql as kyselySql } from 'kysely';
 import pg from 'pg';
+import postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { InvalidUsageError, recordUsage, UnknownTenantError, type TransactionClient } from '../src/index.js';
+import { InvalidUsageError, recordUsage, UnknownTenantError, UnreadableRowsError, UsageError, type TransactionClient } from '../src/index.js';
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
@@ -77,6 +80,46 @@ const drivers: [string, () => Driver][] = [
       name: 'Drizzle',
       transaction: (fn) => orm.transaction((tx) => fn(fromDrizzle(tx), (text) => tx.execute(drizzleSql.raw(text)))),
       close: () => pool.end(),
+    };
+  }],
+  [
+    'Kysely with CamelCasePlugin',
+    () => {
+    const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: t.db.url, max: 2 }) }), plugins: [new CamelCasePlugin()] });
+    return {
+      name: 'Kysely with CamelCasePlugin',
+      transaction: (fn) => kysely.transaction().execute((trx) => fn(fromKysely(trx), (text) => kyselySql.raw(text).execute(trx))),
+      close: () => kysely.destroy(),
+    };
+  }],
+  [
+    'Drizzle on postgres.js',
+    () => {
+    const client = postgres(t.db.url, { max: 2, onnotice: () => {} });
+    const orm = drizzlePostgresJs(client);
+    return {
+      name: 'Drizzle on postgres.js',
+      transaction: (fn) => orm.transaction((tx) => fn(fromDrizzle(tx), (text) => tx.execute(drizzleSql.raw(text)))),
+      close: () => client.end(),
+    };
+  }],
+  [
+    'Knex with camel-cased rows',
+    () => {
+    const camel = (key: string) => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+    const knex = knexFactory({
+      client: 'pg',
+      connection: t.db.url,
+      pool: { min: 0, max: 2 },
+      postProcessResponse: (result: { rows?: Record<string, unknown>[] }) => {
+        if (result?.rows) result.rows = result.rows.map((row) => Object.fromEntries(Object.entries(row).map(([k, v]) => [camel(k), v])));
+        return result;
+      },
+    });
+    return {
+      name: 'Knex with camel-cased rows',
+      transaction: (fn) => knex.transaction((trx) => fn(fromKnex(trx), (text) => trx.raw(text))),
+      close: () => knex.destroy(),
     };
   }],
   [
@@ -172,4 +215,24 @@ describe.each(drivers)('%s', (_name, make) => {
     expect(afterwards.created).toBe(true);
     expect(await eventsFor(usageId)).toBe(1);
   });
+});
+
+it("rows renamed past reading (a plugin that upper-cases columns): recordUsage says so, and it is not a UsageError (the rows may be written: roll back)", async () => {
+  const client = await t.pool.connect();
+  try {
+    await client.query('BEGIN');
+    const shouting: TransactionClient = {
+      async query(statement) {
+        const { rows } = await client.query(statement);
+        return { rows: rows.map((row: Record<string, unknown>) => Object.fromEntries(Object.entries(row).map(([k, v]) => [k.toUpperCase(), v]))) };
+      },
+    };
+    const err = await recordUsage(shouting, { tenantId: 'acme', usageId: randomUUID(), quantity: 1 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(UnreadableRowsError);
+    expect(err).not.toBeInstanceOf(UsageError);
+    expect((err as Error).message).toContain('columns: KNOWN, ID, KEY');
+  } finally {
+    await client.query('ROLLBACK');
+    client.release();
+  }
 });

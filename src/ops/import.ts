@@ -337,7 +337,7 @@ async function recordBatch(
       batch.map((p) => p.usage),
     );
     const existing = batch.filter((_, i) => inserted[i]!.tenantKnown && !inserted[i]!.inserted).map((p) => p.usage);
-    const found = new Map((existing.length === 0 ? [] : await findEntriesByKeys(client, schema, existing)).map((row) => [row.idempotency_key, row]));
+    const found = new Map((existing.length === 0 ? [] : await findEntriesByKeys(client, schema, existing)).map((row) => [row.key, row]));
     await pooled.query(opts.dryRun ? 'ROLLBACK' : 'COMMIT');
     return batch.map((p, i) => {
       if (!inserted[i]!.tenantKnown) return new UnknownTenantError(p.usage.tenantId);

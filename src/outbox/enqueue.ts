@@ -38,12 +38,12 @@ export interface RecordUsageResult {
 export function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
   return {
     id: Number(row.id),
-    idempotencyKey: row.idempotency_key,
-    tenantId: row.tenant_id,
-    usageId: row.usage_id ?? usageId,
-    eventName: row.event_name,
+    idempotencyKey: row.key,
+    tenantId: row.tenant,
+    usageId: row.usage ?? usageId,
+    eventName: row.event,
     quantity: Number(row.quantity),
-    occurredAt: new Date(row.occurred_at),
+    occurredAt: new Date(row.occurred),
     status: row.status,
   };
 }

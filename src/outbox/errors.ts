@@ -1,6 +1,6 @@
 /**
- * The errors `recordUsage` throws. Each means the usage was not recorded and nothing was written;
- * the caller's transaction is still usable.
+ * The errors `recordUsage` throws. Each UsageError means the usage was not recorded and nothing was
+ * written; the caller's transaction is still usable. UnreadableRowsError means the opposite.
  */
 import type { OutboxStatus } from './statuses.js';
 
@@ -66,5 +66,20 @@ export class UsageConflictError extends UsageError {
     this.usageId = usageId;
     this.existing = existing;
     this.name = 'UsageConflictError';
+  }
+}
+
+/**
+ * The caller's driver answered rows without the columns the statement returns: a plugin of its ORM
+ * renamed or dropped them. Not a UsageError: the statement has run, its rows may be written, and the
+ * transaction must be rolled back.
+ */
+export class UnreadableRowsError extends Error {
+  constructor(row: unknown) {
+    const columns = row && typeof row === 'object' ? Object.keys(row).join(', ') : String(row);
+    super(
+      `recordUsage could not read the database's answer (columns: ${columns}); a plugin of your ORM renames or converts result rows: roll this transaction back and pass recordUsage a transaction without that plugin`,
+    );
+    this.name = 'UnreadableRowsError';
   }
 }

@@ -15,7 +15,17 @@ import type { TransactionClient } from '../sql/enqueue.js';
 /** The statement as Drizzle SQL: the text between placeholders raw, each `$n` its value as a parameter. */
 function toDrizzleSql(text: string, values: unknown[]): SQL {
   const chunks = text.split(/\$(\d+)/);
-  return sql.join(chunks.map((chunk, i) => (i % 2 === 0 ? sql.raw(chunk) : new Param(values[Number(chunk) - 1]))));
+  return sql.join(chunks.map((chunk, i) => (i % 2 === 0 ? sql.raw(chunk) : new Param(withZone(values[Number(chunk) - 1])))));
+}
+
+/**
+ * A Date as ISO text with its zone (the statements cast it: `$5::timestamptz`). Drizzle's postgres.js
+ * driver replaces postgres.js's timestamp serializers with ones that pass a value through as it is,
+ * and postgres.js cannot send a Date as it is: every usage with an occurredAt failed, and with it the
+ * caller's transaction.
+ */
+function withZone(value: unknown): unknown {
+  return value instanceof Date ? value.toISOString() : value;
 }
 
 export function fromDrizzle(db: { execute(query: SQL): PromiseLike<unknown> }): TransactionClient {

@@ -3,6 +3,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { OutboxStatus } from '../statuses.js';
+import { UnreadableRowsError } from '../errors.js';
 import type { Schema } from './schema.js';
 
 /**
@@ -28,19 +29,37 @@ export interface EntryRow {
 }
 
 /**
- * An entry row as the caller's driver parsed it: bigint may arrive as text (node-postgres's
- * default), by the application's settings, never ours; occurred_at is always ISO text in UTC
- * (OCCURRED_AT_UTC).
+ * An entry row as the caller's driver parsed it, under the one-word names ENTRY_COLUMNS gives it:
+ * bigint may arrive as text (node-postgres's default), by the application's settings, never ours;
+ * `occurred` is always ISO text in UTC.
  */
-export type CallerEntryRow = Omit<EntryRow, 'id' | 'quantity' | 'occurred_at'> & { id: number | string; quantity: number | string; occurred_at: string };
+export interface CallerEntryRow {
+  id: number | string;
+  key: string;
+  tenant: string;
+  /** Null only on rows written before migration 005 and never backfilled (none are: 005 backfills). */
+  usage: string | null;
+  event: string;
+  quantity: number | string;
+  occurred: string;
+  status: OutboxStatus;
+}
 
 /**
- * occurred_at as ISO 8601 text in UTC: the same instant whatever the caller's driver makes of a
- * timestamptz and whatever the session's TimeZone (@prisma/adapter-pg reads one as if its offset
- * were +00:00).
+ * The columns of an entry row as the caller's driver returns them (`o.` names the table in a join).
+ *
+ * - Each under a lowercase name of one word: an ORM that renames result keys (Kysely's
+ *   CamelCasePlugin, a Knex postProcessResponse that camel-cases) leaves such a name as it is;
+ *   `tenant_id` came back as `tenantId`, and recordUsage read a known tenant as unknown after its
+ *   rows were written.
+ * - occurred_at as ISO 8601 text in UTC: the same instant whatever the caller's driver makes of a
+ *   timestamptz and whatever the session's TimeZone (@prisma/adapter-pg reads one as if its offset
+ *   were +00:00).
  */
-export const OCCURRED_AT_UTC = `to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at`;
-const ENTRY_COLUMNS = `id, idempotency_key, tenant_id, usage_id, event_name, quantity, ${OCCURRED_AT_UTC}, status`;
+export function entryColumns(o = ''): string {
+  return `${o}id, ${o}idempotency_key AS key, ${o}tenant_id AS tenant, ${o}usage_id AS usage, ${o}event_name AS event, ${o}quantity,
+    to_char(${o}occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred, ${o}status`;
+}
 
 /**
  * Writes the usage row and its outbox row, in one round trip, inside the caller's transaction.
@@ -71,20 +90,21 @@ export async function insertUsage(
        SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text${traced ? ', $7::text' : ''} FROM usage
        -- No conflict target: whichever unique constraint a duplicate hits, nothing may raise here.
        ON CONFLICT DO NOTHING
-       RETURNING ${ENTRY_COLUMNS}
+       RETURNING ${entryColumns()}
      )
-     SELECT EXISTS (SELECT 1 FROM tenant) AS tenant_known, q.*
+     SELECT EXISTS (SELECT 1 FROM tenant) AS known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
     values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key, ...(traced ? [usage.traceParent] : [])],
-  })) as { rows: (Partial<CallerEntryRow> & { tenant_known: boolean })[] };
-  const row = rows[0]!;
-  return { tenantKnown: row.tenant_known, row: row.id == null ? undefined : (row as CallerEntryRow) };
+  })) as { rows: (Partial<CallerEntryRow> & { known?: unknown })[] };
+  const row = rows[0];
+  if (typeof row?.known !== 'boolean') throw new UnreadableRowsError(row);
+  return { tenantKnown: row.known, row: row.id == null ? undefined : (row as CallerEntryRow) };
 }
 
 /** The outbox entry of one tenant's usage, by its key (derived from the tenant and the usage id). */
 export async function findEntryByKey(db: TransactionClient, schema: Schema, tenantId: string, key: string): Promise<CallerEntryRow | undefined> {
   const { rows } = (await db.query({
-    text: `SELECT ${ENTRY_COLUMNS} FROM ${schema.outbox} WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
+    text: `SELECT ${entryColumns()} FROM ${schema.outbox} WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
     values: [tenantId, key],
   })) as { rows: CallerEntryRow[] };
   return rows[0];

@@ -3,7 +3,7 @@
  * the import opens. The request path's own statement (enqueue.ts) is left as it is: one usage, in
  * the caller's transaction. One named function per statement; values travel as typed arrays.
  */
-import { OCCURRED_AT_UTC, type CallerEntryRow, type TransactionClient } from './enqueue.js';
+import { entryColumns, type CallerEntryRow, type TransactionClient } from './enqueue.js';
 import type { Schema } from './schema.js';
 
 export interface ImportedUsage {
@@ -77,7 +77,7 @@ export async function insertUsages(db: TransactionClient, schema: Schema, usages
 /** The outbox entries of the given (tenant, key) pairs that exist, in no particular order. */
 export async function findEntriesByKeys(db: TransactionClient, schema: Schema, pairs: readonly { tenantId: string; key: string }[]): Promise<CallerEntryRow[]> {
   const { rows } = (await db.query({
-    text: `SELECT o.id, o.idempotency_key, o.tenant_id, o.usage_id, o.event_name, o.quantity, ${OCCURRED_AT_UTC}, o.status
+    text: `SELECT ${entryColumns('o.')}
      FROM ${schema.outbox} o
      JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, idempotency_key)
        ON o.idempotency_key = k.idempotency_key AND o.tenant_id = k.tenant_id`,
