@@ -456,7 +456,20 @@ export async function connectBy(pool: pg.Pool, deadline: number): Promise<pg.Poo
 }
 
 /**
- * Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. `short`: a
+ * A transaction that ended in ROLLBACK at its COMMIT: a statement in it failed, and the error was
+ * caught and not thrown again, so PostgreSQL had aborted the transaction. Nothing in it was kept,
+ * a usage recorded in it included.
+ */
+export class RolledBackError extends Error {
+  constructor() {
+    super('the transaction was rolled back, not committed: a statement in it failed (its error was caught and not thrown again), so nothing in it was kept');
+    this.name = 'RolledBackError';
+  }
+}
+
+/**
+ * Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. A COMMIT that
+ * PostgreSQL answers with ROLLBACK (the transaction was aborted) throws RolledBackError. `short`: a
  * transaction of a few quick statements, ended by PostgreSQL if its client goes silent in the
  * middle of it (IDLE_IN_TRANSACTION_MS). `connectBy`: the client must be had by then (epoch ms).
  */
@@ -466,11 +479,12 @@ export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClie
   try {
     await client.query(opts.short ? BEGIN_SHORT : 'BEGIN');
     const result = await fn(client);
-    await client.query('COMMIT');
+    const ended = await client.query('COMMIT');
+    if (ended.command !== 'COMMIT') throw new RolledBackError();
     return result;
   } catch (err) {
     failed = err;
-    if (!connectionLost(err)) await client.query('ROLLBACK').catch(() => undefined);
+    if (!connectionLost(err) && !(err instanceof RolledBackError)) await client.query('ROLLBACK').catch(() => undefined);
     throw err;
   } finally {
     releaseAfter(client, failed);

@@ -12,7 +12,7 @@ export { importUsage, type ImportFormat, type ImportRefusal, type ImportSummary,
 export { withoutPreparedStatements } from './outbox/adapters/unprepared.js';
 export { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from './outbox/validate.js';
 export { OUTBOX_STATUSES, type OutboxStatus } from './outbox/statuses.js';
-export { migrate, withTransaction } from './db.js';
+export { migrate, RolledBackError, withTransaction } from './db.js';
 export type { TransactionClient } from './outbox/sql/enqueue.js';
 // The schema of our tables when none is given to recordUsage, migrate or DATABASE_SCHEMA.
 export { DEFAULT_SCHEMA } from './outbox/sql/schema.js';

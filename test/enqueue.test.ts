@@ -6,6 +6,7 @@ import {
   InvalidUsageError,
   MAX_QUANTITY,
   recordUsage,
+  RolledBackError,
   UnknownTenantError,
   idempotencyKeyFor,
   UsageConflictError,
@@ -41,6 +42,18 @@ describe('recordUsage', () => {
     ).rejects.toThrow('the application failed');
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
     expect((await t.pool.query(`SELECT 1 FROM outbox WHERE idempotency_key = $1`, [idempotencyKeyFor('acme', 'u-rollback')])).rowCount).toBe(0);
+  });
+
+  it("a transaction aborted by the application's own failed statement, its error swallowed: withTransaction throws RolledBackError, not the usage as recorded", async () => {
+    const before = [await count('usage_logs'), await count('outbox')];
+    const err = await withTransaction(t.pool, async (c) => {
+      const recorded = await recordUsage(c, { usageId: 'u-aborted', tenantId: 'acme', quantity: 1 });
+      // The application's own insert fails and it carries on (a duplicate it means to ignore).
+      await c.query('SELECT 1/0').catch(() => undefined);
+      return recorded;
+    }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RolledBackError);
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
   });
 
   it('returns the existing entry for the same usage and adds nothing', async () => {
