@@ -6,7 +6,7 @@
  *   import { recordUsage, migrate } from 'billing-outbox';
  */
 export { DEFAULT_EVENT_NAME, recordUsage, type RecordUsageOptions, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
-export { InvalidUsageError, UnknownTenantError, UnreadableRowsError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
+export { InvalidUsageError, NotATransactionError, UnknownTenantError, UnreadableRowsError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
 export { idempotencyKeyFor } from './outbox/keys.js';
 export { importUsage, type ImportFormat, type ImportRefusal, type ImportSummary, type ImportUsageOptions } from './ops/import.js';
 export { withoutPreparedStatements } from './outbox/adapters/unprepared.js';

@@ -16,7 +16,7 @@ import { CamelCasePlugin, Kysely, PostgresDialect, sql as kyselySql } from 'kyse
 import pg from 'pg';
 import postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { InvalidUsageError, recordUsage, UnknownTenantError, UnreadableRowsError, UsageError, type TransactionClient } from '../src/index.js';
+import { InvalidUsageError, NotATransactionError, recordUsage, UnknownTenantError, UnreadableRowsError, UsageError, type TransactionClient } from '../src/index.js';
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
@@ -234,5 +234,35 @@ it("rows renamed past reading (a plugin that upper-cases columns): recordUsage s
   } finally {
     await client.query('ROLLBACK');
     client.release();
+  }
+});
+
+it('a pool or an ORM instance instead of its transaction is refused before any statement: each statement on it would commit on its own', async () => {
+  const pool = new pg.Pool({ connectionString: t.db.url, max: 1 });
+  const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool }) });
+  const knex = knexFactory({ client: 'pg', connection: t.db.url, pool: { min: 0, max: 1 } });
+  const postgresJs = postgres(t.db.url, { max: 1 });
+  const client = prisma!.connect(t.db.url, 1);
+  const usageId = randomUUID();
+  try {
+    const refusals: [string, () => Promise<unknown>][] = [
+      ['a pg.Pool', () => recordUsage(pool, { tenantId: 'acme', usageId, quantity: 1 })],
+      ['a Kysely instance', async () => fromKysely(kysely)],
+      ['a Drizzle database', async () => fromDrizzle(drizzle(pool))],
+      ['a Drizzle database', async () => fromDrizzle(drizzlePostgresJs(postgresJs))],
+      ['a Knex instance', async () => fromKnex(knex)],
+      ['a Prisma client', async () => fromPrisma(client as unknown as Parameters<typeof fromPrisma>[0])],
+    ];
+    for (const [given, attempt] of refusals) {
+      const err = await attempt().catch((e: unknown) => e);
+      expect(err, given).toBeInstanceOf(NotATransactionError);
+      expect((err as Error).message, given).toContain(`was given ${given}`);
+    }
+    expect(await eventsFor(usageId)).toBe(0);
+  } finally {
+    await client.$disconnect();
+    await postgresJs.end();
+    await knex.destroy();
+    await kysely.destroy();
   }
 });

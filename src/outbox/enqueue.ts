@@ -2,7 +2,7 @@
  * The only thing billing-outbox does on the application's request path: record a usage and queue
  * its meter event, in the caller's own transaction, with no network call.
  */
-import { UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
+import { NotATransactionError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
@@ -73,6 +73,7 @@ export async function recordUsage(
   input: UsageInput,
   options: RecordUsageOptions = {},
 ): Promise<RecordUsageResult> {
+  if (isPool(client)) throw new NotATransactionError('a pg.Pool', 'pool.connect(), BEGIN, then this client (or withTransaction(pool, …))');
   const schema = schemaFor(options.schema);
   const usage = validateUsage(input, options.defaultEventName ?? DEFAULT_EVENT_NAME);
   const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
@@ -95,6 +96,12 @@ export async function recordUsage(
   const entry = toEntry(found, usage.usageId);
   if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry);
   return { entry, created: false };
+}
+
+/** A node-postgres Pool (or one shaped like it): each statement on it commits by itself. */
+function isPool(client: object): boolean {
+  const pool = client as { totalCount?: unknown; idleCount?: unknown; connect?: unknown };
+  return typeof pool.totalCount === 'number' && typeof pool.idleCount === 'number' && typeof pool.connect === 'function';
 }
 
 /**

@@ -83,3 +83,15 @@ export class UnreadableRowsError extends Error {
     this.name = 'UnreadableRowsError';
   }
 }
+
+/**
+ * recordUsage, or an adapter, was handed something that is not an open transaction: a pool, an
+ * ORM's root instance. Each statement on it would commit by itself, so a usage would be billed for
+ * work the application then rolls back. Thrown before any statement is sent.
+ */
+export class NotATransactionError extends TypeError {
+  constructor(given: string, instead: string) {
+    super(`recordUsage needs the application's open transaction, and was given ${given}: its statements would commit on their own, outside your transaction; pass ${instead}`);
+    this.name = 'NotATransactionError';
+  }
+}

@@ -10,6 +10,7 @@
  * argument, default billing_outbox): the transaction's search_path is neither read nor changed.
  */
 import { Param, sql, type SQL } from 'drizzle-orm';
+import { NotATransactionError } from '../errors.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
 /** The statement as Drizzle SQL: the text between placeholders raw, each `$n` its value as a parameter. */
@@ -29,6 +30,8 @@ function withZone(value: unknown): unknown {
 }
 
 export function fromDrizzle(db: { execute(query: SQL): PromiseLike<unknown> }): TransactionClient {
+  // A transaction (PgTransaction) can roll itself back; the database object cannot.
+  if (typeof (db as { rollback?: unknown }).rollback !== 'function') throw new NotATransactionError('a Drizzle database', 'the `tx` of db.transaction(async (tx) => …)');
   return {
     async query({ text, values }) {
       const result = await db.execute(toDrizzleSql(text, values));

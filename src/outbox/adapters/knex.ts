@@ -10,9 +10,11 @@
  * argument, default billing_outbox): the transaction's search_path is neither read nor changed.
  */
 import type { Knex } from 'knex';
+import { NotATransactionError } from '../errors.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
 export function fromKnex(db: Pick<Knex, 'raw'>): TransactionClient {
+  if ((db as { isTransaction?: unknown }).isTransaction !== true) throw new NotATransactionError('a Knex instance', 'the `trx` of knex.transaction(async (trx) => …)');
   return {
     async query({ text, values }) {
       // Knex binds `?` in order: each `$n` becomes one, with its value (a `$n` used twice, twice).

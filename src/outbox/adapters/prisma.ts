@@ -7,11 +7,15 @@
  *     await recordUsage(fromPrisma(tx), { tenantId, usageId: job.id, quantity: 1 });
  *   });
  *
- * Nothing of Prisma is imported: any client (or transaction client) with `$queryRawUnsafe` fits.
+ * Nothing of Prisma is imported: any transaction client with `$queryRawUnsafe` fits (the client
+ * itself is refused: each statement on it would commit on its own).
  */
+import { NotATransactionError } from '../errors.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
 export function fromPrisma(db: { $queryRawUnsafe(query: string, ...values: unknown[]): PromiseLike<unknown> }): TransactionClient {
+  // The client itself connects; the one an interactive transaction hands over has no $connect.
+  if (typeof (db as { $connect?: unknown }).$connect === 'function') throw new NotATransactionError('a Prisma client', 'the `tx` of prisma.$transaction(async (tx) => …)');
   return {
     async query({ text, values }) {
       // Prisma binds `$n` itself and answers the rows, bigint columns as BigInt (recordUsage reads
