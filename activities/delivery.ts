@@ -57,6 +57,11 @@ interface Ready {
 }
 
 /** The lease's fate after the attempt. */
+/** How far one attempt got: `begun` once its beginAttempt statement is sent (answered or not). */
+interface Progress {
+  begun: boolean;
+}
+
 interface AfterCall {
   /** Already handed on by the row's own update (markSentAndHandOff). */
   handedOff: boolean;
@@ -71,12 +76,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * Put off without spending an attempt. Attempts of this activity that failed before (Temporal
    * retried them within it) are reported, so the workflow spends them from the event's budget.
    */
-  const deferred = (reason: DeferralReason, waitMs: number, attempts: number): DeliveryResult => ({
+  const deferred = (reason: DeferralReason, waitMs: number, attempts: number, begun = true): DeliveryResult => ({
     outcome: 'deferred',
     reason,
     waitMs,
     attempts,
     failedBefore: activityInfo().attempt - 1,
+    ...(begun ? {} : { begun: false as const }),
   });
   /**
    * Counted once the row is marked delivered, timed from its commit. `marked` null: the row was not
@@ -115,15 +121,18 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // server (each one would be answered UnknownActivity); its workflow task is its liveness.
       const ctx = Context.current();
       const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
+      // Set as the attempt's first statement on the row goes out (beginAttempt): before it, the row
+      // is untouched, and a forced retry's force is not used up.
+      const progress: Progress = { begun: false };
       try {
-        return await (sender.api === 'v1' ? attemptUnderLease(input) : attemptByStream(input));
+        return await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
       } catch (err) {
         // PostgreSQL away (before the call, or after it when the row could not be marked): not the
         // event's failure. The workflow waits and comes back without spending an attempt; a call
         // made again is caught by Stripe's identifier dedup, and past 23 h by the resend guard.
         if (!isDatabaseUnavailable(err)) throw err;
         log.warn('database unavailable during delivery; waiting it out', { idempotencyKey: input.key, error: String(err) });
-        return deferred('database_unavailable', t.databaseRetryMs + Math.floor(Math.random() * 1_000), 0);
+        return deferred('database_unavailable', t.databaseRetryMs + Math.floor(Math.random() * 1_000), 0, progress.begun);
       } finally {
         clearInterval(beat);
       }
@@ -144,7 +153,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   };
 
   /** One v1 attempt: wait for the (customer, meter) lease, then pace, begin and make the call. */
-  async function attemptUnderLease(input: DeliverInput): Promise<DeliveryResult> {
+  async function attemptUnderLease(input: DeliverInput, progress: Progress): Promise<DeliveryResult> {
     const ctx = Context.current();
     const info = activityInfo();
     const holder = leaseHolder({
@@ -159,8 +168,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     try {
       for (;;) {
         const got = await lease.wait(input.key, holder, waitCtx, inTask ? t.inTaskLeaseWaitMs : t.leaseWaitMs);
-        if (got === 'gave_up') return deferred('lease_busy', t.leaseBusyRetryMs, 0);
-        const result = await callUnderLease(input, holder, got === 'acquired', after, ctx);
+        if (got === 'gave_up') return deferred('lease_busy', t.leaseBusyRetryMs, 0, progress.begun);
+        const result = await callUnderLease(input, holder, got === 'acquired', after, ctx, progress);
         // The lease lapsed before the call could begin (a hand-off not taken up in time), or it is
         // the pair of the customer the tenant was mapped to before a remap: back in the queue (of
         // the pair the call is made with now), nothing sent, nothing counted. What the holder still
@@ -190,11 +199,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     leased: boolean,
     after: AfterCall,
     ctx: WaitContext,
+    progress: Progress,
   ): Promise<DeliveryResult | 'lease_lost'> {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
     // Our place in the account-wide pace, reserved while the attempt begins: both are on the path
     // between one call of a (customer, meter) and the next.
     const leaseFrom = Date.now();
+    progress.begun = true;
     const [slot, begun] = await Promise.all([
       pacer.take(),
       store.beginAttempt(key, {
@@ -249,8 +260,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * such rule) and no per-event pace (the stream paces its requests); the event goes out in the
    * worker's next batch, and the row becomes `accepted`: Stripe validates it later.
    */
-  async function attemptByStream({ key, force = false }: DeliverInput): Promise<DeliveryResult> {
+  async function attemptByStream({ key, force = false }: DeliverInput, progress: Progress): Promise<DeliveryResult> {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
+    progress.begun = true;
     const begun = await store.beginAttempt(key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
     const ready = await readyToSend(key, begun.row);
     if ('outcome' in ready) return ready;

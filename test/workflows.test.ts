@@ -415,6 +415,26 @@ it("uses a forced retry's force for one attempt only (that attempt starts a new 
     expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, false]);
   });
 });
+it("keeps a forced retry's force through deferrals that came before the attempt began (a busy lease, our database away), and no further", async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    const n = calls.deliver.length;
+    if (n === 1) throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
+    if (n === 2) return { outcome: 'deferred', reason: 'lease_busy', waitMs: 1_000, attempts: 0, begun: false };
+    if (n === 3) return { outcome: 'deferred', reason: 'database_unavailable', waitMs: 1_000, attempts: 0, begun: false };
+    // Begun, then put off (our pace): the force is used up by the attempt that began.
+    if (n === 4) return { outcome: 'deferred', reason: 'paced', waitMs: 1_000, attempts: 1 };
+    return sent();
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
+    await handle.signal(reopenSignal, { force: true, requestedBy: 'ops' });
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, true, true, false]);
+  });
+});
+
 it("shows a tenant's text in the Web UI's details as text: a usage id or an answer quoting one makes no link", async () => {
   // The usage id closes a one-backtick code span and opens a link; Stripe's answer quotes another.
   const key = 'u:wf:x` [Retry here](https://evil.example) `';

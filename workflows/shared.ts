@@ -107,8 +107,10 @@ export type DeliveryResult =
    * Not this time, and not a failure: the workflow waits `waitMs` and asks again (see
    * DeferralReason). `failedBefore`: attempts of this activity that failed before this one
    * deferred (Temporal retried them within the activity): they are spent from the event's budget.
+   * `begun: false`: the attempt deferred before it began on the row (it touched nothing there), so
+   * a forced retry's force still stands for the next one.
    */
-  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number };
+  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number; begun?: false };
 
 export interface UsageState {
   status: OutboxStatus;

@@ -242,6 +242,9 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
         result = await deliverWithBudget(spent)({ key: input.key, force: forcing });
       }
       if (result.outcome !== 'deferred') return result;
+      // Put off before it began on the row (a busy lease, our database away): the force is still
+      // the operator's, for the attempt that does begin.
+      if (forcing && result.begun === false) force = true;
       spent += result.failedBefore ?? 0;
       // The 429 budget bounds an unbroken stretch of Stripe's 429s: any other answer ends it.
       if (result.reason !== 'rate_limited' || (result.failedBefore ?? 0) > 0) rateLimitedSince = undefined;

@@ -128,7 +128,8 @@ describe('v1: under the (customer, meter) lease', () => {
 
   it('a lease still busy after the wait: deferred as lease_busy, nothing begun or sent, its place handed on', async () => {
     const { deps, store, lease, sent } = parts({ waits: ['gave_up'] });
-    expect(await deliver(deps)).toEqual({ outcome: 'deferred', reason: 'lease_busy', waitMs: timings.leaseBusyRetryMs, attempts: 0, failedBefore: 0 });
+    // Not begun: a forced retry's force stands for the attempt that begins.
+    expect(await deliver(deps)).toEqual({ outcome: 'deferred', reason: 'lease_busy', waitMs: timings.leaseBusyRetryMs, attempts: 0, failedBefore: 0, begun: false });
     // On Temporal's third try of this activity: the two that failed before are reported, to be spent.
     expect(await deliver(parts({ waits: ['gave_up'] }).deps, { attempt: 3 })).toMatchObject({ outcome: 'deferred', failedBefore: 2 });
     expect(store.beginAttempt).not.toHaveBeenCalled();
@@ -241,6 +242,15 @@ describe('v1: under the (customer, meter) lease', () => {
     const result = await deliver(deps);
     expect(result).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable', attempts: 0 });
     expect((result as { waitMs: number }).waitMs).toBeGreaterThanOrEqual(timings.databaseRetryMs);
+    // Its beginAttempt was sent (and may have committed before the answer was lost): begun.
+    expect(result).not.toHaveProperty('begun');
+  });
+
+  it('PostgreSQL away before the attempt began (the lease could not be waited for): deferred as not begun', async () => {
+    const { deps, lease, store } = parts();
+    lease.wait.mockRejectedValueOnce(Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }));
+    expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable', begun: false });
+    expect(store.beginAttempt).not.toHaveBeenCalled();
   });
 });
 
