@@ -435,6 +435,30 @@ it("keeps a forced retry's force through deferrals that came before the attempt 
   });
 });
 
+it('a retry typed by hand with fields of the wrong kind (the Web UI takes any JSON) is a plain retry, not a run that fails every task', async () => {
+  let mode: 'fail' | 'send' = 'fail';
+  const { calls, activities } = fakeActivities(async () => {
+    if (mode === 'send') return sent();
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    mode = 'send';
+    await handle.signal(reopenSignal, { requestedBy: { name: 'alice' }, force: 'yes', newIdentifier: 1 } as never);
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect(calls.deliver.map((c) => c.force === true)).toEqual([false, false]);
+  });
+  // And as an Update: refused or taken, never a task that fails.
+  mode = 'fail';
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    mode = 'send';
+    expect(await handle.executeUpdate(retryUpdate, { args: [['a b'] as never] })).toMatchObject({ status: 'sent' });
+  });
+});
+
 it("shows a tenant's text in the Web UI's details as text: a usage id or an answer quoting one makes no link", async () => {
   // The usage id closes a one-backtick code span and opens a link; Stripe's answer quotes another.
   const key = 'u:wf:x` [Retry here](https://evil.example) `';

@@ -136,6 +136,21 @@ export interface ReopenRequest {
 }
 
 /**
+ * A retry's request as it arrives: the Web UI's signal and Update forms, and the temporal CLI, send
+ * whatever JSON an operator types. Only `force: true` and `newIdentifier: true` count, and
+ * `requestedBy` only as text (at most 200 characters); anything else is left out. A `requestedBy`
+ * that was an object failed every workflow task of the run once the row was reopened.
+ */
+export function readReopenRequest(raw: unknown): ReopenRequest {
+  const given = raw !== null && typeof raw === 'object' && !Array.isArray(raw) ? (raw as Record<string, unknown>) : {};
+  return {
+    ...(given.force === true ? { force: true } : {}),
+    ...(given.newIdentifier === true ? { newIdentifier: true } : {}),
+    ...(typeof given.requestedBy === 'string' && given.requestedBy !== '' ? { requestedBy: given.requestedBy.slice(0, 200) } : {}),
+  };
+}
+
+/**
  * Sent by an operator to a dead letter's open run: reopen it, and deliver again with the same
  * identifier. In code the operator's action is "reopen" (Temporal's "retry" is its retry policy);
  * on the wire the signal keeps the name operators type in the Web UI and the CLI: `retry`.

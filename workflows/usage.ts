@@ -35,6 +35,7 @@ import {
   markdownText,
   OutboxErrorKey,
   OutboxStatusKey,
+  readReopenRequest,
   reopenSignal,
   RETRY_REFUSED,
   retryUpdate,
@@ -153,23 +154,24 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   let settled = 0;
   let continuing = false;
   setHandler(stateQuery, () => state);
-  setHandler(reopenSignal, (request: ReopenRequest = {}) => {
+  setHandler(reopenSignal, (request?: ReopenRequest) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
-    if (state.status === 'dead') requested = request;
+    if (state.status === 'dead') requested = readReopenRequest(request);
   });
   setHandler(
     retryUpdate,
-    async (request: ReopenRequest = {}) => {
+    async (request?: ReopenRequest) => {
       // The delivery this retry starts: the next one (the validator took it only while dead, so
       // the one before has failed, though its bookkeeping may still be running).
       const mine = begun + 1;
-      requested = request;
+      requested = readReopenRequest(request);
       await condition(() => settled >= mine || continuing);
       return { ...state, lastError: state.lastError && { ...state.lastError } };
     },
     {
       // Refused here, nothing is recorded in the history: the caller hears why, and the run is as it was.
-      validator: (request: ReopenRequest = {}) => {
+      validator: (raw?: ReopenRequest) => {
+        const request = readReopenRequest(raw);
         const refuse = (reason: RetryRefusal, message: string) => {
           throw ApplicationFailure.create({ type: RETRY_REFUSED, message, details: [reason], nonRetryable: true });
         };
