@@ -18,7 +18,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, OutboxErrorKey, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -479,20 +479,21 @@ it("shows a tenant's text in the Web UI's details as text: a usage id or an answ
   });
 });
 
-it('a cancelled run marks its row dead (workflow_cancelled) before it ends, in flight or as a dead letter', async () => {
+it('a cancelled run marks its row dead (workflow_cancelled) before it ends when in flight; a dead letter keeps Stripe\'s reason', async () => {
   const { calls, activities } = fakeActivities(async () => {
     throw retryable();
   });
   await withWorker(activities, async (taskQueue) => {
-    // Cancelled while waiting as a dead letter: the row says why its run is gone.
+    // Cancelled while waiting as a dead letter: the row and the Web UI keep why it died.
     const handle = await start(taskQueue);
     await env.sleep('1 minute');
     expect(calls.dead.map((d) => d.code)).toEqual(['http_500']);
     await handle.cancel();
     await expect(handle.result()).rejects.toThrow();
-    expect((await handle.describe()).status.name).toBe('CANCELLED');
-    expect(calls.dead.map((d) => d.code)).toEqual(['http_500', TemporalErrorCodes.workflowCancelled]);
-    expect(calls.dead[1]!.message).toContain(`retry ${handle.workflowId} `);
+    const described = await handle.describe();
+    expect(described.status.name).toBe('CANCELLED');
+    expect(calls.dead.map((d) => d.code)).toEqual(['http_500']);
+    expect(described.typedSearchAttributes.get(OutboxErrorKey)).toBe('http_500');
   });
   // Cancelled between attempts (in the retry policy's backoff): marked once, as cancelled, not as a delivery failure.
   const slow = fakeActivities(async () => {
@@ -504,6 +505,7 @@ it('a cancelled run marks its row dead (workflow_cancelled) before it ends, in f
     await handle.cancel();
     await expect(handle.result()).rejects.toThrow();
     expect(slow.calls.dead.map((d) => d.code)).toEqual([TemporalErrorCodes.workflowCancelled]);
+    expect(slow.calls.dead[0]!.message).toContain(`retry ${handle.workflowId} `);
   });
 });
 

@@ -66,14 +66,16 @@ const runPriority = () => {
 const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missing, ErrorTypes.unsafeToSend, ErrorTypes.deferredTooLong];
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
+  const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   try {
-    return await deliverEvent(input);
+    return await deliverEvent(input, state);
   } catch (err) {
-    // Cancelled (from the Web UI, the CLI, a client): no run would ever mark the row again, so it
-    // becomes a dead letter with the reason before the run ends, in a scope the cancellation
-    // cannot reach; `retry` then starts a new run. (A terminated run runs no code: the worker's
-    // closed-run sweep finds its row.)
-    if (isCancellation(err)) {
+    // Cancelled (from the Web UI, the CLI, a client) while the event is in flight: no run would
+    // ever mark the row again, so it becomes a dead letter with the reason before the run ends, in
+    // a scope the cancellation cannot reach; `retry` then starts a new run. A dead letter keeps
+    // Stripe's reason (its row and the Web UI's OutboxError), and a delivered event stays
+    // delivered. (A terminated run runs no code: the worker's closed-run sweep finds its row.)
+    if (isCancellation(err) && state.status === 'dispatched') {
       // Listed with the dead letters in the Web UI, by its code, like any other.
       upsertSearchAttributes([
         { key: OutboxStatusKey, value: 'dead' },
@@ -97,7 +99,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   }
 }
 
-async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
+async function deliverEvent(input: UsageWorkflowInput, state: UsageState): Promise<UsageState> {
   const { attemptTimeoutMs, maxRateLimitedMs, maximumAttempts } = input.retry;
   const retryPolicy = (attempts: number) => ({
     initialInterval: input.retry.initialIntervalMs,
@@ -142,7 +144,6 @@ async function deliverEvent(input: UsageWorkflowInput): Promise<UsageState> {
   // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
   const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
   show([`**Delivering** to Stripe with identifier ${codeSpan(input.key)}.`]);
-  const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
   let requested: ReopenRequest | undefined;
   let force = input.force === true;
   // When the event was first attempted (workflow time of this chain's first attempt, or the row's
