@@ -416,8 +416,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'cancelled-run-leaves-row',
     guarantee: 'Nothing stuck silently: a cancelled usage workflow marks its row dead (workflow_cancelled) before it ends',
-    find: '    if (isCancellation(err)) {\n      // Listed with the dead letters',
-    replace: '    if (isCancellation(err) && err === undefined) {\n      // Listed with the dead letters',
+    find: "    if (isCancellation(err) && state.status === 'dispatched') {",
+    replace: '    if (isCancellation(err) && err === undefined) {',
     test: 'test/workflows.test.ts',
     name: 'a cancelled run marks its row dead',
   },
