@@ -135,3 +135,21 @@ it('a server that goes silent after the start-up, before LISTEN is answered, is 
     await new Promise((resolve) => proxy.close(resolve));
   }
 }, 40_000);
+
+it('closed while it connects: the connection it was making is ended, not left listening for good', async () => {
+  const database = decodeURIComponent(new URL(t.db.url).pathname.slice(1));
+  // Only connections made from here on (the tests above leave theirs to the server to end).
+  const since = (await t.pool.query<{ now: Date }>('SELECT clock_timestamp() AS now')).rows[0]!.now;
+  const listeners = async () =>
+    Number(
+      (await t.pool.query(`SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'billing-outbox-listen' AND backend_start >= $2`, [database, since])).rows[0]
+        .count,
+    );
+  const notifier = new OutboxNotifier(t.db.url, undefined, { probeEveryMs: 500 });
+  notifier.start();
+  await notifier.close();
+  // Long enough for the connect and its LISTENs to have finished.
+  await new Promise((r) => setTimeout(r, 1_500));
+  expect(notifier.listening).toBe(false);
+  expect(await listeners()).toBe(0);
+});

@@ -95,6 +95,12 @@ export class OutboxNotifier {
         for (const channel of [this.schema.outboxChannel, this.schema.leaseChannel]) {
           await client.query({ text: `LISTEN "${channel}"`, query_timeout: LISTEN_PROBE_ANSWER_MS } as pg.QueryConfig);
         }
+        // Closed while this connection was being made: nobody would ever end it.
+        if (this.closed) {
+          closeWithin(client, CLOSE_WAIT_MS);
+          await client.end().catch(() => undefined);
+          return;
+        }
         this.client = client;
         this.reconnectDelayMs = 100;
         this.probe ??= setInterval(() => this.askListener(), this.probeEveryMs).unref();

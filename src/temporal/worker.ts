@@ -200,14 +200,9 @@ async function bundleWorkflows(log: Logger | undefined, tracing: boolean): Promi
  */
 async function startPruner(deps: WorkerDeps, db: Queryable, signal: AbortSignal): Promise<void> {
   const { config, metrics, log } = deps;
-  const wait = (ms: number) =>
-    new Promise<void>((resolve) => {
-      const timer = setTimeout(resolve, ms);
-      signal.addEventListener('abort', () => {
-        clearTimeout(timer);
-        resolve();
-      }, { once: true });
-    });
+  // Its listener leaves the worker's signal with the pause: one left per pass (as before) grew
+  // without bound over a worker's life.
+  const wait = (ms: number) => waitUnlessAborted(ms, signal);
   await wait(Math.min(60_000, config.retention.intervalMs));
   while (!signal.aborted) {
     try {
