@@ -32,9 +32,13 @@ export function createReconcileActivities(deps: ReconcileActivityDeps) {
           db: deps.db,
           schema: deps.schema,
           stripe: deps.stripe,
-          // Each paced call is also a sign of life: a run over many customers outlasts any fixed timeout.
+          // Each paced call is also a sign of life: a run over many customers outlasts any fixed
+          // timeout. And the place to stop: an attempt cancelled (timed out, the worker shutting
+          // down) went on through every pair, beside the attempt Temporal had started instead.
           pace: async () => {
-            Context.current().heartbeat();
+            const ctx = Context.current();
+            ctx.heartbeat();
+            if (ctx.cancellationSignal.aborted) throw ctx.cancellationSignal.reason ?? new Error('reconcile attempt cancelled');
             await deps.pace();
           },
         },

@@ -5,7 +5,7 @@
  * with the reason, and `retry` reopens it with a new run that bills it once.
  */
 import { randomUUID } from 'node:crypto';
-import type { Client } from '@temporalio/client';
+import { Client as TemporalClient, Connection, type Client } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
@@ -160,5 +160,32 @@ describe('a row whose run has closed', () => {
     } finally {
       stripe.heal();
     }
+  });
+});
+
+describe('a sweep pass', () => {
+  /** `n` rows dispatched long ago with no run at all, written as such in one transaction (no relay sees them pending). */
+  async function dispatchedWithoutRuns(n: number): Promise<string[]> {
+    return withTransaction(db.pool, async (c) => {
+      const keys: string[] = [];
+      for (let i = 0; i < n; i++) keys.push((await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 })).entry.idempotencyKey);
+      await c.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 hour' WHERE idempotency_key = ANY($1::text[])`, [keys]);
+      return keys;
+    });
+  }
+
+  it('stops after three runs it cannot describe (Temporal away), and the next pass starts where it began; a stopping worker ends it between rows', async () => {
+    const keys = await dispatchedWithoutRuns(6);
+    const afterId = Number((await row(keys[0]!)).id) - 1;
+    const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
+    // A client whose connection is gone: every describe fails.
+    const gone = new TemporalClient({ connection: await Connection.connect({ address: testConfig().temporal.address }) });
+    await gone.connection.close();
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: gone }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
+    const stopping = AbortSignal.abort();
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
+    for (const key of keys) expect((await row(key)).status).toBe('dispatched');
+    // Temporal back: the pass goes through them all (none has a run: each is dead).
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, opts)).toMatchObject({ checked: 6, closed: 6 });
   });
 });

@@ -6,11 +6,14 @@
  * means in production.
  */
 import { Client, Connection, type ScheduleHandle } from '@temporalio/client';
+import { MockActivityEnvironment } from '@temporalio/testing';
 import { randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import { runCli } from '../src/cli/run.js';
+import { createReconcileActivities } from '../activities/reconcile.js';
 import { createMetrics } from '../src/metrics.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { reconcileWindowAt, type ReconcileRunResult } from '../src/ops/reconcile.js';
 import type { ReconcileStatus } from '../src/ops/status.js';
@@ -217,5 +220,27 @@ describe('the reconcile schedule', () => {
       await handle.delete().catch(() => undefined);
       await connection.close();
     }
+  });
+});
+
+describe('the reconcile activity', () => {
+  it('cancelled (its attempt timed out, the worker stopping) stops at the next pair instead of going on through every one', async () => {
+    const tenants = [await tenant(), await tenant(), await tenant()];
+    for (const tn of tenants) await delivered(tn.id, 2, 3);
+    const mock = new MockActivityEnvironment();
+    let paced = 0;
+    const { reconcileWindow } = createReconcileActivities({
+      db: t.pool,
+      schema: schemaFor(),
+      stripe: createStripeClient(t.config.stripe),
+      pace: async () => {
+        // The first slot is the meter list's, the second the first pair's: cancelled there.
+        if (++paced === 2) mock.cancel();
+      },
+    });
+    const run = mock.run(reconcileWindow, { at: Date.now(), intervalMs: 24 * HOUR, lagMs: 600_000 });
+    await expect(run).rejects.toThrow();
+    // The meter list, the first pair, then the check that found the cancellation: no more pairs.
+    expect(paced).toBe(2);
   });
 });

@@ -32,7 +32,16 @@ export interface SweepOptions {
   batchSize: number;
   /** Where the previous pass stopped (0: from the start). */
   afterId?: number;
+  /** Ends the pass between two rows (the worker stopping). */
+  signal?: AbortSignal;
 }
+
+/**
+ * Runs that could not be described in a row before a pass stops: Temporal is away, and each try
+ * waits out the client's retries (some 20 s), so a pass of 100 rows would take half an hour and hold
+ * a stopping worker for as long. The next pass starts again where this one began.
+ */
+const SWEEP_FAILURES_IN_A_ROW = 3;
 
 export interface SweepResult {
   checked: number;
@@ -42,12 +51,20 @@ export interface SweepResult {
   nextAfterId: number;
 }
 
-/** One pass of the sweep. A run that cannot be described (Temporal away) is skipped until next time. */
+/**
+ * One pass of the sweep. A run that cannot be described is skipped until next time; after
+ * SWEEP_FAILURES_IN_A_ROW such runs, or when `signal` aborts, the pass stops and the next one starts
+ * where this one began.
+ */
 export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptions): Promise<SweepResult> {
-  const rows = await listStaleDispatched(deps.db, deps.schema, { afterId: opts.afterId ?? 0, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
+  const afterId = opts.afterId ?? 0;
+  const rows = await listStaleDispatched(deps.db, deps.schema, { afterId, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
   let closed = 0;
+  let failuresInARow = 0;
   for (const row of rows) {
+    if (opts.signal?.aborted || failuresInARow >= SWEEP_FAILURES_IN_A_ROW) return { checked: rows.indexOf(row), closed, nextAfterId: afterId };
     const run = await describeRun(deps.client, row.idempotency_key).catch(() => undefined);
+    failuresInARow = run === undefined ? failuresInARow + 1 : 0;
     if (run?.kind !== 'closed') continue;
     const message = closedRunMessage(row.idempotency_key, run, 'dispatched');
     const marked = await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });

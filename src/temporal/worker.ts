@@ -227,7 +227,7 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
     await waitUnlessAborted(opts.intervalMs, signal);
     if (signal.aborted) return;
     try {
-      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId }));
+      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId, signal }));
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
@@ -252,9 +252,9 @@ function startRelay(client: Client, config: Config, index: number) {
  * Starts again every relay workflow that is not running (terminated or cancelled by an operator, a
  * Temporal server that lost its state) and returns what each of those was.
  */
-export async function restartClosedRelays(client: Client, config: Config): Promise<{ workflowId: string; was: string }[]> {
+export async function restartClosedRelays(client: Client, config: Config, signal?: AbortSignal): Promise<{ workflowId: string; was: string }[]> {
   const restarted: { workflowId: string; was: string }[] = [];
-  for (let i = 0; i < config.relay.count; i++) {
+  for (let i = 0; i < config.relay.count && !signal?.aborted; i++) {
     const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
     let was: string;
     try {
@@ -281,7 +281,7 @@ async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: Abor
     await waitUnlessAborted(everyMs, signal);
     if (signal.aborted) return;
     try {
-      for (const { workflowId, was } of await restartClosedRelays(deps.client, deps.config)) {
+      for (const { workflowId, was } of await restartClosedRelays(deps.client, deps.config, signal)) {
         deps.log?.warn({ workflowId, was }, 'a relay workflow was not running; started it again');
       }
     } catch (err) {
@@ -496,9 +496,9 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
             if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(temporal.client, config, log);
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
-                log?.info({ signal }, 'shutting down: finishing in-flight activities');
+                log?.info({ signal }, 'shutting down: finishing in-flight activities (a second signal exits at once)');
                 void handle.shutdown();
-              });
+              }, log);
             }
             // A shutdown asked for while the worker was starting stops it now.
             if (stopRequested) void running.shutdown();
@@ -600,10 +600,15 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
  * reaches a process twice through npm or tsx). Returns a function that removes the handlers, so a
  * library worker leaves `process` as it found it.
  */
-function onFirstSignal(fn: (signal: NodeJS.Signals) => void): () => void {
+function onFirstSignal(fn: (signal: NodeJS.Signals) => void, log?: Logger): () => void {
   let fired = false;
   const on = (signal: NodeJS.Signals) => {
-    if (fired) return;
+    // A second Ctrl-C or SIGTERM while the worker drains: the operator wants it gone now. What was
+    // in flight is retried by Temporal elsewhere, with the same identifier, as after a SIGKILL.
+    if (fired) {
+      log?.warn({ signal }, 'second signal while shutting down: exiting now; in-flight activities are retried by another worker');
+      process.exit(130);
+    }
     fired = true;
     fn(signal);
   };
