@@ -136,6 +136,11 @@ describe.concurrent('installed from the tarballs', () => {
       const library = await failed(exec(process.execPath, ['--input-type=module', '-e', "await import('billing-outbox/worker')"], { cwd: app, env }));
       expect(library.stderr).toMatch(/billing-outbox\/worker needs the package \S+, which is not installed: npm install billing-outbox-worker/);
     }
+    // From CommonJS (README, "Install it"): require takes the package; the worker is import()ed.
+    const required = await exec(process.execPath, ['--input-type=commonjs', '-e', "console.log(typeof require('billing-outbox').recordUsage)"], { cwd: app, env });
+    expect(required.stdout.trim()).toBe('function');
+    const requiredWorker = await failed(exec(process.execPath, ['--input-type=commonjs', '-e', "require('billing-outbox/worker')"], { cwd: app, env }));
+    expect(requiredWorker.stderr).toContain('ERR_REQUIRE_ASYNC_MODULE');
   }, 120_000);
 
   it(
