@@ -153,6 +153,10 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     stopping.abort();
     await Promise.all([notifier.close(), pruner, sweeper, relayKeeper]);
   });
+  // Whoever waits on it hears how it ended; a crash while nobody waits yet (the relays being
+  // started, the reconcile schedule ensured, an old worker draining after a reconnect) must not
+  // also be an unhandled rejection, which ends the process, the application's in library mode.
+  done.catch(() => undefined);
   try {
     await ensureRelays(client, config);
   } catch (err) {
@@ -497,11 +501,12 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
                 log?.info({ signal }, 'shutting down: finishing in-flight activities (a second signal exits at once)');
-                void handle.shutdown();
+                // How the worker ended is reported by run(), which awaits it.
+                handle.shutdown().catch(() => undefined);
               }, log);
             }
             // A shutdown asked for while the worker was starting stops it now.
-            if (stopRequested) void running.shutdown();
+            if (stopRequested) running.shutdown().catch(() => undefined);
             else {
               state = 'running';
               opts.onRunning?.();
