@@ -9,6 +9,7 @@ import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN, WEBHOOK_SECRET_PATTERN } from './stripe/rules.js';
 import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
+import { tenantProblem } from './outbox/validate.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
 
@@ -39,7 +40,12 @@ export type ApiScope = (typeof API_SCOPES)[number];
 
 const apiToken = z.object({
   name: z.string().min(1, 'each token needs a name (used in logs instead of the token)'),
-  token: z.string().min(24, 'each token must be at least 24 characters'),
+  token: z
+    .string()
+    .min(24, 'each token must be at least 24 characters')
+    // What an Authorization header can carry as one word: a space or a character past ASCII in
+    // it could never match, and every request with it would be refused (401).
+    .regex(/^[\x21-\x7e]+$/, 'each token must be visible ASCII characters only (no spaces)'),
   /** Tenants this token may record usage for; ["*"] for all. */
   tenants: z.array(z.string().min(1)).min(1, 'each token needs tenants (["*"] for all)'),
   scopes: z.array(z.enum(API_SCOPES)).min(1, `each token needs scopes (${API_SCOPES.join(', ')})`),
@@ -483,9 +489,20 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     problems.push('STRIPE_API_KEY: a live key may only be sent to Stripe itself; unset STRIPE_API_BASE');
   }
   const names = new Set<string>();
+  const values = new Map<string, string>();
   for (const t of c.API_TOKENS ?? []) {
     if (names.has(t.name)) problems.push(`API_TOKENS: token name ${JSON.stringify(t.name)} is used twice`);
     names.add(t.name);
+    // The first of two entries with one value would always win: the second's tenants and scopes never apply.
+    if (t.token.startsWith('change-me')) problems.push(`API_TOKENS: token ${JSON.stringify(t.name)} is .env.example's placeholder; make one (openssl rand -hex 32)`);
+    const first = values.get(t.token);
+    if (first !== undefined) problems.push(`API_TOKENS: tokens ${JSON.stringify(first)} and ${JSON.stringify(t.name)} have the same value`);
+    else values.set(t.token, t.name);
+    // A tenant no usage can name (a trailing space, a hidden character) would refuse every request as forbidden.
+    for (const tenant of t.tenants) {
+      const problem = tenant === '*' ? undefined : tenantProblem(tenant);
+      if (problem) problems.push(`API_TOKENS: token ${JSON.stringify(t.name)}: tenant ${JSON.stringify(tenant)} ${problem}`);
+    }
   }
   problems.push(...temporalTlsProblems(c));
   if (problems.length > 0) throw new ConfigError(problems);

@@ -164,7 +164,8 @@ describe('POST /v1/usage', () => {
     await writesNothing(async () => {
       const res = await post({ ...body, quantity: 3 });
       expect(res.statusCode).toBe(409);
-      expect(errorOf(res).code).toBe('usage_conflict');
+      // What differs, so that the caller can tell a changed request from a reused id.
+      expect(errorOf(res)).toMatchObject({ code: 'usage_conflict', message: expect.stringContaining(': quantity (recorded 2, given 3)') });
     });
     const { rows } = await t.pool.query('SELECT quantity FROM outbox WHERE idempotency_key = $1', [idempotencyKeyFor('acme', body.usage_id)]);
     expect(rows).toEqual([{ quantity: 2 }]);
@@ -366,6 +367,29 @@ describe('at the door', () => {
     }
   });
 
+  it('answers usage already recorded as recorded (200) once its meter is gone, and refuses only new usage for it (422)', async () => {
+    // The meter deactivated between a request that timed out after its 201 and the client's retry.
+    const stripe = await LocalStripe.start({ meters: ['another_meter'] });
+    try {
+      const gone = buildApi({ config, db: t.pool, log, temporal, meters: new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe)) });
+      extraApps.push(gone);
+      const body = usage();
+      expect((await post(body, writer)).statusCode).toBe(201);
+      const again = await post(body, writer, {}, gone);
+      expect(again.statusCode).toBe(200);
+      expect(again.json()).toMatchObject({ created: false, usage_id: body.usage_id });
+      // The same usage id with other values is still a conflict, not a missing meter.
+      expect((await post({ ...body, quantity: 999 }, writer, {}, gone)).statusCode).toBe(409);
+      await writesNothing(async () => {
+        const res = await post(usage(), writer, {}, gone);
+        expect(res.statusCode).toBe(422);
+        expect(errorOf(res).code).toBe('unknown_meter');
+      });
+    } finally {
+      await stripe.close();
+    }
+  });
+
   it('refuses every request of a burst for a misspelt meter, not only the first (the catalog reads Stripe at its own pace)', async () => {
     const stripe = await LocalStripe.start({ meters: ['api_requests'] });
     try {
@@ -478,6 +502,10 @@ describe('authentication and scopes', () => {
       expect(errorOf(res).code).toBe('tenant_forbidden');
       // Unknown tenants are refused by the token before the database is asked.
       expect((await post(usage({ tenant_id: 'nobody' }), acmeOnly)).statusCode).toBe(403);
+      // A tenant_id with a hidden character is a bad field (400, named), not another tenant.
+      const hidden = await post(usage({ tenant_id: 'acme\u200b' }), acmeOnly);
+      expect(hidden.statusCode).toBe(400);
+      expect(errorOf(hidden)).toMatchObject({ code: 'invalid_request', fields: [{ field: 'tenant_id' }] });
     });
     expect((await post(usage({ tenant_id: 'acme' }), acmeOnly)).statusCode).toBe(201);
   });

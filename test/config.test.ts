@@ -181,6 +181,23 @@ describe('configuration', () => {
     expect(problems({ API_TOKENS: JSON.stringify([dup, dup]) })[0]).toMatch(/used twice/);
   });
 
+  it('rejects API tokens that could never be used as given: a space or non-ASCII in the value, one value twice, a tenant no usage can name', () => {
+    const token = (over: Record<string, unknown>) => ({ name: 'a', token: 'z'.repeat(30), tenants: ['*'], scopes: ['usage:write'], ...over });
+    expect(problems({ API_TOKENS: JSON.stringify([token({ token: ` ${'z'.repeat(30)}` })]) })[0]).toMatch(/visible ASCII/);
+    expect(problems({ API_TOKENS: JSON.stringify([token({ token: `${'ä'.repeat(30)}` })]) })[0]).toMatch(/visible ASCII/);
+    const twice = problems({ API_TOKENS: JSON.stringify([token({ name: 'writer' }), token({ name: 'metrics', scopes: ['metrics:read'] })]) });
+    expect(twice).toEqual(['API_TOKENS: tokens "writer" and "metrics" have the same value']);
+    // The value itself is never in a message.
+    expect(twice.join()).not.toContain('z'.repeat(30));
+    expect(problems({ API_TOKENS: JSON.stringify([token({ tenants: ['acme '] })]) })[0]).toMatch(/^API_TOKENS: token "a": tenant "acme " /);
+    expect(problems({ API_TOKENS: JSON.stringify([token({ tenants: ['acme\u200b'] })]) })[0]).toMatch(/^API_TOKENS: token "a": tenant /);
+    expect(() => loadConfig({ API_TOKENS: JSON.stringify([token({ tenants: ['acme', '*'] })]) })).not.toThrow();
+    // .env.example's, uncommented as it is.
+    expect(problems({ API_TOKENS: JSON.stringify([token({ name: 'app', token: 'change-me-to-a-long-random-string' })]) })).toEqual([
+      'API_TOKENS: token "app" is .env.example\'s placeholder; make one (openssl rand -hex 32)',
+    ]);
+  });
+
   it('treats empty strings as unset', () => {
     expect(loadConfig({ RELAY_COUNT: '', STRIPE_API_KEY: '  ' }).relay.count).toBe(2);
   });

@@ -41,6 +41,15 @@ async function usageLogCount(): Promise<number> {
 
 const importCli = (args: string[]) => runCliWithoutTemporal(['import', ...args], testConfig(), t.db);
 
+it("a field name with control characters (an escape sequence) is named as JSON text, never written raw to the operator's terminal", async () => {
+  const p = randomUUID().slice(0, 8);
+  const path = await file(`usage-${p}.jsonl`, [JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 1, '\u001b]52;c;eA==\u0007': 1 })]);
+  const r = await importCli([path]);
+  expect(r.code).toBe(1);
+  expect(r.err.includes('\u001b') || r.err.includes('\u0007')).toBe(false);
+  expect(r.err.trim()).toBe('line 1: invalid_usage: "\\u001b]52;c;eA==\\u0007": is not a known field');
+});
+
 it('a jsonl file: good lines recorded under recordUsage keys, each bad line refused with its number and reason, exit 1; a re-run adds nothing', async () => {
   const p = randomUUID().slice(0, 8);
   const path = await file(`usage-${p}.jsonl`, [

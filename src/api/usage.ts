@@ -7,6 +7,8 @@ import type { IngestionDeps } from './ingestion.js';
 import { withTransaction } from '../db.js';
 import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { recordUsage } from '../outbox/enqueue.js';
+import { findEntryByKey } from '../outbox/sql/enqueue.js';
+import { schemaFor } from '../outbox/sql/schema.js';
 import type { OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { inRequestSpan } from '../tracing.js';
@@ -102,13 +104,6 @@ export function registerUsageRoutes(
     { schema: { body: usageBodySchema }, config: { scope: 'usage:write' }, bodyLimit: deps.bodyLimitBytes },
     async (request: FastifyRequest<{ Body: UsageRequestBody }>, reply: FastifyReply) => {
       const body = request.body;
-      requireTenant(request.billingOutboxToken!, body.tenant_id);
-      // Every later line of this request, including Fastify's "request completed", carries the key.
-      const key = idempotencyKeyFor(body.tenant_id, body.usage_id);
-      const log = request.log.child({ idempotencyKey: key });
-      request.log = log;
-      reply.log = log;
-
       const usage = {
         usageId: body.usage_id,
         tenantId: body.tenant_id,
@@ -116,16 +111,21 @@ export function registerUsageRoutes(
         eventName: body.event_name,
         occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
       };
-      // Usage that names a meter Stripe does not have could never be billed: refused at the door.
-      // The fields first (400, naming the field): a name with a hidden character is not a meter
-      // Stripe lacks, and "create the meter first" would send the caller the wrong way. (Without
-      // the meter check, recordUsage's own check is the only one.)
-      if (deps.meters) {
-        const { eventName } = validateUsage(usage, deps.defaultEventName);
-        if (await meterMissing(deps.meters, eventName)) {
-          throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
-        }
-      }
+      // The fields first (400, naming the field): a tenant_id with a hidden character is a bad
+      // field, not another tenant (a scoped token heard 403), and an event_name with one is not a
+      // meter Stripe lacks ("create the meter first" would send the caller the wrong way).
+      const { eventName } = validateUsage(usage, deps.defaultEventName);
+      requireTenant(request.billingOutboxToken!, body.tenant_id);
+      // Every later line of this request, including Fastify's "request completed", carries the key.
+      const key = idempotencyKeyFor(body.tenant_id, body.usage_id);
+      const log = request.log.child({ idempotencyKey: key });
+      request.log = log;
+      reply.log = log;
+
+      // New usage that names a meter Stripe does not have could never be billed: refused at the
+      // door. Usage already recorded is answered as recorded whatever became of its meter since: a
+      // client retrying a request that timed out after its 201 must not hear it was refused.
+      const meterGone = deps.meters !== undefined && (await meterMissing(deps.meters, eventName));
 
       // The event's trace begins here (or in the caller's, by its traceparent header): the row keeps
       // this span's context. A no-op span unless the process registered an OpenTelemetry SDK.
@@ -134,8 +134,15 @@ export function registerUsageRoutes(
         const connectBy = Date.now() + (deps.turnWaitMs ?? TURN_WAIT_MS);
         const release = await turns.enter(body.tenant_id, connectBy);
         try {
-          const recorded = await withTransaction(deps.db, (client) =>
-            recordUsage(deps.preparedStatements === false ? withoutPreparedStatements(client) : client, usage, { defaultEventName: deps.defaultEventName, schema: deps.schema }),
+          const recorded = await withTransaction(
+            deps.db,
+            async (pooled) => {
+              const client = deps.preparedStatements === false ? withoutPreparedStatements(pooled) : pooled;
+              if (meterGone && !(await findEntryByKey(client, schemaFor(deps.schema), body.tenant_id, key))) {
+                throw new ApiError(422, 'unknown_meter', `Stripe has no active meter for event_name ${JSON.stringify(eventName)}; create the meter first`);
+              }
+              return recordUsage(client, usage, { defaultEventName: deps.defaultEventName, schema: deps.schema });
+            },
             { short: true, connectBy },
           );
           span.setAttribute('http.response.status_code', recorded.created ? 201 : 200);

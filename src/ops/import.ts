@@ -16,7 +16,7 @@
 import type pg from 'pg';
 import { JsonTextError, parseJsonText } from '../api/strict-json.js';
 import type { UsageRequestBody } from '../api/usage.js';
-import { DEFAULT_EVENT_NAME, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
+import { DEFAULT_EVENT_NAME, differences, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
 import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
@@ -120,7 +120,11 @@ function dateTime(value: unknown): Date {
 
 /** A line's fields (as the API's body) as recordUsage's input; field problems refused as the API refuses them. */
 function bodyToInput(body: Record<string, unknown>): UsageInput {
-  for (const field of Object.keys(body)) if (!Object.hasOwn(BODY_FIELDS, field)) fieldRefusal(field, 'is not a known field');
+  // A name of anything but visible ASCII is named as JSON text: it may hold control characters (an
+  // escape sequence that rewrites the operator's terminal), and the refusal is printed there.
+  for (const field of Object.keys(body)) {
+    if (!Object.hasOwn(BODY_FIELDS, field)) fieldRefusal(/^[\x21-\x7e]+$/.test(field) ? field : JSON.stringify(field), 'is not a known field');
+  }
   for (const field of REQUIRED_FIELDS) if (body[field] === undefined) fieldRefusal(field, 'is required');
   // Types are not coerced, as in the API: a quoted "5" in JSON is not a quantity.
   if (typeof body.quantity !== 'number' || !Number.isInteger(body.quantity)) fieldRefusal('quantity', 'must be an integer');
@@ -352,7 +356,7 @@ async function recordBatch(
         );
       }
       const entry = toEntry(row, p.usage.usageId);
-      return sameUsage(entry, p.usage) ? 'already' : new UsageConflictError(p.usage.usageId, entry);
+      return sameUsage(entry, p.usage) ? 'already' : new UsageConflictError(p.usage.usageId, entry, differences(entry, p.usage));
     });
   } catch (err) {
     await pooled.query('ROLLBACK').catch(() => undefined);

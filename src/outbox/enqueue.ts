@@ -94,7 +94,7 @@ export async function recordUsage(
     );
   }
   const entry = toEntry(found, usage.usageId);
-  if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry);
+  if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));
   return { entry, created: false };
 }
 
@@ -115,6 +115,17 @@ export function sameUsage(entry: OutboxEntry, usage: ValidUsage): boolean {
     entry.quantity === usage.quantity &&
     (usage.occurredAt === null || entry.occurredAt.getTime() === usage.occurredAt.getTime())
   );
+}
+
+/** What differs between a recorded usage and the one given again under its id, field by field. */
+export function differences(entry: OutboxEntry, usage: ValidUsage): string[] {
+  const found: string[] = [];
+  if (entry.quantity !== usage.quantity) found.push(`quantity (recorded ${entry.quantity}, given ${usage.quantity})`);
+  if (entry.eventName !== usage.eventName) found.push(`eventName (recorded ${JSON.stringify(entry.eventName)}, given ${JSON.stringify(usage.eventName)})`);
+  if (usage.occurredAt !== null && entry.occurredAt.getTime() !== usage.occurredAt.getTime()) {
+    found.push(`occurredAt (recorded ${entry.occurredAt.toISOString()}, given ${usage.occurredAt.toISOString()})`);
+  }
+  return found;
 }
 
 export type { UsageInput } from './validate.js';

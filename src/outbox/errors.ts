@@ -58,11 +58,13 @@ export class UnknownTenantError extends UsageError {
 export class UsageConflictError extends UsageError {
   readonly usageId: string;
   readonly existing: OutboxEntry;
-  constructor(
-    usageId: string,
-    existing: OutboxEntry,
-  ) {
-    super('usage_conflict', `usage ${JSON.stringify(usageId)} was already recorded with different values`, 'usageId');
+  /** `differences`: each field that differs, as "quantity (recorded 3, given 4)". */
+  constructor(usageId: string, existing: OutboxEntry, differences: readonly string[] = []) {
+    super(
+      'usage_conflict',
+      `usage ${JSON.stringify(usageId)} was already recorded with different values${differences.length > 0 ? `: ${differences.join(', ')}` : ''}`,
+      'usageId',
+    );
     this.usageId = usageId;
     this.existing = existing;
     this.name = 'UsageConflictError';
