@@ -47,8 +47,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-accepts-conflicting-duplicate',
     guarantee: 'No duplicate enqueue: the same id with different values is refused',
-    find: 'if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry);',
-    replace: 'if (sameUsage(entry, usage) === undefined) throw new UsageConflictError(usage.usageId, entry);',
+    find: 'if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));',
+    replace: 'if (sameUsage(entry, usage) === undefined) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));',
     test: 'test/enqueue.test.ts',
     name: 'refuses a usage id reused with different values',
     quick: true,
@@ -440,8 +440,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'retry-wait-unbounded',
     guarantee: "Nothing waits forever in silence: `retry --wait` waits at most its limit (10 minutes), then says the event is still on its way",
-    find: 'const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result());',
-    replace: 'const answer = await update.result();',
+    find: 'const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result()).catch(',
+    replace: 'const answer = await update.result().catch(',
     test: 'test/retry-wait.test.ts',
     name: 'waits no longer than its limit',
   },
@@ -726,6 +726,14 @@ export const MUTANTS: Mutant[] = [
     replace: '        const release = () => undefined;',
     test: 'test/api.test.ts',
     name: 'serves tenants in turn',
+  },
+  {
+    id: 'api-meter-refuses-recorded',
+    guarantee: 'Repeating a request is safe: a usage already recorded is answered as recorded, even once its meter is gone at Stripe',
+    find: '              if (meterGone && !(await findEntryByKey(client, schemaFor(deps.schema), body.tenant_id, key))) {',
+    replace: '              if (meterGone) {',
+    test: 'test/api.test.ts',
+    name: 'once its meter is gone',
   },
   {
     id: 'summary-tenant-markdown',
