@@ -526,8 +526,8 @@ describe('what a person reads', () => {
     expect(r.out).toContain(
       [
         'Environment: while `npm start` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default',
-        "to its own (read from .data/endpoints.json, or DATA_DIR's); otherwise DATABASE_URL must be set and",
-        'TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),',
+        "to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset; otherwise",
+        'DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),',
       ].join('\n'),
     );
   });

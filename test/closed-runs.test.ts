@@ -5,6 +5,7 @@
  * with the reason, and `retry` reopens it with a new run that bills it once.
  */
 import { randomUUID } from 'node:crypto';
+import net from 'node:net';
 import { Client as TemporalClient, Connection, type Client } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
@@ -71,6 +72,93 @@ async function inFlightDuringOutage(quantity: number): Promise<string> {
   });
   return key;
 }
+
+// Before the worker below that sweeps every 200 ms: these sweep by hand, and judge what they find.
+it('retry from a CLI configured with a task queue no worker polls says so: the run it starts would wait there unseen', async () => {
+  // A dead letter with no run (gone past retention): retry starts a new one.
+  const key = await withTransaction(db.pool, async (c) => {
+    const { entry } = await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 });
+    await c.query(`UPDATE outbox SET status = 'dead', last_error_code = 'http_500', last_error_message = 'x', dead_at = now() WHERE idempotency_key = $1`, [entry.idempotencyKey]);
+    return entry.idempotencyKey;
+  });
+  const elsewhere = { ...config, temporal: { ...config.temporal, taskQueue: `nobody-polls-${randomUUID().slice(0, 8)}` } };
+  const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config: elsewhere, now: Date.now });
+  try {
+    const result = await lost.retryKey(key, { force: false, requestedBy: 'test' });
+    expect(result.outcome).toBe('reopened');
+    expect(result.message).toContain(`WARNING: no worker polls task queue "${elsewhere.temporal.taskQueue}"`);
+    // From the workers' own configuration, no warning.
+    await client.workflow.getHandle(key).terminate('test over');
+    await waitFor('the row dead again', async () => {
+      await sweep();
+      return (await row(key)).status === 'dead';
+    });
+    const again = await retrier.retryKey(key, { force: false, requestedBy: 'test' });
+    expect(again.outcome).toBe('reopened');
+    expect(again.message).not.toContain('WARNING');
+    await waitStatus(key, 'sent');
+  } finally {
+    await client.workflow.getHandle(key).terminate('test over').catch(() => undefined);
+  }
+});
+
+it('retry --all-dead with Temporal away stops after a few dead letters in a row instead of failing each in turn, and says so', async () => {
+  const tenant = `away-${randomUUID().slice(0, 8)}`;
+  await addCustomer(db.pool, tenant, 'cus_acme');
+  await withTransaction(db.pool, async (c) => {
+    for (let i = 0; i < 20; i++) {
+      const { entry } = await recordUsage(c, { usageId: randomUUID(), tenantId: tenant, quantity: 1 });
+      await c.query(`UPDATE outbox SET status = 'dead', last_error_code = 'http_500', last_error_message = 'x', dead_at = now() WHERE idempotency_key = $1`, [entry.idempotencyKey]);
+    }
+  });
+  // Nothing listens there; without the client's own retries, each call fails at once.
+  const port = await new Promise<number>((resolve) => {
+    const probe = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as net.AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
+  const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${port}`, interceptors: [] }) });
+  const results: RetryResult[] = [];
+  const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: away, config, now: Date.now });
+  const ended = await lost.retryAllDead({ tenantId: tenant }, { force: false, requestedBy: 'test' }, (r) => results.push(r));
+  expect(ended.stopped).toMatch(/^Temporal did not answer for 8 dead letters in a row/);
+  expect(results.length).toBeGreaterThanOrEqual(8);
+  expect(results.length).toBeLessThan(20);
+  expect(results.every((r) => r.outcome === 'failed')).toBe(true);
+  // Nothing was reopened: every one is still a dead letter, for the same command to go on with.
+  const { rows } = await db.pool.query(`SELECT count(*)::int AS n FROM outbox WHERE tenant_id = $1 AND status = 'dead'`, [tenant]);
+  expect(rows[0].n).toBe(20);
+});
+
+describe('a sweep pass', () => {
+  /** `n` rows dispatched long ago with no run at all, written as such in one transaction (no relay sees them pending). */
+  async function dispatchedWithoutRuns(n: number): Promise<string[]> {
+    return withTransaction(db.pool, async (c) => {
+      const keys: string[] = [];
+      for (let i = 0; i < n; i++) keys.push((await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 })).entry.idempotencyKey);
+      await c.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 hour' WHERE idempotency_key = ANY($1::text[])`, [keys]);
+      return keys;
+    });
+  }
+
+  it('stops after three runs it cannot describe (Temporal away), and the next pass starts where it began; a stopping worker ends it between rows', async () => {
+    const keys = await dispatchedWithoutRuns(6);
+    const afterId = Number((await row(keys[0]!)).id) - 1;
+    const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
+    // A client whose connection is gone: every describe fails.
+    const gone = new TemporalClient({ connection: await Connection.connect({ address: testConfig().temporal.address }) });
+    await gone.connection.close();
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: gone }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
+    const stopping = AbortSignal.abort();
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
+    for (const key of keys) expect((await row(key)).status).toBe('dispatched');
+    // Temporal back: the pass goes through them all (none has a run: each is dead).
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, opts)).toMatchObject({ checked: 6, closed: 6 });
+    // Out of the way of the tests below, which count and retry this tenant's workflow_closed dead letters.
+    await db.pool.query('DELETE FROM outbox WHERE idempotency_key = ANY($1::text[])', [keys]);
+  });
+});
 
 describe('a row whose run has closed', () => {
   it('terminated during a Stripe outage: the sweep makes it dead (workflow_closed), retry --all-dead reopens it, billed once', async () => {
@@ -160,32 +248,5 @@ describe('a row whose run has closed', () => {
     } finally {
       stripe.heal();
     }
-  });
-});
-
-describe('a sweep pass', () => {
-  /** `n` rows dispatched long ago with no run at all, written as such in one transaction (no relay sees them pending). */
-  async function dispatchedWithoutRuns(n: number): Promise<string[]> {
-    return withTransaction(db.pool, async (c) => {
-      const keys: string[] = [];
-      for (let i = 0; i < n; i++) keys.push((await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 })).entry.idempotencyKey);
-      await c.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 hour' WHERE idempotency_key = ANY($1::text[])`, [keys]);
-      return keys;
-    });
-  }
-
-  it('stops after three runs it cannot describe (Temporal away), and the next pass starts where it began; a stopping worker ends it between rows', async () => {
-    const keys = await dispatchedWithoutRuns(6);
-    const afterId = Number((await row(keys[0]!)).id) - 1;
-    const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
-    // A client whose connection is gone: every describe fails.
-    const gone = new TemporalClient({ connection: await Connection.connect({ address: testConfig().temporal.address }) });
-    await gone.connection.close();
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: gone }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
-    const stopping = AbortSignal.abort();
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
-    for (const key of keys) expect((await row(key)).status).toBe('dispatched');
-    // Temporal back: the pass goes through them all (none has a run: each is dead).
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, opts)).toMatchObject({ checked: 6, closed: 6 });
   });
 });

@@ -168,7 +168,7 @@ describe('billing-outbox reconcile', () => {
 
     const refusal = windowRefusal((await findOperatorRow(t.pool, t.schema, dead))!, Date.now());
     const suggested = /`billing-outbox (reconcile [^`]+)`/.exec(refusal)?.[1];
-    expect(suggested).toBe(`reconcile --from ${at(2)} --to ${at(3)} --tenant ${tn.id}`);
+    expect(suggested).toBe(`reconcile --from ${at(2)} --to ${at(3)} --tenant=${tn.id}`);
     const { code, report } = await reconcileJson(suggested!.split(' ').slice(1));
     expect(code).toBe(0);
     const [window] = report.groups[0]!.windows;

@@ -35,17 +35,19 @@ async function confirm(question: string): Promise<boolean> {
 }
 
 /**
- * With DATABASE_URL or TEMPORAL_ADDRESS unset, the stack `npm start` is running on this machine
- * (its .data/endpoints.json, while its process lives) fills them in, and its Web UI's address.
+ * With DATABASE_URL and TEMPORAL_ADDRESS both unset, the stack `npm start` is running on this
+ * machine (its .data/endpoints.json, while its process lives) fills them in, and its Web UI's
+ * address. Never one of them: a production DATABASE_URL beside the local stack's Temporal made
+ * `retry` start production's dead letters as runs on the local stack, where no worker has the rows.
  */
 function withRunningStack(config: Config): Config {
-  if (config.databaseUrl && config.temporal.address) return config;
+  if (config.databaseUrl || config.temporal.address) return config;
   const running = readRunningStack(defaultDataDir(config.dataDir));
   if (!running) return config;
   return {
     ...config,
-    databaseUrl: config.databaseUrl ?? running.databaseUrl,
-    temporal: { ...config.temporal, address: config.temporal.address ?? running.temporalAddress },
+    databaseUrl: running.databaseUrl,
+    temporal: { ...config.temporal, address: running.temporalAddress },
     temporalUiUrl: process.env.TEMPORAL_UI_URL || !running.temporalUi ? config.temporalUiUrl : running.temporalUi,
   };
 }

@@ -70,8 +70,8 @@ ${list(OPERATOR_COMMANDS)}
 Run \`billing-outbox <command> --help\` for a command's options. Most take --json for scripts.
 
 Environment: while \`npm start\` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default
-to its own (read from .data/endpoints.json, or DATA_DIR's); otherwise DATABASE_URL must be set and
-TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),
+to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset; otherwise
+DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),
 TEMPORAL_TASK_QUEUE (where reopened workflows run), STRIPE_API_KEY and STRIPE_API_BASE (reconcile
 and cancel call Stripe).
 

@@ -33,6 +33,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
+import { temporalUnreachable } from '../reachable.js';
 import {
   findOperatorRow,
   listDeadLetters,
@@ -106,6 +107,10 @@ export interface RetrierDeps {
 }
 
 const QUERY_TIMEOUT_MS = 5_000;
+/** Dead letters in a row that Temporal did not answer for before a bulk retry stops. */
+const STOP_AFTER_UNREACHABLE = 8;
+/** temporal.api.enums.v1.TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW. */
+const WORKFLOW_TASK_QUEUE = 1;
 /** How long an open run's worker may take to accept the `retry` Update (`--wait`). */
 const ACCEPT_TIMEOUT_MS = 10_000;
 /** Closed statuses after which a new run may be started; COMPLETED means the event was delivered. */
@@ -125,7 +130,7 @@ export function windowRefusal(row: OperatorRow, now: number): string {
   hour.setUTCMinutes(0, 0, 0);
   const customer = row.stripe_customer_id ?? `(no customer mapped for tenant ${row.tenant_id})`;
   const next = new Date(hour.getTime() + 3_600_000);
-  const command = `billing-outbox reconcile --from ${hour.toISOString()} --to ${next.toISOString()} --tenant ${shellWord(row.tenant_id)}`;
+  const command = `billing-outbox reconcile --from ${hour.toISOString()} --to ${next.toISOString()} --tenant=${shellWord(row.tenant_id)}`;
   return (
     `first attempted ${since} ago (${row.first_attempted_at!.toISOString()}), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window. ` +
     `Stripe deduplicates meter-event identifiers for only ${hours(IDENTIFIER_WINDOW_MS)}, so if an earlier attempt did reach Stripe, ` +
@@ -174,14 +179,24 @@ export class DeadLetterRetrier {
     filter: DeadLetterFilter,
     opts: RetryOptions & { pageSize?: number | undefined },
     onResult: (result: RetryResult) => void,
-  ): Promise<void> {
+  ): Promise<{ stopped?: string }> {
     for (let afterId = 0; ; ) {
       const page = await listDeadLetters(this.deps.db, this.deps.schema, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
-      if (page.length === 0) return;
+      if (page.length === 0) return {};
       afterId = page.at(-1)!.id;
-      await forEachLimit(page, BULK_CONCURRENCY, async (row) => onResult(await this.retryRow(row, opts)));
+      await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
+        if (this.unreachableInARow < STOP_AFTER_UNREACHABLE) onResult(await this.retryRow(row, opts));
+      });
+      // Temporal away: each row would wait out the client's retries (some 20 s) and fail, for
+      // every dead letter there is. The rows not reached are still dead: the same command goes on.
+      if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) {
+        return { stopped: `Temporal did not answer for ${STOP_AFTER_UNREACHABLE} dead letters in a row; the rest were not tried` };
+      }
     }
   }
+
+  /** Rows in a row whose retry failed because Temporal did not answer (the bulk retry stops at STOP_AFTER_UNREACHABLE). */
+  private unreachableInARow = 0;
 
   /**
    * Retries one row, its audit row written first (`started`) and completed with what happened: a
@@ -207,8 +222,10 @@ export class DeadLetterRetrier {
     let result: RetryResult;
     try {
       result = await this.decide(row, opts);
+      this.unreachableInARow = 0;
     } catch (err) {
       result = { key, outcome: 'failed', forced: opts.force, message: scrub((err as Error).message) };
+      this.unreachableInARow = temporalUnreachable(err) ? this.unreachableInARow + 1 : 0;
     }
     try {
       await finishOperatorAction(db, schema, audit, result.outcome, result.message);
@@ -323,10 +340,32 @@ export class DeadLetterRetrier {
       );
     }
     const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
-    const result = done('reopened', fresh ? how : `${how}, forced past the 24 h identifier window`);
+    const unpolled = (await this.taskQueueUnpolled()) ? `; ${this.unpolledWarning()}` : '';
+    const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${unpolled}`);
     if (!opts.wait) return result;
-    const answer = await this.awaitOutcome(key, opts.wait.timeoutMs);
+    // The run is started: the retry stands whatever happens to the wait for its outcome.
+    const answer = await this.awaitOutcome(key, opts.wait.timeoutMs).catch((err: unknown) => new Error(scrub((err as Error).message)));
+    if (answer instanceof Error) return { ...result, message: `${result.message}; its outcome is unknown: ${answer.message}` };
     return { ...result, message: `${result.message}; ${describeAnswer(answer)}`, ...(answer ? { answer } : {}) };
+  }
+
+  /**
+   * Whether no worker has polled the task queue this command starts runs on (Temporal lists the
+   * pollers of the last minutes): a CLI configured with another TEMPORAL_TASK_QUEUE than the
+   * workers' starts runs nobody ever picks up, and the rows wait `dispatched` with nothing to say
+   * why. Asked once per command; false when Temporal cannot tell.
+   */
+  private unpolled?: Promise<boolean>;
+  private taskQueueUnpolled(): Promise<boolean> {
+    const { client, config } = this.deps;
+    this.unpolled ??= client.workflowService
+      .describeTaskQueue({ namespace: config.temporal.namespace, taskQueue: { name: config.temporal.taskQueue }, taskQueueType: WORKFLOW_TASK_QUEUE })
+      .then((r) => (r.pollers ?? []).length === 0, () => false);
+    return this.unpolled;
+  }
+
+  private unpolledWarning(): string {
+    return `WARNING: no worker polls task queue ${JSON.stringify(this.deps.config.temporal.taskQueue)} in namespace ${JSON.stringify(this.deps.config.temporal.namespace)}: the new run waits until one does (is TEMPORAL_TASK_QUEUE the workers'?)`;
   }
 
   /** The open run's reopen signal: recorded in its history, acted on when its worker next runs it. */
@@ -358,7 +397,12 @@ export class DeadLetterRetrier {
         // refuses; the signal finds it retrying after the Update and does nothing.
         return this.signalRetry(key, opts, `its workflow took no Update within ${formatDuration(ACCEPT_TIMEOUT_MS)}: is its worker running?`);
       }
-      const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result());
+      // Accepted: the retry stands whatever happens to the wait for its answer.
+      const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result()).catch((err: unknown) => {
+        if (err instanceof WorkflowUpdateFailedError || err instanceof WorkflowUpdateRPCTimeoutOrCancelledError) throw err;
+        return new Error(scrub((err as Error).message));
+      });
+      if (answer instanceof Error) return done('retried', `accepted; its outcome is unknown: ${answer.message}`);
       return done('retried', describeAnswer(answer), answer);
     } catch (err) {
       if (err instanceof WorkflowUpdateFailedError && err.cause instanceof ApplicationFailure && err.cause.type === RETRY_REFUSED) {

@@ -2,6 +2,7 @@
 import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { parse } from '../args.js';
+import { scrub } from '../../log.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
 import { formatDuration, formatTable, ProgressBar } from '../format.js';
 import { DEFAULT_WAIT_MS, DeadLetterRetrier, isProblem, type RetryOptions, type RetryOutcome, type RetryResult } from '../../ops/retry.js';
@@ -147,9 +148,10 @@ async function retryAll(
   const problems: Pick<RetryResult, 'key' | 'outcome' | 'message'>[] = [];
   let problemCount = 0;
   const table = opts.wait ? new OutcomeTable() : undefined;
+  let stoppedEarly: string | undefined;
   const report = (): number => {
     if (opts.json) {
-      writeJson(ctx.out, { summary, problems, problemsOmitted: problemCount - problems.length, ...(table ? { outcomes: table.rows() } : {}) });
+      writeJson(ctx.out, { summary, problems, problemsOmitted: problemCount - problems.length, ...(table ? { outcomes: table.rows() } : {}), ...(stoppedEarly ? { stoppedEarly } : {}) });
     } else {
       if (table && summary.matched > 0) ctx.out.write(table.format());
       ctx.out.write(
@@ -179,7 +181,8 @@ async function retryAll(
     opts.wait
       ? `sent ${delivered}  dead again ${deadAgain}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`
       : `ok ${summary.signalled + summary.reopened}  skipped ${summary.skipped}  refused ${summary.refused}  failed ${summary.failed}`;
-  await retry.retryAllDead(filter, { ...opts, pageSize: ctx.pageSize }, (result) => {
+  // Stopped early (Temporal away, PostgreSQL away): what was done is still summed up, and said.
+  const ended = await retry.retryAllDead(filter, { ...opts, pageSize: ctx.pageSize }, (result) => {
     summary.matched++;
     summary[result.outcome]++;
     table?.add(result);
@@ -191,7 +194,12 @@ async function retryAll(
       if (!opts.json) say(ctx.err, `billing-outbox: ${describe(result)}`);
     }
     bar?.update(summary.matched, label());
-  });
+  }).catch((err: unknown) => ({ stopped: `listing the dead letters failed: ${scrub((err as Error).message)}` }));
   bar?.finish(summary.matched, label());
+  if (ended.stopped) {
+    stoppedEarly = ended.stopped;
+    problemCount++;
+    ctx.err.write(`billing-outbox: retry --all-dead stopped early: ${ended.stopped}; the same command goes on with the dead letters left\n`);
+  }
   return report();
 }
