@@ -11,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { describe, expect, it } from 'vitest';
 import type { LocalStripe } from '../src/embedded/stripe/server.js';
+import { cancelMeterEvent } from '../src/stripe/client.js';
 import { CUSTOMER, DAY, HOUR, METER_EVENT, T0, cleanups, clientFor, startStripe } from './local-stripe.js';
 
 
@@ -467,6 +468,32 @@ describe('summaries and adjustments', () => {
       ['cancel-me', true],
       ['too-old', false],
     ]);
+  });
+});
+
+describe('a cancel under its one Idempotency-Key', () => {
+  it("keeps a refusal made while executing under the key, as Stripe does (a malformed request's is not kept)", async () => {
+    const server = await startStripe();
+    const stripe = clientFor(server);
+    const cancel = { event_name: METER_EVENT, type: 'cancel' as const, cancel: { identifier: 'not-yet' } };
+    const first = await failureOf(stripe.billing.meterEventAdjustments.create(cancel, { idempotencyKey: 'k-1' }));
+    expect(first.code).toBe('resource_missing');
+    await stripe.billing.meterEvents.create(usage('not-yet', 1));
+    const replayed = await failureOf(stripe.billing.meterEventAdjustments.create(cancel, { idempotencyKey: 'k-1' }));
+    expect([replayed.code, replayed.headers?.['idempotent-replayed']]).toEqual(['resource_missing', 'true']);
+    const malformed = { event_name: METER_EVENT, type: 'cancel' as const, cancel: {} } as never;
+    await failureOf(stripe.billing.meterEventAdjustments.create(malformed, { idempotencyKey: 'k-2' }));
+    expect((await failureOf(stripe.billing.meterEventAdjustments.create(malformed, { idempotencyKey: 'k-2' }))).headers?.['idempotent-replayed']).toBeUndefined();
+  });
+
+  it('cancelMeterEvent asks again under a fresh key when its key replays a refusal that no longer holds (the event arrived since)', async () => {
+    const server = await startStripe();
+    const stripe = clientFor(server);
+    const event = { eventName: METER_EVENT, identifier: 'arrives-later' };
+    expect((await failureOf(cancelMeterEvent(stripe, event))).code).toBe('resource_missing');
+    await stripe.billing.meterEvents.create(usage('arrives-later', 1));
+    await cancelMeterEvent(stripe, event);
+    expect(server.events().map((e) => [e.identifier, e.cancelled])).toEqual([['arrives-later', true]]);
   });
 });
 

@@ -121,16 +121,17 @@ export async function cancelMeterEvent(client: Pick<Stripe, 'billing'>, event: {
     await client.billing.meterEventAdjustments.create(params, { idempotencyKey: cancelIdempotencyKey(event.identifier) });
   } catch (err) {
     // But Stripe stores a 5xx under its key too, and replays it for a day however healthy it is
-    // again: such a replay is asked again under a fresh key (the client makes one). If an earlier
-    // cancel got through after all, Stripe refuses this one as already cancelled.
+    // again; and a refusal that may not hold now (no such event yet: the stream validates later).
+    // Such a replay is asked again under a fresh key (the client makes one). If an earlier cancel
+    // got through after all, Stripe refuses this one as already cancelled.
     if (!replayedFailure(err)) throw err;
     await client.billing.meterEventAdjustments.create(params);
   }
 }
 
-/** A 5xx Stripe answered from its idempotency store: the first request's failure, not a new one. */
+/** A failure Stripe answered from its idempotency store: the first request's, not a new one. */
 function replayedFailure(err: unknown): boolean {
-  return err instanceof Stripe.errors.StripeError && (err.statusCode ?? 0) >= 500 && err.headers?.['idempotent-replayed'] === 'true';
+  return err instanceof Stripe.errors.StripeError && (err.statusCode ?? 0) >= 400 && err.headers?.['idempotent-replayed'] === 'true';
 }
 
 /** The Idempotency-Key of an event's cancel (an identifier is at most 100 characters; Stripe takes 255). */

@@ -21,18 +21,20 @@ export function createAdjustment(form: FormObject, ledger: MeterEventLedger, now
 
   const event = ledger.latest(identifier);
   if (!event || event.eventName !== eventName) {
-    return invalidRequest(
-      `No meter event with identifier '${identifier}' and event name '${eventName}' was found.`,
-      'cancel[identifier]',
-      'resource_missing',
-    );
+    return {
+      ...invalidRequest(`No meter event with identifier '${identifier}' and event name '${eventName}' was found.`, 'cancel[identifier]', 'resource_missing'),
+      executed: true,
+    };
   }
   if (nowMs - event.receivedAt >= DAY_MS) {
-    return invalidRequest(
-      `The meter event with identifier '${identifier}' was received more than 24 hours ago ` +
-        `(${new Date(event.receivedAt).toISOString()}); only events received within the last 24 hours can be cancelled.`,
-      'cancel[identifier]',
-    );
+    return {
+      ...invalidRequest(
+        `The meter event with identifier '${identifier}' was received more than 24 hours ago ` +
+          `(${new Date(event.receivedAt).toISOString()}); only events received within the last 24 hours can be cancelled.`,
+        'cancel[identifier]',
+      ),
+      executed: true,
+    };
   }
   // A cancel is taken once, like the event it cancels: a second cancel of the same event under
   // another Idempotency-Key is refused (a 400 that resending cannot change), not answered as if it
@@ -56,5 +58,5 @@ export function createAdjustment(form: FormObject, ledger: MeterEventLedger, now
  */
 export function alreadyCancelled(identifier: string): ApiResponse {
   const response = invalidRequest(`The meter event with identifier '${identifier}' has already been cancelled.`, 'cancel[identifier]');
-  return { ...response, headers: { 'stripe-should-retry': 'false' } };
+  return { ...response, headers: { 'stripe-should-retry': 'false' }, executed: true };
 }

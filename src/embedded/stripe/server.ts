@@ -661,8 +661,9 @@ export class LocalStripe implements ControlTarget {
       const failure = call.path === ADJUSTMENTS_PATH ? this.faults.takeFailure() : undefined;
       if (failure) return { response: failureResponse(failure), store: isStoredFailure(failure) };
       const response = route.handle(call, params);
-      // Only successful writes are worth replaying; refusals are evaluated afresh.
-      return { response, store: response.status < 300 };
+      // Successful writes and the refusals an endpoint made while executing are replayed, as Stripe
+      // does; a malformed request is evaluated afresh.
+      return { response, store: response.status < 300 || response.executed === true };
     }
     return {
       response: stripeError(404, {

@@ -104,6 +104,11 @@ export interface ApiResponse {
   status: number;
   body: unknown;
   headers?: Record<string, string>;
+  /**
+   * A refusal the endpoint made while executing (a business rule, not a malformed request): Stripe
+   * keeps it under the request's Idempotency-Key and replays it, as it does a 200.
+   */
+  executed?: boolean;
 }
 
 export function json(body: unknown, status = 200, headers?: Record<string, string>): ApiResponse {
