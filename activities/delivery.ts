@@ -216,7 +216,11 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         ...(leased ? { lease: { holder, leaseMs: t.leaseMs } } : {}),
       }),
     ]);
-    if (!begun.leaseHeld) return 'lease_lost';
+    if (!begun.leaseHeld) {
+      // Its statement changed nothing on the row without the lease: not begun after all.
+      progress.begun = false;
+      return 'lease_lost';
+    }
     const row = begun.row;
     if (!slot.granted) {
       // The account-wide queue is over `maxPacingWaitMs` long (rare: relays dispatch at the same

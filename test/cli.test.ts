@@ -5,6 +5,8 @@
  */
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Client as TemporalClient, type Client } from '@temporalio/client';
@@ -443,6 +445,22 @@ describe('bin/billing-outbox.mjs', () => {
     });
   }
 
+  it('with `npm start` running here and only one of DATABASE_URL and TEMPORAL_ADDRESS set, guesses neither: exit 2, saying which is missing', async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-stack-'));
+    try {
+      // A running stack, as `npm start` leaves it (this process stands in for its pid).
+      await writeFile(path.join(dataDir, 'endpoints.json'), JSON.stringify({ pid: process.pid, databaseUrl: 'postgres://local@127.0.0.1:1/local', temporalAddress: '127.0.0.1:7233' }));
+      const onlyDatabase = await bin(['status', '--json'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
+      expect(onlyDatabase.code).toBe(2);
+      expect(onlyDatabase.err).toContain('TEMPORAL_ADDRESS: is not set while DATABASE_URL is, and `npm start` runs on this machine');
+      const onlyTemporal = await bin(['status', '--json'], { DATA_DIR: dataDir, TEMPORAL_ADDRESS: inject('temporalAddress') });
+      expect(onlyTemporal.code).toBe(2);
+      expect(onlyTemporal.err).toContain('DATABASE_URL: is not set while TEMPORAL_ADDRESS is');
+    } finally {
+      await rm(dataDir, { recursive: true, force: true });
+    }
+  });
+
   it('runs `status --json` against the configured services, never printing the database password', async () => {
     const env = { DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace };
     const r = await bin(['status', '--json'], env);
@@ -526,8 +544,8 @@ describe('what a person reads', () => {
     expect(r.out).toContain(
       [
         'Environment: while `npm start` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default',
-        "to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset; otherwise",
-        'DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),',
+        "to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset (one alone is",
+        'refused); otherwise DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233.',
       ].join('\n'),
     );
   });

@@ -73,6 +73,16 @@ async function inFlightDuringOutage(quantity: number): Promise<string> {
   return key;
 }
 
+/** A port nothing listens on (found free, then let go). */
+function closedPort(): Promise<number> {
+  return new Promise((resolve) => {
+    const probe = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as net.AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
 // Before the worker below that sweeps every 200 ms: these sweep by hand, and judge what they find.
 it('retry from a CLI configured with a task queue no worker polls says so: the run it starts would wait there unseen', async () => {
   // A dead letter with no run (gone past retention): retry starts a new one.
@@ -112,13 +122,7 @@ it('retry --all-dead with Temporal away stops after a few dead letters in a row 
     }
   });
   // Nothing listens there; without the client's own retries, each call fails at once.
-  const port = await new Promise<number>((resolve) => {
-    const probe = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as net.AddressInfo;
-      probe.close(() => resolve(port));
-    });
-  });
-  const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${port}`, interceptors: [] }) });
+  const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${await closedPort()}`, interceptors: [] }) });
   const results: RetryResult[] = [];
   const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: away, config, now: Date.now });
   const ended = await lost.retryAllDead({ tenantId: tenant }, { force: false, requestedBy: 'test' }, (r) => results.push(r));
@@ -146,10 +150,9 @@ describe('a sweep pass', () => {
     const keys = await dispatchedWithoutRuns(6);
     const afterId = Number((await row(keys[0]!)).id) - 1;
     const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
-    // A client whose connection is gone: every describe fails.
-    const gone = new TemporalClient({ connection: await Connection.connect({ address: testConfig().temporal.address }) });
-    await gone.connection.close();
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: gone }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
+    // A Temporal nothing answers for (and without the client's own retries, each call fails at once).
+    const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${await closedPort()}`, interceptors: [] }) });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: away }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
     const stopping = AbortSignal.abort();
     expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
     for (const key of keys) expect((await row(key)).status).toBe('dispatched');

@@ -509,6 +509,28 @@ it('a cancelled run marks its row dead (workflow_cancelled) before it ends when 
   });
 });
 
+it("cancelled before its dead letter reached the row (the mark waits out our database): the row is marked dead with Stripe's reason, not left in flight", async () => {
+  let marks = 0;
+  const { calls, activities } = fakeActivities(
+    async () => {
+      throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+    },
+    {
+      markDead: async () => {
+        if (++marks === 1) throw new Error('connect ECONNREFUSED (our PostgreSQL away)');
+      },
+    },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitUntil(() => marks >= 1);
+    await handle.cancel();
+    await expect(handle.result()).rejects.toThrow();
+    expect(calls.dead.map((d) => d.code)).toEqual(['resource_missing', 'resource_missing']);
+    expect((await handle.describe()).typedSearchAttributes.get(OutboxErrorKey)).toBe('resource_missing');
+  });
+});
+
 async function waitUntil(ok: () => boolean): Promise<void> {
   for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 25));
   expect(ok()).toBe(true);

@@ -67,26 +67,33 @@ const NON_RETRYABLE: readonly string[] = [ErrorTypes.rejected, ErrorTypes.missin
 
 export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageState> {
   const state: UsageState = { status: 'dispatched', attempts: 0, lastError: null };
+  const row: RowMark = { dead: false };
   try {
-    return await deliverEvent(input, state);
+    return await deliverEvent(input, state, row);
   } catch (err) {
+    if (!isCancellation(err)) throw err;
+    const { markDead } = proxyActivities<DeliveryActivities>({
+      ...runPriority(),
+      startToCloseTimeout: '30 seconds',
+      retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
+      summary: 'Mark the outbox row dead: the workflow was cancelled',
+    });
     // Cancelled (from the Web UI, the CLI, a client) while the event is in flight: no run would
     // ever mark the row again, so it becomes a dead letter with the reason before the run ends, in
     // a scope the cancellation cannot reach; `retry` then starts a new run. A dead letter keeps
-    // Stripe's reason (its row and the Web UI's OutboxError), and a delivered event stays
-    // delivered. (A terminated run runs no code: the worker's closed-run sweep finds its row.)
-    if (isCancellation(err) && state.status === 'dispatched') {
+    // Stripe's reason (its row and the Web UI's OutboxError): marked with it here if the
+    // cancellation came before its own mark did. A delivered event stays delivered. (A terminated
+    // run runs no code: the worker's closed-run sweep finds its row.)
+    if (state.status === 'dead' && !row.dead && state.lastError) {
+      const lastError = state.lastError;
+      await CancellationScope.nonCancellable(() => markDead({ key: input.key, ...lastError }));
+    }
+    if (state.status === 'dispatched') {
       // Listed with the dead letters in the Web UI, by its code, like any other.
       upsertSearchAttributes([
         { key: OutboxStatusKey, value: 'dead' },
         { key: OutboxErrorKey, value: TemporalErrorCodes.workflowCancelled },
       ]);
-      const { markDead } = proxyActivities<DeliveryActivities>({
-        ...runPriority(),
-        startToCloseTimeout: '30 seconds',
-        retry: { initialInterval: '1 second', maximumInterval: '1 minute' },
-        summary: 'Mark the outbox row dead: the workflow was cancelled',
-      });
       await CancellationScope.nonCancellable(() =>
         markDead({
           key: input.key,
@@ -99,7 +106,12 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
   }
 }
 
-async function deliverEvent(input: UsageWorkflowInput, state: UsageState): Promise<UsageState> {
+/** Whether this run's last dead letter is on the row yet (its markDead has completed). */
+interface RowMark {
+  dead: boolean;
+}
+
+async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: RowMark): Promise<UsageState> {
   const { attemptTimeoutMs, maxRateLimitedMs, maximumAttempts } = input.retry;
   const retryPolicy = (attempts: number) => ({
     initialInterval: input.retry.initialIntervalMs,
@@ -316,6 +328,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState): Promi
         { key: OutboxErrorKey, value: state.lastError.code },
       ]);
       const dead = await markDead({ key: input.key, ...state.lastError });
+      row.dead = true;
       state.attempts = dead.attempts;
       // The row's resend window, not this run's stamp: a try that never reached Stripe (a missing
       // customer or meter, a refused key) took its attempt back on the row, and a retry of it
@@ -343,6 +356,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState): Promi
       });
     }
     force = reopen.force === true;
+    row.dead = false;
     // A new delivery: its attempts and 429s are counted afresh.
     rateLimitedSince = undefined;
     spent = 0;

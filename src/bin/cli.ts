@@ -37,13 +37,20 @@ async function confirm(question: string): Promise<boolean> {
 /**
  * With DATABASE_URL and TEMPORAL_ADDRESS both unset, the stack `npm start` is running on this
  * machine (its .data/endpoints.json, while its process lives) fills them in, and its Web UI's
- * address. Never one of them: a production DATABASE_URL beside the local stack's Temporal made
- * `retry` start production's dead letters as runs on the local stack, where no worker has the rows.
+ * address. Never one of them, and with only one set while that stack runs, nothing is guessed: a
+ * production DATABASE_URL beside the local Temporal (the stack's, or localhost:7233, where the
+ * stack listens) made `retry` start production's dead letters as runs no worker of theirs sees.
  */
 function withRunningStack(config: Config): Config {
-  if (config.databaseUrl || config.temporal.address) return config;
+  if (config.databaseUrl && config.temporal.address) return config;
   const running = readRunningStack(defaultDataDir(config.dataDir));
   if (!running) return config;
+  if (config.databaseUrl || config.temporal.address) {
+    const [set, unset] = config.databaseUrl ? ['DATABASE_URL', 'TEMPORAL_ADDRESS'] : ['TEMPORAL_ADDRESS', 'DATABASE_URL'];
+    throw new ConfigError([
+      `${unset}: is not set while ${set} is, and \`npm start\` runs on this machine: set both (the database and the Temporal of one deployment), or neither to use the local stack`,
+    ]);
+  }
   return {
     ...config,
     databaseUrl: running.databaseUrl,

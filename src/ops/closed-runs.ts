@@ -15,6 +15,7 @@ import type { Metrics } from '../metrics.js';
 import { listStaleDispatched, markStaleDispatchedDead } from '../outbox/sql/sweep.js';
 import { closedRunMessage, describeRun } from '../temporal/start-usage.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
+import { temporalUnreachable } from '../reachable.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
 export interface ClosedRunSweepDeps {
@@ -37,9 +38,10 @@ export interface SweepOptions {
 }
 
 /**
- * Runs that could not be described in a row before a pass stops: Temporal is away, and each try
+ * Runs that could not be described in a row, Temporal unreachable, before a pass stops: each try
  * waits out the client's retries (some 20 s), so a pass of 100 rows would take half an hour and hold
- * a stopping worker for as long. The next pass starts again where this one began.
+ * a stopping worker for as long. The next pass starts again where this one began. (A row whose run
+ * cannot be described for another reason is skipped, as before: it cannot hold up the rows after it.)
  */
 const SWEEP_FAILURES_IN_A_ROW = 3;
 
@@ -53,8 +55,8 @@ export interface SweepResult {
 
 /**
  * One pass of the sweep. A run that cannot be described is skipped until next time; after
- * SWEEP_FAILURES_IN_A_ROW such runs, or when `signal` aborts, the pass stops and the next one starts
- * where this one began.
+ * SWEEP_FAILURES_IN_A_ROW runs in a row with Temporal unreachable, or when `signal` aborts, the pass
+ * stops and the next one starts where this one began.
  */
 export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptions): Promise<SweepResult> {
   const afterId = opts.afterId ?? 0;
@@ -63,9 +65,9 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
   let failuresInARow = 0;
   for (const row of rows) {
     if (opts.signal?.aborted || failuresInARow >= SWEEP_FAILURES_IN_A_ROW) return { checked: rows.indexOf(row), closed, nextAfterId: afterId };
-    const run = await describeRun(deps.client, row.idempotency_key).catch(() => undefined);
-    failuresInARow = run === undefined ? failuresInARow + 1 : 0;
-    if (run?.kind !== 'closed') continue;
+    const run = await describeRun(deps.client, row.idempotency_key).catch((err: unknown) => (temporalUnreachable(err) ? 'unreachable' : undefined));
+    failuresInARow = run === 'unreachable' ? failuresInARow + 1 : 0;
+    if (run === undefined || run === 'unreachable' || run.kind !== 'closed') continue;
     const message = closedRunMessage(row.idempotency_key, run, 'dispatched');
     const marked = await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });
     if (!marked) continue;

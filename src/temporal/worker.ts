@@ -500,7 +500,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
             if (config.reconcile.schedule) await ensureReconcileScheduleOrWarn(temporal.client, config, log);
             if (opts.handleSignals) {
               removeSignals = onFirstSignal((signal) => {
-                log?.info({ signal }, 'shutting down: finishing in-flight activities (a second signal exits at once)');
+                log?.info({ signal }, 'shutting down: finishing in-flight activities');
                 // How the worker ended is reported by run(), which awaits it.
                 handle.shutdown().catch(() => undefined);
               }, log);
@@ -606,15 +606,15 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
  * library worker leaves `process` as it found it.
  */
 function onFirstSignal(fn: (signal: NodeJS.Signals) => void, log?: Logger): () => void {
-  let fired = false;
+  let firstAt: number | undefined;
   const on = (signal: NodeJS.Signals) => {
-    // A second Ctrl-C or SIGTERM while the worker drains: the operator wants it gone now. What was
-    // in flight is retried by Temporal elsewhere, with the same identifier, as after a SIGKILL.
-    if (fired) {
-      log?.warn({ signal }, 'second signal while shutting down: exiting now; in-flight activities are retried by another worker');
-      process.exit(130);
+    // One Ctrl-C arrives twice (within a second); a later signal is the operator asking again:
+    // told how to end it now (in-flight activities are then retried elsewhere, as after a crash).
+    if (firstAt !== undefined) {
+      if (Date.now() - firstAt > 1_000) log?.warn({ signal, pid: process.pid }, 'still draining in-flight activities; SIGKILL ends the worker at once');
+      return;
     }
-    fired = true;
+    firstAt = Date.now();
     fn(signal);
   };
   process.on('SIGTERM', on);

@@ -148,6 +148,11 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(sent).toHaveLength(1);
   });
 
+  it('a lease that lapsed before the attempt began, then still busy: deferred as not begun (the row was not touched)', async () => {
+    const { deps } = parts({ leaseHeld: [false], waits: ['acquired', 'gave_up'] });
+    expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'lease_busy', begun: false });
+  });
+
   it('no slot in the account-wide pace soon enough: deferred as paced, the counted attempt undone', async () => {
     const { deps, store, sent } = parts({ granted: false });
     const result = await deliver(deps);

@@ -159,7 +159,7 @@ async function retryAll(
           `${summary.skipped} skipped, ${summary.refused} refused, ${summary.failed} failed\n`,
       );
     }
-    return problemCount > 0 ? EXIT_FAILED : EXIT_OK;
+    return problemCount > 0 || stoppedEarly !== undefined ? EXIT_FAILED : EXIT_OK;
   };
   if (total === 0) return report();
 
@@ -198,7 +198,6 @@ async function retryAll(
   bar?.finish(summary.matched, label());
   if (ended.stopped) {
     stoppedEarly = ended.stopped;
-    problemCount++;
     ctx.err.write(`billing-outbox: retry --all-dead stopped early: ${ended.stopped}; the same command goes on with the dead letters left\n`);
   }
   return report();
