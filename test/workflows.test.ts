@@ -399,40 +399,43 @@ it("a rebill's reopen starts the 24 h window again: a later plain retry of the n
   });
 });
 
-it("uses a forced retry's force for one attempt only (that attempt starts a new 24 h window)", async () => {
+/**
+ * A dead letter past the 24 h window (its first try refused so), retried with force until sent:
+ * whether each try was forced, in order. `next(n)` answers the n-th try from the second on.
+ */
+async function forcesOfForcedRetry(next: (n: number) => ReturnType<Deliver>): Promise<boolean[]> {
   const { calls, activities } = fakeActivities(async () => {
     const n = calls.deliver.length;
     if (n === 1) throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
-    if (n === 2) throw retryable();
-    return sent();
+    return next(n);
   });
-  await withWorker(activities, async (taskQueue) => {
+  return withWorker(activities, async (taskQueue) => {
     const handle = await start(taskQueue);
     await env.sleep('1 minute');
     expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
     await handle.signal(reopenSignal, { force: true, requestedBy: 'ops' });
     expect(await handle.result()).toMatchObject({ status: 'sent' });
-    expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, false]);
+    return calls.deliver.map((c) => c.force === true);
   });
+}
+
+it("uses a forced retry's force for one attempt only (that attempt starts a new 24 h window)", async () => {
+  const forces = await forcesOfForcedRetry(async (n) => {
+    if (n === 2) throw retryable();
+    return sent();
+  });
+  expect(forces).toEqual([false, true, false]);
 });
+
 it("keeps a forced retry's force through deferrals that came before the attempt began (a busy lease, our database away), and no further", async () => {
-  const { calls, activities } = fakeActivities(async () => {
-    const n = calls.deliver.length;
-    if (n === 1) throw ApplicationFailure.create({ type: ErrorTypes.unsafeToSend, message: 'first attempted 25 h ago', details: ['identifier_window_expired'], nonRetryable: true });
+  const forces = await forcesOfForcedRetry(async (n) => {
     if (n === 2) return { outcome: 'deferred', reason: 'lease_busy', waitMs: 1_000, attempts: 0, begun: false };
     if (n === 3) return { outcome: 'deferred', reason: 'database_unavailable', waitMs: 1_000, attempts: 0, begun: false };
     // Begun, then put off (our pace): the force is used up by the attempt that began.
     if (n === 4) return { outcome: 'deferred', reason: 'paced', waitMs: 1_000, attempts: 1 };
     return sent();
   });
-  await withWorker(activities, async (taskQueue) => {
-    const handle = await start(taskQueue);
-    await env.sleep('1 minute');
-    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead' });
-    await handle.signal(reopenSignal, { force: true, requestedBy: 'ops' });
-    expect(await handle.result()).toMatchObject({ status: 'sent' });
-    expect(calls.deliver.map((c) => c.force === true)).toEqual([false, true, true, true, false]);
-  });
+  expect(forces).toEqual([false, true, true, true, false]);
 });
 
 it('a retry typed by hand with fields of the wrong kind (the Web UI takes any JSON) is a plain retry, not a run that fails every task', async () => {
