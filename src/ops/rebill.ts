@@ -30,7 +30,7 @@ import { scrub } from '../log.js';
 import { stripeIdentifierFor } from '../outbox/keys.js';
 import { findRebillCandidate, rebillRejected, recordOperatorAction, restoreRejected, type RebillCandidateRow } from '../outbox/sql/operator.js';
 import { tooOldToSend } from '../stripe/rules.js';
-import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
@@ -176,7 +176,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
   } catch (err) {
     return restore(err);
   }
-  return done('rebilled', `${why}; started a new run to deliver it as ${identifier}`, next);
+  return done('rebilled', `${why}; started a new run to deliver it as ${identifier}${await unpolledWarning(client, config.temporal)}`, next);
 
   async function restore(err: unknown): Promise<RebillResult> {
     const restored = await restoreRejected(db, schema, key, revision);

@@ -45,7 +45,7 @@ import {
   type OperatorRow,
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
-import { usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
@@ -109,8 +109,6 @@ export interface RetrierDeps {
 const QUERY_TIMEOUT_MS = 5_000;
 /** Dead letters in a row that Temporal did not answer for before a bulk retry stops. */
 const STOP_AFTER_UNREACHABLE = 8;
-/** temporal.api.enums.v1.TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW. */
-const WORKFLOW_TASK_QUEUE = 1;
 /** How long an open run's worker may take to accept the `retry` Update (`--wait`). */
 const ACCEPT_TIMEOUT_MS = 10_000;
 /** Closed statuses after which a new run may be started; COMPLETED means the event was delivered. */
@@ -340,8 +338,7 @@ export class DeadLetterRetrier {
       );
     }
     const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
-    const unpolled = (await this.taskQueueUnpolled()) ? `; ${this.unpolledWarning()}` : '';
-    const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${unpolled}`);
+    const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${await this.unpolledWarning()}`);
     if (!opts.wait) return result;
     // The run is started: the retry stands whatever happens to the wait for its outcome.
     const answer = await this.awaitOutcome(key, opts.wait.timeoutMs).catch((err: unknown) => new Error(scrub((err as Error).message)));
@@ -349,23 +346,11 @@ export class DeadLetterRetrier {
     return { ...result, message: `${result.message}; ${describeAnswer(answer)}`, ...(answer ? { answer } : {}) };
   }
 
-  /**
-   * Whether no worker has polled the task queue this command starts runs on (Temporal lists the
-   * pollers of the last minutes): a CLI configured with another TEMPORAL_TASK_QUEUE than the
-   * workers' starts runs nobody ever picks up, and the rows wait `dispatched` with nothing to say
-   * why. Asked once per command; false when Temporal cannot tell.
-   */
-  private unpolled?: Promise<boolean>;
-  private taskQueueUnpolled(): Promise<boolean> {
-    const { client, config } = this.deps;
-    this.unpolled ??= client.workflowService
-      .describeTaskQueue({ namespace: config.temporal.namespace, taskQueue: { name: config.temporal.taskQueue }, taskQueueType: WORKFLOW_TASK_QUEUE })
-      .then((r) => (r.pollers ?? []).length === 0, () => false);
+  /** unpolledWarning, asked once per command. */
+  private unpolled?: Promise<string>;
+  private unpolledWarning(): Promise<string> {
+    this.unpolled ??= unpolledWarning(this.deps.client, this.deps.config.temporal);
     return this.unpolled;
-  }
-
-  private unpolledWarning(): string {
-    return `WARNING: no worker polls task queue ${JSON.stringify(this.deps.config.temporal.taskQueue)} in namespace ${JSON.stringify(this.deps.config.temporal.namespace)}: the new run waits until one does (is TEMPORAL_TASK_QUEUE the workers'?)`;
   }
 
   /** The open run's reopen signal: recorded in its history, acted on when its worker next runs it. */

@@ -116,6 +116,23 @@ export function usageWorkflowStartOptions(
   };
 }
 
+/** temporal.api.enums.v1.TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW. */
+const WORKFLOW_TASK_QUEUE = 1;
+
+/**
+ * What an operator command that starts a usage run appends when no worker has polled the task
+ * queue it starts runs on (Temporal lists the pollers of the last minutes): a CLI configured with
+ * another TEMPORAL_TASK_QUEUE than the workers' starts runs nobody ever picks up, and their rows
+ * wait `dispatched` with nothing to say why. Empty when a worker polls, or when Temporal cannot tell.
+ */
+export async function unpolledWarning(client: Client, temporal: Pick<Config['temporal'], 'namespace' | 'taskQueue'>): Promise<string> {
+  const unpolled = await client.workflowService
+    .describeTaskQueue({ namespace: temporal.namespace, taskQueue: { name: temporal.taskQueue }, taskQueueType: WORKFLOW_TASK_QUEUE })
+    .then((r) => (r.pollers ?? []).length === 0, () => false);
+  if (!unpolled) return '';
+  return `; WARNING: no worker polls task queue ${JSON.stringify(temporal.taskQueue)} in namespace ${JSON.stringify(temporal.namespace)}: the new run waits until one does (is TEMPORAL_TASK_QUEUE the workers'?)`;
+}
+
 /**
  * gRPC status codes with which Temporal refuses a start for what the request itself is (an id too
  * long, a payload or search attribute over a limit): sending the same start again is refused again.
