@@ -135,9 +135,20 @@ async function recordCancelled(
   done: (outcome: CancelOutcome, message: string) => Promise<CancelResult>,
 ): Promise<CancelResult> {
   const key = row.idempotency_key;
-  if (await markCancelled(db, schema, key)) return done('cancelled', `${what}; the row is cancelled`);
-  const current = await findCancelCandidate(db, schema, key);
-  return done('cancelled', `${what}, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`);
+  try {
+    if (await markCancelled(db, schema, key)) return await done('cancelled', `${what}; the row is cancelled`);
+    const current = await findCancelCandidate(db, schema, key);
+    return await done('cancelled', `${what}, but the row had meanwhile become ${current?.status ?? 'missing'} and was left as it is`);
+  } catch (err) {
+    // Stripe has cancelled it; only our row does not say so yet. The same command records it while
+    // the 24 h cancel window lasts (its repeat is answered by Stripe's stored answer).
+    return {
+      key,
+      outcome: 'failed',
+      message: `${what}, but recording it on the row failed (${scrub((err as Error).message)}): the row still says ${row.status}; run the same cancel again (before ${new Date((row.sent_at?.getTime() ?? 0) + CANCEL_WINDOW_MS).toISOString()}) to record it`,
+      row: null,
+    };
+  }
 }
 
 /**
