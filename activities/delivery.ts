@@ -274,6 +274,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     try {
       await sender.send(meterEvent(key, ready));
     } catch (err) {
+      // The batch's request never left: our own PostgreSQL failed its pace statement. Not the
+      // event's failure: deferred without spending an attempt (deliverUsage), as on v1.
+      if (!(err instanceof Stripe.errors.StripeError) && isDatabaseUnavailable(err)) throw err;
       return failed(key, ready.row, err, accepted);
     }
     const attempts = acknowledged(key, 'accepted', await accepted(), ready.row);

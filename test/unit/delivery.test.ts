@@ -270,6 +270,12 @@ describe('v2: the meter event stream', () => {
     expect(store.beginAttempt).toHaveBeenCalledWith(KEY, expect.not.objectContaining({ lease: expect.anything() }));
   });
 
+  it("its batch's pace statement failing on our PostgreSQL (too many connections): deferred as database_unavailable, no attempt spent, nothing recorded as the event's error", async () => {
+    const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(Object.assign(new Error('sorry, too many clients already'), { code: '53300' })) });
+    expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable' });
+    expect(store.recordAttemptError).not.toHaveBeenCalled();
+  });
+
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {
     const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(stripeError.duplicate()) });
     expect(await deliver(deps)).toEqual({ outcome: 'duplicate', attempts: 1 });
