@@ -423,8 +423,13 @@ export function releaseAfter(client: pg.PoolClient, err: unknown): void {
  */
 export const IDLE_IN_TRANSACTION_MS = 10_000;
 
-/** The statement that begins such a transaction, in one round trip. */
-export const BEGIN_SHORT = `BEGIN; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;
+/**
+ * The statement that begins such a transaction, in one round trip. READ COMMITTED whatever the
+ * database's default: the claim's lock wait and its SKIP LOCKED, and a usage meeting its duplicate,
+ * are written for it; under REPEATABLE READ or SERIALIZABLE they fail with 40001 when they meet a
+ * row another transaction committed meanwhile.
+ */
+export const BEGIN_SHORT = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;
 
 /** No connection of the pool came free by the caller's deadline (`withTransaction`'s `connectBy`). */
 export class ConnectWaitError extends Error {

@@ -5,7 +5,7 @@
 import net, { type Socket } from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
-import { answeredWithin, CLOSE_WAIT_MS, CONNECT_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable } from '../src/db.js';
+import { answeredWithin, CLOSE_WAIT_MS, CONNECT_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable, withTransaction } from '../src/db.js';
 import { freePort } from '../src/embedded/postgres.js';
 import { cleanUpAway, failingOver } from './away.js';
 import { useDatabase, waitFor } from './hooks.js';
@@ -194,3 +194,17 @@ it("a connection whose server never answers its start-up fails as PostgreSQL awa
     silent.close();
   }
 }, 30_000);
+
+it('a short transaction of ours (the claim, a usage over HTTP) runs at READ COMMITTED whatever the database default', async () => {
+  const database = decodeURIComponent(new URL(t.db.url).pathname.slice(1));
+  await admin.query(`ALTER DATABASE "${database}" SET default_transaction_isolation = 'serializable'`);
+  const pool = createPool(t.db.url, 1);
+  try {
+    const level = async (c: pg.PoolClient) => (await c.query<{ transaction_isolation: string }>('SHOW transaction_isolation')).rows[0]!.transaction_isolation;
+    expect(await withTransaction(pool, level)).toBe('serializable');
+    expect(await withTransaction(pool, level, { short: true })).toBe('read committed');
+  } finally {
+    await pool.end();
+    await admin.query(`ALTER DATABASE "${database}" RESET default_transaction_isolation`);
+  }
+});
