@@ -529,10 +529,18 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'silent-transaction-keeps-locks',
     guarantee: 'Through PostgreSQL outages: a claim or a usage whose connection goes silent before COMMIT is ended by PostgreSQL within 10 s, its locks with it',
-    find: 'export const BEGIN_SHORT = `BEGIN; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;',
-    replace: "export const BEGIN_SHORT = 'BEGIN';",
+    find: 'export const BEGIN_SHORT = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = ${IDLE_IN_TRANSACTION_MS}`;',
+    replace: "export const BEGIN_SHORT = 'BEGIN ISOLATION LEVEL READ COMMITTED';",
     test: 'test/db-failover.test.ts',
     name: 'before COMMIT',
+  },
+  {
+    id: 'short-transaction-takes-database-isolation',
+    guarantee: "Many workers at once: the relays' claims (and usage over HTTP) run at READ COMMITTED whatever the database's default, so two claims at once do not fail with 40001",
+    find: 'export const BEGIN_SHORT = `BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL',
+    replace: 'export const BEGIN_SHORT = `BEGIN; SET LOCAL',
+    test: 'test/db.test.ts',
+    name: 'READ COMMITTED whatever the database default',
   },
   {
     id: 'slow-stream-attempt-taken-for-dead',
