@@ -119,10 +119,15 @@ export async function migrate(
   const schema = schemaFor(opts.schema);
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
   // advisory lock on a connection of its own, never one of the application's pool.
-  const settings = typeof database === 'string' ? { connectionString: database } : database;
+  // Not the application's time limits: an index built CONCURRENTLY over a big outbox outlasts any
+  // statement_timeout meant for requests, and cancelled, it was dropped and begun again on every run.
+  const { statement_timeout: _statementTimeout, query_timeout: _queryTimeout, ...settings } = typeof database === 'string' ? { connectionString: database } : database;
   const client = new pg.Client(connectingWithin({ ...settings, application_name: 'billing-outbox-migrate', types: pgTypes }));
   await client.connect();
   try {
+    // Nor a role's or database's own (set for the application): each transactional migration sets
+    // its lock wait itself (MIGRATION_LOCK_WAIT_MS).
+    await client.query('SET statement_timeout = 0; SET lock_timeout = 0');
     // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,
     // and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot (a deadlock).
     // One lock for the whole database, whatever the schema: two migrators of different schemas

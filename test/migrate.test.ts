@@ -242,3 +242,19 @@ it('a migrator waiting for another says who holds the migration lock', async () 
     }
   });
 }, 60_000);
+
+it("runs past the application's own time limits (a pool's statement_timeout, the database's lock_timeout): an index built CONCURRENTLY is not cancelled", async () => {
+  await withDatabase('012_billed_customer.sql', async (url) => {
+    const db = decodeURIComponent(new URL(url).pathname.slice(1));
+    const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+    await admin.connect();
+    try {
+      await admin.query(`ALTER DATABASE ${db} SET lock_timeout = '1ms'`);
+      // As an application's pool is set up for requests, and handed to migrate as pool.options.
+      const applied = await migrate({ connectionString: url, statement_timeout: 1, query_timeout: 1 });
+      expect(applied).toEqual(['013_dead_letter_index.sql']);
+    } finally {
+      await admin.end();
+    }
+  });
+}, 60_000);
