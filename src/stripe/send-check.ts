@@ -42,6 +42,13 @@ export type SendVerdict =
   | { verdict: 'refuse'; refusal: Refusal };
 
 /**
+ * How long an event may take from this check to Stripe's receipt of it (a v2 batch's wait, the
+ * pace, the request, the two clocks a little apart): Stripe's timestamp window is judged that much
+ * narrower at both ends.
+ */
+export const SEND_MARGIN_MS = 60_000;
+
+/**
  * In order: the row must exist and be inside the resend window (or forced: then it was begun),
  * not already at Stripe, mapped to a customer, and inside Stripe's timestamp window at `now`;
  * an event ahead of that window by clock skew (up to MAX_AHEAD_WAIT_MS) is waited for.
@@ -63,9 +70,11 @@ export function maySendNow(found: AttemptFound, now: number): SendVerdict {
       refusal: { errorType: 'missing', code: 'customer_mapping_missing', message: 'the tenant has no Stripe customer mapping', record: true },
     };
   }
-  const ahead = found.occurredAt.getTime() - now - MAX_EVENT_FUTURE_MS;
+  // Judged as of SEND_MARGIN_MS from now, when Stripe may receive it: the stream drops an event
+  // outside the window silently and later (v1 at least answers), so one sent at its edge was lost.
+  const ahead = found.occurredAt.getTime() - now - (MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS);
   if (ahead > 0 && ahead <= MAX_AHEAD_WAIT_MS) return { verdict: 'wait', waitMs: ahead };
-  const outside = timestampProblem(found.occurredAt, now);
+  const outside = timestampProblem(found.occurredAt, now + SEND_MARGIN_MS);
   if (outside) return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', ...outside, record: true, metricClass: 'unsafe' } };
   return { verdict: 'send', stripeCustomerId: found.stripeCustomerId };
 }

@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { AT_STRIPE, OUTBOX_STATUSES, type OutboxStatus } from '../../src/outbox/statuses.js';
 import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS } from '../../src/stripe/rules.js';
-import { MAX_AHEAD_WAIT_MS, maySendNow, noMeterRefusal, type AttemptFound } from '../../src/stripe/send-check.js';
+import { MAX_AHEAD_WAIT_MS, maySendNow, noMeterRefusal, SEND_MARGIN_MS, type AttemptFound } from '../../src/stripe/send-check.js';
 
 const NOW = Date.parse('2026-12-03T10:00:00Z');
 const begun = (over: Partial<Extract<AttemptFound, { begun: true }>> = {}): AttemptFound => ({
@@ -52,19 +52,20 @@ describe('maySendNow', () => {
     }
   });
 
-  it("Stripe's 35-day window: exactly 35 days old is sent, a millisecond more is refused", () => {
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS) }), NOW).verdict).toBe('send');
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS - 1) }), NOW)).toMatchObject({
+  it("Stripe's 35-day window, as of a minute on (SEND_MARGIN_MS: when Stripe may receive it): that old is sent, a millisecond more is refused", () => {
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS) }), NOW).verdict).toBe('send');
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS - 1) }), NOW)).toMatchObject({
       verdict: 'refuse',
       refusal: { errorType: 'unsafeToSend', code: 'timestamp_too_far_in_past', record: true, metricClass: 'unsafe' },
     });
   });
 
-  it('5 minutes in the future is sent; beyond, by clock skew of up to an hour, waited for until it is in; beyond that refused', () => {
-    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS) }), NOW).verdict).toBe('send');
-    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + 1) }), NOW)).toEqual({ verdict: 'wait', waitMs: 1 });
-    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + MAX_AHEAD_WAIT_MS) }), NOW)).toEqual({ verdict: 'wait', waitMs: MAX_AHEAD_WAIT_MS });
-    expect(maySendNow(begun({ occurredAt: new Date(NOW + MAX_EVENT_FUTURE_MS + MAX_AHEAD_WAIT_MS + 1) }), NOW)).toMatchObject({
+  it('5 minutes in the future less the margin is sent; beyond, by clock skew of up to an hour, waited for until it is in; beyond that refused', () => {
+    const edge = NOW + MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS;
+    expect(maySendNow(begun({ occurredAt: new Date(edge) }), NOW).verdict).toBe('send');
+    expect(maySendNow(begun({ occurredAt: new Date(edge + 1) }), NOW)).toEqual({ verdict: 'wait', waitMs: 1 });
+    expect(maySendNow(begun({ occurredAt: new Date(edge + MAX_AHEAD_WAIT_MS) }), NOW)).toEqual({ verdict: 'wait', waitMs: MAX_AHEAD_WAIT_MS });
+    expect(maySendNow(begun({ occurredAt: new Date(edge + MAX_AHEAD_WAIT_MS + 1) }), NOW)).toMatchObject({
       verdict: 'refuse',
       refusal: { errorType: 'unsafeToSend', code: 'timestamp_in_future', record: true, metricClass: 'unsafe' },
     });
