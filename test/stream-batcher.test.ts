@@ -272,6 +272,24 @@ describe('one event that fails every request it is in', () => {
     expect([sessionCalls, paceCalls, stream.requests]).toEqual([1, 1, 0]);
   });
 
+  it('a session Stripe no longer knows (401, not expired): a new one at once, and the request again, not a key refused until the session would end', async () => {
+    const tokens: string[] = [];
+    const fake: StreamStripe = {
+      createSession() {
+        const created = new Date();
+        return Promise.resolve({ token: `tok_${tokens.length + 1}`, created, expiresAt: new Date(created.getTime() + 15 * MINUTE) });
+      },
+      sendEvents(token) {
+        tokens.push(token);
+        if (token === 'tok_1') return Promise.reject(new Stripe.errors.StripeAuthenticationError({ message: 'this token is not one', statusCode: 401 } as never));
+        return Promise.resolve();
+      },
+    };
+    const stream = new MeterEventStream(fake, { sessionBackoff: { initialMs: 1, maxMs: 1 } });
+    await within(5_000, 'the event', stream.send(event('after-restart')));
+    expect(tokens).toEqual(['tok_1', 'tok_2']);
+  });
+
   it("a refused key after a request that may have reached Stripe: the events take that request's failure, not the key's (their attempt is not taken back)", async () => {
     let sessionCalls = 0;
     let sends = 0;

@@ -317,7 +317,10 @@ export class MeterEventStream implements MeterEventSender {
         return undefined;
       } catch (err) {
         const failure = { err, requestMs: performance.now() - startedAt };
-        if (!isSessionExpired(err)) return failure;
+        // The stream authenticates only by the session's token: a 401 there is about the session
+        // (expired, or one Stripe no longer knows), not the key, which only the session's creation
+        // can tell. Held on to, it failed every request until the session's own end, as a refused key.
+        if (!isSessionExpired(err) && (err as { statusCode?: number }).statusCode !== 401) return failure;
         // Refused before it ever worked: a session that is no good, counted like a failed session request.
         if (!session.used) this.sessionFailures++;
         // Stripe's clock says the session is over before ours does: a new one, and this request again.
