@@ -338,7 +338,7 @@ export class DeadLetterRetrier {
       );
     }
     const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
-    const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${await this.unpolledWarning()}`);
+    const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${await this.taskQueueWarning()}`);
     if (!opts.wait) return result;
     // The run is started: the retry stands whatever happens to the wait for its outcome.
     const answer = await this.awaitOutcome(key, opts.wait.timeoutMs).catch((err: unknown) => new Error(scrub((err as Error).message)));
@@ -348,7 +348,7 @@ export class DeadLetterRetrier {
 
   /** unpolledWarning, asked once per command. */
   private unpolled?: Promise<string>;
-  private unpolledWarning(): Promise<string> {
+  private taskQueueWarning(): Promise<string> {
     this.unpolled ??= unpolledWarning(this.deps.client, this.deps.config.temporal);
     return this.unpolled;
   }

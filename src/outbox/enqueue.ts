@@ -110,11 +110,7 @@ function isPool(client: object): boolean {
  * recorded time matches it.
  */
 export function sameUsage(entry: OutboxEntry, usage: ValidUsage): boolean {
-  return (
-    entry.eventName === usage.eventName &&
-    entry.quantity === usage.quantity &&
-    (usage.occurredAt === null || entry.occurredAt.getTime() === usage.occurredAt.getTime())
-  );
+  return differences(entry, usage).length === 0;
 }
 
 /** What differs between a recorded usage and the one given again under its id, field by field. */
