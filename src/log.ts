@@ -8,6 +8,9 @@ import pino from 'pino';
 const REDACT_PATHS = [
   'apiKey', '*.apiKey', 'STRIPE_API_KEY', '*.STRIPE_API_KEY', 'password', '*.password', 'token', '*.token',
   'authorization', '*.authorization', 'headers.authorization', 'req.headers.authorization', 'secret', '*.secret',
+  // The bytes Node's HTTP parser read before it refused a request (every header, a bearer token's
+  // among them), on the error Fastify logs at trace.
+  'rawPacket', '*.rawPacket',
 ];
 
 const STRIPE_KEY = /\b(sk|rk|pk|whsec)_(test|live)?_?[A-Za-z0-9]{6,}/g;

@@ -453,6 +453,23 @@ describe('at the door', () => {
     expect(closedAfterMs).toBeGreaterThanOrEqual(limitMs);
     expect(closedAfterMs).toBeLessThan(limitMs * 3);
   });
+  it('logs a request the HTTP parser refuses without the bytes it read, even at trace', async () => {
+    // Node hands the parser's error the raw bytes it read (`rawPacket`: every header, the token's
+    // among them), and Fastify's own handler logs that error at trace.
+    const lines: string[] = [];
+    const traced = buildApi({ config, db: t.pool, log: createLogger('trace', { write: (line: string) => void lines.push(line) }), temporal });
+    extraApps.push(traced);
+    await traced.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = traced.server.address() as AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    socket.write(`POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${writer.token}\r\nBad Header: 1\r\n\r\n`);
+    await waitFor('the client error logged', async () => lines.some((l) => l.includes('client error')), 5_000);
+    socket.destroy();
+    const all = lines.join('\n');
+    expect(all).not.toContain(writer.token);
+    expect(all).not.toContain([...Buffer.from(writer.token)].join(','));
+  });
 });
 
 describe('authentication and scopes', () => {
