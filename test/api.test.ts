@@ -5,7 +5,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import net, { type AddressInfo } from 'node:net';
 import type { LightMyRequestResponse } from 'fastify';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
 import type { ApiToken, Config } from '../src/config.js';
 import { BEGIN_SHORT, createPool } from '../src/db.js';
@@ -150,6 +150,19 @@ describe('POST /v1/usage', () => {
     }
   });
 
+  it('answers a retry of a usage recorded in time as recorded (200) after it has grown too old for Stripe', async () => {
+    const body = usage({ occurred_at: new Date(Date.now() - (35 * 86_400_000 + 1_800_000)).toISOString() });
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 2 * 3_600_000 });
+    const first = await post(body).finally(() => vi.useRealTimers());
+    expect(first.statusCode, first.body).toBe(201);
+    const again = await post(body);
+    expect(again.statusCode, again.body).toBe(200);
+    expect(again.json()).toMatchObject({ created: false, usage_id: body.usage_id });
+    const fresh = await post({ ...body, usage_id: `req-${randomUUID()}` });
+    expect(fresh.statusCode).toBe(400);
+    expect(errorOf(fresh).fields).toEqual([{ field: 'occurred_at', message: expect.stringContaining('must be less than 34 days 23 hours old') }]);
+  });
+
   it('takes event_name from the request, and occurred_at defaults to now', async () => {
     const res = await post(usage({ event_name: 'tokens', tenant_id: 'globex' }));
     expect(res.statusCode).toBe(201);
@@ -183,6 +196,7 @@ describe('POST /v1/usage', () => {
     ['occurred_at not a date', { occurred_at: 'yesterday' }, 'occurred_at', /RFC 3339/],
     ['occurred_at without a time zone', { occurred_at: '2025-06-01T10:00:00' }, 'occurred_at', /RFC 3339/],
     ['occurred_at on a day that does not exist', { occurred_at: '2025-02-30T10:00:00Z' }, 'occurred_at', /RFC 3339/],
+    ['occurred_at on a leap second', { occurred_at: '2016-12-31T23:59:60Z' }, 'occurred_at', /RFC 3339/],
     ['occurred_at as a number', { occurred_at: 1748772000 }, 'occurred_at', /string/],
     ['an extra property', { ocurred_at: '2025-06-01T10:00:00Z' }, 'ocurred_at', /not a known field/],
     ['occurred_at older than Stripe takes (35 days)', { occurred_at: new Date(Date.now() - 36 * 86_400_000).toISOString() }, 'occurred_at', /less than 34 days 23 hours old/],

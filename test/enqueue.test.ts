@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import pg from 'pg';
 // Through the package's public entry point, as an application imports it.
 import {
@@ -63,6 +63,28 @@ describe('recordUsage', () => {
     const second = await withTransaction(t.pool, (c) => recordUsage(c, input));
     expect(second.created).toBe(false);
     expect(second.entry).toEqual(first.entry);
+    expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
+  });
+
+  it('answers a usage recorded in time as recorded after it has grown too old for Stripe; a new one that old is refused', async () => {
+    // Recorded 34 days 22 hours 30 minutes after it happened, in time; asked again (a job queue's redelivery,
+    // a retry after a lost answer) two hours later, when Stripe would no longer take a new one.
+    const occurredAt = new Date(Date.now() - (35 * 86_400_000 + 1_800_000));
+    const input: UsageInput = { usageId: 'u-late-repeat', tenantId: 'acme', quantity: 2, occurredAt };
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 2 * 3_600_000 });
+    const first = await withTransaction(t.pool, (c) => recordUsage(c, input)).finally(() => vi.useRealTimers());
+    expect(first.created).toBe(true);
+    const again = await withTransaction(t.pool, (c) => recordUsage(c, input));
+    expect(again).toEqual({ entry: first.entry, created: false });
+    // The same id with other values is still a conflict, not a usage too old.
+    await expect(withTransaction(t.pool, (c) => recordUsage(c, { ...input, quantity: 3 }))).rejects.toBeInstanceOf(UsageConflictError);
+    // A usage that old never recorded is refused, naming the window, and writes nothing.
+    const before = [await count('usage_logs'), await count('outbox')];
+    await expect(withTransaction(t.pool, (c) => recordUsage(c, { ...input, usageId: 'u-late-new' }))).rejects.toMatchObject({
+      name: 'InvalidUsageError',
+      field: 'occurredAt',
+      reason: expect.stringContaining('must be less than 34 days 23 hours old'),
+    });
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
   });
 

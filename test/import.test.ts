@@ -66,12 +66,14 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
     `{"tenant_id": "acme", "usage_id": "${p}-10", "usage_id": "${p}-11", "quantity": 1}`,
     `{"tenant_id": "acme", "usage_id": "${p}-12", "quantity": 1e1}`,
     `{"tenant_id": "acme", "usage_id": "${p}-13", "quantity": 1, "occurred_at": "${ago(60_000).replace('T', 't').replace('Z', 'z')}"}`,
+    // An offset without its colon, as the API takes it.
+    `{"tenant_id": "acme", "usage_id": "${p}-14", "quantity": 1, "occurred_at": "${ago(60_000).replace('Z', '+0000')}"}`,
   ]);
   const before = await outboxCount();
 
   const first = await importCli([path, '--batch-size', '2']);
   expect(first.code).toBe(1);
-  expect(first.out).toBe(`${path}: 11 line(s); 4 recorded, 0 already recorded, 7 refused\n`);
+  expect(first.out).toBe(`${path}: 12 line(s); 5 recorded, 0 already recorded, 7 refused\n`);
   const refusals = first.err.trim().split('\n');
   expect(refusals).toHaveLength(7);
   expect(refusals[0]).toMatch(/^line 4: invalid_usage: occurred_at: must be less than 34 days 23 hours old/);
@@ -81,7 +83,7 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
   expect(refusals[4]).toBe('line 8: malformed_line: the line is not valid JSON');
   expect(refusals[5]).toBe(`line 10: malformed_line: the key "usage_id" appears more than once in one object`);
   expect(refusals[6]).toBe('line 11: malformed_line: the number 1e1 would be read as 10: write whole numbers as plain digits');
-  expect(await outboxCount()).toBe(before + 4);
+  expect(await outboxCount()).toBe(before + 5);
 
   const row = await t.row(idempotencyKeyFor('acme', `${p}-1`));
   expect(row).toMatchObject({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 3, status: 'pending' });
@@ -91,14 +93,14 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
 
   const again = await importCli([path, '--by', 'alice']);
   expect(again.code).toBe(1);
-  expect(again.out).toBe(`${path}: 11 line(s); 0 recorded, 4 already recorded, 7 refused\n`);
-  expect(await outboxCount()).toBe(before + 4);
+  expect(again.out).toBe(`${path}: 12 line(s); 0 recorded, 5 already recorded, 7 refused\n`);
+  expect(await outboxCount()).toBe(before + 5);
 
   // Each import is in the audit log, with its file and counts.
   const { rows: audit } = await t.pool.query('SELECT actor, outcome, detail FROM operator_actions WHERE action = $1 AND detail LIKE $2 ORDER BY id', ['import', `${path}:%`]);
   expect(audit.map((a: { actor: string; outcome: string; detail: string }) => [a.actor === 'alice', a.outcome, a.detail])).toEqual([
-    [false, 'partial', `${path}: 11 line(s); 4 recorded, 0 already recorded, 7 refused`],
-    [true, 'partial', `${path}: 11 line(s); 0 recorded, 4 already recorded, 7 refused`],
+    [false, 'partial', `${path}: 12 line(s); 5 recorded, 0 already recorded, 7 refused`],
+    [true, 'partial', `${path}: 12 line(s); 0 recorded, 5 already recorded, 7 refused`],
   ]);
 });
 
@@ -174,6 +176,23 @@ it('importUsage for applications: records and lines alike, many batches, a usage
 
   const lines = [JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-1`, quantity: 1, occurred_at: occurredAt.toISOString() })];
   expect(await importUsage(t.pool, lines)).toMatchObject({ read: 1, recorded: 0, alreadyRecorded: 1, refused: 0 });
+});
+
+it('a re-run after the usages grew too old for Stripe counts the ones recorded as already recorded, refusing only those never recorded', async () => {
+  // An import of last month's usage ended part-way; run again two hours later, past Stripe's window.
+  const p = randomUUID().slice(0, 8);
+  const occurredAt = new Date(Date.now() - (35 * DAY + 1_800_000)).toISOString();
+  const lines = [1, 2, 3].map((i) => JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-${i}`, quantity: i, occurred_at: occurredAt }));
+  const twoHoursBefore = () => Date.now() - 2 * 3_600_000;
+  expect(await importUsage(t.pool, lines.slice(0, 2), { now: twoHoursBefore })).toMatchObject({ recorded: 2, refused: 0 });
+  const changed = JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-2`, quantity: 9, occurred_at: occurredAt });
+  const refusals: string[] = [];
+  const again = await importUsage(t.pool, [...lines, changed], { batchSize: 2, onRefusal: (r) => refusals.push(`${r.line} ${r.code} ${r.reason}`) });
+  expect(again).toMatchObject({ read: 4, recorded: 0, alreadyRecorded: 2, refused: 2 });
+  expect(refusals).toEqual([
+    expect.stringMatching(/^3 invalid_usage occurred_at: must be less than 34 days 23 hours old/),
+    expect.stringMatching(/^4 usage_conflict .*quantity \(recorded 2, given 9\)/),
+  ]);
 });
 
 it('a progress bar on stderr only when stderr is a terminal; refusals above it, the summary on stdout', async () => {

@@ -9,10 +9,10 @@ import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { recordUsage } from '../outbox/enqueue.js';
 import { findEntryByKey } from '../outbox/sql/enqueue.js';
 import { schemaFor } from '../outbox/sql/schema.js';
-import type { OutboxEntry } from '../outbox/errors.js';
+import { InvalidUsageError, type OutboxEntry } from '../outbox/errors.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { inRequestSpan } from '../tracing.js';
-import { MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, validateUsage } from '../outbox/validate.js';
+import { DATE_TIME_PROBLEM, MAX_EVENT_NAME_LENGTH, MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, parseDateTime, validateUsage } from '../outbox/validate.js';
 import type { MeterCatalog } from '../stripe/meters.js';
 import { requireTenant } from './auth.js';
 import { ApiError } from './errors.js';
@@ -109,8 +109,10 @@ export function registerUsageRoutes(
         tenantId: body.tenant_id,
         quantity: body.quantity,
         eventName: body.event_name,
-        occurredAt: body.occurred_at === undefined ? undefined : new Date(body.occurred_at),
+        occurredAt: body.occurred_at === undefined ? undefined : parseDateTime(body.occurred_at),
       };
+      // The schema's format check lets a leap second (23:59:60) through: no instant of ours, refused.
+      if (body.occurred_at !== undefined && usage.occurredAt === undefined) throw new InvalidUsageError('occurredAt', DATE_TIME_PROBLEM);
       // The fields first (400, naming the field): a tenant_id with a hidden character is a bad
       // field, not another tenant (a scoped token heard 403), and an event_name with one is not a
       // meter Stripe lacks ("create the meter first" would send the caller the wrong way).

@@ -22,7 +22,7 @@ import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
 import { findEntriesByKeys, insertUsages, type ImportedUsage } from '../outbox/sql/import.js';
 import { schemaFor, type Schema } from '../outbox/sql/schema.js';
-import { validateUsage, type UsageInput } from '../outbox/validate.js';
+import { DATE_TIME_PROBLEM, parseDateTime, tooOldProblem, validateUsage, type UsageInput } from '../outbox/validate.js';
 
 export const IMPORT_FORMATS = ['jsonl', 'csv'] as const;
 export type ImportFormat = (typeof IMPORT_FORMATS)[number];
@@ -103,19 +103,9 @@ function fieldRefusal(field: string, reason: string): never {
   throw new InvalidUsageError(field, reason);
 }
 
-// RFC 3339's date-time, as the API's JSON Schema `format: date-time` takes it (T or a space, a time zone required).
-const DATE_TIME = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.\d+)?(?:[Zz]|[+-](\d{2}):(\d{2}))$/;
-
 function dateTime(value: unknown): Date {
-  const m = typeof value === 'string' ? DATE_TIME.exec(value) : null;
-  const [y, mo, d, h, mi, s, oh, om] = (m ?? []).slice(1).map(Number) as number[];
-  // Date would roll 2026-02-30 over into March; the API's format check refuses it, and so does this.
-  const valid = m && mo! >= 1 && mo! <= 12 && d! >= 1 && d! <= new Date(Date.UTC(y!, mo!, 0)).getUTCDate() && h! <= 23 && mi! <= 59 && s! <= 59;
-  if (!valid || (m[7] !== undefined && (oh! > 23 || om! > 59))) {
-    fieldRefusal('occurred_at', 'must be an RFC 3339 date-time with a time zone, e.g. 2025-01-31T12:00:00Z');
-  }
-  // Date reads T and Z, not every spelling RFC 3339 allows (t, z, a space).
-  return new Date((value as string).toUpperCase().replace(' ', 'T'));
+  const date = typeof value === 'string' ? parseDateTime(value) : undefined;
+  return date ?? fieldRefusal('occurred_at', DATE_TIME_PROBLEM);
 }
 
 /** A line's fields (as the API's body) as recordUsage's input; field problems refused as the API refuses them. */
@@ -225,6 +215,11 @@ interface Pending {
   usage: ImportedUsage;
   /** A line of text (its fields named as in the API's body) rather than a record. */
   fromText: boolean;
+  /**
+   * Why Stripe would no longer take it (tooOldProblem): then it is only looked up, and counts as
+   * already recorded if it is there (a re-run of an import that ended part-way), else is refused.
+   */
+  tooOld: string | undefined;
 }
 
 function refusalOf(err: unknown, line: number, fromText: boolean): ImportRefusal {
@@ -308,7 +303,7 @@ export async function importUsage(
       const input = !fromText ? item : format === 'csv' ? csvLine(header!, text) : jsonLine(text);
       const usage = validateUsage(input, defaultEventName, now());
       const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
-      slot = { line: lineNumber, usage: { ...usage, key }, fromText };
+      slot = { line: lineNumber, usage: { ...usage, key }, fromText, tooOld: tooOldProblem(usage.occurredAt, now()) };
     } catch (err) {
       slot = refusalOf(err, lineNumber, fromText);
     }
@@ -335,19 +330,20 @@ async function recordBatch(
   const client = opts.preparedStatements ? pooled : withoutPreparedStatements(pooled);
   try {
     await pooled.query('BEGIN');
-    const inserted = await insertUsages(
-      client,
-      schema,
-      batch.map((p) => p.usage),
+    const sendable = batch.filter((p) => p.tooOld === undefined);
+    const inserted = new Map(
+      (sendable.length === 0 ? [] : await insertUsages(client, schema, sendable.map((p) => p.usage))).map((outcome, i) => [sendable[i]!, outcome]),
     );
-    const existing = batch.filter((_, i) => inserted[i]!.tenantKnown && !inserted[i]!.inserted).map((p) => p.usage);
+    const existing = batch.filter((p) => inserted.get(p)?.inserted !== true && inserted.get(p)?.tenantKnown !== false).map((p) => p.usage);
     const found = new Map((existing.length === 0 ? [] : await findEntriesByKeys(client, schema, existing)).map((row) => [row.key, row]));
     await pooled.query(opts.dryRun ? 'ROLLBACK' : 'COMMIT');
-    return batch.map((p, i) => {
-      if (!inserted[i]!.tenantKnown) return new UnknownTenantError(p.usage.tenantId);
-      if (inserted[i]!.inserted) return 'recorded';
+    return batch.map((p) => {
+      const outcome = inserted.get(p);
+      if (outcome?.tenantKnown === false) return new UnknownTenantError(p.usage.tenantId);
+      if (outcome?.inserted) return 'recorded';
       const row = found.get(p.usage.key);
       // The same answers as recordUsage gives for the same usage.
+      if (!row && p.tooOld !== undefined) return new InvalidUsageError('occurredAt', p.tooOld);
       if (!row) {
         return new UsageError(
           'usage_conflict',

@@ -2,12 +2,12 @@
  * The only thing billing-outbox does on the application's request path: record a usage and queue
  * its meter event, in the caller's own transaction, with no network call.
  */
-import { NotATransactionError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
+import { InvalidUsageError, NotATransactionError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
 import { schemaFor } from './sql/schema.js';
-import { validateUsage, type UsageInput, type ValidUsage } from './validate.js';
+import { tooOldProblem, validateUsage, type UsageInput, type ValidUsage } from './validate.js';
 
 /**
  * The meter event name of a usage that names none, unless the caller passes `defaultEventName`.
@@ -77,13 +77,19 @@ export async function recordUsage(
   const schema = schemaFor(options.schema);
   const usage = validateUsage(input, options.defaultEventName ?? DEFAULT_EVENT_NAME);
   const key = idempotencyKeyFor(usage.tenantId, usage.usageId);
-  // The caller's active span, if any, goes with the row: the relay continues that trace.
-  const inserted = await insertUsage(client, schema, { ...usage, key, traceParent: activeTraceParent() });
-  if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
-  if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
+  // A usage too old for Stripe is refused, unless it is one recorded while it was not: a retry after
+  // an answer that was lost, which hears what the first call heard.
+  const tooOld = tooOldProblem(usage.occurredAt);
+  if (tooOld === undefined) {
+    // The caller's active span, if any, goes with the row: the relay continues that trace.
+    const inserted = await insertUsage(client, schema, { ...usage, key, traceParent: activeTraceParent() });
+    if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
+    if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
+  }
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
   const found = await findEntryByKey(client, schema, usage.tenantId, key);
+  if (!found && tooOld !== undefined) throw new InvalidUsageError('occurredAt', tooOld);
   if (!found) {
     // The usage row exists without an outbox row: its outbox row was delivered and pruned after
     // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).

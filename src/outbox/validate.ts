@@ -51,6 +51,32 @@ export function textProblem(value: unknown, max: number): string | undefined {
   return undefined;
 }
 
+/**
+ * RFC 3339's date-time as the API's JSON Schema `format: date-time` takes it: T, t or a space
+ * between date and time, any fraction of a second, and a time zone: Z, or an offset of hours with
+ * or without minutes (`+02:00`, `+0200`, `+02`).
+ */
+const DATE_TIME = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:[Zz]|([+-])(\d{2})(?::?(\d{2}))?)$/;
+
+export const DATE_TIME_PROBLEM = 'must be an RFC 3339 date-time with a time zone, e.g. 2025-01-31T12:00:00Z';
+
+/**
+ * The instant a date-time names, or undefined when it is not one. Stricter than `Date`, which rolls
+ * 2026-02-30 over into March and reads a time without a zone as local time; and it reads every
+ * offset the API's format check lets through (`Date` alone reads `+02` as no date at all).
+ */
+export function parseDateTime(text: string): Date | undefined {
+  const m = DATE_TIME.exec(text);
+  if (!m) return undefined;
+  const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+  const offsetHours = Number(m[9] ?? 0);
+  const offsetMinutes = Number(m[10] ?? 0);
+  const daysInMonth = new Date(Date.UTC(y, mo, 0)).getUTCDate();
+  if (mo < 1 || mo > 12 || d < 1 || d > daysInMonth || h > 23 || mi > 59 || s > 59 || offsetHours > 23 || offsetMinutes > 59) return undefined;
+  const zone = m[8] === undefined ? 'Z' : `${m[8]}${m[9]}:${m[10] ?? '00'}`;
+  return new Date(`${m[1]}-${m[2]}-${m[3]}T${m[4]}:${m[5]}:${m[6]}${m[7] ?? ''}${zone}`);
+}
+
 /** In an API token's tenant list: every tenant. Never a tenant's own id, so it can mean nothing else. */
 export const ALL_TENANTS = '*';
 
@@ -89,7 +115,12 @@ export interface ValidUsage {
   occurredAt: Date | null;
 }
 
-/** Checks every field; throws an InvalidUsageError for the first bad one. `now` is for tests. */
+/**
+ * Checks every field; throws an InvalidUsageError for the first bad one. `occurredAt` may be at
+ * most 5 minutes ahead (Stripe's limit; the time only comes closer for a retry). Whether it is still
+ * new enough for Stripe is `tooOldProblem`'s, asked only of a usage not yet recorded: a retry of one
+ * recorded in time is answered as recorded. `now` is for tests.
+ */
 export function validateUsage(input: UsageInput, defaultEventName: string, now = Date.now()): ValidUsage {
   if (typeof input !== 'object' || input === null) throw new InvalidUsageError('input', 'must be an object');
   // A misspelt field (`event_name`, `occuredAt`) would otherwise move the usage to the default
@@ -115,20 +146,22 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
     if (!(input.occurredAt instanceof Date) || Number.isNaN(input.occurredAt.getTime())) {
       throw new InvalidUsageError('occurredAt', 'must be a valid Date');
     }
-    // Stripe takes usage stamped at most 5 minutes ahead and 35 days back; outside that it could
-    // never be reported, so it is refused now rather than kept as a dead letter. The hour of margin
-    // is the time the pipeline may need to get it to Stripe.
     if (input.occurredAt.getTime() > now + MAX_EVENT_FUTURE_MS) {
       throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
-    }
-    if (tooOldToSend(input.occurredAt, now)) {
-      const hours = Math.floor((now - input.occurredAt.getTime()) / 3_600_000);
-      throw new InvalidUsageError(
-        'occurredAt',
-        `must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is ${Math.floor(hours / 24)} days ${hours % 24} hours old`,
-      );
     }
     occurredAt = input.occurredAt;
   }
   return { usageId, tenantId, quantity, eventName, occurredAt };
+}
+
+/**
+ * Why a new usage stamped `occurredAt` is refused as too old, if it is (the field is `occurredAt`).
+ * Stripe takes usage stamped at most 35 days back; older, it could never be reported, so it is
+ * refused now rather than kept as a dead letter. The hour of margin is the time the pipeline may
+ * need to get it to Stripe. `now` is for tests.
+ */
+export function tooOldProblem(occurredAt: Date | null, now = Date.now()): string | undefined {
+  if (occurredAt === null || !tooOldToSend(occurredAt, now)) return undefined;
+  const hours = Math.floor((now - occurredAt.getTime()) / 3_600_000);
+  return `must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is ${Math.floor(hours / 24)} days ${hours % 24} hours old`;
 }

@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { InvalidUsageError } from '../../src/outbox/errors.js';
-import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, tenantProblem, textProblem, validateUsage } from '../../src/outbox/validate.js';
+import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, parseDateTime, tenantProblem, textProblem, tooOldProblem, validateUsage } from '../../src/outbox/validate.js';
 import { MAX_EVENT_NAME_LENGTH } from '../../src/stripe/rules.js';
 import { mappingProblem } from '../../src/ops/customers.js';
 
@@ -100,18 +100,30 @@ describe('validateUsage', () => {
     expect(validateUsage({ ...ok, eventName: 'tokens' }, '', NOW).eventName).toBe('tokens');
   });
 
-  it('occurredAt: up to 5 minutes ahead, back to 35 days less the hour the pipeline needs', () => {
+  it('occurredAt: a valid Date, at most 5 minutes ahead (how old it may be is tooOldProblem\'s)', () => {
     const at = (ms: number) => validateUsage({ ...ok, occurredAt: new Date(NOW + ms) }, 'm', NOW).occurredAt?.getTime();
     expect(at(5 * MIN)).toBe(NOW + 5 * MIN);
+    expect(at(-400 * DAY)).toBe(NOW - 400 * DAY);
     const ahead = refusal({ ...ok, occurredAt: new Date(NOW + 5 * MIN + 1) });
     expect([ahead.field, ahead.message]).toEqual(['occurredAt', 'occurredAt: must not be more than 5 minutes in the future']);
-    expect(at(-(34 * DAY + 23 * 60 * MIN))).toBe(NOW - (34 * DAY + 23 * 60 * MIN));
-    const old = refusal({ ...ok, occurredAt: new Date(NOW - (34 * DAY + 23 * 60 * MIN) - 1) });
-    expect([old.field, old.reason]).toEqual(['occurredAt', 'must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is 34 days 23 hours old']);
-    expect(refusal({ ...ok, occurredAt: new Date(NOW - 40 * DAY) }).reason).toContain('this is 40 days 0 hours old');
     const invalidDate = refusal({ ...ok, occurredAt: new Date(Number.NaN) });
     expect([invalidDate.field, invalidDate.reason]).toEqual(['occurredAt', 'must be a valid Date']);
     expect(refusal({ ...ok, occurredAt: '2026-12-02T12:00:00Z' }).reason).toBe('must be a valid Date');
+  });
+});
+
+describe('tooOldProblem', () => {
+  it('back to 35 days less the hour the pipeline needs; no time is the transaction\'s', () => {
+    const problem = (ms: number) => tooOldProblem(new Date(NOW + ms), NOW);
+    expect(tooOldProblem(null, NOW)).toBeUndefined();
+    expect(problem(0)).toBeUndefined();
+    expect(problem(5 * MIN)).toBeUndefined();
+    expect(problem(-(34 * DAY + 23 * 60 * MIN))).toBeUndefined();
+    expect(problem(-(34 * DAY + 23 * 60 * MIN) - 1)).toBe(
+      'must be less than 34 days 23 hours old (Stripe refuses usage older than 35 days; the last hour is kept for delivery): this is 34 days 23 hours old',
+    );
+    expect(problem(-40 * DAY)).toContain('this is 40 days 0 hours old');
+    expect(problem(-(36 * DAY + 5 * 60 * MIN + 1))).toContain('this is 36 days 5 hours old');
   });
 });
 
@@ -184,5 +196,30 @@ describe('textProblem', () => {
   it('checks the length before the characters, at the exact limit', () => {
     expect(textProblem('abc', 3)).toBeUndefined();
     expect(textProblem('abcd', 3)).toBe('must be at most 3 characters');
+  });
+});
+
+describe('parseDateTime: RFC 3339 as the API\'s format check takes it', () => {
+  const at = (text: string) => parseDateTime(text)?.toISOString();
+  it('reads every offset the format check lets through, with or without the colon or the minutes', () => {
+    expect(at('2026-05-01T12:00:00Z')).toBe('2026-05-01T12:00:00.000Z');
+    expect(at('2026-05-01t12:00:00z')).toBe('2026-05-01T12:00:00.000Z');
+    expect(at('2026-05-01 12:00:00+02:00')).toBe('2026-05-01T10:00:00.000Z');
+    expect(at('2026-05-01T12:00:00+0230')).toBe('2026-05-01T09:30:00.000Z');
+    expect(at('2026-05-01T12:00:00-02')).toBe('2026-05-01T14:00:00.000Z');
+    expect(at('2026-05-01T12:00:00.123456-00:30')).toBe('2026-05-01T12:30:00.123Z');
+    expect(at('2024-02-29T23:59:59+23:59')).toBe('2024-02-29T00:00:59.000Z');
+    expect(at('2026-12-31T00:00:00Z')).toBe('2026-12-31T00:00:00.000Z');
+    expect(at('2026-01-01T00:00:00Z')).toBe('2026-01-01T00:00:00.000Z');
+  });
+  it('refuses what is not an instant: no zone, a day or an hour that does not exist, a leap second, a bad offset', () => {
+    for (const text of [
+      '2026-05-01T12:00:00', '2026-05-01', '2026-02-29T12:00:00Z', '2026-04-31T12:00:00Z', '2026-00-10T12:00:00Z',
+      '2026-13-10T12:00:00Z', '2026-05-00T12:00:00Z', '2026-05-01T24:00:00Z', '2026-05-01T12:60:00Z',
+      '2016-12-31T23:59:60Z', '2026-05-01T12:00:00+24:00', '2026-05-01T12:00:00+02:60', '2026-05-01T12:00:00+2',
+      '2026-05-01T12:00:00.Z', ' 2026-05-01T12:00:00Z', '2026-05-01T12:00:00Z ', '2026-05-01T12:00:00+02:00:00',
+    ]) {
+      expect(parseDateTime(text), text).toBeUndefined();
+    }
   });
 });
