@@ -9,7 +9,7 @@ import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
 import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN, WEBHOOK_SECRET_PATTERN } from './stripe/rules.js';
 import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
-import { tenantProblem } from './outbox/validate.js';
+import { MAX_EVENT_NAME_LENGTH, tenantProblem, textProblem } from './outbox/validate.js';
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
 
@@ -100,11 +100,16 @@ const schema = z.object({
       }
     }, 'must be an http(s) base URL without a path, e.g. http://127.0.0.1:12111')
     .default(STRIPE_DEFAULT_BASE),
+  // The event name of every usage recorded without one: held to the rules of an event name given
+  // with a usage, so that a bad one stops the process here instead of refusing each usage later
+  // with a 400 the client takes for its own mistake.
   STRIPE_METER_EVENT_NAME: z
     .string()
     .trim()
-    .min(1, 'must not be empty')
-    .max(100, 'must be at most 100 characters (Stripe limit)')
+    .superRefine((v, ctx) => {
+      const problem = textProblem(v, MAX_EVENT_NAME_LENGTH);
+      if (problem) ctx.addIssue({ code: 'custom', message: problem });
+    })
     .default('api_requests'),
   STRIPE_TIMEOUT_MS: int(100, 120_000).default(20_000),
   STRIPE_UNANSWERED_HOLD_MS: int(0, 600_000).default(30_000),

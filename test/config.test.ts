@@ -125,6 +125,15 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
   });
 
+  it('STRIPE_METER_EVENT_NAME: held to the rules of an event name sent with a usage, or the process does not start', () => {
+    // Copied from a document with a no-break space, or written with a combining accent: each would
+    // otherwise start and refuse every usage that names no event with a 400.
+    expect(problems({ STRIPE_METER_EVENT_NAME: 'api\u00a0requests' })).toEqual([expect.stringMatching(/^STRIPE_METER_EVENT_NAME: .*U\+00A0/)]);
+    expect(problems({ STRIPE_METER_EVENT_NAME: 'cafe\u0301' })).toEqual([expect.stringMatching(/^STRIPE_METER_EVENT_NAME: .*NFC/)]);
+    expect(problems({ STRIPE_METER_EVENT_NAME: 'x'.repeat(101) })).toEqual([expect.stringMatching(/at most 100/)]);
+    expect(loadConfig({ STRIPE_METER_EVENT_NAME: ' tokens\n' }).stripe.meterEventName).toBe('tokens');
+  });
+
   it('LANE_MAX_IN_FLIGHT: by default one call\'s worth for v1 (4) and one stream request\'s for v2 (100); a value set wins in either', () => {
     expect(loadConfig({}).lanes.maxInFlight).toBe(4);
     expect(loadConfig({ STRIPE_METER_API: 'v2' }).lanes.maxInFlight).toBe(100);
