@@ -64,8 +64,12 @@ export function withPgTypes(pool: pg.Pool, opts: { answerMs?: number } = {}): pg
 /**
  * `answerMs`: every statement of the pool unanswered this long fails as PostgreSQL away and its
  * connection is dropped (answeredWithin, for a pool whose every statement is quick: the API's).
+ * `waitMs`: a caller that has had no connection (free or newly opened) for this long fails as
+ * PostgreSQL unavailable instead of waiting on: for a pool whose callers have deadlines of their
+ * own (the worker's deliveries, whose attempt would time out in the queue and be counted as failed,
+ * where a database too busy to answer must cost no attempt).
  */
-export function createPool(databaseUrl: string, max = 10, opts: { answerMs?: number } = {}): pg.Pool {
+export function createPool(databaseUrl: string, max = 10, opts: { answerMs?: number; waitMs?: number } = {}): pg.Pool {
   const pool = new pg.Pool({
     connectionString: databaseUrl,
     max,
@@ -73,6 +77,7 @@ export function createPool(databaseUrl: string, max = 10, opts: { answerMs?: num
     types: pgTypes,
     Client: ClosingClient,
     ...(opts.answerMs === undefined ? {} : { query_timeout: opts.answerMs }),
+    ...(opts.waitMs === undefined ? {} : { connectionTimeoutMillis: opts.waitMs }),
   });
   // An idle client losing its connection (server restart) must not crash the process; the pool
   // discards it and the next query opens a new one.
@@ -279,14 +284,18 @@ const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03)$/;
 
 /**
  * Whether `err` says the database is away or overloaded rather than the statement wrong: the
- * connection lost (connectionLost), and the SQLSTATEs above. A delivery that meets one waits and
+ * connection lost (connectionLost), no connection free in time (createPool's waitMs), and the
+ * SQLSTATEs above. A delivery that meets one waits and
  * tries again without spending one of its attempts (twenty minutes of overload must not dead-letter
  * every event in flight); the API answers 503.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
-  const code = (err as { code?: unknown } | null)?.code;
-  return connectionLost(err) || (typeof code === 'string' && TRANSIENT_SQLSTATE.test(code));
+  const e = err as { code?: unknown; message?: unknown } | null;
+  return connectionLost(err) || e?.message === NO_CONNECTION_IN_TIME || (typeof e?.code === 'string' && TRANSIENT_SQLSTATE.test(e.code));
 }
+
+/** What pg-pool says when a caller had no connection within the pool's `connectionTimeoutMillis` (createPool's waitMs). */
+const NO_CONNECTION_IN_TIME = 'timeout exceeded when trying to connect';
 
 /** What pg says when a statement given a `query_timeout` got no answer within it. */
 const UNANSWERED = 'Query read timeout';

@@ -133,6 +133,23 @@ it('answeredWithin: a statement unanswered in time fails as PostgreSQL away, and
   }
 });
 
+it('waitMs: a caller with no free connection in time fails as PostgreSQL unavailable (a delivery then waits without spending an attempt), and the pool goes on', async () => {
+  const pool = createPool(t.db.url, 1, { waitMs: 300 });
+  try {
+    const held = await pool.connect();
+    const started = Date.now();
+    const waited = await pool.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+    expect(Date.now() - started).toBeGreaterThanOrEqual(250);
+    expect(isDatabaseUnavailable(waited)).toBe(true);
+    // No connection was lost: none is dropped for it.
+    expect(connectionLost(waited)).toBe(false);
+    held.release();
+    expect((await pool.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+  } finally {
+    await pool.end();
+  }
+});
+
 it('a statement given up on while it waits for a lock (behind a migration) is cancelled at the server, not left to queue and commit later', async () => {
   const pool = createPool(t.db.url, 2);
   const holder = new pg.Client({ connectionString: t.db.url });

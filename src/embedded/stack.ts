@@ -266,7 +266,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       log.info({ database: redactUrl(databaseUrl) }, 'embedded PostgreSQL started');
     }
     await migrate(databaseUrl, { schema: config.databaseSchema, onWait: (message) => log.warn(message) });
-    const pool = createPool(databaseUrl);
+    const pool = createPool(databaseUrl, 10, { waitMs: config.timings.statementAnswerMs });
     onStop('database pool', () => pool.end());
     const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
 

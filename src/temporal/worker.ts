@@ -415,7 +415,9 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       if (opensWithoutLimit(opts.pool)) log?.warn(OPENS_WITHOUT_LIMIT);
     } else {
       if (!config.databaseUrl) throw new ConfigError(['database: neither a pool nor a PostgreSQL URL was given']);
-      const own = createPool(config.databaseUrl);
+      // A delivery waits for a connection no longer than for a statement's answer: past that the
+      // database is too busy, and the delivery waits its turn again without spending an attempt.
+      const own = createPool(config.databaseUrl, 10, { waitMs: config.timings.statementAnswerMs });
       closers.push(() => own.end());
       pool = own;
       listenWith = config.databaseUrl;
