@@ -650,7 +650,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'retry-after-past-budget',
     guarantee: 'Dead with a reason someone can see: a 429 whose Retry-After runs past the 429 budget ends as rate_limited, not past the 23 h window under a misleading reason',
-    find: '        waitMs = Math.min(waitMs, rateLimitedSince + maxRateLimitedMs - Date.now() + 1);',
+    find: '        waitMs = Math.min(waitMs, maxRateLimitedMs - rateLimitedMs + 1);',
     replace: '',
     test: 'test/workflows.test.ts',
     name: "cuts a 429's Retry-After",

@@ -350,6 +350,25 @@ it('bounds only an unbroken stretch of 429s: another answer between two of them 
   });
 });
 
+it("bounds 429s that alternate with waits of our own: the pace between two 429s is no answer from Stripe, and does not start the count again", async () => {
+  // Under a sustained 429 a busy pace defers every other try; each such wait once ended the stretch,
+  // and the event went on for 23 h, to die as identifier_window_expired instead of rate_limited.
+  const { calls, activities } = fakeActivities(async () =>
+    calls.deliver.length % 2 === 1
+      ? { outcome: 'deferred', reason: 'rate_limited', waitMs: 60_000, attempts: 0 }
+      : { outcome: 'deferred', reason: 'paced', waitMs: 60_000, attempts: 0 },
+  );
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 25 });
+    await env.sleep('30 minutes');
+    // Ten minutes of waiting on 429s (the budget) took about twenty of workflow time.
+    expect(calls.dead.map((d) => d.code)).toEqual(['rate_limited']);
+    expect(calls.deliver.length).toBeGreaterThanOrEqual(20);
+    expect(calls.deliver.length).toBeLessThanOrEqual(25);
+    await handle.terminate('test over');
+  });
+});
+
 it("judges a retry by the row's resend window: a dead letter no try of which reached Stripe is retried without --force days later", async () => {
   // As the real activity does for a tenant with no Stripe customer yet: refused before any call, the
   // attempt taken back, the row's first_attempted_at left empty (markDead reports null).

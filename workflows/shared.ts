@@ -60,11 +60,11 @@ export interface UsageWorkflowInput {
    */
   firstAttemptedAt?: number;
   /**
-   * Workflow time (ms) of the first of an unbroken stretch of Stripe 429s, carried across
+   * How long (ms) the delivery has waited on an unbroken stretch of Stripe 429s, carried across
    * continue-as-new so that RETRY_MAX_RATE_LIMITED_MS bounds the whole stretch, not each run. Any
-   * other answer ends the stretch.
+   * other answer from Stripe ends the stretch.
    */
-  rateLimitedSince?: number;
+  rateLimitedMs?: number;
   /**
    * Attempts of the delivery in progress that failed (RETRY_MAXIMUM_ATTEMPTS is the event's budget,
    * not each activity's): carried across deferrals and continue-as-new, reset by an operator's retry.

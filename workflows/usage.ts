@@ -222,8 +222,9 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     return request;
   };
 
-  // When Stripe's 429s began holding this delivery back (workflow time), whatever run we are in.
-  let rateLimitedSince = input.rateLimitedSince;
+  // How long this delivery has waited on Stripe's 429s since Stripe last answered otherwise,
+  // whatever run we are in.
+  let rateLimitedMs = input.rateLimitedMs ?? 0;
   // Failed attempts of the delivery in progress, whatever run we are in.
   let spent = input.attemptsSpent ?? 0;
 
@@ -261,15 +262,16 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       // the operator's, for the attempt that does begin.
       if (forcing && result.begun === false) force = true;
       spent += result.failedBefore ?? 0;
-      // The 429 budget bounds an unbroken stretch of Stripe's 429s: any other answer ends it.
-      if (result.reason !== 'rate_limited' || (result.failedBefore ?? 0) > 0) rateLimitedSince = undefined;
+      // The 429 budget bounds the waits of an unbroken stretch of Stripe's 429s. Only another answer
+      // from Stripe ends the stretch (a failed try, a refused key); waits that are ours (the pace, a
+      // busy lease, our database away) neither end it nor count towards it.
+      if ((result.failedBefore ?? 0) > 0 || result.reason === 'stripe_credentials') rateLimitedMs = 0;
       let waitMs = result.waitMs;
       if (result.reason === 'rate_limited') {
-        rateLimitedSince ??= Date.now();
-        if (Date.now() - rateLimitedSince > maxRateLimitedMs) {
+        if (rateLimitedMs > maxRateLimitedMs) {
           throw ApplicationFailure.create({
             type: ErrorTypes.deferredTooLong,
-            message: `Stripe kept answering 429 for over ${Math.round(maxRateLimitedMs / 1000)} s (since ${new Date(rateLimitedSince).toISOString()})`,
+            message: `Stripe kept answering 429 for over ${Math.round(maxRateLimitedMs / 1000)} s of waiting on it, with no other answer between`,
             details: ['rate_limited'],
             nonRetryable: true,
           });
@@ -277,7 +279,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         // A Retry-After past the budget (a proxy's day, an HTTP date read by a clock behind) is cut
         // to it: the try after it gets through or ends the stretch with this reason, rather than
         // wake past the 23 h identifier window and die for that.
-        waitMs = Math.min(waitMs, rateLimitedSince + maxRateLimitedMs - Date.now() + 1);
+        waitMs = Math.min(waitMs, maxRateLimitedMs - rateLimitedMs + 1);
+        rateLimitedMs += waitMs;
       }
       show([
         `**Waiting** ${WAITING_FOR[result.reason]}; next try at ${new Date(Date.now() + waitMs).toISOString()}. Waiting spends no retry attempt.`,
@@ -294,7 +297,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
           force,
           firstAttemptedAt,
           attemptsSpent: spent,
-          ...(rateLimitedSince === undefined ? { rateLimitedSince: undefined } : { rateLimitedSince }),
+          rateLimitedMs,
         });
       }
     }
@@ -358,7 +361,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     force = reopen.force === true;
     row.dead = false;
     // A new delivery: its attempts and 429s are counted afresh.
-    rateLimitedSince = undefined;
+    rateLimitedMs = 0;
     spent = 0;
     await markReopened(input.key);
     upsertSearchAttributes([
