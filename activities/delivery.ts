@@ -319,12 +319,15 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       return refuse(key, check.refusal);
     }
     if (check.verdict === 'already_at_stripe' || !row) return { outcome: 'already_sent', attempts: row?.attempt_count ?? 0 };
-    // Reading the meter list can fail like any call to Stripe: classified as one.
+    // Reading the meter list can fail like any call to Stripe: classified as one. No meter event
+    // was sent, so the attempt is taken back (a 23 h resend window is not started by a call that
+    // never happened).
     let keys: MeterKeys | undefined;
     try {
       keys = await meters.keysFor(row.event_name);
     } catch (err) {
-      return failed(key, row, err, async () => row.attempt_count);
+      await undoIfCounted(key, row);
+      return failed(key, row, err, async () => row.attempt_count, { takenBack: true });
     }
     if (!keys) {
       await undoIfCounted(key, row);
@@ -343,7 +346,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * A call that did not simply succeed, classified where it was made: Stripe already had it
    * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
    */
-  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number | null>): Promise<DeliveryResult> {
+  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number | null>, opts: { takenBack?: boolean } = {}): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     if (failure.kind === 'delivered') {
@@ -356,7 +359,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // The deployment's key, not the event: Stripe did nothing with the call, so it is taken back
       // (no attempt spent, no 23 h window started) and the delivery waits on a timer until the key
       // works again. Loud meanwhile: an error line, the metric, `billing-outbox status`, the row.
-      await undoIfCounted(key, row);
+      if (!opts.takenBack) await undoIfCounted(key, row);
       await store.recordAttemptError(key, CREDENTIALS_REFUSED, `Stripe refused the API key (${failure.code}): ${failure.message}`);
       metrics?.stripeErrors.inc({ class: failure.kind });
       log.error('Stripe refused the API key: delivery holds until STRIPE_API_KEY works again', { idempotencyKey: key, code: failure.code, message: failure.message });

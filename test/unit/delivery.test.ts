@@ -242,6 +242,22 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(deps.store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
   });
 
+  it("the meter list unreadable (Stripe's 500, a refused key): no meter event sent, so the attempt is taken back once, and the failure classified as a call's", async () => {
+    const failing = (err: Error) => {
+      const p = parts();
+      p.deps.meters = { keysFor: async () => Promise.reject(err) };
+      return p;
+    };
+    const down = failing(new Stripe.errors.StripeAPIError({ type: 'api_error', statusCode: 500, message: 'boom' } as never));
+    await expect(deliver(down.deps)).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(down.sent).toEqual([]);
+    expect(down.store.undoAttempt).toHaveBeenCalledTimes(1);
+    expect(down.store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    const refusedKey = failing(new Stripe.errors.StripeAuthenticationError({ type: 'invalid_request_error', statusCode: 401, message: 'Invalid API Key provided' } as never));
+    expect(await deliver(refusedKey.deps)).toMatchObject({ outcome: 'deferred', reason: 'stripe_credentials' });
+    expect(refusedKey.store.undoAttempt).toHaveBeenCalledTimes(1);
+  });
+
   it('PostgreSQL away: deferred as database_unavailable, no attempt spent', async () => {
     const { deps, store } = parts();
     store.beginAttempt.mockRejectedValueOnce(Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }));
