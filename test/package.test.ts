@@ -64,18 +64,29 @@ async function scratchApp(name: string, packages: string[]): Promise<string> {
   return app;
 }
 
-it('billing-outbox-worker is released with this version and brings each optional peer at the range package.json states', () => {
-  type Manifest = { version: string; dependencies?: Record<string, string>; peerDependencies: Record<string, string>; peerDependenciesMeta: Record<string, { optional?: boolean }> };
+it("billing-outbox-worker is released with this version and asks for each of billing-outbox's worker packages at a range this repository satisfies; billing-outbox itself takes any version of them", () => {
+  type Manifest = { version: string; dependencies?: Record<string, string>; peerDependencies: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
   const read = (dir: string) => JSON.parse(readFileSync(path.join(dir, 'package.json'), 'utf8')) as Manifest;
   const main = read(ROOT);
   const worker = read(path.join(ROOT, 'packages', 'worker'));
   expect(worker.version).toBe(main.version);
-  const { 'billing-outbox': pinned, ...brought } = worker.dependencies ?? {};
-  expect(pinned).toBe(main.version);
-  // Every optional peer but the ORMs and the types is the worker's, at the same range.
+  expect(worker.dependencies).toEqual({ 'billing-outbox': main.version });
+  // Every optional peer but the ORMs and the types is the worker's. billing-outbox takes any version
+  // of it (an application that only records usage may have its own stripe, zod or Fastify of another
+  // major); billing-outbox-worker asks for the tested one as a peer, so npm installs it where
+  // billing-outbox finds it, or refuses the install (ERESOLVE) where the application has another.
   const notTheWorkers = new Set(['kysely', 'drizzle-orm', 'knex', '@types/pg']);
-  const optional = Object.keys(main.peerDependenciesMeta).filter((name) => main.peerDependenciesMeta[name]!.optional && !notTheWorkers.has(name));
-  expect(brought).toEqual(Object.fromEntries(optional.map((name) => [name, main.peerDependencies[name]])));
+  const optional = Object.keys(main.peerDependenciesMeta ?? {}).filter((name) => main.peerDependenciesMeta![name]!.optional && !notTheWorkers.has(name));
+  for (const name of optional) expect(main.peerDependencies[name], name).toBe('*');
+  const { pg: workerPg, ...asked } = worker.peerDependencies;
+  expect(workerPg).toBe(main.peerDependencies.pg);
+  expect(Object.keys(asked).sort()).toEqual([...optional].sort());
+  for (const [name, range] of Object.entries(asked)) {
+    expect(range, name).toMatch(/^\^\d+\.\d+\.\d+$/);
+    const [major, minor] = range.slice(1).split('.').map(Number) as [number, number];
+    const [hasMajor, hasMinor] = installed(name).split('.').map(Number) as [number, number];
+    expect([hasMajor, hasMinor >= minor || major === 0], `${name} ${range}, installed ${installed(name)}`).toEqual([major, true]);
+  }
   expect(main.dependencies ?? {}).toEqual({});
 });
 
@@ -141,6 +152,48 @@ describe.concurrent('installed from the tarballs', () => {
     expect(required.stdout.trim()).toBe('function');
     const requiredWorker = await failed(exec(process.execPath, ['--input-type=commonjs', '-e', "require('billing-outbox/worker')"], { cwd: app, env }));
     expect(requiredWorker.stderr).toContain('ERR_REQUIRE_ASYNC_MODULE');
+  }, 120_000);
+
+  it("an application with its own stripe of another major and TypeScript compiled to CommonJS: billing-outbox and pg install beside it and type-check; the worker's install is refused, naming stripe", async () => {
+    // The application's stripe@17 (a package of that name and version, packed here: no network).
+    const own = path.join(scratch, 'own-stripe');
+    await mkdir(own);
+    await writeFile(path.join(own, 'package.json'), JSON.stringify({ name: 'stripe', version: '17.0.0', main: 'index.js' }));
+    await writeFile(path.join(own, 'index.js'), 'module.exports = {};\n');
+    const ownStripe = await pack(own);
+    const app = path.join(scratch, 'commonjs-app');
+    await mkdir(app);
+    await writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'commonjs-app', private: true }));
+    const install = (packages: string[]) => exec('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', ...packages], { cwd: app, env });
+    await install([ownStripe]);
+    await install([tarballs.main, `pg@${installed('pg')}`, `@types/pg@${installed('@types/pg')}`, `@types/node@${installed('@types/node')}`]);
+    expect(JSON.parse(readFileSync(path.join(app, 'node_modules', 'stripe', 'package.json'), 'utf8'))).toMatchObject({ version: '17.0.0' });
+
+    // module commonjs: TypeScript resolves as node10 does, reading "types" and "typesVersions".
+    // esModuleInterop as `tsc --init` sets it (the declarations import pg's default export).
+    await writeFile(
+      path.join(app, 'tsconfig.json'),
+      JSON.stringify({ compilerOptions: { module: 'commonjs', target: 'ES2022', strict: true, esModuleInterop: true, skipLibCheck: false, outDir: 'out', rootDir: 'src', types: ['node'] } }),
+    );
+    await mkdir(path.join(app, 'src'));
+    await writeFile(
+      path.join(app, 'src', 'record.ts'),
+      `import { recordUsage, UsageError, type UsageInput } from 'billing-outbox';
+import { fromPrisma } from 'billing-outbox/prisma';
+const usage: UsageInput = { usageId: 'u-1', tenantId: 'acme', quantity: 1 };
+console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quantity);
+`,
+    );
+    const tsc = path.join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc');
+    const compiled = await exec(process.execPath, [tsc, '-p', app], { cwd: app, env }).catch((err: { stdout: string }) => err);
+    expect(compiled.stdout).toBe('');
+    const { stdout } = await exec(process.execPath, ['out/record.js'], { cwd: app, env });
+    expect(stdout.trim()).toBe('function function UsageError 1');
+
+    // billing-outbox would load the application's stripe: npm says so at install, not the worker at run time.
+    const refused = await install([tarballs.worker]).then(() => ({ stderr: '' }), (err: { stderr: string }) => err);
+    expect(refused.stderr).toContain('ERESOLVE');
+    expect(refused.stderr).toMatch(/peer stripe@"\^\d+/);
   }, 120_000);
 
   it(
