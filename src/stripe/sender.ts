@@ -20,6 +20,12 @@ export interface MeterEventSender {
   readonly api: 'v1' | 'v2';
   /** Resolves when Stripe took the event; rejects with Stripe's error, for the caller to classify. */
   send(event: MeterEvent): Promise<void>;
+  /**
+   * Stripe's clock minus this worker's (ms), where the sender has measured it (v2: by each session's
+   * created time); undefined before. Stripe judges an event's timestamp by its own clock, and the v2
+   * stream drops one outside its window without a word: the send check reads the time as Stripe will.
+   */
+  readonly clockSkewMs?: number | undefined;
 }
 
 /** v1: one call per event. */

@@ -35,7 +35,7 @@ const row = (over: Partial<AttemptRow> = {}): AttemptRow => ({
 });
 
 /** Fakes for every part; each records what it was asked. */
-function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (e: MeterEvent) => Promise<void>; waits?: LeaseWait[]; granted?: boolean; leaseHeld?: boolean[] } = {}) {
+function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (e: MeterEvent) => Promise<void>; waits?: LeaseWait[]; granted?: boolean; leaseHeld?: boolean[]; clockSkewMs?: number } = {}) {
   const sent: MeterEvent[] = [];
   const waits = [...(opts.waits ?? ['acquired'])];
   const leaseHeld = [...(opts.leaseHeld ?? [true])];
@@ -62,6 +62,7 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
   };
   const sender: MeterEventSender = {
     api: opts.api ?? 'v1',
+    clockSkewMs: opts.clockSkewMs,
     send: async (e) => {
       sent.push(e);
       await opts.send?.(e);
@@ -232,6 +233,20 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(waitMs).toBeLessThanOrEqual(121_000 + 1_000);
     expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
     expect(sent).toEqual([]);
+  });
+
+  it("v2, Stripe's clock measured 10 minutes behind ours: usage stamped now is ahead by Stripe's, deferred until it is in, not sent for the stream to drop", async () => {
+    const { deps, sent } = parts({ api: 'v2', clockSkewMs: -10 * 60_000, row: row({ occurred_at: new Date(Date.now()) }) });
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'stamped_ahead' });
+    // Until Stripe's clock is 4 minutes short of it (5 less SEND_MARGIN_MS), plus a second: 6 minutes.
+    expect((result as { waitMs: number }).waitMs).toBeGreaterThan(6 * 60_000);
+    expect((result as { waitMs: number }).waitMs).toBeLessThanOrEqual(6 * 60_000 + 2_000);
+    expect(sent).toEqual([]);
+    // Stripe's clock ahead of ours: a usage 34 days 23 hours 30 minutes old by ours is too old by Stripe's.
+    const old = parts({ api: 'v2', clockSkewMs: 40 * 60_000, row: row({ occurred_at: new Date(Date.now() - (35 * 86_400_000 - 30 * 60_000)) }) });
+    await expect(deliver(old.deps)).rejects.toMatchObject({ type: 'UnsafeToSend', details: ['timestamp_too_far_in_past'] });
+    expect(old.sent).toEqual([]);
   });
 
   it('a meter Stripe does not have: StripeRejected no_meter, nothing sent', async () => {
