@@ -39,7 +39,7 @@ export const MUTANTS: Mutant[] = [
   },
   {
     id: 'enqueue-future-check-after-write',
-    guarantee: 'Not guaranteed / refusals: usage stamped more than 5 minutes ahead is refused at enqueue, before anything is written',
+    guarantee: 'Not guaranteed / refusals: usage stamped more than 64 minutes ahead (Stripe’s 5 and the hour of skew delivery waits out) is refused at enqueue, before anything is written',
     find: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000;',
     replace: 'export const MAX_EVENT_FUTURE_MS = 5 * 60_000 * 1_000;',
     test: 'test/enqueue.test.ts',

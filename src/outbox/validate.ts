@@ -6,7 +6,8 @@
  * normalising) can make two different usage ids equal, and the second usage would then be lost as a
  * "duplicate"; or leave the application's id and the outbox's different.
  */
-import { MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_VALUE, tooOldToSend } from '../stripe/rules.js';
+import { MAX_EVENT_NAME_LENGTH, MAX_VALUE, tooOldToSend } from '../stripe/rules.js';
+import { MAX_RECORDED_AHEAD_MS } from '../stripe/send-check.js';
 import { InvalidUsageError } from './errors.js';
 
 /** Usage ids: the old key format left 90 characters after its prefix; kept so existing ids stay valid. */
@@ -117,7 +118,8 @@ export interface ValidUsage {
 
 /**
  * Checks every field; throws an InvalidUsageError for the first bad one. `occurredAt` may be at
- * most 5 minutes ahead (Stripe's limit; the time only comes closer for a retry). Whether it is still
+ * most MAX_RECORDED_AHEAD_MS ahead (Stripe's 5 minutes and the hour of skew delivery waits out; the
+ * time only comes closer for a retry). Whether it is still
  * new enough for Stripe is `tooOldProblem`'s, asked only of a usage not yet recorded: a retry of one
  * recorded in time is answered as recorded. `now` is for tests.
  */
@@ -146,8 +148,11 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
     if (!(input.occurredAt instanceof Date) || Number.isNaN(input.occurredAt.getTime())) {
       throw new InvalidUsageError('occurredAt', 'must be a valid Date');
     }
-    if (input.occurredAt.getTime() > now + MAX_EVENT_FUTURE_MS) {
-      throw new InvalidUsageError('occurredAt', 'must not be more than 5 minutes in the future');
+    if (input.occurredAt.getTime() > now + MAX_RECORDED_AHEAD_MS) {
+      throw new InvalidUsageError(
+        'occurredAt',
+        `must not be more than ${MAX_RECORDED_AHEAD_MS / 60_000} minutes in the future by this machine's clock (${new Date(now).toISOString()}): Stripe takes usage at most 5 minutes ahead, and delivery waits out at most an hour of clock skew`,
+      );
     }
     occurredAt = input.occurredAt;
   }

@@ -8,9 +8,9 @@ import { inHours, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, timestampProblem }
 
 /**
  * How far beyond Stripe's 5 future minutes (by this worker's clock) an event is waited for rather
- * than refused. Usage is refused at enqueue past 5 minutes ahead of the recording machine's clock,
- * so an event ahead here is clock skew between that machine and this one, which time mends; an hour
- * is more skew than any machine kept in time has, and beyond it the event is refused with its reason.
+ * than refused. An event ahead is clock skew (between the recording machine, this worker and
+ * Stripe), which time mends; an hour is more skew than any machine kept in time has, and beyond it
+ * the event is refused with its reason.
  */
 export const MAX_AHEAD_WAIT_MS = 60 * 60_000;
 
@@ -47,6 +47,13 @@ export type SendVerdict =
  * narrower at both ends.
  */
 export const SEND_MARGIN_MS = 60_000;
+
+/**
+ * The furthest ahead of the recording machine's clock a usage is taken at enqueue: as far as the
+ * send check waits for (64 minutes). A machine whose clock runs a few minutes fast records usage
+ * Stripe would take once the time comes; refusing it would lose it.
+ */
+export const MAX_RECORDED_AHEAD_MS = MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS + MAX_AHEAD_WAIT_MS;
 
 /**
  * In order: the row must exist and be inside the resend window (or forced: then it was begun),
