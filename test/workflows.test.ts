@@ -18,7 +18,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, OutboxErrorKey, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, OutboxErrorKey, RELAY_CALLS_PER_RUN, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type RelayWorkflowInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -557,3 +557,23 @@ async function waitUntil(ok: () => boolean): Promise<void> {
   for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 25));
   expect(ok()).toBe(true);
 }
+
+it("a relay continues as new after the calls per run its input names (set by its starter), the next run taking this release's figure", async () => {
+  // Read from the input, not the code, so that a release lowering RELAY_CALLS_PER_RUN leaves a run
+  // already past the new figure replaying as it ran (no non-determinism error).
+  const runs: string[] = [];
+  const activities = {
+    async relayOutbox() {
+      runs.push(activityInfo().workflowExecution?.runId ?? '');
+    },
+  };
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await env.client.workflow.start('relayWorkflow', { taskQueue, workflowId: `relay-${randomUUID()}`, args: [{ relayId: 'r', callsPerRun: 3 } satisfies RelayWorkflowInput] });
+    await waitFor('a second run', async () => new Set(runs).size >= 2 && runs.length >= 5);
+    // Three calls in the first run, then the next run's.
+    expect(new Set(runs.slice(0, 3)).size).toBe(1);
+    expect(runs[3]).not.toBe(runs[0]);
+    await handle.terminate('test over');
+  });
+  expect(RELAY_CALLS_PER_RUN).toBeGreaterThan(3);
+});

@@ -5,7 +5,7 @@
  */
 import { continueAsNew, proxyActivities, workflowInfo } from '@temporalio/workflow';
 import type { RelayActivities } from '../activities/relay.js';
-import type { RelayWorkflowInput } from './shared.js';
+import { RELAY_CALLS_PER_RUN, type RelayWorkflowInput } from './shared.js';
 
 const { relayOutbox } = proxyActivities<RelayActivities>({
   // An activity call runs for about a minute; the heartbeat timeout is what notices a dead worker.
@@ -14,12 +14,11 @@ const { relayOutbox } = proxyActivities<RelayActivities>({
   retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
 });
 
-/** Activity calls per run before continuing as new (each adds a handful of history events). */
-const CALLS_PER_RUN = 200;
-
 export async function relayWorkflow(input: RelayWorkflowInput): Promise<never> {
-  for (let i = 0; i < CALLS_PER_RUN && !workflowInfo().continueAsNewSuggested; i++) {
+  const callsPerRun = input.callsPerRun ?? RELAY_CALLS_PER_RUN;
+  for (let i = 0; i < callsPerRun && !workflowInfo().continueAsNewSuggested; i++) {
     await relayOutbox(input.relayId);
   }
-  return continueAsNew<typeof relayWorkflow>(input);
+  // The next run takes this release's figure.
+  return continueAsNew<typeof relayWorkflow>({ ...input, callsPerRun: RELAY_CALLS_PER_RUN });
 }

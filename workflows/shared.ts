@@ -72,10 +72,18 @@ export interface UsageWorkflowInput {
   attemptsSpent?: number;
   /**
    * Deferrals (429s, pacing, a busy customer) one run waits out before continuing as new, besides
-   * whenever the server suggests it: each adds about a dozen history events. Default 200.
+   * whenever the server suggests it: each adds about a dozen history events. Set by whoever starts
+   * the run (DEFERRALS_PER_RUN), not read from the code as it replays: a later release that lowers
+   * it must not change where an open run continues as new (a non-determinism error).
    */
   deferralsPerRun?: number;
 }
+
+/** UsageWorkflowInput.deferralsPerRun of the runs this release starts. */
+export const DEFERRALS_PER_RUN = 200;
+
+/** RelayWorkflowInput.callsPerRun of the runs this release starts. */
+export const RELAY_CALLS_PER_RUN = 200;
 
 export interface DeliverInput {
   key: string;
@@ -176,6 +184,12 @@ export type RetryRefusal = 'not_dead' | 'under_way' | 'window';
 
 export interface RelayWorkflowInput {
   relayId: string;
+  /**
+   * Activity calls per run before continuing as new (each adds a handful of history events). In the
+   * input, as UsageWorkflowInput.deferralsPerRun is, so that a release changing it leaves open runs
+   * replaying as they ran.
+   */
+  callsPerRun?: number;
 }
 
 /** Error types the delivery activity throws; the workflow records them on the row. */

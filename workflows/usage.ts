@@ -35,6 +35,7 @@ import {
   markdownText,
   OutboxErrorKey,
   OutboxStatusKey,
+  DEFERRALS_PER_RUN,
   readReopenRequest,
   reopenSignal,
   RETRY_REFUSED,
@@ -49,8 +50,6 @@ import {
   type UsageWorkflowInput,
 } from './shared.js';
 
-/** Deferrals waited out per run before continuing as new (see UsageWorkflowInput.deferralsPerRun). */
-const DEFERRALS_PER_RUN = 200;
 
 /**
  * The run's fairness key (its tenant's, set at start by src/temporal/start-usage.ts), passed on to

@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
-import { markdownText, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
+import { DEFERRALS_PER_RUN, markdownText, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
 import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -97,6 +97,7 @@ export function usageWorkflowStartOptions(
     key: row.idempotency_key,
     tenantId: row.tenant_id,
     retry: config.retry,
+    deferralsPerRun: DEFERRALS_PER_RUN,
     ...(opts.force ? { force: true } : {}),
   };
   return {

@@ -10,7 +10,7 @@ import type pg from 'pg';
 import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { createActivities } from '../../activities/index.js';
-import { relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
+import { RELAY_CALLS_PER_RUN, relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
 import { checkHealth, temporalHealthConnection, type ProbeResult, type TemporalHealth } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
 import { answeredWithin, createPool, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
@@ -247,7 +247,7 @@ function startRelay(client: Client, config: Config, index: number) {
   return client.workflow.start('relayWorkflow', {
     workflowId: relayWorkflowId(config.temporal.taskQueue, index),
     taskQueue: config.temporal.taskQueue,
-    args: [{ relayId: `relay-${index}` } satisfies RelayWorkflowInput],
+    args: [{ relayId: `relay-${index}`, callsPerRun: RELAY_CALLS_PER_RUN } satisfies RelayWorkflowInput],
     workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,
   });
 }
