@@ -35,8 +35,13 @@ export const ERROR_REPORT_EVENT_TYPES: ReadonlySet<string> = new Set(['v1.billin
 
 /** A thin notification is a few hundred bytes; this only bounds what a misconfigured sender can make us read. */
 const WEBHOOK_BODY_LIMIT_BYTES = 256 * 1024;
-/** Clock skew allowed between Stripe's signature timestamp and ours, ahead of us. */
-const SIGNATURE_FUTURE_TOLERANCE_MS = 5 * 60_000;
+/**
+ * How far Stripe's signature timestamp may be from our clock, either way. Wider than the library's
+ * 5 minutes: an API host whose clock is some minutes off would otherwise refuse every report for as
+ * long as the skew lasts (Stripe signs each redelivery afresh), and the rejected rows would stay
+ * billed-looking. A replayed notification costs nothing: the event is fetched from Stripe, once.
+ */
+const SIGNATURE_TOLERANCE_MS = 15 * 60_000;
 /** Stripe event ids: a prefix and letters, digits, underscores (hyphens allowed). */
 const EVENT_ID = /^[A-Za-z0-9_-]{1,255}$/;
 /** Stripe waits a limited time for the answer; fetching the full event must fit well inside it. */
@@ -138,19 +143,19 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       // another one than the signature covers (`t=<now>,t=<next year>,v1=…`).
       const stamps = [...signature.matchAll(/(?:^|,)\s*t=([^,]*)/g)].map((m) => m[1]!.trim());
       const signedAt = stamps.length === 1 && /^\d+$/.test(stamps[0]!) ? Number(stamps[0]) : NaN;
-      if (!Number.isFinite(signedAt) || signedAt * 1000 > Date.now() + SIGNATURE_FUTURE_TOLERANCE_MS) {
+      if (!Number.isFinite(signedAt) || signedAt * 1000 > Date.now() + SIGNATURE_TOLERANCE_MS) {
         throw new ApiError(400, 'invalid_signature', 'the Stripe-Signature timestamp is missing, repeated or in the future');
       }
 
       let notification: Stripe.V2.Core.EventNotification;
       try {
-        notification = stripe.parseEventNotification(body, signature, secret);
+        notification = stripe.parseEventNotification(body, signature, secret, SIGNATURE_TOLERANCE_MS / 1000);
       } catch (err) {
         if (err instanceof Stripe.errors.StripeSignatureVerificationError) {
           throw new ApiError(
             400,
             'invalid_signature',
-            'the Stripe-Signature header does not match the body (a different STRIPE_WEBHOOK_SECRET, a modified body, or a signature over 5 minutes old)',
+            `the Stripe-Signature header does not match the body (a different STRIPE_WEBHOOK_SECRET, a modified body, or a signature over 15 minutes from this server's clock, ${new Date().toISOString()})`,
           );
         }
         throw new ApiError(400, 'invalid_event', `not a Stripe v2 event notification: ${scrub((err as Error).message)}`);
