@@ -105,7 +105,7 @@ describe('two deployments sharing one Stripe account', () => {
     expect((await row(west, westKey)).status).toBe('rejected_async');
 
     // Cancel names east's identifier at Stripe, not the bare key.
-    const cancelled = await cancelEvent(east.db.pool, schemaFor(), eastKey, { actor: 'test', now: Date.now(), stripe: () => createStripeClient(east.config.stripe) });
+    const cancelled = await cancelEvent(east.db.pool, schemaFor(), eastKey, { actor: 'test', stripe: () => createStripeClient(east.config.stripe) });
     expect(cancelled.outcome).toBe('cancelled');
     expect(counted(`east/${eastKey}`)).toHaveLength(0);
     expect(stripe.events().find((e) => e.identifier === `east/${eastKey}`)?.cancelled).toBe(true);

@@ -6,7 +6,7 @@
 import type { Client } from '@temporalio/client';
 import { randomUUID } from 'node:crypto';
 import type Stripe from 'stripe';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { DeadLetterRetrier, windowRefusal } from '../src/ops/retry.js';
 import { findOperatorRow } from '../src/outbox/sql/operator.js';
 import type { ReconcileReport } from '../src/ops/reconcile.js';
@@ -277,6 +277,16 @@ describe('billing-outbox cancel', () => {
     expect(t.stripe.events().find((e) => e.identifier === key)?.cancelled).toBe(false);
     expect((await row(key)).status).toBe('sent');
     expect(await actionsFor(key)).toEqual([expect.objectContaining({ action: 'cancel', outcome: 'refused' })]);
+  });
+
+  it("judges the 24 h by the database's clock, which stamped sent_at: an operator's clock some minutes fast does not refuse a cancel Stripe would take", async () => {
+    const tn = await tenant();
+    const key = await event(tn, 3, 35);
+    await t.pool.query(`UPDATE outbox SET sent_at = now() - interval '23 hours 55 minutes' WHERE idempotency_key = $1`, [key]);
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() + 10 * 60_000 });
+    const r = await cli(['cancel', key, '--json']).finally(() => vi.useRealTimers());
+    expect(JSON.parse(r.out)).toMatchObject({ outcome: 'cancelled' });
+    expect(t.stripe.events().find((e) => e.identifier === key)?.cancelled).toBe(true);
   });
 
   it("reports Stripe's own refusal and leaves the row sent", async () => {

@@ -48,7 +48,7 @@ export async function cancelEvent(
   db: Queryable,
   schema: Schema,
   key: string,
-  opts: { actor: string; now: number; stripe: () => Pick<Stripe, 'billing'> },
+  opts: { actor: string; stripe: () => Pick<Stripe, 'billing'> },
 ): Promise<CancelResult> {
   const row = await findCancelCandidate(db, schema, key);
   if (!row) return { key, outcome: 'failed', message: 'no outbox row with this key', row: null };
@@ -71,7 +71,7 @@ export async function cancelEvent(
   return result;
 }
 
-async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, opts: { now: number; stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
+async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, opts: { stripe: () => Pick<Stripe, 'billing'> }): Promise<CancelResult> {
   const key = row.idempotency_key;
   const view = async (): Promise<CancelResult['row']> => {
     const current = (await findCancelCandidate(db, schema, key)) ?? row;
@@ -87,8 +87,10 @@ async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, op
   const done = async (outcome: CancelOutcome, message: string): Promise<CancelResult> => ({ key, outcome, message, row: await view() });
 
   if (row.status !== 'sent' && row.status !== 'accepted') return done('refused', `not cancelled: ${notSentReason(row)}`);
-  if (!row.sent_at) return done('refused', 'not cancelled: the row is sent but has no sent_at, so the 24 h window cannot be checked');
-  const age = opts.now - row.sent_at.getTime();
+  if (!row.sent_at || row.sent_age_ms === null) return done('refused', 'not cancelled: the row is sent but has no sent_at, so the 24 h window cannot be checked');
+  // By the database's clock, which stamped sent_at: an operator's laptop minutes fast would
+  // otherwise refuse, without asking Stripe, a cancel Stripe would still take.
+  const age = row.sent_age_ms;
   if (age >= CANCEL_WINDOW_MS) {
     return done(
       'refused',

@@ -38,7 +38,7 @@ export async function cancelCommand(args: string[], ctx: CliContext): Promise<nu
   requireStripeKey(stripeConfig, '`cancel`');
 
   const db = await ctx.db();
-  const result = await cancelEvent(db, schemaFor(ctx.config.databaseSchema), key, { actor, now: ctx.now?.() ?? Date.now(), stripe: () => createStripeClient(stripeConfig) });
+  const result = await cancelEvent(db, schemaFor(ctx.config.databaseSchema), key, { actor, stripe: () => createStripeClient(stripeConfig) });
   if (values.json) writeJson(ctx.out, result);
   else if (result.outcome === 'cancelled') ctx.out.write(`cancelled ${key}: ${result.message}\n`);
   else ctx.err.write(`billing-outbox: ${result.outcome} ${key}: ${result.message}\n`);

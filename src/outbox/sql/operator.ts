@@ -281,12 +281,15 @@ export interface CancelCandidateRow {
   last_error_code: string | null;
   /** The identifier Stripe got (the stored one, or the key): what a cancel names. */
   identifier: string;
+  /** How long ago it was sent (ms), by the clock that stamped sent_at: the database's, not the caller's. */
+  sent_age_ms: number | null;
 }
 
 export async function findCancelCandidate(db: Queryable, schema: Schema, key: string): Promise<CancelCandidateRow | undefined> {
   const { rows } = await db.query<CancelCandidateRow>(
     `SELECT idempotency_key, tenant_id, event_name, quantity, status, occurred_at, sent_at, rejected_at, cancelled_at, last_error_code,
-            COALESCE(stripe_identifier, idempotency_key) AS identifier
+            COALESCE(stripe_identifier, idempotency_key) AS identifier,
+            (extract(epoch FROM clock_timestamp() - sent_at) * 1000)::float8 AS sent_age_ms
        FROM ${schema.outbox} WHERE idempotency_key = $1::text`,
     [key],
   );
