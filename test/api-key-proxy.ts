@@ -1,7 +1,8 @@
 /**
  * Temporal Cloud's API-key check, in front of the shared dev server (which checks none): an HTTP/2
  * server over TLS that passes each gRPC call on to the dev server only when its `authorization`
- * header is `Bearer <an accepted key>`, and answers any other with UNAUTHENTICATED, as Cloud does.
+ * header is `Bearer <an accepted key>`, and answers any other with UNAUTHENTICATED, as Cloud does;
+ * and refuses, as Cloud does, a call an API key may not make: gRPC's health check, tied to no namespace.
  * It records the key of every call, so a test sees which key each connection sends.
  */
 import http2 from 'node:http2';
@@ -17,6 +18,7 @@ export interface ApiKeyProxy {
 }
 
 const UNAUTHENTICATED = '16';
+const PERMISSION_DENIED = '7';
 
 export async function startApiKeyProxy(opts: { upstream: string; key: Buffer; cert: Buffer; accept: string[] }): Promise<ApiKeyProxy> {
   let accepted = new Set(opts.accept);
@@ -37,6 +39,12 @@ export async function startApiKeyProxy(opts: { upstream: string; key: Buffer; ce
     seen.push({ key, path });
     if (key === undefined || !accepted.has(key)) {
       stream.respond({ ':status': 200, 'content-type': 'application/grpc', 'grpc-status': UNAUTHENTICATED, 'grpc-message': 'invalid API key' }, { endStream: true });
+      return;
+    }
+    // An API key is a namespace's: Cloud refuses gRPC's health service, which names none
+    // (temporalio/temporal-worker-controller#225).
+    if (path.startsWith('/grpc.health.v1.Health/') && headers['temporal-namespace'] === undefined) {
+      stream.respond({ ':status': 200, 'content-type': 'application/grpc', 'grpc-status': PERMISSION_DENIED, 'grpc-message': 'Request unauthorized' }, { endStream: true });
       return;
     }
     const forwarded: http2.OutgoingHttpHeaders = {};

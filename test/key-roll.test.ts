@@ -16,6 +16,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import type tls from 'node:tls';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, inject, it } from 'vitest';
+import { checkHealth, temporalHealthConnection } from '../src/api/health.js';
 import { createLogger } from '../src/log.js';
 import { outboxStatus } from '../src/ops/status.js';
 import { createWorker } from '../src/worker.js';
@@ -108,6 +109,13 @@ describe('Temporal Cloud API key', () => {
     expect(since.filter((c) => c.key !== 'cloud-key-2')).toEqual([]);
     expect(since.some((c) => c.path.endsWith('/StartWorkflowExecution'))).toBe(true);
     expect(since.some((c) => c.path.endsWith('/RespondWorkflowTaskCompleted'))).toBe(true);
+    // The API's /health asks what an API key may ask (its namespace), and says Temporal is up.
+    const health = temporalHealthConnection(config.temporal);
+    try {
+      expect(await checkHealth({ db: t.pool, temporal: health, log: { warn: () => undefined } }, 5_000)).toEqual({ status: 'ok', postgres: 'ok', temporal: 'ok' });
+    } finally {
+      await health.close();
+    }
     await pipeline.stop();
   });
 });

@@ -9,17 +9,18 @@ import { answeredWithin, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 
 export type ProbeResult = 'ok' | 'timeout' | 'error';
-export type TemporalHealth = Pick<Connection, 'healthService' | 'withDeadline'>;
+/**
+ * What the Temporal probe asks: whether the namespace answers. A call bound to the namespace (its
+ * header added by the connection), not gRPC's health service: Temporal Cloud refuses a call tied to
+ * no namespace from an API key, and /health would say Temporal is away for good while events move.
+ */
+export type TemporalHealth = Pick<Connection, 'workflowService' | 'withDeadline'> & { readonly namespace: string };
 
 export interface HealthBody {
   status: 'ok' | 'unavailable';
   postgres: ProbeResult;
   temporal: ProbeResult | 'not_configured';
 }
-
-// grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING (the enum lives in @temporalio/proto,
-// which is not a direct dependency).
-const SERVING = 1;
 
 /** Runs `fn` with a deadline; the probe is abandoned (not cancelled) when the deadline passes. */
 async function probe(what: string, fn: () => Promise<void>, timeoutMs: number, log: Pick<Logger, 'warn'>): Promise<ProbeResult> {
@@ -56,8 +57,9 @@ export function temporalHealthConnection(temporal: TemporalConfig): TemporalHeal
     await old.close();
   });
   return {
-    get healthService() {
-      return connection.healthService;
+    namespace: temporal.namespace,
+    get workflowService() {
+      return connection.workflowService;
     },
     withDeadline: (deadline, fn) => connection.withDeadline(deadline, fn),
     async close() {
@@ -80,8 +82,7 @@ export async function checkHealth(
           'temporal',
           async () => {
             // The gRPC deadline ends the call itself; the probe's timer only bounds our wait.
-            const res = await temporal.withDeadline(Date.now() + timeoutMs, () => temporal.healthService.check({}));
-            if (res.status !== SERVING) throw new Error(`Temporal health status ${String(res.status)}`);
+            await temporal.withDeadline(Date.now() + timeoutMs, () => temporal.workflowService.describeNamespace({ namespace: temporal.namespace }));
           },
           timeoutMs,
           log,

@@ -445,7 +445,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     // (the configuration then names no Temporal: a connection of ours would probe localhost:7233).
     const own = opts.connection;
     let healthConnection: TemporalHealth;
-    if (own) healthConnection = { healthService: own.healthService, withDeadline: (deadline, fn) => own.withDeadline(deadline, fn) };
+    if (own) healthConnection = { namespace: config.temporal.namespace, workflowService: own.workflowService, withDeadline: (deadline, fn) => own.withDeadline(deadline, fn) };
     else {
       const ours = temporalHealthConnection(config.temporal);
       closers.push(() => ours.close());
