@@ -349,6 +349,7 @@ describe('retry', () => {
 describe('customers', () => {
   it('set creates and replaces a mapping (validated, recorded); list shows it', async () => {
     const tenant = `newco-${randomUUID().slice(0, 8)}`;
+    for (const id of ['cus_New1', 'cus_New2', 'cus_Alone']) t.stripe.addCustomer(id);
     const created = await cli(['customers', 'set', tenant, 'cus_New1']);
     expect(created.code).toBe(0);
     expect(created.out).toContain(`tenant ${tenant} is billed as cus_New1`);
@@ -382,6 +383,23 @@ describe('customers', () => {
       { actor: OPERATOR, outcome: 'updated', detail: 'cus_New1 → cus_New2' },
       { actor: OPERATOR, outcome: 'unchanged', detail: '→ cus_New2' },
     ]);
+  });
+
+  it("set asks Stripe first: a customer it does not have is not mapped (its usage would be refused later, only a sample reported), unless --no-stripe-check", async () => {
+    const tenant = `typo-${randomUUID().slice(0, 8)}`;
+    const mapped = async () => (await t.pool.query('SELECT stripe_customer_id FROM billing_customers WHERE tenant_id = $1', [tenant])).rows;
+    const refused = await cli(['customers', 'set', tenant, 'cus_Mistyped']);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toMatch(/^billing-outbox: not mapped: Stripe has no customer cus_Mistyped .*--no-stripe-check\n$/);
+    expect(await mapped()).toEqual([]);
+    // Stripe away: not mapped either, and the command says what it could not do.
+    const away = await cli(['customers', 'set', tenant, 'cus_Mistyped'], { config: { ...t.config, stripe: { ...t.config.stripe, apiBase: 'http://127.0.0.1:9' } } });
+    expect(away.code).toBe(1);
+    expect(away.err).toContain('could not ask Stripe whether customer cus_Mistyped exists');
+    expect(await mapped()).toEqual([]);
+    const forced = await cli(['customers', 'set', tenant, 'cus_Mistyped', '--no-stripe-check']);
+    expect(forced.code).toBe(0);
+    expect(await mapped()).toEqual([{ stripe_customer_id: 'cus_Mistyped' }]);
   });
 });
 

@@ -3,10 +3,12 @@
  * when it is delivered, so a remap also redirects the backlog (reconcile compares per customer).
  */
 import type pg from 'pg';
+import Stripe from 'stripe';
 import { withTransaction, type Queryable } from '../db.js';
 import { insertBillingCustomerIfAbsent, listBillingCustomers, tenantsBilledAs, upsertBillingCustomer } from '../outbox/sql/customers.js';
 import { recordOperatorAction } from '../outbox/sql/operator.js';
 import { tenantProblem } from '../outbox/validate.js';
+import { scrub } from '../log.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
 // Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
@@ -18,6 +20,31 @@ export function mappingProblem(tenantId: string, stripeCustomerId: string): stri
   if (tenant) return `tenant ${tenant}`;
   if (!CUSTOMER_ID.test(stripeCustomerId)) {
     return `stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(stripeCustomerId)}`;
+  }
+  return undefined;
+}
+
+/**
+ * Why Stripe's account (the key's, in its mode) cannot bill `stripeCustomerId`, if it cannot: no
+ * such customer, or a deleted one. Stripe takes meter events for an unknown customer and refuses
+ * them later, reporting only a sample: a mistyped id would leave the tenant's usage looking billed.
+ * Undefined when Stripe has it.
+ */
+export async function stripeCustomerProblem(stripe: Pick<Stripe, 'customers'>, stripeCustomerId: string): Promise<string | undefined> {
+  let customer: Stripe.Customer | Stripe.DeletedCustomer;
+  try {
+    customer = await stripe.customers.retrieve(stripeCustomerId);
+  } catch (err) {
+    if (err instanceof Stripe.errors.StripeInvalidRequestError && err.statusCode === 404) {
+      return (
+        `Stripe has no customer ${stripeCustomerId} (in the account and mode of STRIPE_API_KEY): usage billed to it would be ` +
+        'refused later (meter_event_customer_not_found), and only a sample of those refusals reported. Check the id, or map it anyway with --no-stripe-check'
+      );
+    }
+    return `could not ask Stripe whether customer ${stripeCustomerId} exists (${scrub((err as Error).message)}): try again, or map it without asking with --no-stripe-check`;
+  }
+  if ('deleted' in customer && customer.deleted === true) {
+    return `Stripe's customer ${stripeCustomerId} is deleted: usage billed to it would be refused later (meter_event_customer_not_found); map the tenant to a live customer`;
   }
   return undefined;
 }

@@ -1,17 +1,21 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
 import { MAX_TENANT_ID_LENGTH } from '../../outbox/validate.js';
-import { listMappings, mappingProblem, mapTenant } from '../../ops/customers.js';
+import { listMappings, mappingProblem, mapTenant, stripeCustomerProblem } from '../../ops/customers.js';
+import { createStripeClient, requireStripeKey } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
-import { actorOf, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
+import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 
-export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <stripe_customer_id> [--by NAME] [--json]
+export const CUSTOMERS_HELP = `Usage: billing-outbox customers set <tenant> <stripe_customer_id> [--by NAME] [--no-stripe-check] [--json]
        billing-outbox customers list [--json]
 
 set    maps a tenant (1-${MAX_TENANT_ID_LENGTH} characters) to a Stripe customer id (cus_…), creating or
        replacing the mapping; recorded in operator_actions. Usage already queued is sent to the
-       customer mapped when it is delivered.
+       customer mapped when it is delivered. Stripe is asked first whether it has the customer
+       (Stripe takes usage for an unknown one and refuses it later, reporting only a sample): no
+       such customer, or a deleted one, and nothing is mapped (exit 1).
+       --no-stripe-check maps it without asking (Stripe unreachable, a key that may not read customers)
        --json prints {tenantId, stripeCustomerId, previousStripeCustomerId, created, sharedWith}
 list   every mapping; --json prints {customers: [{tenantId, stripeCustomerId, createdAt, updatedAt}]}
 `;
@@ -29,7 +33,7 @@ export async function customersCommand(args: string[], ctx: CliContext): Promise
 }
 
 async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
-  const { values, positionals } = parse(args, { by: { type: 'string' }, json: { type: 'boolean' } }, CUSTOMERS_HELP);
+  const { values, positionals } = parse(args, { by: { type: 'string' }, json: { type: 'boolean' }, 'no-stripe-check': { type: 'boolean' } }, CUSTOMERS_HELP);
   if (values.help) {
     ctx.out.write(CUSTOMERS_HELP);
     return EXIT_OK;
@@ -39,6 +43,14 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
   const problem = mappingProblem(tenant, customer);
   if (problem) throw new CommandLineError(problem, CUSTOMERS_HELP);
   const actor = actorOf(values.by, ctx, CUSTOMERS_HELP);
+  if (values['no-stripe-check'] !== true) {
+    requireStripeKey(ctx.config.stripe, '`customers set` (it asks Stripe whether the customer exists; --no-stripe-check maps without asking)');
+    const refusal = await stripeCustomerProblem(createStripeClient(ctx.config.stripe), customer);
+    if (refusal) {
+      ctx.err.write(`billing-outbox: not mapped: ${refusal}\n`);
+      return EXIT_FAILED;
+    }
+  }
 
   const result = await mapTenant(await ctx.db(), schemaFor(ctx.config.databaseSchema), tenant, customer, actor);
   const previous = result.previousStripeCustomerId;
