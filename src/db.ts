@@ -2,6 +2,7 @@
  * PostgreSQL access: the pool, and the migration runner.
  */
 import { readdir, readFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import net, { type Socket } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,28 +12,49 @@ import { schemaFor } from './outbox/sql/schema.js';
 export type Queryable = Pick<pg.ClientBase, 'query'>;
 
 /**
+ * pg's own text parsers (pg-types', pg's dependency, reached through pg), in a table of ours. The
+ * application may have replaced some in `pg.types` (timestamps kept as strings, numbers as
+ * something else): our statements read what they read as pg ships it, whatever it did.
+ */
+const PG_PARSERS: ReadonlyMap<number, (value: string) => unknown> = (() => {
+  const parsers = new Map<number, (value: string) => unknown>();
+  const fromPg = createRequire(createRequire(import.meta.url).resolve('pg'));
+  (fromPg('pg-types/lib/textParsers') as { init(register: (oid: number, parse: (value: string) => unknown) => void): void }).init((oid, parse) =>
+    parsers.set(oid, parse),
+  );
+  return parsers;
+})();
+
+/** pg's parser for a type it has none for: the text as it came. */
+const asText = (value: string) => value;
+
+/**
  * The type parsers of billing-outbox's own connections and statements: bigint columns (quantities,
  * ids, counts) as numbers, since every value we store fits in one (quantities are capped at
- * Number.MAX_SAFE_INTEGER by recordUsage); everything else as `pg` parses it. Given per pool or per
- * query, never set on `pg.types`: that is the application's, and importing a library must not change
- * how its own queries read bigint.
+ * Number.MAX_SAFE_INTEGER by recordUsage); everything else as pg parses it out of the box
+ * (PG_PARSERS). Given per pool or per query, never set on `pg.types`: that is the application's, and
+ * importing a library must not change how its own queries read bigint, nor may the application's
+ * changes there change how ours read a timestamp.
  */
 export const pgTypes: pg.CustomTypesConfig = {
-  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
-    oid === pg.types.builtins.INT8 && format !== 'binary'
-      ? (v: string) => Number(v)
-      : pg.types.getTypeParser(oid, format as 'text')) as pg.CustomTypesConfig['getTypeParser'],
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') => {
+    if (format === 'binary') return pg.types.getTypeParser(oid, 'binary');
+    if (oid === pg.types.builtins.INT8) return (v: string) => Number(v);
+    return PG_PARSERS.get(oid) ?? asText;
+  }) as pg.CustomTypesConfig['getTypeParser'],
 };
 
 /**
  * An application's pool seen through billing-outbox's type parsers: every query made through it,
- * or through a client it hands out, carries `pgTypes`. The pool itself, its clients and `pg.types`
+ * or through a client it hands out, carries `pgTypes`. `waitMs`: a caller that has had no
+ * connection for this long fails as PostgreSQL unavailable (createPool's waitMs, for the worker's
+ * deliveries on the application's pool). The pool itself, its clients and `pg.types`
  * are left as they were, so the application's own queries read bigint as before. Used where the
  * application gives us its pool (the worker library, the Fastify plugin); our own pools get
  * `pgTypes` at creation instead. `answerMs`: each of our statements through it that names no
  * `query_timeout` gets this one (answeredWithin), as our own pools give theirs.
  */
-export function withPgTypes(pool: pg.Pool, opts: { answerMs?: number } = {}): pg.Pool {
+export function withPgTypes(pool: pg.Pool, opts: { answerMs?: number; waitMs?: number } = {}): pg.Pool {
   type Query = (first: unknown, ...rest: unknown[]) => unknown;
   const ours = opts.answerMs === undefined ? { types: pgTypes } : { types: pgTypes, query_timeout: opts.answerMs };
   const typed = (query: Query): Query => (first, ...rest) => {
@@ -50,12 +72,73 @@ export function withPgTypes(pool: pg.Pool, opts: { answerMs?: number } = {}): pg
         return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(t) : value;
       },
     });
-  const client = (c: pg.PoolClient): pg.PoolClient => view(c, (prop) => (prop === 'query' ? typed(c.query.bind(c) as Query) : undefined));
+  // pg-pool takes its own 'error' listener off a client it lends: the server going away while we
+  // hold one (a restart, a failover) would then throw in the application's process. We listen while
+  // we hold it (the next statement on it fails, as on our own pools) and stop when it goes back.
+  const client = (c: pg.PoolClient): pg.PoolClient => {
+    const ignore = () => undefined;
+    c.on('error', ignore);
+    const release = (err?: Error | boolean) => {
+      c.removeListener('error', ignore);
+      return c.release(err);
+    };
+    return view(c, (prop) => (prop === 'query' ? typed(c.query.bind(c) as Query) : prop === 'release' ? release : undefined));
+  };
+  const { waitMs } = opts;
+  // With waitMs: a client within it, or NO_CONNECTION_IN_TIME (as createPool's waitMs gives our own
+  // pools); one that comes free after the caller gave up goes straight back.
+  const connectWithin = (ms: number) =>
+    new Promise<pg.PoolClient>((resolve, reject) => {
+      let gaveUp = false;
+      const timer = setTimeout(() => {
+        gaveUp = true;
+        reject(new Error(NO_CONNECTION_IN_TIME));
+      }, ms);
+      pool.connect((err, c, done) => {
+        clearTimeout(timer);
+        if (gaveUp) return void (c && done());
+        if (err || !c) reject(err ?? new Error(NO_CONNECTION_IN_TIME));
+        else resolve(client(c));
+      });
+    });
+  const boundedQuery = (ms: number): Query => async (first, ...rest) => {
+    const c = await connectWithin(ms);
+    try {
+      const result = await (c.query as unknown as Query)(first, ...rest);
+      c.release();
+      return result;
+    } catch (err) {
+      c.release(connectionLost(err) ? (err as Error) : undefined);
+      throw err;
+    }
+  };
   return view(pool, (prop) => {
-    if (prop === 'query') return typed(pool.query.bind(pool) as Query);
+    if (prop === 'query') {
+      return ((first: unknown, ...rest: unknown[]) => {
+        // A callback or a submittable (a cursor, a stream) goes the pool's own way, unbounded.
+        const plain = typeof rest.at(-1) !== 'function' && !(first !== null && typeof first === 'object' && 'submit' in first);
+        return waitMs !== undefined && plain ? boundedQuery(waitMs)(first, ...rest) : typed(pool.query.bind(pool) as Query)(first, ...rest);
+      }) as Query;
+    }
+    if (prop === 'connect' && waitMs !== undefined) {
+      return (cb?: (err: Error | undefined, c: pg.PoolClient | undefined, done: (release?: unknown) => void) => void) => {
+        const connecting = connectWithin(waitMs);
+        if (!cb) return connecting;
+        connecting.then(
+          (c) => cb(undefined, c, (release?: unknown) => c.release(release as Error | boolean | undefined)),
+          (err: unknown) => cb(err as Error, undefined, () => undefined),
+        );
+        return undefined;
+      };
+    }
     if (prop === 'connect') {
       return (cb?: (err: Error | undefined, c: pg.PoolClient | undefined, done: (release?: unknown) => void) => void) =>
-        cb ? pool.connect((err, c, done) => cb(err, c && client(c), done)) : pool.connect().then(client);
+        cb
+          ? pool.connect((err, c, done) => {
+              const ours = c && client(c);
+              cb(err, ours, (release?: unknown) => (ours ? ours.release(release as Error | boolean | undefined) : done(release)));
+            })
+          : pool.connect().then(client);
     }
     return undefined;
   });
@@ -128,6 +211,9 @@ export async function migrate(
   // statement_timeout meant for requests, and cancelled, it was dropped and begun again on every run.
   const { statement_timeout: _statementTimeout, query_timeout: _queryTimeout, ...settings } = typeof database === 'string' ? { connectionString: database } : database;
   const client = new pg.Client(connectingWithin({ ...settings, application_name: 'billing-outbox-migrate', types: pgTypes }));
+  // The server going away mid-migration fails the statement under way; without a listener, its
+  // 'error' event would end the process that migrates (an application's, through createWorker).
+  client.on('error', () => undefined);
   await client.connect();
   try {
     // Nor a role's or database's own (set for the application): each transactional migration sets
@@ -284,18 +370,28 @@ const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03)$/;
 
 /**
  * Whether `err` says the database is away or overloaded rather than the statement wrong: the
- * connection lost (connectionLost), no connection free in time (createPool's waitMs), and the
- * SQLSTATEs above. A delivery that meets one waits and
+ * connection lost (connectionLost), no connection free in time (createPool's waitMs), a pool
+ * already ended, and the SQLSTATEs above. A delivery that meets one waits and
  * tries again without spending one of its attempts (twenty minutes of overload must not dead-letter
  * every event in flight); the API answers 503.
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown } | null;
-  return connectionLost(err) || e?.message === NO_CONNECTION_IN_TIME || (typeof e?.code === 'string' && TRANSIENT_SQLSTATE.test(e.code));
+  return (
+    connectionLost(err) ||
+    e?.message === NO_CONNECTION_IN_TIME ||
+    e?.message === POOL_ENDED ||
+    (typeof e?.code === 'string' && TRANSIENT_SQLSTATE.test(e.code))
+  );
 }
 
 /** What pg-pool says when a caller had no connection within the pool's `connectionTimeoutMillis` (createPool's waitMs). */
 const NO_CONNECTION_IN_TIME = 'timeout exceeded when trying to connect';
+/**
+ * What pg-pool says to a caller after the pool was ended: an application stopping that ends its
+ * pool before the worker, while deliveries are under way. Not the event's fault: no attempt spent.
+ */
+const POOL_ENDED = 'Cannot use a pool after calling end on the pool';
 
 /** What pg says when a statement given a `query_timeout` got no answer within it. */
 const UNANSWERED = 'Query read timeout';

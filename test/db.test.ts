@@ -5,7 +5,7 @@
 import net, { type Socket } from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, expect, inject, it } from 'vitest';
-import { answeredWithin, CLOSE_WAIT_MS, CONNECT_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable, withTransaction } from '../src/db.js';
+import { answeredWithin, CLOSE_WAIT_MS, CONNECT_WAIT_MS, connectionLost, createPool, isDatabaseUnavailable, withPgTypes, withTransaction } from '../src/db.js';
 import { freePort } from '../src/embedded/postgres.js';
 import { cleanUpAway, failingOver } from './away.js';
 import { useDatabase, waitFor } from './hooks.js';
@@ -42,6 +42,46 @@ it('a connection cut between two queries of a transaction fails that transaction
     expect((await pool.query<{ ok: number }>('SELECT 1 AS ok')).rows).toEqual([{ ok: 1 }]);
   } finally {
     await pool.end();
+  }
+});
+
+it("the same through an application's own pool (withPgTypes), whose clients pg-pool lends without an 'error' listener: the transaction fails, not the process", async () => {
+  const pool = withPgTypes(new pg.Pool({ connectionString: t.db.url, max: 2 }));
+  try {
+    const client = await pool.connect();
+    const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    await admin.query('SELECT pg_terminate_backend($1)', [rows[0]!.pid]);
+    await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
+    await new Promise((r) => setTimeout(r, 200));
+    const next = await client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+    expect(isDatabaseUnavailable(next)).toBe(true);
+    client.release(next as Error);
+    // Our listener went with it: the application's pool's clients are as pg-pool keeps them.
+    const again = await pool.connect();
+    expect((again as unknown as pg.Client).listenerCount('error')).toBe(1);
+    again.release();
+    expect((await pool.query<{ ok: number }>('SELECT 1 AS ok')).rows).toEqual([{ ok: 1 }]);
+  } finally {
+    await pool.end();
+  }
+});
+
+it("reads timestamps as pg ships them, whatever the application set in pg.types (timestamps kept as text, say)", async () => {
+  const TIMESTAMPTZ = pg.types.builtins.TIMESTAMPTZ;
+  const before = pg.types.getTypeParser(TIMESTAMPTZ);
+  pg.types.setTypeParser(TIMESTAMPTZ, (v: string) => v);
+  const ours = createPool(t.db.url, 1);
+  const theirs = new pg.Pool({ connectionString: t.db.url, max: 1 });
+  try {
+    const read = async (db: Pick<pg.Pool, 'query'>) => (await db.query<{ at: unknown }>('SELECT now() AS at')).rows[0]!.at;
+    expect(await read(ours)).toBeInstanceOf(Date);
+    expect(await read(withPgTypes(theirs))).toBeInstanceOf(Date);
+    // The application's own queries read what it asked for.
+    expect(typeof (await read(theirs))).toBe('string');
+  } finally {
+    pg.types.setTypeParser(TIMESTAMPTZ, before);
+    await ours.end();
+    await theirs.end();
   }
 });
 
@@ -147,6 +187,23 @@ it('waitMs: a caller with no free connection in time fails as PostgreSQL unavail
     expect((await pool.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
   } finally {
     await pool.end();
+  }
+  // A pool its owner ended first (an application stopping before its worker): unavailable, not the statement's fault.
+  expect(isDatabaseUnavailable(await pool.query('SELECT 1').then(() => undefined, (e: unknown) => e))).toBe(true);
+
+  // The same on an application's pool, which has no connectionTimeoutMillis of its own.
+  const theirs = new pg.Pool({ connectionString: t.db.url, max: 1 });
+  const bounded = withPgTypes(theirs, { waitMs: 300 });
+  try {
+    const held = await bounded.connect();
+    const waited = await Promise.all([bounded.query('SELECT 1'), bounded.connect()].map((p) => p.then(() => undefined, (e: unknown) => e)));
+    for (const e of waited) expect(isDatabaseUnavailable(e)).toBe(true);
+    held.release();
+    // The waits given up on took nothing with them: the one connection serves the next caller.
+    expect((await bounded.query<{ one: number }>('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+    expect(theirs.idleCount + theirs.waitingCount).toBe(1);
+  } finally {
+    await theirs.end();
   }
 });
 

@@ -410,7 +410,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     let pool: pg.Pool;
     let listenWith: string | pg.ClientConfig;
     if (opts.pool) {
-      pool = withPgTypes(opts.pool);
+      pool = withPgTypes(opts.pool, { waitMs: config.timings.statementAnswerMs });
       listenWith = opts.pool.options;
       if (opensWithoutLimit(opts.pool)) log?.warn(OPENS_WITHOUT_LIMIT);
     } else {
