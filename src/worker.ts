@@ -20,6 +20,7 @@ import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { Logger } from './log.js';
 import { launchWorker, type WorkerHandle, type WorkerHealth } from './temporal/worker.js';
+import { sdkLogger } from './temporal/runtime.js';
 import type { Tracing } from './tracing.js';
 
 export { ConfigError };
@@ -108,7 +109,11 @@ export interface CreateWorkerOptions {
   handleSignals?: boolean;
   /** Serve GET /health and GET /metrics on this port (0: any free one; host default 127.0.0.1). */
   http?: { port: number; host?: string };
-  /** A pino logger (default: none; the worker logs nothing). */
+  /**
+   * A pino logger (default: none; the worker logs nothing). The Temporal SDK's lines (the
+   * activities', from warnings up) go to it too, unless the application installed the SDK's Runtime
+   * itself.
+   */
   log?: Logger;
   tuning?: WorkerTuning;
   /** A prebuilt workflow bundle (`bundleWorkflowCode`, or `{ codePath }`); default: the one the package ships (from a checkout: bundled at start). */
@@ -264,8 +269,11 @@ export async function createWorker(options: CreateWorkerOptions): Promise<Worker
   const config = workerConfig(options);
   // The SDK's runtime, made by default at the first connection, takes SIGINT, SIGTERM, SIGQUIT and
   // SIGUSR2 from the application: the process would no longer end on them, and every worker would
-  // drain. One the application installed is its own; otherwise ours has no signal handlers.
-  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [] });
+  // drain. Its default logger writes every event's line to standard error. One the application
+  // installed is its own; otherwise ours has no signal handlers and logs to `log` (warnings and
+  // errors: a refused Stripe key, reconcile's drift), or nowhere. The runtime is the process's: the
+  // first worker's `log` is the one it keeps.
+  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [], logger: sdkLogger(options.log, 'WARN') });
   return launchWorker(config, {
     ...(typeof options.database === 'string' ? {} : { pool: options.database }),
     ...(options.temporal?.connection ? { connection: options.temporal.connection } : {}),

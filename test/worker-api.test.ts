@@ -226,13 +226,16 @@ function spawnBeside(script: string, env: Record<string, string>): { child: Retu
   return { child, output: () => output, taskQueue };
 }
 
-it("leaves the application's signals alone: no listener for SIGINT, SIGTERM, SIGQUIT or SIGUSR2 without handleSignals (the SDK's default runtime takes all four)", async () => {
+it("leaves the application's signals and standard error alone: no listener for SIGINT, SIGTERM, SIGQUIT or SIGUSR2 without handleSignals (the SDK's default runtime takes all four), no line without log", async () => {
   const { child, output } = spawnBeside('test/fixtures/library-worker.ts', { WORKFLOW_BUNDLE: inject('workflowBundlePath') });
   const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
   expect(code, output()).toBe(0);
   const none = { SIGINT: 0, SIGTERM: 0, SIGQUIT: 0, SIGUSR2: 0 };
   const counts = output().split('\n').findLast((line) => line.startsWith('{"before"'));
   expect(JSON.parse(counts ?? 'null')).toEqual({ before: none, whileRunning: none, after: none });
+  // Nor its standard error: without `log`, the SDK's runtime says nothing there either (its default
+  // logger wrote every start-up step and every event's line).
+  expect(output().trim().split('\n')).toEqual([counts]);
 }, 60_000);
 
 describe('billing-outbox worker (the standalone process, on the same launch)', () => {

@@ -24,15 +24,12 @@ export function sdkLogLevel(level: string): LogLevel {
 }
 
 /**
- * `prometheusBindAddress` (host:port) turns on the SDK's own Prometheus exporter (worker and
- * connection metrics: task slots, poll latencies, schedule-to-start, …) at http://host:port/metrics.
- * `forwardCoreLogs: false` leaves the SDK core's warnings on the console whatever `level` says: a
- * program that logs errors only (the demo) still shows them, since each one is a bug to fix.
+ * The Temporal SDK's logger (the activities' and workflows' lines go through it) writing to `log`
+ * from `level` up, scrubbed and shaped like ours; without `log`, silent (the SDK's own default
+ * writes to standard error).
  */
-export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN', prometheusBindAddress?: string, forwardCoreLogs = true): void {
-  if (installed) return;
-  installed = true;
-  const sdkLog = new DefaultLogger(level, ({ level: l, message, meta }) => {
+export function sdkLogger(log: Logger | undefined, level: LogLevel): DefaultLogger {
+  return new DefaultLogger(level, ({ level: l, message, meta }) => {
     if (!log) return;
     const fields = { ...meta, sdk: 'temporal' };
     // Task tokens are opaque but long; they make log lines unreadable and say nothing to a human.
@@ -42,8 +39,19 @@ export function installTemporalRuntime(log: Logger | undefined, level: LogLevel 
     else if (l === 'INFO') log.info(fields, message);
     else log.debug(fields, message);
   });
+}
+
+/**
+ * `prometheusBindAddress` (host:port) turns on the SDK's own Prometheus exporter (worker and
+ * connection metrics: task slots, poll latencies, schedule-to-start, …) at http://host:port/metrics.
+ * `forwardCoreLogs: false` leaves the SDK core's warnings on the console whatever `level` says: a
+ * program that logs errors only (the demo) still shows them, since each one is a bug to fix.
+ */
+export function installTemporalRuntime(log: Logger | undefined, level: LogLevel = 'WARN', prometheusBindAddress?: string, forwardCoreLogs = true): void {
+  if (installed) return;
+  installed = true;
   Runtime.install({
-    logger: sdkLog,
+    logger: sdkLogger(log, level),
     telemetryOptions: {
       // The SDK core's own lines (Rust) go through the same logger, so that they read like ours
       // (JSON, or lines for a person on a terminal) and are scrubbed like ours. Its INFO lines
