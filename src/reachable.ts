@@ -8,6 +8,7 @@
  */
 import { causes } from './causes.js';
 import type { Logger } from './log.js';
+import { waitUnlessAborted } from './wait.js';
 
 /** PostgreSQL's answers (SQLSTATE) and the socket's errors that mean "not there yet", not "wrong". */
 const POSTGRES_AWAY = new Set([
@@ -46,22 +47,23 @@ const TEMPORAL_AWAY = /tcp connect error|connection refused|connectionrefused|co
 
 /**
  * `attempt()` until it succeeds; while it fails in a way `unreachable` says may pass, again after
- * 0.5, 1, 2, 4, 5, 5 … s, until `waitMs` has gone by since the first try. Then, or at once for any
- * other failure, its error.
+ * 0.5, 1, 2, 4, 5, 5 … s, until `waitMs` has gone by since the first try, or `signal` aborts (a
+ * stop asked for meanwhile). Then, or at once for any other failure, its error.
  */
 export async function untilReachable<T>(
   service: string,
   attempt: () => Promise<T>,
-  opts: { waitMs: number; unreachable: (err: unknown) => boolean; log?: Pick<Logger, 'warn'> },
+  opts: { waitMs: number; unreachable: (err: unknown) => boolean; log?: Pick<Logger, 'warn'>; signal?: AbortSignal },
 ): Promise<T> {
   const giveUpAt = Date.now() + opts.waitMs;
   for (let delayMs = 500, tries = 1; ; delayMs = Math.min(delayMs * 2, 5_000), tries++) {
     try {
       return await attempt();
     } catch (err) {
-      if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;
+      if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt || opts.signal?.aborted) throw err;
       opts.log?.warn({ service, tries, retryInMs: delayMs, error: err instanceof Error ? err.message : String(err) }, `${service} cannot be reached yet; trying again`);
-      await new Promise((resolve) => setTimeout(resolve, delayMs));
+      await (opts.signal ? waitUnlessAborted(delayMs, opts.signal) : new Promise((resolve) => setTimeout(resolve, delayMs)));
+      if (opts.signal?.aborted) throw err;
     }
   }
 }

@@ -9,11 +9,13 @@ import net from 'node:net';
 import { Client, Connection } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import pg from 'pg';
-import { afterEach, describe, expect, inject, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError } from '../src/config.js';
 import { migrate, pendingMigrations } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
+import { freePort } from '../src/embedded/postgres.js';
+import { cleanUpAway, goingAway } from './away.js';
 import { useStripe, waitFor, workflowBundle } from './hooks.js';
 
 const t = useStripe({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] } });
@@ -50,6 +52,8 @@ function applicationPool(url = t.db.url): pg.Pool {
   pools.push(pool);
   return pool;
 }
+
+afterAll(cleanUpAway);
 
 afterEach(async () => {
   for (const w of workers.splice(0)) await w.shutdown();
@@ -142,6 +146,22 @@ describe('createWorker', () => {
       t.stripe.setLatency(0);
     }
   });
+
+  it('a shutdown while the start waits for Temporal to come back ends the wait at once: stopped, not after STARTUP_WAIT_MS', async () => {
+    const [host, port] = inject('temporalAddress').split(':') as [string, string];
+    // Temporal goes away as Worker.create asks about the namespace, for longer than this test lasts.
+    const away = await goingAway(await freePort(), { host, port: Number(port) }, { at: 'worker', awayMs: 120_000 });
+    const lines: string[] = [];
+    const opts = options(t.db.url, { temporal: { address: `127.0.0.1:${away.port}` }, log: createLogger('warn', { write: (line: string) => void lines.push(line) }) });
+    const worker = await createWorker({ ...opts, tuning: { ...opts.tuning, startupWaitMs: 60_000 } });
+    const running = worker.run();
+    await waitFor('the start to wait for Temporal', async () => lines.some((l) => l.includes('Temporal cannot be reached yet')), 60_000);
+    const asked = Date.now();
+    await worker.shutdown();
+    await running;
+    expect(Date.now() - asked).toBeLessThan(5_000);
+    expect((await worker.health()).worker).toBe('stopped');
+  }, 120_000);
 
   it('says 503 and why: not yet running, or PostgreSQL unreachable', async () => {
     const { worker: idle } = { worker: await createWorker(options(applicationPool(), { http: { port: 0 } })) };

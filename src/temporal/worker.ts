@@ -394,6 +394,8 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
   };
   let state: WorkerHealth['worker'] = 'starting';
   let stopRequested = false;
+  // Aborted by shutdown(): a start still waiting for Temporal to come back gives up at once.
+  const stopping = new AbortController();
   let starting: Promise<RunningWorker> | undefined;
   let running: RunningWorker | undefined;
   let reconnecting: Promise<void> | undefined;
@@ -423,7 +425,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       listenWith = config.databaseUrl;
     }
     // PostgreSQL or Temporal restarting as the worker starts: waited for (src/reachable.ts).
-    const reach = { waitMs: config.startupWaitMs, ...(log ? { log } : {}) };
+    const reach = { waitMs: config.startupWaitMs, signal: stopping.signal, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema, ...(log ? { onWait: (message: string) => log.warn(message) } : {}) }), { ...reach, unreachable: postgresUnreachable });
     else await refuseUnmigrated(pool, config.databaseSchema, config.timings.statementAnswerMs);
     let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
@@ -561,6 +563,11 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
             }
             state = 'stopped';
           } catch (err) {
+            // A start given up because a stop was asked for (Temporal away meanwhile): stopped, as asked.
+            if (stopRequested && running === undefined) {
+              state = 'stopped';
+              return;
+            }
             state = 'failed';
             throw err;
           } finally {
@@ -572,6 +579,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       },
       async shutdown() {
         stopRequested = true;
+        stopping.abort();
         if (!runPromise) {
           if (state === 'starting') state = 'stopped';
           return closeOwned();
