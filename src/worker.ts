@@ -273,7 +273,14 @@ export async function createWorker(options: CreateWorkerOptions): Promise<Worker
   // installed is its own; otherwise ours has no signal handlers and logs to `log` (warnings and
   // errors: a refused Stripe key, reconcile's drift), or nowhere. The runtime is the process's: the
   // first worker's `log` is the one it keeps.
-  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [], logger: sdkLogger(options.log, 'WARN') });
+  if (Runtime._instance === undefined) {
+    Runtime.install({
+      shutdownSignals: [],
+      logger: sdkLogger(options.log, 'WARN'),
+      // The SDK core's own lines (its gRPC retries while Temporal is away) the same way, not to the console.
+      telemetryOptions: { logging: { filter: { core: 'WARN', other: 'ERROR' }, forward: {} } },
+    });
+  }
   return launchWorker(config, {
     ...(typeof options.database === 'string' ? {} : { pool: options.database }),
     ...(options.temporal?.connection ? { connection: options.temporal.connection } : {}),
