@@ -448,7 +448,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'startup-gives-up-at-once',
     guarantee: 'A worker started while PostgreSQL or Temporal is away waits for them (`STARTUP_WAIT_MS`), saying so, then delivers',
-    find: 'if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt) throw err;',
+    find: 'if (!opts.unreachable(err) || Date.now() + delayMs > giveUpAt || opts.signal?.aborted) throw err;',
     replace: 'throw err;',
     test: 'test/services-away.test.ts',
     name: 'waits for PostgreSQL and then Temporal',
@@ -682,10 +682,10 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'library-takes-app-signals',
     guarantee: "Importing the library changes nothing global: a library worker without handleSignals leaves SIGINT, SIGTERM, SIGQUIT and SIGUSR2 to the application",
-    find: '  if (Runtime._instance === undefined) Runtime.install({ shutdownSignals: [] });',
+    find: '      shutdownSignals: [],',
     replace: '',
     test: 'test/worker-api.test.ts',
-    name: "leaves the application's signals alone",
+    name: "leaves the application's signals and standard error alone",
   },
   {
     id: 'cancelled-run-not-listed-dead',
