@@ -15,6 +15,7 @@ import { sweepClosedRuns } from '../src/ops/closed-runs.js';
 import { DeadLetterRetrier, type RetryResult } from '../src/ops/retry.js';
 import { outboxStatus } from '../src/ops/status.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
+import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker } from '../src/temporal/worker.js';
 import { OutboxErrorKey, OutboxStatusKey, TemporalErrorCodes } from '../workflows/shared.js';
@@ -60,7 +61,7 @@ async function row(key: string) {
 const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
   waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
 const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
-const sweep = () => sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { staleAfterMs: 0, batchSize: 100 });
+const sweep = () => sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { staleAfterMs: 0, batchSize: 100 });
 
 /** A usage event whose delivery is retrying against a Stripe that refuses every connection. */
 async function inFlightDuringOutage(quantity: number): Promise<string> {
@@ -152,14 +153,41 @@ describe('a sweep pass', () => {
     const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
     // A Temporal nothing answers for (and without the client's own retries, each call fails at once).
     const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${await closedPort()}`, interceptors: [] }) });
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: away }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: away, taskQueue: config.temporal.taskQueue }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
     const stopping = AbortSignal.abort();
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
     for (const key of keys) expect((await row(key)).status).toBe('dispatched');
     // Temporal back: the pass goes through them all (none has a run: each is dead).
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client }, opts)).toMatchObject({ checked: 6, closed: 6 });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, opts)).toMatchObject({ checked: 6, closed: 6 });
     // Out of the way of the tests below, which count and retry this tenant's workflow_closed dead letters.
     await db.pool.query('DELETE FROM outbox WHERE idempotency_key = ANY($1::text[])', [keys]);
+  });
+});
+
+describe('a key whose workflow id is taken by a run on another task queue (another deployment sharing the namespace)', () => {
+  it('the relay makes the row dead saying so, and retry refuses to signal that run', async () => {
+    const usageId = randomUUID();
+    const key = idempotencyKeyFor('acme', usageId);
+    const otherQueue = `other-deployment-${randomUUID().slice(0, 8)}`;
+    // The other deployment's run under the same id, open (no worker polls its queue here).
+    const foreign = await client.workflow.start('usageWorkflow', { taskQueue: otherQueue, workflowId: key, args: [{ key, tenantId: 'acme', retry: config.retry }] });
+    try {
+      await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 2 }));
+      const dead = await waitStatus(key, 'dead');
+      expect(dead.last_error_message).toContain(`task queue "${otherQueue}", not this deployment's`);
+      const retried = await retrier.retryKey(key, { force: false, requestedBy: 'test' });
+      expect(retried).toMatchObject({ outcome: 'refused', message: expect.stringContaining(otherQueue) });
+      // That run was left alone: still open, never signalled.
+      const described = await foreign.describe();
+      expect(described.status.name).toBe('RUNNING');
+      const signals = ((await foreign.fetchHistory()).events ?? []).filter((e) => e.workflowExecutionSignaledEventAttributes);
+      expect(signals).toEqual([]);
+      expect(eventsFor(key)).toEqual([]);
+    } finally {
+      await foreign.terminate('test over');
+      // Out of the way of the tests below, which count this tenant's workflow_closed dead letters.
+      await db.pool.query('DELETE FROM outbox WHERE idempotency_key = $1', [key]);
+    }
   });
 });
 

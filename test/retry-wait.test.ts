@@ -18,11 +18,11 @@ const t = usePipeline({
   stripe: { meters: ['api_requests'], customers: [] },
 });
 
-async function cli(argv: string[], errIsTTY = false): Promise<{ code: number; out: string; err: string }> {
+async function cli(argv: string[], errIsTTY = false, config = t.config): Promise<{ code: number; out: string; err: string }> {
   let out = '';
   let err = '';
   const code = await runCli(argv, {
-    config: t.config,
+    config,
     db: async () => t.pool,
     temporal: async () => t.client,
     out: { write: (s: string) => (out += s) },
@@ -139,7 +139,8 @@ describe('retry --wait', () => {
     const options = usageWorkflowStartOptions({ idempotency_key: key, tenant_id: 'noworker' }, t.config, { reusePolicy: 'ALLOW_DUPLICATE' });
     const run = await t.client.workflow.start('usageWorkflow', { ...options, taskQueue: `nobody-${key}` });
     const began = Date.now();
-    const r = await cli(['retry', key, '--wait']);
+    // The CLI of a deployment on that queue, all of whose workers are down.
+    const r = await cli(['retry', key, '--wait'], false, { ...t.config, temporal: { ...t.config.temporal, taskQueue: `nobody-${key}` } });
     // The state query's 5 s, then the signal.
     expect(Date.now() - began).toBeLessThan(15_000);
     expect(r.out + r.err).toContain(`signalled its open workflow to retry (its state query went unanswered: is a worker running?; not waited for)`);

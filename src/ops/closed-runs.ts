@@ -23,6 +23,8 @@ export interface ClosedRunSweepDeps {
   /** The PostgreSQL schema of the tables. */
   schema: Schema;
   client: Client;
+  /** This deployment's task queue: a run on another is not ours. */
+  taskQueue: string;
   metrics?: Pick<Metrics, 'closedRuns'> | undefined;
   log?: ((msg: string, fields: Record<string, unknown>) => void) | undefined;
 }
@@ -65,7 +67,7 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
   let failuresInARow = 0;
   for (const row of rows) {
     if (opts.signal?.aborted || failuresInARow >= SWEEP_FAILURES_IN_A_ROW) return { checked: rows.indexOf(row), closed, nextAfterId: afterId };
-    const run = await describeRun(deps.client, row.idempotency_key).catch((err: unknown) => (temporalUnreachable(err) ? 'unreachable' : undefined));
+    const run = await describeRun(deps.client, row.idempotency_key, deps.taskQueue).catch((err: unknown) => (temporalUnreachable(err) ? 'unreachable' : undefined));
     failuresInARow = run === 'unreachable' ? failuresInARow + 1 : 0;
     if (run === undefined || run === 'unreachable' || run.kind !== 'closed') continue;
     const message = closedRunMessage(row.idempotency_key, run, 'dispatched');

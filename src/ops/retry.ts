@@ -45,7 +45,7 @@ import {
   type OperatorRow,
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
-import { unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { closedRunMessage, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
@@ -268,6 +268,12 @@ export class DeadLetterRetrier {
     let closedAt: Date | undefined;
     try {
       const described = await handle.describe();
+      // An open run of another deployment (a namespace shared, or TEMPORAL_TASK_QUEUE changed):
+      // signalling it would act on that deployment's event, not ours. (A closed one is reopened on
+      // our queue, for our row.)
+      if (described.status.name === 'RUNNING' && described.taskQueue !== this.deps.config.temporal.taskQueue) {
+        return done('refused', closedRunMessage(key, { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: described.taskQueue }, row.status));
+      }
       status = described.status.name;
       closedAt = described.closeTime;
     } catch (err) {

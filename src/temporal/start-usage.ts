@@ -193,15 +193,21 @@ export function classifyStartError(err: unknown): Error {
   return name ? new StartRefusedError(name, temporalAnswer(err)) : (err as Error);
 }
 
-/** Closed statuses of a run: anything but RUNNING or PAUSED (and the unknown, taken as open). */
-export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | 'PAUSED' | 'UNSPECIFIED' | 'UNKNOWN'> | 'NOT_FOUND';
+/**
+ * Closed statuses of a run: anything but RUNNING or PAUSED (and the unknown, taken as open); and
+ * OTHER_TASK_QUEUE, a run under the key that is not this deployment's, open or not.
+ */
+export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | 'PAUSED' | 'UNSPECIFIED' | 'UNKNOWN'> | 'NOT_FOUND' | 'OTHER_TASK_QUEUE';
 
 /** What the relay's start found: a new run, an open run (in Temporal's hands), or a closed run. */
 export type StartOutcome =
   | { kind: 'started' }
   | { kind: 'running' }
-  /** The key's run has closed (or is gone past retention): no run will ever mark the row. */
-  | { kind: 'closed'; status: ClosedRunStatus; closedAt: Date | undefined };
+  /**
+   * No run of ours will ever mark the row: the key's run has closed (or is gone past retention),
+   * or the run under the key is on another task queue (`taskQueue`): another deployment's.
+   */
+  | { kind: 'closed'; status: ClosedRunStatus; closedAt: Date | undefined; taskQueue?: string };
 
 const CLOSED_AS: Record<ClosedRunStatus, string> = {
   COMPLETED: 'completed, yet the row was not delivered (put back by hand, or a database restored from an older backup)',
@@ -211,6 +217,7 @@ const CLOSED_AS: Record<ClosedRunStatus, string> = {
   CONTINUED_AS_NEW: 'continued as new',
   TIMED_OUT: 'timed out',
   NOT_FOUND: 'gone (past the namespace retention)',
+  OTHER_TASK_QUEUE: 'is not this deployment\'s',
 };
 
 /**
@@ -218,6 +225,14 @@ const CLOSED_AS: Record<ClosedRunStatus, string> = {
  * what the operator does. Read on the row by `dead`, `inspect` and the Web UI's operators.
  */
 export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind: 'closed' }>, rowWas: string): string {
+  if (run.status === 'OTHER_TASK_QUEUE') {
+    return (
+      `the workflow id ${key} belongs to a run on task queue ${JSON.stringify(run.taskQueue)}, not this deployment's, while the row was ${rowWas}: ` +
+      'another deployment shares this Temporal namespace with the same usage ids, or TEMPORAL_TASK_QUEUE was changed while runs were open. ' +
+      'No run of ours will deliver it, and no retry can start one while that id is taken: give each deployment a namespace of its own (docs/operations.md), then billing-outbox retry ' +
+      shellWord(key)
+    );
+  }
   const when = run.closedAt ? ` at ${run.closedAt.toISOString()}` : '';
   return (
     `its workflow run ${CLOSED_AS[run.status]}${when} while the row was ${rowWas}: no run will deliver it. ` +
@@ -225,10 +240,14 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
   );
 }
 
-/** The key's latest run, as `describe` sees it: RUNNING, closed (how and when), or gone. */
-export async function describeRun(client: Client, key: string): Promise<{ kind: 'running' } | Extract<StartOutcome, { kind: 'closed' }>> {
+/**
+ * The key's latest run, as `describe` sees it: RUNNING, closed (how and when), gone, or on another
+ * task queue than `taskQueue` (another deployment's: its state says nothing of our row).
+ */
+export async function describeRun(client: Client, key: string, taskQueue: string): Promise<{ kind: 'running' } | Extract<StartOutcome, { kind: 'closed' }>> {
   try {
     const d = await client.workflow.getHandle(key).describe();
+    if (d.taskQueue !== taskQueue) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: d.taskQueue };
     const status = d.status.name;
     if (status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN') return { kind: 'running' };
     return { kind: 'closed', status, closedAt: d.closeTime };
@@ -273,7 +292,7 @@ async function startOrDescribe(client: Client, row: UsageEventRef, config: Pick<
     });
     return { kind: 'started' };
   } catch (err) {
-    if (err instanceof WorkflowExecutionAlreadyStartedError) return describeRun(client, row.idempotency_key);
+    if (err instanceof WorkflowExecutionAlreadyStartedError) return describeRun(client, row.idempotency_key, config.temporal.taskQueue);
     throw classifyStartError(err);
   }
 }

@@ -231,7 +231,7 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
     await waitUnlessAborted(opts.intervalMs, signal);
     if (signal.aborted) return;
     try {
-      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, metrics: deps.metrics, log }, { ...opts, afterId, signal }));
+      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, metrics: deps.metrics, log }, { ...opts, afterId, signal }));
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
