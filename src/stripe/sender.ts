@@ -42,6 +42,10 @@ export function tracedSender(sender: MeterEventSender, keyOf: () => string | und
   const name = sender.api === 'v1' ? 'stripe POST /v1/billing/meter_events' : 'stripe meter event stream';
   return {
     api: sender.api,
+    // Read through: the stream measures it anew at each session.
+    get clockSkewMs() {
+      return sender.clockSkewMs;
+    },
     send(event) {
       const key = keyOf();
       return tracer().startActiveSpan(

@@ -13,7 +13,7 @@ import { resolveTimings } from '../../src/config.js';
 import type { AttemptRow, DeliveryStore } from '../../src/outbox/sql/delivery.js';
 import type { Lease, LeaseWait } from '../../src/stripe/meter-lease.js';
 import type { MeterEvent } from '../../src/stripe/meters.js';
-import type { MeterEventSender } from '../../src/stripe/sender.js';
+import { tracedSender, type MeterEventSender } from '../../src/stripe/sender.js';
 
 const timings = resolveTimings(20_000, 30_000);
 const KEY = 'u:acme:1';
@@ -243,6 +243,11 @@ describe('v1: under the (customer, meter) lease', () => {
     expect((result as { waitMs: number }).waitMs).toBeGreaterThan(6 * 60_000);
     expect((result as { waitMs: number }).waitMs).toBeLessThanOrEqual(6 * 60_000 + 2_000);
     expect(sent).toEqual([]);
+    // The same with tracing on: the traced sender reads the stream's measure through.
+    const traced = parts({ api: 'v2', clockSkewMs: -10 * 60_000, row: row({ occurred_at: new Date(Date.now()) }) });
+    traced.deps.sender = tracedSender(traced.deps.sender, () => KEY);
+    expect(await deliver(traced.deps)).toMatchObject({ outcome: 'deferred', reason: 'stamped_ahead' });
+    expect(traced.sent).toEqual([]);
     // Stripe's clock ahead of ours: a usage 34 days 23 hours 30 minutes old by ours is too old by Stripe's.
     const old = parts({ api: 'v2', clockSkewMs: 40 * 60_000, row: row({ occurred_at: new Date(Date.now() - (35 * 86_400_000 - 30 * 60_000)) }) });
     await expect(deliver(old.deps)).rejects.toMatchObject({ type: 'UnsafeToSend', details: ['timestamp_too_far_in_past'] });
