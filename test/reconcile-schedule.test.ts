@@ -172,6 +172,8 @@ describe('the reconcile schedule', () => {
     const updated = await handle.describe();
     expect(updated.spec.intervals).toMatchObject([{ every: 3 * HOUR }]);
     expect(updated.state.paused).toBe(true);
+    // What the Web UI shows of it says so too (a memo would not: an update cannot change one).
+    expect((updated.action as { staticDetails?: string }).staticDetails).toMatch(/^Every 3 h: /);
   });
 
   it('exists once a worker has started; a second worker starts beside it without a second schedule or a warning', async () => {

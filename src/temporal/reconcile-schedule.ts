@@ -29,7 +29,7 @@ function scheduleOptions(config: Pick<Config, 'temporal' | 'reconcile'>): Schedu
       args: [input],
       staticSummary: 'Reconcile the outbox with Stripe’s meter summaries',
       staticDetails:
-        `Compares the sent rows of every (customer, meter) with usage in the whole hours that ended at least ${hours(input.lagMs)} ` +
+        `Every ${hours(input.intervalMs)}: compares the sent rows of every (customer, meter) with usage in the whole hours that ended at least ${hours(input.lagMs)} ` +
         `before the run with Stripe's hourly meter event summaries. The run's result and memo say what matched and what drifted.`,
     },
     policies: {
@@ -40,8 +40,10 @@ function scheduleOptions(config: Pick<Config, 'temporal' | 'reconcile'>): Schedu
       overlap: ScheduleOverlapPolicy.BUFFER_ONE,
       catchupWindow: Math.max(60_000, config.reconcile.intervalMs),
     },
+    // What never changes for this schedule (a memo is set when it is made, never by an update): the
+    // interval and lag are in the action's details, which an update keeps current.
     memo: {
-      description: `billing-outbox reconciliation for task queue ${config.temporal.taskQueue}: every ${hours(input.intervalMs)}, windows ending ${hours(input.lagMs)} before the run`,
+      description: `billing-outbox reconciliation for task queue ${config.temporal.taskQueue}`,
     },
     state: { note: 'created by a billing-outbox worker (RECONCILE_SCHEDULE=on); pausing it here is kept across worker restarts' },
   };
