@@ -378,7 +378,8 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
   stripe_credentials: 'for a working Stripe API key: Stripe refused ours (401/403). Fix STRIPE_API_KEY; delivery resumes by itself',
-  stamped_ahead: "for the usage's time: it is stamped more than 5 minutes ahead of this worker's clock (clock skew), which Stripe would refuse",
+  stamped_ahead:
+    "for the usage's time: it is stamped more than 5 minutes ahead of Stripe's clock as this worker reads it (its own; v2: corrected by the skew measured against Stripe's, billing_outbox_stripe_clock_skew_seconds), which Stripe would refuse",
 };
 
 /** Whether a delivery failure is one no retry can change (Stripe's refusal, a missing row, an unsafe resend). */

@@ -7,7 +7,7 @@ import { AT_STRIPE, type OutboxStatus } from '../outbox/statuses.js';
 import { inHours, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, timestampProblem } from './rules.js';
 
 /**
- * How far beyond Stripe's 5 future minutes (by this worker's clock) an event is waited for rather
+ * How far beyond Stripe's 5 future minutes (by Stripe's clock as this worker reads it) an event is waited for rather
  * than refused. An event ahead is clock skew (between the recording machine, this worker and
  * Stripe), which time mends; an hour is more skew than any machine kept in time has, and beyond it
  * the event is refused with its reason.

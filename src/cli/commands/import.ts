@@ -23,7 +23,8 @@ event_name is STRIPE_METER_EVENT_NAME's; a missing occurred_at is the import's t
 
 Each batch of N usages (default ${DEFAULT_IMPORT_BATCH_SIZE}) commits in its own transaction; an interrupted import
 is finished by running it again. A line is refused, with its number and reason on stderr, when a
-field is bad, its occurred_at is outside Stripe's window (35 days back, 5 minutes ahead), its tenant
+field is bad, its occurred_at is older than 35 days (unless it was recorded before) or more than 64
+minutes ahead, its tenant
 has no billing customer (customers set), or its usage_id was recorded with other values.
 --dry-run runs each batch and rolls it back: the summary a run would give, nothing written (but a
 usage that is twice in the file counts as to be recorded twice: no batch sees another's rows).
