@@ -369,6 +369,25 @@ it("bounds 429s that alternate with waits of our own: the pace between two 429s 
   });
 });
 
+it("a failed try ends a stretch of 429s wherever it happens, the in-task try of a run continued as new included", async () => {
+  // 429s, a continue-as-new (three deferrals a run), then the new run's first try (in the workflow
+  // task) fails; after it, 429s again: the count starts from that failure.
+  const { calls, activities } = fakeActivities(async () => {
+    const n = calls.deliver.length;
+    if (n === 4) throw retryable();
+    return { outcome: 'deferred', reason: 'rate_limited', waitMs: 60_000, attempts: 0 };
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 3 });
+    // Three 429 minutes, the failure, then about nine more minutes of 429s: not yet the 10-minute budget since the failure.
+    await env.sleep('12 minutes');
+    expect(calls.dead).toEqual([]);
+    await env.sleep('10 minutes');
+    expect(calls.dead.map((d) => d.code)).toEqual(['rate_limited']);
+    await handle.terminate('test over');
+  });
+});
+
 it("judges a retry by the row's resend window: a dead letter no try of which reached Stripe is retried without --force days later", async () => {
   // As the real activity does for a tenant with no Stripe customer yet: refused before any call, the
   // attempt taken back, the row's first_attempted_at left empty (markDead reports null).

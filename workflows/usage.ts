@@ -248,6 +248,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         } catch (err) {
           // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
           spent += 1;
+          // A failed try ends a stretch of 429s, as a deferral's failedBefore does.
+          rateLimitedMs = 0;
           if (isFinal(err) || spent >= maximumAttempts) throw err;
           await sleep(input.retry.initialIntervalMs);
           continue;
