@@ -648,6 +648,14 @@ export const MUTANTS: Mutant[] = [
     name: 'no worker to take an Update',
   },
   {
+    id: 'completed-run-resent-past-window',
+    guarantee: 'No double bill: a dead letter whose run completed (a row put back, a database restored) is reopened unforced only within 23 h of that close, the only clock left when the row has no first attempt',
+    find: '        if (opts.force || now - closedAt.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts);',
+    replace: '        if (true) return this.reopen(row, status, fresh, opts);',
+    test: 'test/closed-runs.test.ts',
+    name: 'put back to pending after its run completed',
+  },
+  {
     id: 'retry-after-past-budget',
     guarantee: 'Dead with a reason someone can see: a 429 whose Retry-After runs past the 429 budget ends as rate_limited, not past the 23 h window under a misleading reason',
     find: '        waitMs = Math.min(waitMs, maxRateLimitedMs - rateLimitedMs + 1);',

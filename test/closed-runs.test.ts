@@ -228,6 +228,15 @@ describe('a row whose run has closed', () => {
     expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
     expect(dead.last_error_message).toMatch(/^its workflow run completed, yet the row was not delivered/);
 
+    // A day later, with no first attempt on the row (a backup from before it): the run's close is
+    // the only clock left, and a resend past Stripe's dedup could bill twice: refused, unforced.
+    await db.pool.query('UPDATE outbox SET first_attempted_at = NULL WHERE idempotency_key = $1', [key]);
+    const { runId } = await client.workflow.getHandle(key).describe();
+    const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 24 * 3_600_000 });
+    expect(await aDayLater.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'refused', message: expect.stringContaining('reconcile first') });
+    expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
+    expect((await row(key)).status).toBe('dead');
+
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     // Stripe already had it: the resend was told "already exists", which is delivered.
@@ -280,4 +289,34 @@ describe('a row whose run has closed', () => {
       stripe.heal();
     }
   });
+
+  it('a sweep pass that found closed runs in a whole batch goes on at once with the next rows, not a batch per interval', async () => {
+    // Orphans by the hundred (Temporal's state lost): dispatched, stale, no run. Four batches of 30.
+    const keys = await withTransaction(db.pool, async (c) => {
+      const made: string[] = [];
+      for (let i = 0; i < 120; i++) made.push((await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1 })).entry.idempotencyKey);
+      await c.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 hour' WHERE idempotency_key = ANY($1::text[])`, [made]);
+      return made;
+    });
+    for (const w of pipeline.workers.splice(0)) await w.shutdown();
+    const started = Date.now();
+    const sweeping = await startWorker({
+      config,
+      databaseUrl: db.url,
+      pool: db.pool,
+      stripe: createStripeClient(config.stripe),
+      connection: pipeline.connection,
+      client,
+      workflowBundle: workflowBundle(),
+      relayRunForMs: 5_000,
+      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+      // One pass every 20 s: four batches a pass at a time would take a minute past the first.
+      closedRunSweep: { intervalMs: 20_000, staleAfterMs: 60_000, batchSize: 30 },
+    });
+    pipeline.workers.push(sweeping);
+    const deadCount = async () => Number((await db.pool.query(`SELECT count(*) FROM outbox WHERE idempotency_key = ANY($1::text[]) AND status = 'dead'`, [keys])).rows[0].count);
+    await waitFor('every orphan dead', async () => (await deadCount()) === keys.length, 45_000, 500);
+    expect(Date.now() - started).toBeLessThan(40_000);
+    await db.pool.query('DELETE FROM outbox WHERE idempotency_key = ANY($1::text[])', [keys]);
+  }, 90_000);
 });

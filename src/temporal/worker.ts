@@ -221,17 +221,24 @@ async function startPruner(deps: WorkerDeps, db: Queryable, signal: AbortSignal)
 
 /**
  * The closed-run sweep: every interval, one bounded pass over dispatched rows whose run may have
- * closed without them (src/ops/closed-runs.ts). A failure is logged and tried again next time.
+ * closed without them (src/ops/closed-runs.ts). A pass that went through a whole batch and found
+ * closed runs goes on at once with the next rows: orphaned rows by the thousand (Temporal's state
+ * lost) hold their lanes until swept, and a hundred a minute took hours. A failure is logged and
+ * tried again next time.
  */
 async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: AbortSignal): Promise<void> {
   const opts = { ...CLOSED_RUN_SWEEP, ...deps.closedRunSweep };
   const log = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   let afterId = 0;
+  let goOn = false;
   while (!signal.aborted) {
-    await waitUnlessAborted(opts.intervalMs, signal);
+    if (!goOn) await waitUnlessAborted(opts.intervalMs, signal);
     if (signal.aborted) return;
+    goOn = false;
     try {
-      ({ nextAfterId: afterId } = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, metrics: deps.metrics, log }, { ...opts, afterId, signal }));
+      const pass = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, metrics: deps.metrics, log }, { ...opts, afterId, signal });
+      afterId = pass.nextAfterId;
+      goOn = pass.checked === opts.batchSize && pass.closed > 0 && pass.nextAfterId !== 0;
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }
