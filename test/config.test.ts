@@ -134,6 +134,15 @@ describe('configuration', () => {
     expect(loadConfig({ STRIPE_METER_EVENT_NAME: ' tokens\n' }).stripe.meterEventName).toBe('tokens');
   });
 
+  it('OUTBOX_RETENTION_DAYS: at least 36, past Stripe\'s 35-day window (pruning sooner would blind reconcile and cancel); STRIPE_RATE_LIMIT_PER_SECOND: 900 with a live key, 20 otherwise', () => {
+    expect(problems({ OUTBOX_RETENTION_DAYS: '35' })).toEqual([expect.stringMatching(/^OUTBOX_RETENTION_DAYS: must be at least 36/)]);
+    expect(loadConfig({ OUTBOX_RETENTION_DAYS: '36' }).retention.olderThanMs).toBe(36 * 86_400_000);
+    expect(loadConfig({ NODE_ENV: 'production', STRIPE_API_KEY: 'sk_live_abc123' }).stripe.rateLimitPerSecond).toBe(900);
+    expect(loadConfig({ NODE_ENV: 'production', STRIPE_API_KEY: 'rk_live_abc123' }).stripe.rateLimitPerSecond).toBe(900);
+    expect(loadConfig({ STRIPE_API_KEY: 'sk_test_abc123' }).stripe.rateLimitPerSecond).toBe(20);
+    expect(loadConfig({ STRIPE_API_KEY: 'sk_live_abc123', NODE_ENV: 'production', STRIPE_RATE_LIMIT_PER_SECOND: '50' }).stripe.rateLimitPerSecond).toBe(50);
+  });
+
   it('LANE_MAX_IN_FLIGHT: by default one call\'s worth for v1 (4) and one stream request\'s for v2 (100); a value set wins in either', () => {
     expect(loadConfig({}).lanes.maxInFlight).toBe(4);
     expect(loadConfig({ STRIPE_METER_API: 'v2' }).lanes.maxInFlight).toBe(100);

@@ -358,6 +358,14 @@ describe('POST /v1/stripe/webhooks', () => {
     const future = await deliver(body, signatureHeader(body, SECRET, inAnHour));
     expect(future.statusCode).toBe(400);
     expect(future.json().error).toMatchObject({ code: 'invalid_signature', message: expect.stringContaining('future') });
+    // Some minutes ahead is a clock apart, taken (15 minutes either way); past that, refused.
+    const sixteenAhead = await deliver(body, signatureHeader(body, SECRET, Math.floor(Date.now() / 1000) + 16 * 60));
+    expect(sixteenAhead.statusCode).toBe(400);
+    const { keys, events } = await reportedFailures('meter_event_invalid_value', 1);
+    const report = thinBody(events[0]!);
+    const eightAhead = await deliver(report, signatureHeader(report, SECRET, Math.floor(Date.now() / 1000) + 8 * 60));
+    expect(eightAhead.statusCode).toBe(200);
+    for (const key of keys) expect((await row(key)).status).toBe('rejected_async');
     // A present timestamp put before the future one the signature covers (Stripe's library reads the last).
     const twoStamps = await deliver(body, `t=${Math.floor(Date.now() / 1000)},${signatureHeader(body, SECRET, inAnHour)}`);
     expect(twoStamps.statusCode).toBe(400);
