@@ -10,6 +10,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ApiToken } from '../src/config.js';
 import billingOutbox from '../src/fastify.js';
+import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { cleanUpAway, failingOver } from './away.js';
 import { idempotencyKeyFor, useDatabase } from './hooks.js';
 
@@ -156,6 +157,25 @@ it("on a silent connection of the application's pool (a failover), the route ans
     await cleanUpAway();
   }
 }, 120_000);
+
+it("with the stripe option, refuses usage for a meter Stripe does not have at the door (422 unknown_meter), writing nothing", async () => {
+  const stripe = await LocalStripe.start({ meters: ['api_requests'], customers: ['cus_acme'] });
+  const server = Fastify();
+  try {
+    await server.register(billingOutbox, { prefix: '/billing', pool, tokens: [writer], stripe: { apiKey: 'sk_test_plugin_meters', apiBase: stripe.url } });
+    await server.ready();
+    const send = (body: unknown) => server.inject({ method: 'POST', url: '/billing/v1/usage', headers: { authorization: `Bearer ${writer.token}` }, payload: body as object });
+    const misspelt = usage({ event_name: 'api_request' });
+    const refused = await send(misspelt);
+    expect(refused.statusCode).toBe(422);
+    expect(refused.json()).toMatchObject({ error: { code: 'unknown_meter' } });
+    expect(await t.row(idempotencyKeyFor('acme', misspelt.usage_id))).toBeUndefined();
+    expect((await send(usage({ event_name: 'api_requests' }))).statusCode).toBe(201);
+  } finally {
+    await server.close();
+    await stripe.close();
+  }
+});
 
 it("warns, once at registration, when the application's pool opens connections without a time limit", async () => {
   const warnings = async (options: pg.PoolConfig) => {
