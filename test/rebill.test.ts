@@ -270,6 +270,22 @@ describe('an event Stripe rejected after accepting it', () => {
 });
 
 describe('an attempt of the identifier before a rebill, answered late', () => {
+  it('refuses to rebill while its run has an attempt in flight under the old identifier (the run would drop the signal): no new identifier', async () => {
+    stripe.setLatency(6_000);
+    try {
+      const key = await enqueue(2);
+      await waitFor(`${key} at Stripe`, async () => requestsFor(key).length > 0, 30_000);
+      // Stripe's report on that identifier comes while the call is still out.
+      await markRejectedAsync(db.pool, schemaFor(), [{ identifier: key, code: CODE, message: 'No such customer' }]);
+      expect((await row(key)).status).toBe('rejected_async');
+      const deps = { db: db.pool, schema: schemaFor(), client, config, now: Date.now };
+      expect(await rebillEvent(deps, key, { actor: 'alice' })).toMatchObject({ outcome: 'refused', message: expect.stringContaining('still running') });
+      expect(await row(key)).toMatchObject({ identifier_revision: 0, stripe_identifier: null });
+    } finally {
+      stripe.setLatency(0);
+    }
+  });
+
   it('does not mark the rebilled row: it stays in flight under the new identifier until that one is delivered', async () => {
     // A row no relay claims (already dispatched) and no run delivers: its statements are driven here.
     const key = `u:acme:late-${randomUUID()}`;
