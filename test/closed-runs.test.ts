@@ -17,7 +17,7 @@ import { outboxStatus } from '../src/ops/status.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { startWorker } from '../src/temporal/worker.js';
+import { startWorker, type ClosedRunSweepOptions } from '../src/temporal/worker.js';
 import { OutboxErrorKey, OutboxStatusKey, TemporalErrorCodes } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
@@ -62,6 +62,27 @@ const waitStatus = (key: string, status: string, timeoutMs = 30_000) =>
   waitFor(`${key} to be ${status}`, async () => ((await row(key))?.status === status ? row(key) : undefined), timeoutMs);
 const eventsFor = (key: string) => stripe.events().filter((e) => e.identifier === key);
 const sweep = () => sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { staleAfterMs: 0, batchSize: 100 });
+
+/**
+ * The pipeline's worker makes way (one worker per task queue on a connection) for one whose
+ * closed-run sweep runs as `sweep` says (the default: a pass a minute); the pipeline stops it at the end.
+ */
+async function sweepingWorker(sweep: Partial<ClosedRunSweepOptions>): Promise<void> {
+  for (const w of pipeline.workers.splice(0)) await w.shutdown();
+  const sweeping = await startWorker({
+    config,
+    databaseUrl: db.url,
+    pool: db.pool,
+    stripe: createStripeClient(config.stripe),
+    connection: pipeline.connection,
+    client,
+    workflowBundle: workflowBundle(),
+    relayRunForMs: 5_000,
+    workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
+    closedRunSweep: sweep,
+  });
+  pipeline.workers.push(sweeping);
+}
 
 /** A usage event whose delivery is retrying against a Stripe that refuses every connection. */
 async function inFlightDuringOutage(quantity: number): Promise<string> {
@@ -264,22 +285,8 @@ describe('a row whose run has closed', () => {
 
   it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {
     const key = await inFlightDuringOutage(2);
-    // The pipeline's worker makes way (one worker per task queue on a connection) for one whose
-    // sweep runs every 200 ms (the default: a minute); the pipeline stops it at the end.
-    for (const w of pipeline.workers.splice(0)) await w.shutdown();
-    const sweeping = await startWorker({
-      config,
-      databaseUrl: db.url,
-      pool: db.pool,
-      stripe: createStripeClient(config.stripe),
-      connection: pipeline.connection,
-      client,
-      workflowBundle: workflowBundle(),
-      relayRunForMs: 5_000,
-      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-      closedRunSweep: { intervalMs: 200, staleAfterMs: 0 },
-    });
-    pipeline.workers.push(sweeping);
+    // A sweep every 200 ms.
+    await sweepingWorker({ intervalMs: 200, staleAfterMs: 0 });
     try {
       await client.workflow.getHandle(key).terminate('operator terminated it from the CLI');
       const dead = await waitStatus(key, 'dead');
@@ -298,22 +305,9 @@ describe('a row whose run has closed', () => {
       await c.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 hour' WHERE idempotency_key = ANY($1::text[])`, [made]);
       return made;
     });
-    for (const w of pipeline.workers.splice(0)) await w.shutdown();
     const started = Date.now();
-    const sweeping = await startWorker({
-      config,
-      databaseUrl: db.url,
-      pool: db.pool,
-      stripe: createStripeClient(config.stripe),
-      connection: pipeline.connection,
-      client,
-      workflowBundle: workflowBundle(),
-      relayRunForMs: 5_000,
-      workerOptions: { shutdownGraceTime: '1 second', shutdownForceTime: '5 seconds' },
-      // One pass every 20 s: four batches a pass at a time would take a minute past the first.
-      closedRunSweep: { intervalMs: 20_000, staleAfterMs: 60_000, batchSize: 30 },
-    });
-    pipeline.workers.push(sweeping);
+    // One pass every 20 s: four batches a pass at a time would take a minute past the first.
+    await sweepingWorker({ intervalMs: 20_000, staleAfterMs: 60_000, batchSize: 30 });
     const deadCount = async () => Number((await db.pool.query(`SELECT count(*) FROM outbox WHERE idempotency_key = ANY($1::text[]) AND status = 'dead'`, [keys])).rows[0].count);
     await waitFor('every orphan dead', async () => (await deadCount()) === keys.length, 45_000, 500);
     expect(Date.now() - started).toBeLessThan(40_000);

@@ -22,20 +22,27 @@ afterAll(async () => {
   await admin?.end();
 });
 
+/**
+ * Ends `client`'s backend at the server while no query of it runs, and returns what its next query
+ * fails with. The server's goodbye arrives as an 'error' event on the client: an unhandled one
+ * would fail this run.
+ */
+async function cutUnderneath(client: Pick<pg.PoolClient, 'query'>): Promise<unknown> {
+  const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+  await admin.query('SELECT pg_terminate_backend($1)', [rows[0]!.pid]);
+  await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
+  // The backend is gone; its socket's close reaches this process a moment later, with nothing to
+  // await for it (pg has no public event for it): the next query must find the client broken.
+  await new Promise((r) => setTimeout(r, 200));
+  return client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+}
+
 it('a connection cut between two queries of a transaction fails that transaction, not the process', async () => {
   const pool = createPool(t.db.url, 2);
   try {
     const client = await pool.connect();
     await client.query('BEGIN');
-    const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-    await admin.query('SELECT pg_terminate_backend($1)', [rows[0]!.pid]);
-    // The server's goodbye arrives while no query is running: an 'error' event on the client, with
-    // no listener of ours (an unhandled one would fail this run).
-    await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
-    // The backend is gone; its socket's close reaches this process a moment later, with nothing to
-    // await for it (pg has no public event for it): the next query must find the client broken.
-    await new Promise((r) => setTimeout(r, 200));
-    const next = await client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+    const next = await cutUnderneath(client);
     expect(isDatabaseUnavailable(next)).toBe(true);
     client.release();
     // The pool dropped the broken client and opens a new one.
@@ -49,11 +56,7 @@ it("the same through an application's own pool (withPgTypes), whose clients pg-p
   const pool = withPgTypes(new pg.Pool({ connectionString: t.db.url, max: 2 }));
   try {
     const client = await pool.connect();
-    const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-    await admin.query('SELECT pg_terminate_backend($1)', [rows[0]!.pid]);
-    await waitFor('the backend gone', async () => (await admin.query('SELECT 1 FROM pg_stat_activity WHERE pid = $1', [rows[0]!.pid])).rowCount === 0);
-    await new Promise((r) => setTimeout(r, 200));
-    const next = await client.query('SELECT 1').then(() => undefined, (e: unknown) => e);
+    const next = await cutUnderneath(client);
     expect(isDatabaseUnavailable(next)).toBe(true);
     client.release(next as Error);
     // Our listener went with it: the application's pool's clients are as pg-pool keeps them.
