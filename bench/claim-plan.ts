@@ -1,10 +1,12 @@
 /**
- * `npx tsx bench/claim-plan.ts`: the plan of the relay's claim with one tenant's flood pending.
- * 1,000,000 claimable rows of one tenant ("flood") and one row each of 50 others, written after the
- * flood (the others' events are the newest). For each mode, as the relay calls claimBatch (batch
- * 100; LANE_MAX_IN_FLIGHT as each API's default: 4 for v1, 100 for v2): EXPLAIN (ANALYZE, BUFFERS) of the
- * statement claimStatement sends, rolled back so that both modes see the same table, and how many of
- * the 50 other tenants the batch holds. Only PostgreSQL (embedded); nothing else is started.
+ * `npx tsx bench/claim-plan.ts`: the plan of the relay's claim under two backlogs.
+ * - One tenant's flood: 1,000,000 claimable rows of one tenant ("flood") and one row each of 50
+ *   others, written after the flood (the others' events are the newest).
+ * - Many tenants waiting, as after an outage: 2,000 tenants with 150 rows each, interleaved.
+ * For each mode, as the relay calls claimBatch (batch 100; LANE_MAX_IN_FLIGHT as each API's
+ * default: 4 for v1, 100 for v2): EXPLAIN (ANALYZE, BUFFERS) of the statement claimStatement sends,
+ * rolled back so that both modes see the same table, the rows its scans of the outbox read, and
+ * which tenants the batch holds. Only PostgreSQL (embedded); nothing else is started.
  */
 import { randomUUID } from 'node:crypto';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
@@ -18,10 +20,55 @@ import { claimStatement } from '../src/outbox/sql/relay.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 type ClaimOptions = Parameters<typeof claimStatement>[2];
+type Pool = ReturnType<typeof createPool>;
 
 const FLOOD = 1_000_000;
 const OTHERS = 50;
 const BATCH = 100;
+const MANY_TENANTS = 2_000;
+const MANY_ROWS = 150;
+
+/** Every row the plan's scans of the outbox produced or threw away, over all their loops. */
+function rowsRead(node: Record<string, unknown>): number {
+  const own = node['Relation Name'] === 'outbox' ? (Number(node['Actual Rows'] ?? 0) + Number(node['Rows Removed by Filter'] ?? 0)) * Number(node['Actual Loops'] ?? 1) : 0;
+  return own + ((node['Plans'] as Record<string, unknown>[] | undefined) ?? []).reduce((sum, child) => sum + rowsRead(child), 0);
+}
+
+/** The claim of each mode on the table as it is, each run rolled back. */
+async function explainBoth(pool: Pool, scenario: string, describe: (rows: { tenant_id: string }[]) => string): Promise<void> {
+  for (const [mode, laneMax] of [['v1', CALL_LANE_MAX_IN_FLIGHT], ['v2', STREAM_LANE_MAX_IN_FLIGHT]] as const) {
+    const opts: ClaimOptions = { limit: BATCH, claimedBy: 'bench', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax };
+    // Exactly what claimBatch sends, captured rather than rewritten here.
+    let sent: { text: string; values: unknown[] } | undefined;
+    const capture: Queryable = {
+      query: ((text: string, values: unknown[]) => ((sent = { text, values }), Promise.resolve({ rows: [] }))) as unknown as Queryable['query'],
+    };
+    await claimStatement(capture, schemaFor(), opts);
+    const client = await pool.connect();
+    try {
+      // A first run warms the cache, as a relay's claims do one after another.
+      await client.query('BEGIN');
+      await client.query(sent!.text, sent!.values);
+      await client.query('ROLLBACK');
+      await client.query('BEGIN');
+      const t0 = performance.now();
+      const { rows } = await client.query<{ tenant_id: string }>(sent!.text, sent!.values);
+      const ms = performance.now() - t0;
+      await client.query('ROLLBACK');
+      await client.query('BEGIN');
+      const json = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${sent!.text}`, sent!.values);
+      await client.query('ROLLBACK');
+      await client.query('BEGIN');
+      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) ${sent!.text}`, sent!.values);
+      await client.query('ROLLBACK');
+      const read = rowsRead((json.rows[0]['QUERY PLAN'] as { Plan: Record<string, unknown> }[])[0]!.Plan);
+      console.log(`\n== ${scenario}, ${mode} (laneMax ${laneMax}): claimed ${rows.length}, ${describe(rows)}, ${read.toLocaleString('en')} rows read, ${ms.toFixed(1)} ms`);
+      console.log(explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n'));
+    } finally {
+      client.release();
+    }
+  }
+}
 
 const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-claim-plan-'));
 // PostgreSQL runs as its own user when started by root: it must be able to enter the folder.
@@ -36,8 +83,9 @@ try {
   try {
     await pool.query(
       `INSERT INTO billing_customers SELECT 'flood', 'cus_flood' UNION ALL SELECT 'other' || g, 'cus_other_' || g FROM generate_series(1, $1::int) g`,
-      [OTHERS],
+      [Math.max(OTHERS, MANY_TENANTS)],
     );
+    // One tenant's flood, then one row each of 50 others (the newest rows).
     await pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
        SELECT 'flood', 'api_requests', 1, now(), 'flood-' || g FROM generate_series(1, $1::int) g`,
@@ -49,36 +97,22 @@ try {
       [OTHERS],
     );
     await pool.query('VACUUM ANALYZE outbox');
+    await explainBoth(pool, `flood of ${FLOOD.toLocaleString('en')} beside ${OTHERS} others`, (rows) => {
+      const others = new Set(rows.filter((r) => r.tenant_id !== 'flood').map((r) => r.tenant_id)).size;
+      return `other tenants in the batch ${others}/${OTHERS}`;
+    });
 
-    for (const [mode, laneMax] of [['v1', CALL_LANE_MAX_IN_FLIGHT], ['v2', STREAM_LANE_MAX_IN_FLIGHT]] as const) {
-      const opts: ClaimOptions = { limit: BATCH, claimedBy: 'bench', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax };
-      // Exactly what claimBatch sends, captured rather than rewritten here.
-      let sent: { text: string; values: unknown[] } | undefined;
-      const capture: Queryable = {
-        query: ((text: string, values: unknown[]) => ((sent = { text, values }), Promise.resolve({ rows: [] }))) as unknown as Queryable['query'],
-      };
-      await claimStatement(capture, schemaFor(), opts);
-      const client = await pool.connect();
-      try {
-        // A first run warms the cache, as a relay's claims do one after another.
-        await client.query('BEGIN');
-        await client.query(sent!.text, sent!.values);
-        await client.query('ROLLBACK');
-        await client.query('BEGIN');
-        const t0 = performance.now();
-        const { rows } = await client.query<{ tenant_id: string }>(sent!.text, sent!.values);
-        const ms = performance.now() - t0;
-        await client.query('ROLLBACK');
-        await client.query('BEGIN');
-        const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) ${sent!.text}`, sent!.values);
-        await client.query('ROLLBACK');
-        const others = new Set(rows.filter((r) => r.tenant_id !== 'flood').map((r) => r.tenant_id)).size;
-        console.log(`\n== ${mode} (laneMax ${laneMax}): claimed ${rows.length}, other tenants in the batch ${others}/${OTHERS}, ${ms.toFixed(1)} ms`);
-        console.log(explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n'));
-      } finally {
-        client.release();
-      }
-    }
+    // A backlog after an outage: every one of MANY_TENANTS tenants has MANY_ROWS rows waiting,
+    // written interleaved (each tenant's oldest rows are as old as the others').
+    await pool.query('TRUNCATE outbox');
+    await pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
+       SELECT 'other' || t, 'api_requests', 1, now(), 'many-' || r || '-' || t
+         FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
+      [MANY_TENANTS, MANY_ROWS],
+    );
+    await pool.query('VACUUM ANALYZE outbox');
+    await explainBoth(pool, `${MANY_TENANTS.toLocaleString('en')} tenants with ${MANY_ROWS} rows each`, (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`);
   } finally {
     await pool.end();
   }

@@ -117,10 +117,26 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'claim-reads-backlog',
     guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
-    find: 'ELSE least($1::int, $6::int - n.in_flight) END AS free',
-    replace: 'ELSE ($6::int - n.in_flight) END AS free',
+    find: 'LIMIT least(r.free, s.n) + 1) c',
+    replace: 'LIMIT r.free + 1) c',
     test: 'test/fairness.test.ts',
     name: 'reads at most a batch of any lane',
+  },
+  {
+    id: 'claim-reads-batch-per-lane',
+    guarantee: 'Fair claim cost: with many tenants waiting, a claim reads a row or two of each lane (its share of the batch), not a batch of each',
+    find: 'SELECT greatest(1, $1::int - count(DISTINCT r.tenant_id)::int + 1) AS n',
+    replace: 'SELECT $1::int AS n',
+    test: 'test/fairness.test.ts',
+    name: 'reads a row or two of each lane when many tenants wait',
+  },
+  {
+    id: 'claim-counts-leased-lanes',
+    guarantee: "Fair claim: a lane whose rows are all under a live lease is not counted as waiting, so it does not shrink another tenant's share of the batch",
+    find: "              AND (o.status = 'pending' OR o.processing_deadline < now())\n            ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt",
+    replace: '            ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt',
+    test: 'test/fairness.test.ts',
+    name: 'counts as waiting only the tenants with a row to claim',
   },
   {
     id: 'claim-lane-as-equalities',

@@ -1,7 +1,8 @@
 /**
  * The claim serves tenants in turn: one tenant's backlog, however deep, never keeps another
  * tenant's event out of the next claim (the bound stated on claimBatch), in both modes, and the
- * claim reads at most a batch of any lane, never the backlog behind it.
+ * claim reads at most a batch of any lane, never the backlog behind it, and a row or two of each
+ * lane when many tenants wait.
  */
 import { randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -126,6 +127,40 @@ describe('a fair claim', () => {
     // 21 lanes found, at most 50 rows of each read, 50 locked and updated: a few hundred, not 5,000,
     // even under the highest lane limit LANE_MAX_IN_FLIGHT accepts (10,000).
     expect(await rowsRead(options(10_000))).toBeLessThan(500);
+  });
+
+  it('reads a row or two of each lane when many tenants wait (their share of the batch), not a batch of each', async () => {
+    // As after an outage: 300 tenants with 60 rows each, written interleaved.
+    await t.addCustomers(Object.fromEntries(Array.from({ length: 300 }, (_, i) => [`many${i + 1}`, `cus_many${i + 1}`])));
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
+       SELECT 'many' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m
+         FROM generate_series(1, 60) r, generate_series(1, 300) m ORDER BY r, m`,
+      [randomUUID().slice(0, 8)],
+    );
+    await t.pool.query('ANALYZE outbox');
+    for (const laneMax of [CALL_LANE_MAX_IN_FLIGHT, STREAM_LANE_MAX_IN_FLIGHT]) {
+      // 300 lanes found, two rows of each read (the one taken and one to tell it held more), 50
+      // locked and updated: about a thousand. A batch of each would be 300 × 51.
+      expect(await rowsRead(options(laneMax))).toBeLessThan(1_500);
+    }
+    // Fifty tenants, each its oldest row, each lane holding more.
+    const rows = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
+    expect(new Set(rows.map((r) => r.tenant_id)).size).toBe(50);
+    expect(rows.every((r) => r.idempotency_key.split(':')[1] === '1' && r.lane_held)).toBe(true);
+  });
+
+  it("counts as waiting only the tenants with a row to claim: a lane wholly under a live lease leaves the others' share whole", async () => {
+    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) VALUES ('quiet1', 'api_requests', 1, now(), $1)`, [randomUUID()]);
+    expect((await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), limit: 1 })).map((r) => r.tenant_id)).toEqual(['quiet1']);
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
+       SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g FROM generate_series(1, 500) g`,
+      [randomUUID().slice(0, 8)],
+    );
+    // quiet1's row is claimed (its lease runs): the flood is the only tenant waiting, and takes the batch.
+    const rows = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
+    expect(rows.map((r) => r.tenant_id)).toEqual(Array(50).fill('flood'));
   });
 
   it('keeps to the lane index when the statistics say one tenant holds the whole outbox', async () => {

@@ -21,7 +21,7 @@ export interface ClaimedRow {
   trace_parent: string | null;
   /** What the row's lane had in flight (claimed or dispatched) before this claim. */
   lane_in_flight: number;
-  /** Whether the row's lane had more claimable rows than its room (or the batch) let this claim take. */
+  /** Whether the row's lane had more claimable rows than its room, or its tenant's share of the batch, let this claim take. */
   lane_held: boolean;
 }
 
@@ -47,15 +47,19 @@ const CLAIM_LOCK = 727_274_002;
  *
  * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
  * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
- * flight is counted on `outbox_in_flight_idx`, and its oldest claimable
- * rows up to its room and never more than `limit` are read from `outbox_lane_idx`; those are
- * numbered per tenant (its turn), and the first `limit` by (turn, id) are locked with `FOR UPDATE
- * SKIP LOCKED` (rows another transaction holds are skipped, never waited for) and taken by an
- * `UPDATE … RETURNING` guarded by the same "still claimable" condition, so a row is only ever taken
- * while pending or after its previous claim timed out. Every index read is partial and at most
- * `limit` rows per lane: the cost is lanes × batch, never the depth of a backlog nor the millions
- * of sent rows (test/claim.test.ts checks the plan of this very statement; bench/claim-plan.ts
- * measures it with 1,000,000 rows of one tenant pending, docs/performance.md has the figures).
+ * flight is counted on `outbox_in_flight_idx`, and its oldest claimable rows are read from
+ * `outbox_lane_idx` up to what the lane can give this claim: its room, and its tenant's share of
+ * the batch (`limit` less one row for each other tenant waiting, since each of them has a turn
+ * before this tenant's second; at least one). Those rows are numbered per tenant (its turn), and
+ * the first `limit` by (turn, id) are locked with `FOR UPDATE SKIP LOCKED` (rows another
+ * transaction holds are skipped, never waited for) and taken by an `UPDATE … RETURNING` guarded by
+ * the same "still claimable" condition, so a row is only ever taken while pending or after its
+ * previous claim timed out. The cost is three index probes per lane waiting (found, its in-flight
+ * count, its rows) and at most (`limit` / 2 + 1)² rows read in all with one lane per tenant (T
+ * tenants waiting give at most `limit` − T + 2 rows each): never the depth of a backlog, nor the
+ * millions of sent rows (test/fairness.test.ts checks the rows this very statement reads;
+ * bench/claim-plan.ts measures it with one tenant's 1,000,000 rows pending and with 2,000 tenants
+ * waiting, docs/performance.md has the figures).
  *
  * The lane limit needs one view of every claim: two relays counting a lane's room at the same
  * time would both fill it. So the statement runs under a transaction-scoped advisory lock, taken
@@ -70,7 +74,13 @@ const CLAIM_LOCK = 727_274_002;
  *   37.2 s too: the planner read each lane from the primary key in id order, filtering by lane.
  * - Turns per tenant, each lane read up to min(room, `limit`), the lane as a range of the lane
  *   index: 150 rows read, 2,000–3,500 buffers hit, 3.7 ms in either mode, the 50 others all in the
- *   first batch. Chosen.
+ *   first batch. But with 2,000 tenants waiting (150 rows each, as after an outage), v2 read
+ *   204,301 rows, 576 ms under the claim lock; v1 12,301 rows, 115 ms.
+ * - Each lane read up to its tenant's share of the batch as well, and only lanes with a claimable
+ *   row counted as waiting (the skip scan skips lanes whose rows are all under a live lease, which
+ *   would shrink the share and leave the batch short): 6,301 rows, 93 ms (v2) and 75 ms (v1) with
+ *   2,000 tenants; the flood's figures unchanged. Chosen. A separate probe for each lane's oldest
+ *   claimable row, to count the tenants waiting, cost 2,000 probes more (v1 176 ms).
  * Rejected: lane by lane in the application (a round trip per lane); `DISTINCT ON (tenant, event)`
  * over the backlog (reads every pending row each claim); a counter table per lane maintained on
  * enqueue (a second write on the request path); a rotating cursor of the last tenant served (a
@@ -134,34 +144,40 @@ export interface ClaimOptions {
 export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimOptions): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
     `WITH RECURSIVE lanes AS (
+       -- The lanes with a claimable row: pending, or claimed under a lease that has run out.
        (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
-         WHERE o.status = ANY($5::text[])
+         WHERE o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
          ORDER BY o.tenant_id, o.event_name LIMIT 1)
        UNION ALL
        SELECT nxt.tenant_id, nxt.event_name
          FROM lanes l, LATERAL (
            SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
             WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
+              AND (o.status = 'pending' OR o.processing_deadline < now())
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), room AS (
-       -- Never more than the batch from one lane: a lane's backlog beyond that is not read. What
-       -- the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
+       -- What the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
        -- A lane the relay has paused ($8, $9: the lane window below its floor) has no room now.
        SELECT l.tenant_id, l.event_name, n.in_flight,
               CASE WHEN (l.tenant_id, l.event_name) IN (SELECT * FROM unnest($8::text[], $9::text[])) THEN 0
-                   ELSE least($1::int, $6::int - n.in_flight) END AS free
+                   ELSE $6::int - n.in_flight END AS free
          FROM lanes l, LATERAL (
            SELECT count(*)::int AS in_flight FROM ${schema.outbox} f
             WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
               AND f.status = ANY($7::text[])
               AND (f.status = 'dispatched' OR f.processing_deadline >= now())) n
+     ), share AS (
+       -- The most one tenant can have in this batch: each other tenant waiting has a row before its
+       -- second (turns, below). A lane's rows beyond that are not read: with many tenants waiting,
+       -- a row or two of each.
+       SELECT greatest(1, $1::int - count(DISTINCT r.tenant_id)::int + 1) AS n FROM room r WHERE r.free > 0
      ), candidates AS (
-       -- One row past a lane's room is read, to tell a lane that had more (held back: a backlog)
-       -- from one whose rows were all taken; that row is not claimed.
-       SELECT c.id, r.tenant_id, r.in_flight, r.free,
+       -- One row past what the lane can give (its room, its share) is read, to tell a lane that had
+       -- more (held back: a backlog) from one whose rows were all taken; that row is not claimed.
+       SELECT c.id, r.tenant_id, r.in_flight, least(r.free, s.n) AS take,
               row_number() OVER (PARTITION BY r.tenant_id, r.event_name ORDER BY c.id) AS nth,
-              count(*) OVER (PARTITION BY r.tenant_id, r.event_name) > r.free AS lane_held
-         FROM room r, LATERAL (
+              count(*) OVER (PARTITION BY r.tenant_id, r.event_name) > least(r.free, s.n) AS lane_held
+         FROM room r CROSS JOIN share s, LATERAL (
          SELECT o.id FROM ${schema.outbox} o
           -- The lane as a range of the lane index, not as equalities: with "tenant_id = …" the
           -- planner may take the primary key for the order (id) and filter by lane, and with one
@@ -170,10 +186,11 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
           WHERE (o.tenant_id, o.event_name) >= (r.tenant_id, r.event_name)
             AND (o.tenant_id, o.event_name) <= (r.tenant_id, r.event_name)
             AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
-          ORDER BY o.tenant_id, o.event_name, o.id LIMIT CASE WHEN r.free > 0 THEN r.free + 1 ELSE 0 END) c
+          ORDER BY o.tenant_id, o.event_name, o.id LIMIT least(r.free, s.n) + 1) c
+        WHERE r.free > 0
      ), turns AS (
        -- Tenants in turn: every tenant's oldest row before any tenant's second.
-       SELECT c.id, c.in_flight, c.lane_held FROM candidates c WHERE c.nth <= c.free
+       SELECT c.id, c.in_flight, c.lane_held FROM candidates c WHERE c.nth <= c.take
         ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int
      ), locked AS (
        SELECT o.id, t.in_flight, t.lane_held FROM ${schema.outbox} o JOIN turns t ON t.id = o.id
