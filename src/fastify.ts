@@ -16,7 +16,7 @@ import type pg from 'pg';
 import { ingestion } from './api/ingestion.js';
 import { ConfigError, loadConfig, type ApiToken } from './config.js';
 import { OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes } from './db.js';
-import { createStripeClient } from './stripe/client.js';
+import { createStripeClient, requireStripeKey } from './stripe/client.js';
 import { MeterCatalog } from './stripe/meters.js';
 
 export { ConfigError };
@@ -67,14 +67,21 @@ function resolve(opts: BillingOutboxPluginOptions) {
     STRIPE_API_KEY: 'stripe.apiKey',
     STRIPE_API_BASE: 'stripe.apiBase',
   };
+  // The problems as the options' names, not the variables' the standalone API reads.
+  const variable = new RegExp(`\\b(${Object.keys(names).join('|')})\\b`, 'g');
+  const asOptions = (check: () => void): void => {
+    try {
+      check();
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err;
+      problems.push(...err.problems.map((p) => p.replace(variable, (v) => names[v] ?? v)));
+    }
+  };
   let config: ReturnType<typeof loadConfig> | undefined;
-  try {
-    config = loadConfig(env);
-  } catch (err) {
-    if (!(err instanceof ConfigError)) throw err;
-    const variable = new RegExp(`\\b(${Object.keys(names).join('|')})\\b`, 'g');
-    problems.push(...err.problems.map((p) => p.replace(variable, (v) => names[v] ?? v)));
-  }
+  asOptions(() => (config = loadConfig(env)));
+  // Without a key, Stripe refuses every meter read: the check at the door would let every meter in,
+  // each request after waiting for a read.
+  if (config && opts.stripe) asOptions(() => requireStripeKey(config!.stripe, 'the meter check at the door (`stripe`)'));
   if (problems.length > 0 || !config) throw new ConfigError(problems);
   return {
     // The route's statements each take milliseconds: one unanswered for 5 s is a connection gone

@@ -124,6 +124,17 @@ describe('the Fastify plugin', () => {
     expect(message).toContain('bodyLimitBytes: must be at least 256');
     await server.close();
   });
+
+  it('refuses the stripe option without a key for Stripe itself (every meter read would be refused, and every meter let in)', async () => {
+    const server = Fastify();
+    // As `stripe: { apiKey: process.env.STRIPE_SECRET }` with the variable unset.
+    const message = await Promise.resolve(server.register(billingOutbox, { pool, tokens: [writer], stripe: { apiKey: undefined as unknown as string } })).then(
+      () => 'registered',
+      (err: Error) => err.message,
+    );
+    expect(message).toMatch(/stripe\.apiKey: is not set, and the meter check at the door \(`stripe`\) calls Stripe with it \(or set stripe\.apiBase/);
+    await server.close();
+  });
 });
 
 it("on a silent connection of the application's pool (a failover), the route answers 503 within seconds instead of hanging, then takes the usage over a new one", async () => {
