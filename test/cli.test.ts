@@ -479,6 +479,67 @@ describe('bin/billing-outbox.mjs', () => {
     }
   });
 
+  it('at the `retry --all-dead` question on a terminal, Ctrl-C and Ctrl-D are a no: nothing retried, exit 1, at once', async () => {
+    await t.pool.query(`INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ('pty', 'cus_pty') ON CONFLICT DO NOTHING`);
+    const key = idempotencyKeyFor('pty', randomUUID());
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code, last_error_message)
+       VALUES ('pty', 'api_requests', 1, now(), $1, 'dead', 'resource_missing', 'No such customer')`,
+      [key],
+    );
+    // The command on a pseudo-terminal (Python's pty, as a terminal would run it): at the question,
+    // the key is typed; what the command printed and its exit code come back.
+    const onTerminal = (keystroke: string) =>
+      new Promise<CliRun & { ms: number }>((resolve, reject) => {
+        const script = [
+          'import os, pty, select, sys, time',
+          'pid, fd = pty.fork()',
+          'if pid == 0:',
+          '    os.execvp(sys.argv[1], sys.argv[1:])',
+          'out, asked, deadline = b"", None, time.time() + 60',
+          'while time.time() < deadline:',
+          '    if select.select([fd], [], [], 0.1)[0]:',
+          '        try:',
+          '            data = os.read(fd, 4096)',
+          '        except OSError:',
+          '            break',
+          '        if not data:',
+          '            break',
+          '        out += data',
+          '    if asked is None and b"[y/N]" in out:',
+          '        asked = time.time()',
+          `        os.write(fd, ${JSON.stringify(keystroke)}.encode())`,
+          'code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])',
+          'sys.stderr.write(str(int((time.time() - (asked or time.time())) * 1000)))',
+          'sys.stdout.write(out.decode(errors="replace"))',
+          'sys.exit(code)',
+        ].join('\n');
+        const child = spawn('python3', ['-c', script, process.execPath, path.join(ROOT, 'bin', 'billing-outbox.mjs'), 'retry', '--all-dead', '--tenant', 'pty'], {
+          cwd: '/',
+          env: { PATH: process.env.PATH ?? '', DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace },
+        });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code: code ?? -1, out, err, ms: Number(err) }));
+      });
+    try {
+      for (const keystroke of ['\x03', '\x04']) {
+        const r = await onTerminal(keystroke);
+        expect(r.out).toContain('Retry 1 dead letter');
+        expect(r.out).toContain('nothing retried');
+        expect(r.code, r.out).toBe(1);
+        // Not after the pool's idle connection timed out (10 s), as when the question hung.
+        expect(r.ms).toBeLessThan(5_000);
+        expect((await row(key)).status).toBe('dead');
+      }
+    } finally {
+      await t.pool.query(`DELETE FROM outbox WHERE idempotency_key = $1`, [key]);
+    }
+  });
+
   it('runs `status --json` against the configured services, never printing the database password', async () => {
     const env = { DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace };
     const r = await bin(['status', '--json'], env);

@@ -104,7 +104,11 @@ it('README "Your first five minutes": first event, a dead letter made on purpose
   expect(events.code, events.out).toBe(0);
   expect(events.out).toContain('u:acme:first-1');
 
-  // 3. A dead letter on purpose: a tenant billed as a customer Stripe does not have.
+  // 3. A dead letter on purpose: a tenant billed as a customer Stripe does not have. Asked first,
+  // the stack's own Stripe (found with the stack) says it has no such customer.
+  const asked = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella');
+  expect(asked.code, asked.out).toBe(1);
+  expect(asked.out).toContain('Stripe has no customer cus_umbrella');
   const mapped = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella', '--no-stripe-check');
   expect(mapped.code, mapped.out).toBe(0);
   const oops = await post({ tenant_id: 'umbrella', usage_id: 'oops-1', quantity: 5 });

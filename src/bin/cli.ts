@@ -25,10 +25,23 @@ function osUser(): string {
   }
 }
 
+/**
+ * Asks on the terminal; Ctrl-C or Ctrl-D is a no. (readline's question is never answered once
+ * its interface closes: without the abort, the command would hang until the pool let go.)
+ */
 async function confirm(question: string): Promise<boolean> {
   const rl = createInterface({ input: process.stdin, output: process.stderr });
+  const unanswered = new AbortController();
+  rl.once('SIGINT', () => unanswered.abort());
+  rl.once('close', () => unanswered.abort());
   try {
-    return /^y(es)?$/i.test((await rl.question(question)).trim());
+    return /^y(es)?$/i.test((await rl.question(question, { signal: unanswered.signal })).trim());
+  } catch (err) {
+    if (unanswered.signal.aborted) {
+      process.stderr.write('\n');
+      return false;
+    }
+    throw err;
   } finally {
     rl.close();
   }
@@ -36,8 +49,9 @@ async function confirm(question: string): Promise<boolean> {
 
 /**
  * With DATABASE_URL and TEMPORAL_ADDRESS both unset, the stack `npm start` is running on this
- * machine (its .data/endpoints.json, while its process lives) fills them in, and its Web UI's
- * address. Never one of them, and with only one set while that stack runs, nothing is guessed: a
+ * machine (its .data/endpoints.json, while its process lives) fills them in, its Web UI's address,
+ * and its local Stripe when it runs one and no Stripe is set here (neither STRIPE_API_KEY nor
+ * STRIPE_API_BASE): `customers set` and `reconcile` then ask the Stripe the stack bills. Never one of them, and with only one set while that stack runs, nothing is guessed: a
  * production DATABASE_URL beside the local Temporal (the stack's, or localhost:7233, where the
  * stack listens) made `retry` start production's dead letters as runs no worker of theirs sees.
  */
@@ -56,6 +70,7 @@ function withRunningStack(config: Config): Config {
     databaseUrl: running.databaseUrl,
     temporal: { ...config.temporal, address: running.temporalAddress },
     temporalUiUrl: process.env.TEMPORAL_UI_URL || !running.temporalUi ? config.temporalUiUrl : running.temporalUi,
+    stripe: running.localStripe && config.stripe.apiKey === undefined && config.stripe.isRealStripe ? { ...config.stripe, apiBase: running.localStripe, isRealStripe: false } : config.stripe,
   };
 }
 
