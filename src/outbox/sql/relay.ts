@@ -42,8 +42,10 @@ const CLAIM_LOCK = 727_274_002;
  * The bound: whatever the backlog of any other tenant, a tenant's oldest claimable row is in the
  * next claim of any relay whenever at most `limit` tenants have claimable rows (one turn each fits
  * in the batch). A flood of one tenant costs everyone else at most one claim's wait, not its backlog.
- * With more than `limit` tenants waiting, tenants go by their oldest row: a tenant waits behind one
- * row of each tenant whose oldest row is older.
+ * With more than `limit` tenants waiting, a claim takes the oldest row of each of the `limit`
+ * tenants whose oldest rows are oldest: tenants then go by age, and a tenant's new event waits
+ * behind the older rows of the others (each lane's room still holds each of them to
+ * `laneMax` in flight), not behind one row of each.
  *
  * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
  * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
