@@ -12,6 +12,7 @@ import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { sweepClosedRuns } from '../src/ops/closed-runs.js';
+import { rebillEvent } from '../src/ops/rebill.js';
 import { DeadLetterRetrier, type RetryResult } from '../src/ops/retry.js';
 import { outboxStatus } from '../src/ops/status.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
@@ -186,7 +187,7 @@ describe('a sweep pass', () => {
 });
 
 describe('a key whose workflow id is taken by a run on another task queue (another deployment sharing the namespace)', () => {
-  it('the relay makes the row dead saying so, and retry refuses to signal that run', async () => {
+  it('the relay makes the row dead saying so, and neither retry nor rebill signals that run', async () => {
     const usageId = randomUUID();
     const key = idempotencyKeyFor('acme', usageId);
     const otherQueue = `other-deployment-${randomUUID().slice(0, 8)}`;
@@ -204,6 +205,14 @@ describe('a key whose workflow id is taken by a run on another task queue (anoth
       const signals = ((await foreign.fetchHistory()).events ?? []).filter((e) => e.workflowExecutionSignaledEventAttributes);
       expect(signals).toEqual([]);
       expect(eventsFor(key)).toEqual([]);
+
+      // Nor does rebill signal it, for a row Stripe reported as rejected.
+      await db.pool.query(`UPDATE outbox SET status = 'rejected_async', rejected_at = now(), updated_at = now() WHERE idempotency_key = $1`, [key]);
+      const before = await row(key);
+      const rebilled = await rebillEvent({ db: db.pool, schema: schemaFor(), client, config, now: Date.now }, key, { actor: 'test' });
+      expect(rebilled).toMatchObject({ outcome: 'refused', message: expect.stringContaining(`open run on task queue "${otherQueue}", not this deployment's`) });
+      expect(await row(key)).toEqual(before);
+      expect(((await foreign.fetchHistory()).events ?? []).filter((e) => e.workflowExecutionSignaledEventAttributes)).toEqual([]);
     } finally {
       await foreign.terminate('test over');
       // Out of the way of the tests below, which count this tenant's workflow_closed dead letters.

@@ -124,7 +124,17 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
   const handle = client.workflow.getHandle(key);
   let status: WorkflowExecutionStatusName | 'NOT_FOUND';
   try {
-    status = (await handle.describe()).status.name;
+    const described = await handle.describe();
+    // An open run of another deployment (a namespace shared, or TEMPORAL_TASK_QUEUE changed): the
+    // signal would resend that deployment's event, not rebill ours.
+    if (described.status.name === 'RUNNING' && described.taskQueue !== config.temporal.taskQueue) {
+      return done(
+        'refused',
+        `not rebilled: the workflow id ${key} belongs to an open run on task queue ${JSON.stringify(described.taskQueue)}, not this deployment's ` +
+          `(${JSON.stringify(config.temporal.taskQueue)}): a rebill would signal that run to resend its own event. Rebill it once that run has closed`,
+      );
+    }
+    status = described.status.name;
   } catch (err) {
     if (!(err instanceof WorkflowNotFoundError)) throw err;
     status = 'NOT_FOUND';
