@@ -57,8 +57,9 @@ async function startServices(): Promise<Services> {
 
   let temporalAddress = process.env.TEMPORAL_ADDRESS;
   if (!temporalAddress) {
-    // With task queue fairness, as deployments run it (test/fairness.test.ts reads the keys back).
-    const server = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db'), taskQueueFairness: true });
+    // With task queue fairness, as deployments run it (test/fairness.test.ts reads the keys back),
+    // and workflow pause, which an operator may use on the relays (test/relay-keeper.test.ts).
+    const server = await startTemporalDevServer({ dbFile: path.join(tmp, 'temporal.db'), taskQueueFairness: true, dynamicConfig: ['frontend.WorkflowPauseEnabled=true'] });
     stops.push(server.stop);
     temporalAddress = server.address;
   }

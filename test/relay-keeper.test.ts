@@ -67,6 +67,35 @@ it('relay workflows terminated or cancelled are started again, and the events co
   }
 }, 120_000);
 
+it('a relay workflow paused by an operator is left paused, and said once: not "started again" at every look', async () => {
+  const warnings: { workflowId?: string; was?: string; msg: string }[] = [];
+  const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };
+  const worker = await startKept(t.config, log);
+  const workflowId = relayWorkflowId(t.config.temporal.taskQueue, 0);
+  const relay = t.client.workflow.getHandle(workflowId);
+  try {
+    await waitFor('relay 0 running', async () => (await relay.describe()).status.name === 'RUNNING', 30_000);
+    const { runId } = await relay.describe();
+    await t.client.workflowService.pauseWorkflowExecution({ namespace: t.config.temporal.namespace, workflowId, identity: 'test-operator', reason: 'incident', requestId: randomUUID() });
+    try {
+      await waitFor('relay 0 paused', async () => (await relay.describe()).status.name === 'PAUSED', 30_000);
+      // Several of the keeper's looks (every 500 ms).
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      expect((await relay.describe()).runId).toBe(runId);
+      expect(warnings.filter((w) => w.msg === 'a relay workflow was not running; started it again')).toEqual([]);
+      expect(warnings.filter((w) => w.msg.startsWith('a relay workflow is paused'))).toEqual([expect.objectContaining({ workflowId })]);
+    } finally {
+      await t.client.workflowService.unpauseWorkflowExecution({ namespace: t.config.temporal.namespace, workflowId, identity: 'test-operator', reason: 'incident over', requestId: randomUUID() });
+    }
+    await waitFor('relay 0 running again, the same run', async () => {
+      const d = await relay.describe();
+      return d.status.name === 'RUNNING' && d.runId === runId;
+    }, 30_000);
+  } finally {
+    await worker.shutdown();
+  }
+}, 120_000);
+
 it('a reconcile schedule deleted by hand is created again, and one paused is left paused', async () => {
   const warnings: { scheduleId?: string; msg: string }[] = [];
   const log = { warn: (fields: object, msg: string) => warnings.push({ ...fields, msg }), info: () => undefined, debug: () => undefined, error: () => undefined };

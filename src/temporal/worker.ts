@@ -261,11 +261,17 @@ function startRelay(client: Client, config: Config, index: number) {
 }
 
 /**
- * Starts again every relay workflow that is not running (terminated or cancelled by an operator, a
- * Temporal server that lost its state) and returns what each of those was.
+ * Starts again every relay workflow that has closed (terminated or cancelled by an operator, a
+ * Temporal server that lost its state) and returns what each of those was, and which are open but
+ * paused by an operator (nothing to start: the run is there, and claims nothing until unpaused).
  */
-export async function restartClosedRelays(client: Client, config: Config, signal?: AbortSignal): Promise<{ workflowId: string; was: string }[]> {
+export async function restartClosedRelays(
+  client: Client,
+  config: Config,
+  signal?: AbortSignal,
+): Promise<{ restarted: { workflowId: string; was: string }[]; paused: string[] }> {
   const restarted: { workflowId: string; was: string }[] = [];
+  const paused: string[] = [];
   for (let i = 0; i < config.relay.count && !signal?.aborted; i++) {
     const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
     let was: string;
@@ -276,10 +282,14 @@ export async function restartClosedRelays(client: Client, config: Config, signal
       was = 'NOT_FOUND';
     }
     if (was === 'RUNNING') continue;
+    if (was === 'PAUSED') {
+      paused.push(workflowId);
+      continue;
+    }
     await startRelay(client, config, i);
     restarted.push({ workflowId, was });
   }
-  return restarted;
+  return { restarted, paused };
 }
 
 /**
@@ -289,13 +299,18 @@ export async function restartClosedRelays(client: Client, config: Config, signal
  * deleted stopped reconciliation, unsaid, until a worker restarted.
  */
 async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: AbortSignal): Promise<void> {
+  // Said once a pause, not at every look.
+  let pausedBefore = new Set<string>();
   while (!signal.aborted) {
     await waitUnlessAborted(everyMs, signal);
     if (signal.aborted) return;
     try {
-      for (const { workflowId, was } of await restartClosedRelays(deps.client, deps.config, signal)) {
-        deps.log?.warn({ workflowId, was }, 'a relay workflow was not running; started it again');
+      const { restarted, paused } = await restartClosedRelays(deps.client, deps.config, signal);
+      for (const { workflowId, was } of restarted) deps.log?.warn({ workflowId, was }, 'a relay workflow was not running; started it again');
+      for (const workflowId of paused) {
+        if (!pausedBefore.has(workflowId)) deps.log?.warn({ workflowId }, 'a relay workflow is paused (by an operator, in Temporal): it claims nothing until it is unpaused');
       }
+      pausedBefore = new Set(paused);
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'checking the relay workflows failed; trying again later');
     }
