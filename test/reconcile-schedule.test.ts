@@ -5,7 +5,7 @@
  * Events go through the whole pipeline (relay, usage workflow, Stripe), so "sent" means what it
  * means in production.
  */
-import { Client, Connection, type ScheduleHandle } from '@temporalio/client';
+import { Client, Connection, ScheduleOverlapPolicy, type ScheduleHandle } from '@temporalio/client';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
@@ -162,6 +162,8 @@ describe('the reconcile schedule', () => {
     expect(described.spec.intervals).toMatchObject([{ every: 2 * HOUR }]);
     expect(described.action).toMatchObject({ type: 'startWorkflow', workflowType: 'reconcileWorkflow', taskQueue: config.temporal.taskQueue, args: [{ intervalMs: 2 * HOUR, lagMs: HOUR }] });
     expect(described.memo?.description).toContain(config.temporal.taskQueue);
+    // Runs due while one is going all wait for it: none is skipped, and no hour left uncompared.
+    expect(described.policies.overlap).toBe(ScheduleOverlapPolicy.BUFFER_ALL);
 
     // Paused by an operator: ensured again with the same settings, it stays paused with its note.
     await handle.pause('operator: investigating');

@@ -33,11 +33,12 @@ function scheduleOptions(config: Pick<Config, 'temporal' | 'reconcile'>): Schedu
         `before the run with Stripe's hourly meter event summaries. The run's result and memo say what matched and what drifted.`,
     },
     policies: {
-      // A run still going when the next is due waits for it (one buffered) instead of being
-      // skipped: each run covers its own hours, so a skipped run would leave them uncompared. The
+      // Runs due while one is still going wait for it, every one of them, instead of being
+      // skipped: each run covers its own hours, so a skipped run would leave them uncompared (with
+      // one buffered, a run slow for hours, retrying a slow Stripe, dropped all but the next). The
       // catch-up window lets a run missed while Temporal was away still start once it is back;
       // each run takes its window from its scheduled time, not from when it started.
-      overlap: ScheduleOverlapPolicy.BUFFER_ONE,
+      overlap: ScheduleOverlapPolicy.BUFFER_ALL,
       catchupWindow: Math.max(60_000, config.reconcile.intervalMs),
     },
     // What never changes for this schedule (a memo is set when it is made, never by an update): the
@@ -73,7 +74,8 @@ export async function ensureReconcileSchedule(client: Client, config: Pick<Confi
     every === config.reconcile.intervalMs &&
     JSON.stringify(args) === JSON.stringify(wanted) &&
     current.action.type === 'startWorkflow' &&
-    current.action.taskQueue === config.temporal.taskQueue;
+    current.action.taskQueue === config.temporal.taskQueue &&
+    current.policies.overlap === options.policies?.overlap;
   if (same) return 'unchanged';
   await handle.update((previous) => ({ ...previous, spec: options.spec, action: options.action, policies: { ...previous.policies, ...options.policies } }));
   return 'updated';
