@@ -463,17 +463,25 @@ describe('bin/billing-outbox.mjs', () => {
     });
   }
 
-  it('with `npm start` running here and only one of DATABASE_URL and TEMPORAL_ADDRESS set, guesses neither: exit 2, saying which is missing', async () => {
+  it('with `npm start` running here and only one of DATABASE_URL and TEMPORAL_ADDRESS set, guesses neither: a command needing the other exits 2, saying which is missing', async () => {
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-stack-'));
     try {
       // A running stack, as `npm start` leaves it (this process stands in for its pid).
       await writeFile(path.join(dataDir, 'endpoints.json'), JSON.stringify({ pid: process.pid, databaseUrl: 'postgres://local@127.0.0.1:1/local', temporalAddress: '127.0.0.1:7233' }));
-      const onlyDatabase = await bin(['status', '--json'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
-      expect(onlyDatabase.code).toBe(2);
-      expect(onlyDatabase.err).toContain('TEMPORAL_ADDRESS: is not set while DATABASE_URL is, and `npm start` runs on this machine');
+      const refused = 'TEMPORAL_ADDRESS: is not set while DATABASE_URL is, and `npm start` runs on this machine';
+      const retried = await bin(['retry', idempotencyKeyFor('acme', randomUUID())], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
+      expect(retried.code).toBe(2);
+      expect(retried.err).toContain(refused);
       const onlyTemporal = await bin(['status', '--json'], { DATA_DIR: dataDir, TEMPORAL_ADDRESS: inject('temporalAddress') });
       expect(onlyTemporal.code).toBe(2);
       expect(onlyTemporal.err).toContain('DATABASE_URL: is not set while TEMPORAL_ADDRESS is');
+      // What needs only the database runs on the one given; status says why its Temporal lines are missing.
+      const migrated = await bin(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
+      expect(migrated.code, migrated.err).toBe(0);
+      expect(migrated.out).toContain('is up to date');
+      const status = await bin(['status', '--json'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
+      expect(status.code, status.err).toBe(0);
+      expect((JSON.parse(status.out) as { reconcile: { error?: string } }).reconcile.error).toContain(refused);
     } finally {
       await rm(dataDir, { recursive: true, force: true });
     }
@@ -580,10 +588,13 @@ describe('bin/billing-outbox.mjs', () => {
     }
   });
 
-  it('`worker` runs as its own process: without a database it fails as before (exit 1, said why)', async () => {
+  it('`worker` runs as its own process: without a database it is a configuration error (exit 2, said why)', async () => {
     const worker = await bin(['worker'], {});
-    expect(worker.code).toBe(1);
-    expect(worker.err).toContain('DATABASE_URL is not set');
+    expect(worker.code).toBe(2);
+    expect(worker.err).toContain('DATABASE_URL: is not set');
+    const api = await bin(['api'], {});
+    expect(api.code).toBe(2);
+    expect(api.err).toContain('DATABASE_URL: is not set');
   });
 });
 
@@ -608,10 +619,10 @@ describe('the commands a deployment runs', () => {
     for (const name of ['migrate', 'worker', 'api', 'start', 'status', 'retry']) expect(top.out).toMatch(new RegExp(`^  ${name} `, 'm'));
     // In-process (no entry point to run it as a process): refused, not started.
     expect((await cli(['worker'])).code).toBe(1);
-    // Without a database, migrate fails as `npm run migrate` always has (exit 1, said why).
+    // Without a database, migrate says so: a configuration error (exit 2), as its help says.
     const noDb = await cli(['migrate'], { config: { ...t.config, databaseUrl: undefined } });
-    expect(noDb.code).toBe(1);
-    expect(noDb.err).toContain('DATABASE_URL is not set');
+    expect(noDb.code).toBe(2);
+    expect(noDb.err).toContain('DATABASE_URL: is not set');
   });
 });
 
@@ -623,8 +634,10 @@ describe('what a person reads', () => {
     expect(r.out).toContain(
       [
         'Environment: while `npm start` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default',
-        "to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset (one alone is",
-        'refused); otherwise DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233.',
+        "to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset, and so does its",
+        'local Stripe unless STRIPE_API_KEY or STRIPE_API_BASE is set (with one of the two alone, the other',
+        'is never guessed: a command needing it is refused); otherwise DATABASE_URL must be set and',
+        'TEMPORAL_ADDRESS defaults to localhost:7233.',
       ].join('\n'),
     );
   });

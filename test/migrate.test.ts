@@ -60,7 +60,7 @@ it('npm run migrate without DATABASE_URL fails with a clear message', async () =
     child.on('exit', (code) => resolve({ code, out }));
   });
   expect(r.code).not.toBe(0);
-  expect(r.out).toMatch(/DATABASE_URL is not set/);
+  expect(r.out).toMatch(/DATABASE_URL: is not set/);
 });
 
 it('005 scopes usage ids by tenant and keeps the keys of rows already written', async () => {

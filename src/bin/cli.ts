@@ -51,26 +51,34 @@ async function confirm(question: string): Promise<boolean> {
  * With DATABASE_URL and TEMPORAL_ADDRESS both unset, the stack `npm start` is running on this
  * machine (its .data/endpoints.json, while its process lives) fills them in, its Web UI's address,
  * and its local Stripe when it runs one and no Stripe is set here (neither STRIPE_API_KEY nor
- * STRIPE_API_BASE): `customers set` and `reconcile` then ask the Stripe the stack bills. Never one of them, and with only one set while that stack runs, nothing is guessed: a
- * production DATABASE_URL beside the local Temporal (the stack's, or localhost:7233, where the
- * stack listens) made `retry` start production's dead letters as runs no worker of theirs sees.
+ * STRIPE_API_BASE): `customers set` and `reconcile` then ask the Stripe the stack bills.
+ *
+ * Never one of them: with only one set while that stack runs, nothing is guessed (a production
+ * DATABASE_URL beside the local Temporal, the stack's or localhost:7233 where the stack listens,
+ * made `retry` start production's dead letters as runs no worker of theirs sees). The other is then
+ * `unset`: refused when a command asks for it, so that a command needing only the one set
+ * (`migrate`, `dead`, `import`) runs.
  */
-function withRunningStack(config: Config): Config {
-  if (config.databaseUrl && config.temporal.address) return config;
+function withRunningStack(config: Config): { config: Config; unset?: ConfigError } {
+  if (config.databaseUrl && config.temporal.address) return { config };
   const running = readRunningStack(defaultDataDir(config.dataDir));
-  if (!running) return config;
+  if (!running) return { config };
   if (config.databaseUrl || config.temporal.address) {
     const [set, unset] = config.databaseUrl ? ['DATABASE_URL', 'TEMPORAL_ADDRESS'] : ['TEMPORAL_ADDRESS', 'DATABASE_URL'];
-    throw new ConfigError([
+    const refusal = new ConfigError([
       `${unset}: is not set while ${set} is, and \`npm start\` runs on this machine: set both (the database and the Temporal of one deployment), or neither to use the local stack`,
     ]);
+    return { config, unset: refusal };
   }
+  const stripe = running.localStripe && config.stripe.apiKey === undefined && config.stripe.isRealStripe ? { ...config.stripe, apiBase: running.localStripe, isRealStripe: false } : config.stripe;
   return {
-    ...config,
-    databaseUrl: running.databaseUrl,
-    temporal: { ...config.temporal, address: running.temporalAddress },
-    temporalUiUrl: process.env.TEMPORAL_UI_URL || !running.temporalUi ? config.temporalUiUrl : running.temporalUi,
-    stripe: running.localStripe && config.stripe.apiKey === undefined && config.stripe.isRealStripe ? { ...config.stripe, apiBase: running.localStripe, isRealStripe: false } : config.stripe,
+    config: {
+      ...config,
+      databaseUrl: running.databaseUrl,
+      temporal: { ...config.temporal, address: running.temporalAddress },
+      temporalUiUrl: process.env.TEMPORAL_UI_URL || !running.temporalUi ? config.temporalUiUrl : running.temporalUi,
+      stripe,
+    },
   };
 }
 
@@ -102,9 +110,10 @@ let served = false;
 
 async function main(): Promise<number> {
   let config: Config;
+  let unset: ConfigError | undefined;
   try {
     loadDotEnv();
-    config = withRunningStack(loadConfig());
+    ({ config, unset } = withRunningStack(loadConfig()));
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
     process.stderr.write(`${err.message}\n`);
@@ -116,6 +125,7 @@ async function main(): Promise<number> {
     return await runCli(process.argv.slice(2), {
       config,
       async db() {
+        if (unset && !config.databaseUrl) throw unset;
         if (!config.databaseUrl) {
           throw new ConfigError([
             'DATABASE_URL: is not set, and no `npm start` is running here to take it from (.data/endpoints.json); it names the billing-outbox PostgreSQL database (postgres://user:password@host:5432/db)',
@@ -125,6 +135,7 @@ async function main(): Promise<number> {
         return pool;
       },
       async temporal() {
+        if (unset && !config.temporal.address) throw unset;
         connecting ??= connectClient(config.temporal);
         return new Client({ connection: await connecting, namespace: config.temporal.namespace });
       },

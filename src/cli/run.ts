@@ -70,10 +70,12 @@ ${list(OPERATOR_COMMANDS)}
 Run \`billing-outbox <command> --help\` for a command's options. Most take --json for scripts.
 
 Environment: while \`npm start\` runs on this machine, DATABASE_URL and TEMPORAL_ADDRESS default
-to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset (one alone is
-refused); otherwise DATABASE_URL must be set and TEMPORAL_ADDRESS defaults to localhost:7233.
-TEMPORAL_NAMESPACE (default "default"), TEMPORAL_TASK_QUEUE (where reopened workflows run),
-STRIPE_API_KEY and STRIPE_API_BASE (reconcile and cancel call Stripe).
+to its own (read from .data/endpoints.json, or DATA_DIR's) when both are unset, and so does its
+local Stripe unless STRIPE_API_KEY or STRIPE_API_BASE is set (with one of the two alone, the other
+is never guessed: a command needing it is refused); otherwise DATABASE_URL must be set and
+TEMPORAL_ADDRESS defaults to localhost:7233. TEMPORAL_NAMESPACE (default "default"),
+TEMPORAL_TASK_QUEUE (where reopened workflows run), STRIPE_API_KEY and STRIPE_API_BASE
+(customers set, reconcile and cancel call Stripe).
 
 Exit codes: 0 success, 1 an operation failed or was refused, 2 a usage or configuration error.
 `;

@@ -5,7 +5,7 @@
  */
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
 import { buildApi, temporalHealthConnection } from '../../api/index.js';
-import { loadConfig } from '../../config.js';
+import { ConfigError, loadConfig } from '../../config.js';
 import { loadDotEnv } from '../../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../../db.js';
 import { postgresUnreachable, untilReachable } from '../../reachable.js';
@@ -22,12 +22,12 @@ export async function runApi(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
   const log = createLogger(config.logLevel);
-  if (!config.databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  if (!config.databaseUrl) throw new ConfigError(['DATABASE_URL: is not set (npm start runs everything embedded instead)']);
   // In production the API checks meters at the door with Stripe; elsewhere, without a key, it does
   // not check them (the worker still does, before sending).
   if (config.production) requireStripeKey(config.stripe, 'the API (its meter check at the door, its webhook route)');
   if (config.api.tokens.length === 0) {
-    throw new Error('API_TOKENS is not set: every route but /health needs a bearer token (see .env.example)');
+    throw new ConfigError(['API_TOKENS: is not set: every route but /health needs a bearer token (see .env.example)']);
   }
   const temporalAddress = config.temporal.address ?? DEFAULT_TEMPORAL_ADDRESS;
 

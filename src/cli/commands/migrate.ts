@@ -1,4 +1,5 @@
 /** `billing-outbox migrate` (`npm run migrate`): apply pending migrations to DATABASE_URL. */
+import { ConfigError } from '../../config.js';
 import { migrate, redactUrl } from '../../db.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
@@ -23,8 +24,7 @@ export async function migrateCommand(args: string[], ctx: CliContext): Promise<n
   }
   noPositionals(positionals, MIGRATE_HELP);
   const url = ctx.config.databaseUrl;
-  // A failure (exit 1), as `npm run migrate` has always said it.
-  if (!url) throw new Error('DATABASE_URL is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)');
+  if (!url) throw new ConfigError(['DATABASE_URL: is not set: it names the PostgreSQL database to migrate (postgres://user:password@host:5432/db)']);
   const schema = ctx.config.databaseSchema;
   const applied = await migrate(url, { schema, onWait: (message) => ctx.err.write(`billing-outbox: ${message}\n`) });
   if (values.json) writeJson(ctx.out, { applied, schema });

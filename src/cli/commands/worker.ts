@@ -7,7 +7,7 @@
  * metrics (exported on a loopback port), and whether the worker runs and reaches PostgreSQL.
  */
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
-import { loadConfig } from '../../config.js';
+import { ConfigError, loadConfig } from '../../config.js';
 import { loadDotEnv } from '../../embedded/local-files.js';
 import { redactUrl } from '../../db.js';
 import { freePort } from '../../embedded/postgres.js';
@@ -23,7 +23,7 @@ export async function runWorker(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
   const databaseUrl = config.databaseUrl;
-  if (!databaseUrl) throw new Error('DATABASE_URL is not set (npm start runs everything embedded instead)');
+  if (!databaseUrl) throw new ConfigError(['DATABASE_URL: is not set (npm start runs everything embedded instead)']);
   requireStripeKey(config.stripe, 'the worker');
   const log = createLogger(config.logLevel);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
