@@ -107,6 +107,22 @@ export const MUTANTS: Mutant[] = [
     quick: true,
   },
   {
+    id: 'remap-renames-called-event',
+    guarantee: 'Billed once, recorded right: an event already called keeps the customer it named (Stripe may hold it there) across a remap',
+    find: 'COALESCE(CASE WHEN ${row}.first_attempted_at IS NOT NULL THEN ${row}.billed_customer_id END,',
+    replace: 'COALESCE(NULL::text,',
+    test: 'test/remap.test.ts',
+    name: 'remapped after an attempt whose answer was lost',
+  },
+  {
+    id: 'refusal-keeps-customer',
+    guarantee: 'An event Stripe refused for good goes to the customer mapped when it is retried (nothing of it is at Stripe)',
+    find: "{ refused: failure.kind === 'rejected' }",
+    replace: '{ refused: false }',
+    test: 'test/remap.test.ts',
+    name: 'remapped after Stripe refused an event for good',
+  },
+  {
     id: 'claim-unfair',
     guarantee: "Fairness: the claim serves tenants in turn; one tenant's backlog never keeps another's event out of the next claim",
     find: 'ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int',
@@ -189,8 +205,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'lease-of-old-customer-after-remap',
     guarantee: "Stripe's limits: never two meter-event calls in flight for one (customer, meter), also when a tenant is remapped to another customer mid-delivery",
-    find: 'WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id',
-    replace: 'WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id IS NOT NULL',
+    find: 'AND ${attemptCustomer(schema, \'lo\')} = l.stripe_customer_id)',
+    replace: 'AND ${attemptCustomer(schema, \'lo\')} IS NOT NULL)',
     test: 'test/remap.test.ts',
     name: 'remapped mid-backlog',
   },

@@ -1,19 +1,53 @@
 /**
  * A tenant remapped to another Stripe customer (`billing-outbox customers set`) while its events
  * are in flight and waiting for the (customer, meter) lease: every event is billed once, those
- * called after the remap to the new customer, and never under the old customer's lease with the
- * new one (which would make two calls for the new pair at once: Stripe refuses the second).
+ * first called after the remap to the new customer, and never under the old customer's lease with
+ * the new one (which would make two calls for the new pair at once: Stripe refuses the second).
+ * An event already called keeps its customer (Stripe may hold it there), unless Stripe refused it
+ * for good.
  */
 import { expect, it } from 'vitest';
 import { mapTenant } from '../src/ops/customers.js';
+import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { runCliWithoutTemporal, usePipeline, waitFor } from './hooks.js';
 
 const METER = 'api_requests';
 const t = usePipeline({
-  customers: { movers: 'cus_before' },
-  stripe: { customers: ['cus_before', 'cus_after'], meters: [METER] },
-  env: { STRIPE_RATE_LIMIT_PER_SECOND: '1000' },
+  customers: { movers: 'cus_before', losers: 'cus_lost_before', fixers: 'cus_typo' },
+  stripe: { customers: ['cus_before', 'cus_after', 'cus_lost_before', 'cus_lost_after', 'cus_fixed'], meters: [METER] },
+  // An unanswered call holds its (customer, meter) lease for about the Stripe timeout: short here.
+  env: { STRIPE_RATE_LIMIT_PER_SECOND: '1000', STRIPE_TIMEOUT_MS: '2500' },
 });
+
+it("remapped after an attempt whose answer was lost: the next one names the same customer (Stripe may hold it there), and the row says who was billed", async () => {
+  // Stripe records the first call, and its answer is lost: the event is at Stripe under
+  // cus_lost_before. The tenant is remapped while that call is under way (it takes a second).
+  // (Two answers lost: stripe-node sends a call whose connection closed once more, itself.)
+  t.stripe.setLatency(1_000);
+  t.stripe.dropAfterRecord(2);
+  const key = await t.enqueue('losers', 4);
+  await waitFor('the first call to be under way', async () => t.stripe.callsInFlight() > 0 || undefined);
+  await mapTenant(t.pool, t.schema, 'losers', 'cus_lost_after', 'test');
+  t.stripe.setLatency(0);
+
+  const sent = await t.waitStatus(key, 'sent', 30_000);
+  // Billed once, to the customer of the first call; the resend named it too ("already exists").
+  expect(t.eventsFor(key).map((e) => e.payload.stripe_customer_id)).toEqual(['cus_lost_before']);
+  expect(new Set(t.stripe.requests().filter((r) => r.identifier === key).map((r) => r.customer))).toEqual(new Set(['cus_lost_before']));
+  expect(sent.attempt_count).toBe(2);
+  expect(sent.billed_customer_id).toBe('cus_lost_before');
+}, 60_000);
+
+it('remapped after Stripe refused an event for good (no such customer): the retry names the new customer', async () => {
+  const key = await t.enqueue('fixers', 2);
+  const dead = await t.waitStatus(key, 'dead', 30_000);
+  expect(dead.last_error_code).toBe('resource_missing');
+  await mapTenant(t.pool, t.schema, 'fixers', 'cus_fixed', 'test');
+  const retried = await new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now }).retryKey(key, { force: false, requestedBy: 'test' });
+  expect(retried.outcome).toBe('signalled');
+  await t.waitStatus(key, 'sent', 30_000);
+  expect(t.eventsFor(key).map((e) => e.payload.stripe_customer_id)).toEqual(['cus_fixed']);
+}, 60_000);
 
 it('remapped mid-backlog: each event billed once, to the new customer from the remap on, one call at a time per pair', async () => {
   // Each call takes a while, so the lane's deliveries queue for the lease behind it, and the remap

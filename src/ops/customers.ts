@@ -1,6 +1,7 @@
 /**
  * Which Stripe customer a tenant is billed as. Usage already queued is sent to the customer mapped
- * when it is delivered, so a remap also redirects the backlog (reconcile compares per customer).
+ * when it is first called, so a remap also redirects the backlog (reconcile compares per customer);
+ * an event already called keeps its customer (src/outbox/sql/customers.ts `attemptCustomer`).
  */
 import type pg from 'pg';
 import Stripe from 'stripe';

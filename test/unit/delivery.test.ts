@@ -167,7 +167,7 @@ describe('v1: under the (customer, meter) lease', () => {
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false });
     expect(lease.hold).toHaveBeenCalledTimes(1);
     expect(lease.handOff).not.toHaveBeenCalled();
-    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'connection_error', expect.any(String));
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'connection_error', expect.any(String), { refused: false });
   });
 
   it('a connection refused (nothing sent): the lease is handed on at once, not held', async () => {
@@ -205,7 +205,8 @@ describe('v1: under the (customer, meter) lease', () => {
     const err = await deliver(deps).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ApplicationFailure);
     expect(err).toMatchObject({ type: 'StripeRejected', nonRetryable: true, details: ['resource_missing'] });
-    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'resource_missing', 'No such customer');
+    // Nothing of it is at Stripe: the customer it named is forgotten (a retry after a remap names the new one).
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'resource_missing', 'No such customer', { refused: true });
   });
 
   it('an event already at Stripe is not sent again', async () => {

@@ -5,6 +5,24 @@
 import type { Queryable } from '../../db.js';
 import type { Schema } from './schema.js';
 
+/**
+ * The Stripe customer an attempt of outbox row `row` (an alias in the statement) names: the one an
+ * earlier attempt of its identifier named, when there was one (`billed_customer_id` while
+ * `first_attempted_at` is set): Stripe may hold the event under that customer already, its answer
+ * lost, and a call naming another customer with the same identifier would be answered "already
+ * exists" (v1) or dropped (v2), the row then naming a customer that was never billed. Otherwise the
+ * customer its tenant is mapped to now (NULL if none): a remap redirects every event not yet
+ * attempted. A rebill (a new identifier) clears `first_attempted_at`, and a refusal for good
+ * (delivery.ts `recordAttemptError`'s `refused`) clears `billed_customer_id`: nothing of the event
+ * is at Stripe then.
+ * The lease (lease.ts) and the attempt (delivery.ts `beginAttempt`) read it alike: a call is made
+ * only under the lease of the customer it names.
+ */
+export function attemptCustomer(schema: Schema, row: string): string {
+  return `COALESCE(CASE WHEN ${row}.first_attempted_at IS NOT NULL THEN ${row}.billed_customer_id END,
+    (SELECT bc.stripe_customer_id FROM ${schema.billingCustomers} bc WHERE bc.tenant_id = ${row}.tenant_id))`;
+}
+
 export interface BillingCustomerRow {
   tenant_id: string;
   stripe_customer_id: string;

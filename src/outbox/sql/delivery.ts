@@ -7,6 +7,7 @@ import { AT_STRIPE, DELIVERED, UNBILLED, type OutboxStatus } from '../statuses.j
 import type { EntryRow } from './enqueue.js';
 import type { HandOff } from './lease.js';
 import { stripeIdentifierFor } from '../keys.js';
+import { attemptCustomer } from './customers.js';
 import type { Schema } from './schema.js';
 
 export interface AttemptRow {
@@ -64,12 +65,12 @@ export async function beginAttempt(
     text: `WITH extended AS (
        UPDATE ${schema.meterLeases} l SET expires_at = clock_timestamp() + $7::int * interval '1 millisecond'
         WHERE l.holder = $6::text AND l.expires_at > clock_timestamp()
-          -- Only the lease of the pair this attempt calls with: the row's meter and the customer its
-          -- tenant maps to now, read below in the same snapshot. A tenant remapped since the lease
-          -- was taken leaves it on the old customer: the attempt queues again for the new pair.
-          AND EXISTS (SELECT 1 FROM ${schema.outbox} lo JOIN ${schema.billingCustomers} lc ON lc.tenant_id = lo.tenant_id
-                       WHERE lo.idempotency_key = $1::text AND lc.stripe_customer_id = l.stripe_customer_id
-                         AND lo.event_name = l.event_name)
+          -- Only the lease of the pair this attempt calls with: the row's meter and the customer it
+          -- names (attemptCustomer), read below in the same snapshot. A tenant remapped since the
+          -- lease was taken leaves it on the old customer: the attempt queues again for the new pair.
+          AND EXISTS (SELECT 1 FROM ${schema.outbox} lo
+                       WHERE lo.idempotency_key = $1::text AND lo.event_name = l.event_name
+                         AND ${attemptCustomer(schema, 'lo')} = l.stripe_customer_id)
        RETURNING 1
      ), attempt AS (
        UPDATE ${schema.outbox} o
@@ -84,10 +85,10 @@ export async function beginAttempt(
               -- a row attempted before it was stored (NULL, first_attempted_at set) went out under
               -- its key and stays so, whatever the namespace is now. $8: NULL when it is the key.
               stripe_identifier = COALESCE(o.stripe_identifier, CASE WHEN o.first_attempted_at IS NULL THEN $8::text END),
-              -- The customer this attempt names (reconciliation compares the row with it); a row
-              -- already at Stripe keeps the one it was billed to.
+              -- The customer this attempt names (attemptCustomer; reconciliation compares the row
+              -- with it); a row already at Stripe keeps the one it was billed to.
               billed_customer_id = CASE WHEN o.status = ANY($5::text[]) THEN o.billed_customer_id
-                ELSE (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) END,
+                ELSE ${attemptCustomer(schema, 'o')} END,
               updated_at = now()
         WHERE o.idempotency_key = $1::text
           AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended))
@@ -158,12 +159,18 @@ export async function findRowByKey(db: Queryable, schema: Schema, key: string): 
   return rows[0];
 }
 
-/** Stores the error of a failed attempt on the row, so listings show why it is retrying. */
-export async function recordAttemptError(db: Queryable, schema: Schema, key: string, code: string, message: string): Promise<void> {
+/**
+ * Stores the error of a failed attempt on the row, so listings show why it is retrying. `refused`:
+ * Stripe refused the event for good (not "already exists"), so it holds nothing under this
+ * identifier: the customer the attempt named is forgotten, and a retry after a remap names the
+ * tenant's new one (attemptCustomer).
+ */
+export async function recordAttemptError(db: Queryable, schema: Schema, key: string, code: string, message: string, opts: { refused?: boolean } = {}): Promise<void> {
   await db.query(
-    `UPDATE ${schema.outbox} SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now()
+    `UPDATE ${schema.outbox} SET last_error_code = $2::text, last_error_message = $3::text, updated_at = now(),
+            billed_customer_id = CASE WHEN $5::boolean THEN NULL ELSE billed_customer_id END
       WHERE idempotency_key = $1::text AND status <> ALL($4::text[])`,
-    [key, code, message.slice(0, 1000), [...AT_STRIPE]],
+    [key, code, message.slice(0, 1000), [...AT_STRIPE], opts.refused === true],
   );
 }
 
@@ -274,7 +281,7 @@ export interface DeliveryStore {
   beginAttempt(key: string, opts: Parameters<typeof beginAttempt>[3]): ReturnType<typeof beginAttempt>;
   undoAttempt(key: string, opts: { wasFirst: boolean }): Promise<void>;
   findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at'> | undefined>;
-  recordAttemptError(key: string, code: string, message: string): Promise<void>;
+  recordAttemptError(key: string, code: string, message: string, opts?: { refused?: boolean }): Promise<void>;
   markDelivered(key: string, status: (typeof DELIVERED)[number], revision: number): ReturnType<typeof markDelivered>;
   markSentAndHandOff(key: string, holder: string, handOffMs: number, revision: number): ReturnType<typeof markSentAndHandOff>;
   markRowDead(key: string, code: string, message: string): Promise<DeadMark>;
@@ -286,7 +293,7 @@ export function deliveryStore(db: Queryable, schema: Schema, opts: { identifierN
     beginAttempt: (key, o) => beginAttempt(db, schema, key, { ...o, identifierNamespace: opts.identifierNamespace ?? '' }),
     undoAttempt: (key, opts) => undoAttempt(db, schema, key, opts),
     findRow: (key) => findRowByKey(db, schema, key),
-    recordAttemptError: (key, code, message) => recordAttemptError(db, schema, key, code, message),
+    recordAttemptError: (key, code, message, o) => recordAttemptError(db, schema, key, code, message, o),
     markDelivered: (key, status, revision) => markDelivered(db, schema, key, status, revision),
     markSentAndHandOff: (key, holder, handOffMs, revision) => markSentAndHandOff(db, schema, key, holder, handOffMs, revision),
     markRowDead: (key, code, message) => markRowDead(db, schema, key, code, message),

@@ -7,6 +7,7 @@
  */
 import type { Queryable } from '../../db.js';
 import type { Schema } from './schema.js';
+import { attemptCustomer } from './customers.js';
 
 /**
  * A lease as a NOTIFY payload and a wait topic: the Stripe customer and the meter event name joined
@@ -45,9 +46,10 @@ export async function tryLease(
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: schema.statementName('try-lease'),
     text: `WITH target AS (
-       SELECT o.id, c.stripe_customer_id, o.event_name
-         FROM ${schema.outbox} o JOIN ${schema.billingCustomers} c ON c.tenant_id = o.tenant_id
-        WHERE o.idempotency_key = $1::text
+       SELECT * FROM (
+         SELECT o.id, ${attemptCustomer(schema, 'o')} AS stripe_customer_id, o.event_name
+           FROM ${schema.outbox} o WHERE o.idempotency_key = $1::text) r
+        WHERE r.stripe_customer_id IS NOT NULL
      ), ahead AS (
        SELECT 1 FROM ${schema.meterLeaseWaiters} w JOIN target t
            ON w.stripe_customer_id = t.stripe_customer_id AND w.event_name = t.event_name
