@@ -2,7 +2,7 @@
  * Dead letters in the database. The dead mark reports the row's resend window to the workflow,
  * whose `retry` Update judges a retry by it: empty when no attempt reached Stripe (a missing
  * customer, a refused key: those attempts are taken back), the row's own time when one did, unknown
- * when the row was not made dead. And a page of dead letters reads that page, not every dead row.
+ * when the row was not made dead (then its status, when it is at Stripe). And a page of dead letters reads that page, not every dead row.
  */
 import { randomUUID } from 'node:crypto';
 import { expect, it } from 'vitest';
@@ -29,11 +29,13 @@ it('reports no resend window for a row no attempt of which reached Stripe, and t
   const { rows } = await t.pool.query<{ ms: number }>('SELECT floor(extract(epoch FROM first_attempted_at) * 1000)::float8 AS ms FROM outbox WHERE idempotency_key = $1', [attempted]);
   expect(await markRowDead(t.pool, schema, attempted, 'http_500', 'Stripe answered 500')).toEqual({ attempts: 1, firstAttemptedAt: rows[0]!.ms });
 
-  // Sent already: not made dead, and nothing said about its window.
+  // Sent already (an attempt timed out whose call got through after all): not made dead, nothing
+  // said about its window, and the run is told it is at Stripe.
   const sent = await record();
   const begun = await begin(sent);
   await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision);
-  expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 0 });
+  expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 1, atStripe: 'sent' });
+  expect((await t.pool.query('SELECT status FROM outbox WHERE idempotency_key = $1', [sent])).rows[0].status).toBe('sent');
 });
 
 it('reads a page of dead letters from their own index, however many there are and however many were sent', async () => {

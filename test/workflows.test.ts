@@ -18,7 +18,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, OutboxErrorKey, RELAY_CALLS_PER_RUN, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type RelayWorkflowInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, OutboxErrorKey, OutboxStatusKey, RELAY_CALLS_PER_RUN, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type RelayWorkflowInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -94,6 +94,22 @@ function timestampMs(t: { seconds?: unknown; nanos?: number | null } | null | un
 
 const retryable = () => ApplicationFailure.create({ type: ErrorTypes.retryable, message: 'Stripe answered 500', details: ['http_500'] });
 const sent = async (): Promise<DeliveryResult> => ({ outcome: 'sent', attempts: 1 });
+
+it("an attempt timed out whose call got through after all: the row is sent when it would be made dead, and the run ends delivered, not as a dead letter", async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    throw retryable();
+  });
+  // markDead finds the row at Stripe: the abandoned call's answer came and marked it sent.
+  const markDead = activities.markDead!;
+  activities.markDead = async (input) => ({ ...(await markDead(input)), atStripe: 'sent' as const });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await expect(handle.result()).resolves.toMatchObject({ status: 'sent', lastError: null, attempts: RETRY.maximumAttempts });
+    expect(calls.dead).toHaveLength(1);
+    const attributes = (await handle.describe()).typedSearchAttributes;
+    expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['sent', undefined]);
+  });
+});
 
 it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {
   const { calls, activities } = fakeActivities(async () => {

@@ -332,6 +332,21 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         { key: OutboxErrorKey, value: state.lastError.code },
       ]);
       const dead = await markDead({ key: input.key, ...state.lastError });
+      if (dead.atStripe) {
+        // Not dead after all: an earlier try whose attempt timed out had its call answered since,
+        // and the row is at Stripe (or an error report or a cancel came first). The run ends with
+        // the row, not as a dead letter waiting a week for a retry that has nothing to do.
+        state.status = dead.atStripe;
+        state.attempts = dead.attempts;
+        state.lastError = null;
+        upsertSearchAttributes([
+          { key: OutboxStatusKey, value: dead.atStripe },
+          { key: OutboxErrorKey, value: null },
+        ]);
+        settled = delivery;
+        await condition(allHandlersFinished);
+        return state;
+      }
       row.dead = true;
       state.attempts = dead.attempts;
       // The row's resend window, not this run's stamp: a try that never reached Stripe (a missing

@@ -243,10 +243,13 @@ export async function markSentAndHandOff(
 /**
  * What a dead mark leaves: the attempts spent, and when the row's resend window began (null: no
  * attempt reached Stripe; undefined: the row was not made dead, as when it is already sent).
+ * `atStripe`: the row was not made dead because it is at Stripe already (an earlier try's call got
+ * through after its attempt had timed out, or an error report or a cancel came first): its status.
  */
 export interface DeadMark {
   attempts: number;
   firstAttemptedAt?: number | null;
+  atStripe?: (typeof AT_STRIPE)[number];
 }
 
 /** The row becomes a dead letter carrying its final error. A sent row is never made dead. */
@@ -263,7 +266,14 @@ export async function markRowDead(db: Queryable, schema: Schema, key: string, co
     [key, code, message.slice(0, 1000), [...AT_STRIPE], schema.outboxChannel],
   );
   const row = rows[0];
-  if (!row) return { attempts: 0 };
+  if (!row) {
+    const found = await db.query<{ status: (typeof AT_STRIPE)[number]; attempt_count: number }>(
+      `SELECT status, attempt_count FROM ${schema.outbox} WHERE idempotency_key = $1::text AND status = ANY($2::text[])`,
+      [key, [...AT_STRIPE]],
+    );
+    const atStripe = found.rows[0];
+    return atStripe ? { attempts: atStripe.attempt_count, atStripe: atStripe.status } : { attempts: 0 };
+  }
   return { attempts: row.attempt_count, firstAttemptedAt: row.first_attempted_ms === null ? null : Number(row.first_attempted_ms) };
 }
 
