@@ -123,6 +123,14 @@ export const MUTANTS: Mutant[] = [
     name: 'remapped after Stripe refused an event for good',
   },
   {
+    id: 'bulk-retry-ignores-lanes',
+    guarantee: "Lanes: a bulk retry gives a lane no more than its room (LANE_MAX_IN_FLIGHT): one tenant's dead letters never flood Temporal",
+    find: 'if (!(await this.laneRoom(row))) {',
+    replace: 'if (!(await Promise.resolve(true))) {',
+    test: 'test/bulk-retry.test.ts',
+    name: "retries a tenant's dead letters at its lane's pace",
+  },
+  {
     id: 'claim-unfair',
     guarantee: "Fairness: the claim serves tenants in turn; one tenant's backlog never keeps another's event out of the next claim",
     find: 'ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int',

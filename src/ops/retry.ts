@@ -36,6 +36,7 @@ import { scrub } from '../log.js';
 import { temporalUnreachable } from '../reachable.js';
 import {
   findOperatorRow,
+  laneInFlight,
   listDeadLetters,
   startOperatorAction,
   finishOperatorAction,
@@ -102,7 +103,7 @@ export interface RetrierDeps {
   /** The PostgreSQL schema of the tables. */
   schema: Schema;
   client: Client;
-  config: Pick<Config, 'retry' | 'temporal'>;
+  config: Pick<Config, 'retry' | 'temporal' | 'lanes'>;
   now: () => number;
 }
 
@@ -140,6 +141,11 @@ export function windowRefusal(row: OperatorRow, now: number): string {
 
 /** Retries in flight at once in a bulk retry: each is a few round trips to Temporal and PostgreSQL. */
 const BULK_CONCURRENCY = 8;
+/** How often a bulk retry looks again at a lane with no room, and how long it waits for room at most. */
+const LANE_ROOM_POLL_MS = 250;
+const LANE_ROOM_WAIT_MS = 120_000;
+/** How long a retried row may take to leave `dead` (its run marks it dispatched) before its lane's next row is looked at anyway. */
+const LEAVES_DEAD_WITHIN_MS = 5_000;
 const DEFAULT_PAGE_SIZE = 500;
 
 /** Runs `fn` over `items` with at most `limit` calls in flight. */
@@ -178,18 +184,60 @@ export class DeadLetterRetrier {
     opts: RetryOptions & { pageSize?: number | undefined },
     onResult: (result: RetryResult) => void,
   ): Promise<{ stopped?: string }> {
+    let stuckLane: string | undefined;
     for (let afterId = 0; ; ) {
       const page = await listDeadLetters(this.deps.db, this.deps.schema, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
       if (page.length === 0) return {};
       afterId = page.at(-1)!.id;
+      // A lane's rows one after another, each when the lane has room (LANE_MAX_IN_FLIGHT, as the
+      // claim gives it): a tenant's thousands of dead letters go back at the pace its lane drains,
+      // not into Temporal at once, where every tenant's events would queue behind them.
+      const turns = new Map<string, Promise<void>>();
       await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
-        if (this.unreachableInARow < STOP_AFTER_UNREACHABLE) onResult(await this.retryRow(row, opts));
+        const lane = JSON.stringify([row.tenant_id, row.event_name]);
+        const turn = (turns.get(lane) ?? Promise.resolve()).then(async () => {
+          if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE || stuckLane) return;
+          if (!(await this.laneRoom(row))) {
+            stuckLane = `${row.tenant_id} / ${row.event_name}`;
+            return;
+          }
+          const result = await this.retryRow(row, opts);
+          onResult(result);
+          if (result.outcome === 'signalled' || result.outcome === 'reopened' || result.outcome === 'retried') await this.leftDead(row.idempotency_key);
+        });
+        turns.set(lane, turn);
+        await turn;
       });
       // Temporal away: each row would wait out the client's retries (some 20 s) and fail, for
       // every dead letter there is. The rows not reached are still dead: the same command goes on.
       if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) {
         return { stopped: `Temporal did not answer for ${STOP_AFTER_UNREACHABLE} dead letters in a row; the rest were not tried` };
       }
+      if (stuckLane) {
+        return {
+          stopped:
+            `the lane ${stuckLane} had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${LANE_ROOM_WAIT_MS / 1000} s without one finishing: ` +
+            'is a worker running? The rest were not tried; the same command goes on',
+        };
+      }
+    }
+  }
+
+  /** Waits until the row's lane has room (at most LANE_ROOM_WAIT_MS); false if it never did. */
+  private async laneRoom(row: OperatorRow): Promise<boolean> {
+    const until = Date.now() + LANE_ROOM_WAIT_MS;
+    for (;;) {
+      if ((await laneInFlight(this.deps.db, this.deps.schema, row.tenant_id, row.event_name)) < this.deps.config.lanes.maxInFlight) return true;
+      if (Date.now() >= until) return false;
+      await new Promise((resolve) => setTimeout(resolve, LANE_ROOM_POLL_MS));
+    }
+  }
+
+  /** Waits (briefly) until a retried row has left `dead`: its run marks it dispatched, and its lane counts it. */
+  private async leftDead(key: string): Promise<void> {
+    const until = Date.now() + LEAVES_DEAD_WITHIN_MS;
+    while (Date.now() < until && (await findOperatorRow(this.deps.db, this.deps.schema, key))?.status === 'dead') {
+      await new Promise((resolve) => setTimeout(resolve, 50));
     }
   }
 

@@ -4,7 +4,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { DELIVERED } from '../statuses.js';
+import { DELIVERED, IN_FLIGHT } from '../statuses.js';
 import type { Schema } from './schema.js';
 
 /** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
@@ -63,6 +63,20 @@ export async function countDeadLetters(db: Queryable, schema: Schema, filter: De
     [filter.tenantId ?? null, filter.errorCode ?? null],
   );
   return rows[0]!.count;
+}
+
+/**
+ * What a lane (tenant, meter) has in flight, counted as the claim counts it (src/outbox/sql/relay.ts):
+ * dispatched, or claimed under a live lease. A bulk retry gives a lane no more than its room.
+ */
+export async function laneInFlight(db: Queryable, schema: Schema, tenantId: string, eventName: string): Promise<number> {
+  const { rows } = await db.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM ${schema.outbox}
+      WHERE tenant_id = $1::text AND event_name = $2::text AND status = ANY($3::text[])
+        AND (status = 'dispatched' OR processing_deadline >= now())`,
+    [tenantId, eventName, [...IN_FLIGHT]],
+  );
+  return rows[0]!.n;
 }
 
 export async function findOperatorRow(db: Queryable, schema: Schema, key: string): Promise<OperatorRow | undefined> {
