@@ -359,7 +359,7 @@ describe('customers', () => {
     expect((await cli(['customers', 'set', tenant, 'cus_New2'])).code).toBe(0);
     // Billed as a customer another tenant already is: allowed, with a warning naming that tenant.
     const shared = await cli(['customers', 'set', `${tenant}-b`, 'cus_New2']);
-    expect(shared).toMatchObject({ code: 0, err: `warning: cus_New2 is also the Stripe customer of ${tenant}: their usage is billed together\n` });
+    expect(shared).toMatchObject({ code: 0, err: `warning: cus_New2 is also the Stripe customer of ${tenant}: their usage is billed together, and in v1 sent one call at a time, oldest first (one tenant's backlog delays the other's new events)\n` });
     expect((await cli(['customers', 'set', `${tenant}-c`, 'cus_Alone'])).err).toBe('');
 
     const list = await cliJson<{ customers: Record<string, unknown>[] }>(['customers', 'list']);

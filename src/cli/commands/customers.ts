@@ -64,7 +64,7 @@ async function setCustomer(args: string[], ctx: CliContext): Promise<number> {
     ctx.out.write(`tenant ${tenant} is now billed as ${customer} (was ${previous})\n`);
   }
   if (!values.json && result.sharedWith.length > 0) {
-    ctx.err.write(`warning: ${customer} is also the Stripe customer of ${result.sharedWith.join(', ')}: their usage is billed together\n`);
+    ctx.err.write(`warning: ${customer} is also the Stripe customer of ${result.sharedWith.join(', ')}: their usage is billed together, and in v1 sent one call at a time, oldest first (one tenant's backlog delays the other's new events)\n`);
   }
   return EXIT_OK;
 }
