@@ -49,7 +49,9 @@ describe('the core pipeline', () => {
     // connection (same Idempotency-Key) is lost too, so the attempt fails and Temporal retries.
     t.stripe.dropAfterRecord(2);
     const key = await enqueue('globex', 9);
-    const sent = await waitStatus(key, 'sent');
+    // The next attempt waits out the unanswered call's hold on its (customer, meter) lease (the
+    // Stripe timeout and more: about 25 s here), so more than the default wait.
+    const sent = await waitStatus(key, 'sent', 50_000);
     expect(eventsFor(key)).toHaveLength(1);
     const requests = requestsFor(key);
     // The new attempt was refused as a duplicate identifier, which means Stripe already has it.
