@@ -366,7 +366,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       log.error('Stripe refused the API key: delivery holds until STRIPE_API_KEY works again', { idempotencyKey: key, code: failure.code, message: failure.message });
       return deferred('stripe_credentials', t.credentialsRetryMs + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
     }
-    await store.recordAttemptError(key, failure.code, failure.message, { refused: failure.kind === 'rejected' });
+    // Refused for good: nothing of the event is at Stripe (unless no meter event was sent at all,
+    // as when the meter list was refused: an earlier call's customer is still the one to name).
+    await store.recordAttemptError(key, failure.code, failure.message, { refused: failure.kind === 'rejected' && !opts.takenBack });
     metrics?.stripeErrors.inc({ class: failure.kind });
     log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
     switch (failure.kind) {

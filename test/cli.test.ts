@@ -472,6 +472,10 @@ describe('bin/billing-outbox.mjs', () => {
       const retried = await bin(['retry', idempotencyKeyFor('acme', randomUUID())], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
       expect(retried.code).toBe(2);
       expect(retried.err).toContain(refused);
+      // A worker would hand the rows of that database to the stack's Temporal: refused too.
+      const worker = await bin(['worker'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
+      expect(worker.code).toBe(2);
+      expect(worker.err).toContain(refused);
       const onlyTemporal = await bin(['status', '--json'], { DATA_DIR: dataDir, TEMPORAL_ADDRESS: inject('temporalAddress') });
       expect(onlyTemporal.code).toBe(2);
       expect(onlyTemporal.err).toContain('DATABASE_URL: is not set while TEMPORAL_ADDRESS is');

@@ -86,7 +86,13 @@ function withRunningStack(config: Config): { config: Config; unset?: ConfigError
  * `worker`, `api`, `start`: imported only now, so that neither `--help` nor the operator commands
  * need the Temporal SDK's worker or the embedded stack installed; a missing one is named.
  */
-async function serve(name: 'worker' | 'api' | 'start'): Promise<number> {
+async function serve(name: 'worker' | 'api' | 'start', unset: ConfigError | undefined): Promise<number> {
+  // A process needs both the database and Temporal: with one of them guessed from the running
+  // stack, a worker would hand production's rows to the local Temporal.
+  if (unset) {
+    process.stderr.write(`${unset.message}\n`);
+    return 2;
+  }
   let run: () => Promise<void>;
   try {
     if (name === 'worker') run = (await import('../cli/commands/worker.js')).runWorker;
@@ -139,7 +145,7 @@ async function main(): Promise<number> {
         connecting ??= connectClient(config.temporal);
         return new Client({ connection: await connecting, namespace: config.temporal.namespace });
       },
-      serve,
+      serve: (name) => serve(name, unset),
       out: process.stdout,
       err: process.stderr,
       user: osUser(),

@@ -277,6 +277,11 @@ describe('v1: under the (customer, meter) lease', () => {
     const refusedKey = failing(new Stripe.errors.StripeAuthenticationError({ type: 'invalid_request_error', statusCode: 401, message: 'Invalid API Key provided' } as never));
     expect(await deliver(refusedKey.deps)).toMatchObject({ outcome: 'deferred', reason: 'stripe_credentials' });
     expect(refusedKey.store.undoAttempt).toHaveBeenCalledTimes(1);
+    // A 400 for the list refuses the attempt for good, but no meter event was sent: the customer an
+    // earlier call named (Stripe may hold the event there) is kept.
+    const refusedList = failing(new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', statusCode: 400, message: 'bad list' } as never));
+    await expect(deliver(refusedList.deps)).rejects.toMatchObject({ type: 'StripeRejected' });
+    expect(refusedList.store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_400', 'bad list', { refused: false });
   });
 
   it('PostgreSQL away: deferred as database_unavailable, no attempt spent', async () => {
