@@ -111,6 +111,31 @@ it("an attempt timed out whose call got through after all: the row is sent when 
   });
 });
 
+it('a retry Update accepted while the dead mark runs, which finds the row at Stripe: answered with the delivered state, and the run ends', async () => {
+  let release!: () => void;
+  const marking = new Promise<void>((resolve) => (release = resolve));
+  let marked!: () => void;
+  const markStarted = new Promise<void>((resolve) => (marked = resolve));
+  const { activities } = fakeActivities(async () => {
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  activities.markDead = async () => {
+    marked();
+    await marking;
+    return { attempts: 1, atStripe: 'sent' as const };
+  };
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await markStarted;
+    // Dead by the run's own state: the Update's validator takes it.
+    const update = handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] });
+    await waitFor('the Update accepted', async () => ((await handle.fetchHistory()).events ?? []).some((e) => e.workflowExecutionUpdateAcceptedEventAttributes) || undefined);
+    release();
+    await expect(update).resolves.toMatchObject({ status: 'sent' });
+    await expect(handle.result()).resolves.toMatchObject({ status: 'sent' });
+  });
+});
+
 it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {
   const { calls, activities } = fakeActivities(async () => {
     throw retryable();

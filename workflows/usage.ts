@@ -343,7 +343,9 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
           { key: OutboxStatusKey, value: dead.atStripe },
           { key: OutboxErrorKey, value: null },
         ]);
-        settled = delivery;
+        // A retry Update accepted meanwhile (the run said dead) waits for the next delivery: there
+        // is none to make, and its answer is this state.
+        settled = begun + 1;
         await condition(allHandlersFinished);
         return state;
       }
