@@ -131,7 +131,8 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
       return done(
         'refused',
         `not rebilled: the workflow id ${key} belongs to an open run on task queue ${JSON.stringify(described.taskQueue)}, not this deployment's ` +
-          `(${JSON.stringify(config.temporal.taskQueue)}): a rebill would signal that run to resend its own event. Rebill it once that run has closed`,
+          `(${JSON.stringify(config.temporal.taskQueue)}): a rebill would signal that run to resend its own event. Rebill it once that run has closed ` +
+          '(a run left on this deployment\'s queue of before a TEMPORAL_TASK_QUEUE change never closes by itself: terminate it)',
       );
     }
     status = described.status.name;

@@ -230,8 +230,8 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
       `the workflow id ${key} belongs to a run on task queue ${JSON.stringify(run.taskQueue)}, not this deployment's, while the row was ${rowWas}: ` +
       'another deployment shares this Temporal namespace with the same usage ids, or TEMPORAL_TASK_QUEUE was changed while runs were open. ' +
       'No run of ours will deliver it, and no retry can start one while that run is open. Another deployment\'s queue: give each deployment a namespace of its own (docs/operations.md). ' +
-      `This deployment's queue before TEMPORAL_TASK_QUEUE changed: no worker polls it, so that run never ends by itself; run a worker with TEMPORAL_TASK_QUEUE=${JSON.stringify(run.taskQueue)} ` +
-      `until its runs are done, or terminate that run (temporal workflow terminate --workflow-id ${shellWord(key)}). Then billing-outbox retry ${shellWord(key)}`
+      `This deployment's queue before TEMPORAL_TASK_QUEUE changed: no worker polls it, so that run never ends by itself; terminate it ` +
+      `(temporal workflow terminate --workflow-id ${shellWord(key)}; a worker started on the old queue would run its relays too, and hand it new events). Then billing-outbox retry ${shellWord(key)}`
     );
   }
   const when = run.closedAt ? ` at ${run.closedAt.toISOString()}` : '';
