@@ -117,7 +117,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'refusal-keeps-customer',
     guarantee: 'An event Stripe refused for good goes to the customer mapped when it is retried (nothing of it is at Stripe)',
-    find: "{ refused: failure.kind === 'rejected' }",
+    find: "{ refused: failure.kind === 'rejected' && !opts.takenBack }",
     replace: '{ refused: false }',
     test: 'test/remap.test.ts',
     name: 'remapped after Stripe refused an event for good',

@@ -12,7 +12,7 @@ import { usePipeline, waitFor } from './hooks.js';
 
 const METER = 'api_requests';
 // 'heap' is billed as a customer Stripe does not have until the test adds it: its events die at once.
-const t = usePipeline({ customers: { heap: 'cus_heap' }, stripe: { meters: [METER], customers: [] } });
+const t = usePipeline({ customers: { heap: 'cus_heap', jammed: 'cus_jammed', free: 'cus_free' }, stripe: { meters: [METER], customers: ['cus_free'] } });
 
 it("retries a tenant's dead letters at its lane's pace: never more than LANE_MAX_IN_FLIGHT of them in flight", async () => {
   const keys = await t.backlog('heap', 12);
@@ -48,3 +48,25 @@ it("retries a tenant's dead letters at its lane's pace: never more than LANE_MAX
   expect(most).toBeLessThanOrEqual(t.config.lanes.maxInFlight);
   for (const key of keys) expect(t.eventsFor(key), key).toHaveLength(1);
 }, 120_000);
+
+it("a lane that stays full is reported, its rows untried, and every other lane's dead letters are retried", async () => {
+  const insert = (tenant: string, key: string, status: string) =>
+    t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code) VALUES ($1, $2, 1, now(), $3, $4, 'http_500')`, [tenant, METER, key, status]);
+  // 'jammed' has its whole lane in flight (runs that never finish), and a dead letter first in line.
+  const jammed = Array.from({ length: t.config.lanes.maxInFlight }, (_, i) => `u:jammed:in-flight-${i}`);
+  for (const key of jammed) await insert('jammed', key, 'dispatched');
+  await insert('jammed', 'u:jammed:dead', 'dead');
+  await insert('free', 'u:free:dead', 'dead');
+  try {
+    const results: RetryResult[] = [];
+    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now, laneRoomWaitMs: 1_000 });
+    expect(await retrier.retryAllDead({}, { force: false, requestedBy: 'test' }, (r) => results.push(r))).toEqual({});
+    const by = Object.fromEntries(results.map((r) => [r.key, r]));
+    expect(by['u:jammed:dead']).toMatchObject({ outcome: 'refused', message: expect.stringContaining('its lane (tenant jammed, meter api_requests) had its') });
+    expect(by['u:free:dead']).toMatchObject({ outcome: 'reopened' });
+    await t.waitStatus('u:free:dead', 'sent', 30_000);
+    expect((await t.row('u:jammed:dead'))?.status).toBe('dead');
+  } finally {
+    await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE tenant_id = 'jammed'`);
+  }
+}, 60_000);

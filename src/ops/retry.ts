@@ -105,6 +105,8 @@ export interface RetrierDeps {
   client: Client;
   config: Pick<Config, 'retry' | 'temporal' | 'lanes'>;
   now: () => number;
+  /** How long a bulk retry waits for room in a lane before it reports that lane's rows untried (LANE_ROOM_WAIT_MS). */
+  laneRoomWaitMs?: number;
 }
 
 const QUERY_TIMEOUT_MS = 5_000;
@@ -184,7 +186,8 @@ export class DeadLetterRetrier {
     opts: RetryOptions & { pageSize?: number | undefined },
     onResult: (result: RetryResult) => void,
   ): Promise<{ stopped?: string }> {
-    let stuckLane: string | undefined;
+    // Lanes that stayed full for LANE_ROOM_WAIT_MS: their rows are reported, not tried; others go on.
+    const fullLanes = new Set<string>();
     for (let afterId = 0; ; ) {
       const page = await listDeadLetters(this.deps.db, this.deps.schema, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
       if (page.length === 0) return {};
@@ -196,14 +199,21 @@ export class DeadLetterRetrier {
       await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
         const lane = JSON.stringify([row.tenant_id, row.event_name]);
         const turn = (turns.get(lane) ?? Promise.resolve()).then(async () => {
-          if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE || stuckLane) return;
-          if (!(await this.laneRoom(row))) {
-            stuckLane = `${row.tenant_id} / ${row.event_name}`;
-            return;
+          if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) return;
+          const notTried = (outcome: RetryOutcome, why: string) => onResult({ key: row.idempotency_key, outcome, forced: opts.force, message: `not retried: ${why}` });
+          const full = `its lane (tenant ${row.tenant_id}, meter ${row.event_name}) had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${this.laneRoomWaitMs / 1000} s without one finishing: is a worker running? Run the same command again later`;
+          if (fullLanes.has(lane)) return notTried('refused', full);
+          try {
+            if (!(await this.laneRoom(row))) {
+              fullLanes.add(lane);
+              return notTried('refused', full);
+            }
+          } catch (err) {
+            return notTried('failed', `counting its lane's events in flight failed: ${scrub((err as Error).message)}`);
           }
           const result = await this.retryRow(row, opts);
           onResult(result);
-          if (result.outcome === 'signalled' || result.outcome === 'reopened' || result.outcome === 'retried') await this.leftDead(row.idempotency_key);
+          if (result.outcome === 'signalled' || result.outcome === 'reopened' || result.outcome === 'retried') await this.leftDead(row.idempotency_key).catch(() => undefined);
         });
         turns.set(lane, turn);
         await turn;
@@ -213,19 +223,16 @@ export class DeadLetterRetrier {
       if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) {
         return { stopped: `Temporal did not answer for ${STOP_AFTER_UNREACHABLE} dead letters in a row; the rest were not tried` };
       }
-      if (stuckLane) {
-        return {
-          stopped:
-            `the lane ${stuckLane} had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${LANE_ROOM_WAIT_MS / 1000} s without one finishing: ` +
-            'is a worker running? The rest were not tried; the same command goes on',
-        };
-      }
     }
   }
 
   /** Waits until the row's lane has room (at most LANE_ROOM_WAIT_MS); false if it never did. */
+  private get laneRoomWaitMs(): number {
+    return this.deps.laneRoomWaitMs ?? LANE_ROOM_WAIT_MS;
+  }
+
   private async laneRoom(row: OperatorRow): Promise<boolean> {
-    const until = Date.now() + LANE_ROOM_WAIT_MS;
+    const until = Date.now() + this.laneRoomWaitMs;
     for (;;) {
       if ((await laneInFlight(this.deps.db, this.deps.schema, row.tenant_id, row.event_name)) < this.deps.config.lanes.maxInFlight) return true;
       if (Date.now() >= until) return false;
