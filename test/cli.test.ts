@@ -491,6 +491,25 @@ describe('bin/billing-outbox.mjs', () => {
     }
   });
 
+  it('status and dead tell a timestamp too old (final) from one too far ahead (a clock to fix, then retry)', async () => {
+    const keys = [idempotencyKeyFor('ghost', randomUUID()), idempotencyKeyFor('ghost', randomUUID())];
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code)
+       VALUES ('ghost', 'api_requests', 1, now(), $1, 'dead', 'timestamp_too_far_in_past'), ('ghost', 'api_requests', 1, now(), $2, 'dead', 'timestamp_in_future')`,
+      keys,
+    );
+    try {
+      const status = await cli(['status']);
+      expect(status.out).toContain("timestamp_too_far_in_past: older than Stripe's 35-day window: retrying cannot deliver them");
+      expect(status.out).toContain('timestamp_in_future: stamped over an hour ahead of the worker\'s clock: a clock is wrong');
+      const dead = await cli(['dead', '--tenant', 'ghost']);
+      expect(dead.out).toContain('a retry cannot deliver it');
+      expect(dead.out).toContain('a clock is wrong; fix it, then retry');
+    } finally {
+      await t.pool.query('DELETE FROM outbox WHERE idempotency_key = ANY($1::text[])', [keys]);
+    }
+  });
+
   it('at the `retry --all-dead` question on a terminal, Ctrl-C and Ctrl-D are a no: nothing retried, exit 1, at once', async () => {
     await t.pool.query(`INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ('pty', 'cus_pty') ON CONFLICT DO NOTHING`);
     const key = idempotencyKeyFor('pty', randomUUID());

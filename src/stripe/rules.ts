@@ -72,7 +72,9 @@ export function timestampProblem(occurredAt: Date, now: number): { code: string;
   if (-age > MAX_EVENT_FUTURE_MS) {
     return {
       code: 'timestamp_in_future',
-      message: `usage stamped ${occurredAt.toISOString()} is more than 5 minutes in the future`,
+      message:
+        `usage stamped ${occurredAt.toISOString()} is more than 5 minutes ahead of ${new Date(now).toISOString()} (this worker's clock, or Stripe's as the stream measured it), ` +
+        'and more than the hour delivery waits: a clock is wrong (this one behind, or the recording machine\'s ahead); fix it, then retry',
     };
   }
   return undefined;

@@ -83,8 +83,11 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
   if (items.some((i) => !i.safeToResend)) {
     ctx.out.write(`! first attempted over ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: reconcile before retrying with --force\n`);
   }
-  if (items.some((i) => i.lastErrorCode?.startsWith('timestamp_'))) {
-    ctx.out.write("timestamp_*: outside the window Stripe accepts (35 days back, 5 minutes ahead); a retry cannot deliver it\n");
+  if (items.some((i) => i.lastErrorCode === 'timestamp_too_far_in_past')) {
+    ctx.out.write("timestamp_too_far_in_past: older than Stripe's 35-day window; a retry cannot deliver it\n");
+  }
+  if (items.some((i) => i.lastErrorCode === 'timestamp_in_future')) {
+    ctx.out.write("timestamp_in_future: stamped over an hour ahead of the worker's clock: a clock is wrong; fix it, then retry\n");
   }
   return EXIT_OK;
 }

@@ -30,7 +30,6 @@ direction with the customers it concerns (\`billing-outbox reconcile\` shows eac
 `;
 
 /** Stripe only takes usage stamped within its window: these dead letters can never be delivered as they are. */
-const TIMESTAMP_CODE = /^timestamp_/;
 
 export async function statusCommand(args: string[], ctx: CliContext): Promise<number> {
   const { values, positionals } = parse(args, { json: { type: 'boolean' } }, STATUS_HELP);
@@ -85,8 +84,11 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     if (report.deadByErrorCode.some((d) => d.code === TemporalErrorCodes.startRefused)) {
       ctx.out.write("temporal_start_refused: Temporal refused the event's start (its answer is on the row); fix the cause, then retry\n");
     }
-    if (report.deadByErrorCode.some((d) => d.code !== null && TIMESTAMP_CODE.test(d.code))) {
-      ctx.out.write("timestamp_* dead letters are outside Stripe's 35-day / 5-minute window: retrying cannot deliver them\n");
+    if (report.deadByErrorCode.some((d) => d.code === 'timestamp_too_far_in_past')) {
+      ctx.out.write("timestamp_too_far_in_past: older than Stripe's 35-day window: retrying cannot deliver them\n");
+    }
+    if (report.deadByErrorCode.some((d) => d.code === 'timestamp_in_future')) {
+      ctx.out.write("timestamp_in_future: stamped over an hour ahead of the worker's clock: a clock is wrong (the worker's behind, or the recorder's ahead); fix it, then retry\n");
     }
   }
   if (report.inFlightByLastError.length > 0) {
