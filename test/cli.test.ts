@@ -472,10 +472,22 @@ describe('bin/billing-outbox.mjs', () => {
       const retried = await bin(['retry', idempotencyKeyFor('acme', randomUUID())], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
       expect(retried.code).toBe(2);
       expect(retried.err).toContain(refused);
-      // A worker would hand the rows of that database to the stack's Temporal: refused too.
+      // A worker would hand the rows of that database to the stack's Temporal: refused too, also
+      // as `npm run worker` starts it.
       const worker = await bin(['worker'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
       expect(worker.code).toBe(2);
       expect(worker.err).toContain(refused);
+      const npmWorker = await new Promise<CliRun>((resolve, reject) => {
+        const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', DATA_DIR: dataDir, DATABASE_URL: t.db.url } });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+      });
+      expect(npmWorker.code, npmWorker.err).toBe(2);
+      expect(npmWorker.err).toContain(refused);
       const onlyTemporal = await bin(['status', '--json'], { DATA_DIR: dataDir, TEMPORAL_ADDRESS: inject('temporalAddress') });
       expect(onlyTemporal.code).toBe(2);
       expect(onlyTemporal.err).toContain('DATABASE_URL: is not set while TEMPORAL_ADDRESS is');

@@ -12,7 +12,7 @@ import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from '../config.js';
 import { createPool } from '../db.js';
 import { runCli } from '../cli/run.js';
-import { defaultDataDir, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
+import { defaultDataDir, halfSetBesideStack, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
 import { exitCodeOf } from './run-main.js';
 
 
@@ -60,16 +60,11 @@ async function confirm(question: string): Promise<boolean> {
  * (`migrate`, `dead`, `import`) runs.
  */
 function withRunningStack(config: Config): { config: Config; unset?: ConfigError } {
-  if (config.databaseUrl && config.temporal.address) return { config };
+  const unset = halfSetBesideStack(config);
+  if (unset) return { config, unset };
+  if (config.databaseUrl || config.temporal.address) return { config };
   const running = readRunningStack(defaultDataDir(config.dataDir));
   if (!running) return { config };
-  if (config.databaseUrl || config.temporal.address) {
-    const [set, unset] = config.databaseUrl ? ['DATABASE_URL', 'TEMPORAL_ADDRESS'] : ['TEMPORAL_ADDRESS', 'DATABASE_URL'];
-    const refusal = new ConfigError([
-      `${unset}: is not set while ${set} is, and \`npm start\` runs on this machine: set both (the database and the Temporal of one deployment), or neither to use the local stack`,
-    ]);
-    return { config, unset: refusal };
-  }
   const stripe = running.localStripe && config.stripe.apiKey === undefined && config.stripe.isRealStripe ? { ...config.stripe, apiBase: running.localStripe, isRealStripe: false } : config.stripe;
   return {
     config: {

@@ -14,6 +14,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { PROJECT_ROOT } from './temporal.js';
+import { ConfigError } from '../config.js';
 
 export interface Endpoints {
   pid: number;
@@ -57,6 +58,21 @@ export async function removeEndpoints(dataDir: string, pid = process.pid): Promi
 }
 
 /** The running stack's endpoints, or undefined when none is written or its process is gone. */
+/**
+ * With `npm start` running on this machine and only one of DATABASE_URL and TEMPORAL_ADDRESS set,
+ * the refusal naming the other: never guessed (a production DATABASE_URL beside the local Temporal,
+ * the stack's or localhost:7233 where the stack listens, would hand production's rows to it).
+ * Undefined when both are set, neither, or no stack runs.
+ */
+export function halfSetBesideStack(config: { databaseUrl?: string | undefined; temporal: { address?: string | undefined }; dataDir?: string | undefined }): ConfigError | undefined {
+  if (Boolean(config.databaseUrl) === Boolean(config.temporal.address)) return undefined;
+  if (!readRunningStack(defaultDataDir(config.dataDir))) return undefined;
+  const [set, unset] = config.databaseUrl ? ['DATABASE_URL', 'TEMPORAL_ADDRESS'] : ['TEMPORAL_ADDRESS', 'DATABASE_URL'];
+  return new ConfigError([
+    `${unset}: is not set while ${set} is, and \`npm start\` runs on this machine: set both (the database and the Temporal of one deployment), or neither to use the local stack`,
+  ]);
+}
+
 export function readRunningStack(dataDir: string): Endpoints | undefined {
   const endpoints = readEndpointsFile(path.join(dataDir, 'endpoints.json'));
   return endpoints && isAlive(endpoints.pid) ? endpoints : undefined;

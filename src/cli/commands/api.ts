@@ -6,7 +6,7 @@
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
 import { buildApi, temporalHealthConnection } from '../../api/index.js';
 import { ConfigError, loadConfig } from '../../config.js';
-import { loadDotEnv } from '../../embedded/local-files.js';
+import { halfSetBesideStack, loadDotEnv } from '../../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../../db.js';
 import { postgresUnreachable, untilReachable } from '../../reachable.js';
 import { createLogger } from '../../log.js';
@@ -23,6 +23,8 @@ export async function runApi(): Promise<void> {
   const config = loadConfig();
   const log = createLogger(config.logLevel);
   if (!config.databaseUrl) throw new ConfigError(['DATABASE_URL: is not set (npm start runs everything embedded instead)']);
+  const unset = halfSetBesideStack(config);
+  if (unset) throw unset;
   // In production the API checks meters at the door with Stripe; elsewhere, without a key, it does
   // not check them (the worker still does, before sending).
   if (config.production) requireStripeKey(config.stripe, 'the API (its meter check at the door, its webhook route)');

@@ -8,7 +8,7 @@
  */
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
 import { ConfigError, loadConfig } from '../../config.js';
-import { loadDotEnv } from '../../embedded/local-files.js';
+import { halfSetBesideStack, loadDotEnv } from '../../embedded/local-files.js';
 import { redactUrl } from '../../db.js';
 import { freePort } from '../../embedded/postgres.js';
 import { createLogger } from '../../log.js';
@@ -24,6 +24,8 @@ export async function runWorker(): Promise<void> {
   const config = loadConfig();
   const databaseUrl = config.databaseUrl;
   if (!databaseUrl) throw new ConfigError(['DATABASE_URL: is not set (npm start runs everything embedded instead)']);
+  const unset = halfSetBesideStack(config);
+  if (unset) throw unset;
   requireStripeKey(config.stripe, 'the worker');
   const log = createLogger(config.logLevel);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
