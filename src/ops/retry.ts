@@ -188,23 +188,28 @@ export class DeadLetterRetrier {
   ): Promise<{ stopped?: string }> {
     // Lanes that stayed full for LANE_ROOM_WAIT_MS: their rows are reported, not tried; others go on.
     const fullLanes = new Set<string>();
+    // Rows signalled that did not leave `dead` (no worker took their run's retry yet): in flight as
+    // soon as one does, so counted in their lane's room for the rest of the command.
+    const unmoved = new Map<string, number>();
     for (let afterId = 0; ; ) {
       const page = await listDeadLetters(this.deps.db, this.deps.schema, { ...filter, afterId, limit: opts.pageSize ?? DEFAULT_PAGE_SIZE });
       if (page.length === 0) return {};
       afterId = page.at(-1)!.id;
       // A lane's rows one after another, each when the lane has room (LANE_MAX_IN_FLIGHT, as the
       // claim gives it): a tenant's thousands of dead letters go back at the pace its lane drains,
-      // not into Temporal at once, where every tenant's events would queue behind them.
+      // not into Temporal at once, where every tenant's events would queue behind them. With
+      // `--wait` each retry holds its slot until its outcome, so the eight slots bound what this
+      // command has in flight, and a lane's rows are not chained (one would wait for the other's outcome).
       const turns = new Map<string, Promise<void>>();
       await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
         const lane = JSON.stringify([row.tenant_id, row.event_name]);
-        const turn = (turns.get(lane) ?? Promise.resolve()).then(async () => {
+        const retryInTurn = async () => {
           if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) return;
           const notTried = (outcome: RetryOutcome, why: string) => onResult({ key: row.idempotency_key, outcome, forced: opts.force, message: `not retried: ${why}` });
           const full = `its lane (tenant ${row.tenant_id}, meter ${row.event_name}) had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${this.laneRoomWaitMs / 1000} s without one finishing: is a worker running? Run the same command again later`;
           if (fullLanes.has(lane)) return notTried('refused', full);
           try {
-            if (!(await this.laneRoom(row))) {
+            if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0))) {
               fullLanes.add(lane);
               return notTried('refused', full);
             }
@@ -213,8 +218,12 @@ export class DeadLetterRetrier {
           }
           const result = await this.retryRow(row, opts);
           onResult(result);
-          if (result.outcome === 'signalled' || result.outcome === 'reopened' || result.outcome === 'retried') await this.leftDead(row.idempotency_key).catch(() => undefined);
-        });
+          if (!opts.wait && (result.outcome === 'signalled' || result.outcome === 'reopened')) {
+            if (!(await this.leftDead(row.idempotency_key).catch(() => true))) unmoved.set(lane, (unmoved.get(lane) ?? 0) + 1);
+          }
+        };
+        if (opts.wait) return retryInTurn();
+        const turn = (turns.get(lane) ?? Promise.resolve()).then(retryInTurn);
         turns.set(lane, turn);
         await turn;
       });
@@ -226,24 +235,26 @@ export class DeadLetterRetrier {
     }
   }
 
-  /** Waits until the row's lane has room (at most LANE_ROOM_WAIT_MS); false if it never did. */
   private get laneRoomWaitMs(): number {
     return this.deps.laneRoomWaitMs ?? LANE_ROOM_WAIT_MS;
   }
 
-  private async laneRoom(row: OperatorRow): Promise<boolean> {
+  /** Waits until the row's lane has room, counting `unmoved` rows as in flight (at most laneRoomWaitMs); false if it never did. */
+  private async laneRoom(row: OperatorRow, unmoved: number): Promise<boolean> {
     const until = Date.now() + this.laneRoomWaitMs;
     for (;;) {
-      if ((await laneInFlight(this.deps.db, this.deps.schema, row.tenant_id, row.event_name)) < this.deps.config.lanes.maxInFlight) return true;
+      if ((await laneInFlight(this.deps.db, this.deps.schema, row.tenant_id, row.event_name)) + unmoved < this.deps.config.lanes.maxInFlight) return true;
       if (Date.now() >= until) return false;
       await new Promise((resolve) => setTimeout(resolve, LANE_ROOM_POLL_MS));
     }
   }
 
-  /** Waits (briefly) until a retried row has left `dead`: its run marks it dispatched, and its lane counts it. */
-  private async leftDead(key: string): Promise<void> {
+  /** Waits (briefly) until a retried row has left `dead`: its run marks it dispatched, and its lane counts it. False if it has not. */
+  private async leftDead(key: string): Promise<boolean> {
     const until = Date.now() + LEAVES_DEAD_WITHIN_MS;
-    while (Date.now() < until && (await findOperatorRow(this.deps.db, this.deps.schema, key))?.status === 'dead') {
+    for (;;) {
+      if ((await findOperatorRow(this.deps.db, this.deps.schema, key))?.status !== 'dead') return true;
+      if (Date.now() >= until) return false;
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
   }
