@@ -73,8 +73,8 @@ export function timestampProblem(occurredAt: Date, now: number): { code: string;
     return {
       code: 'timestamp_in_future',
       message:
-        `usage stamped ${occurredAt.toISOString()} is more than 5 minutes ahead of ${new Date(now).toISOString()} (this worker's clock, or Stripe's as the stream measured it), ` +
-        'and more than the hour delivery waits: a clock is wrong (this one behind, or the recording machine\'s ahead); fix it, then retry',
+        `usage stamped ${occurredAt.toISOString()} is more than 5 minutes ahead of this worker's clock (or Stripe's, as the stream measured it), ` +
+        'and more than the hour delivery waits: a clock is wrong (this one behind, or the recording machine\'s ahead); fix it, then retry once the usage is within the hour',
     };
   }
   return undefined;

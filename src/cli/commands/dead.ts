@@ -87,7 +87,7 @@ export async function deadCommand(args: string[], ctx: CliContext): Promise<numb
     ctx.out.write("timestamp_too_far_in_past: older than Stripe's 35-day window; a retry cannot deliver it\n");
   }
   if (items.some((i) => i.lastErrorCode === 'timestamp_in_future')) {
-    ctx.out.write("timestamp_in_future: stamped over an hour ahead of the worker's clock: a clock is wrong; fix it, then retry\n");
+    ctx.out.write("timestamp_in_future: stamped ahead of the worker's or Stripe's clock: a clock is wrong; fix it, then retry once the usage is within the hour\n");
   }
   return EXIT_OK;
 }

@@ -88,7 +88,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
       ctx.out.write("timestamp_too_far_in_past: older than Stripe's 35-day window: retrying cannot deliver them\n");
     }
     if (report.deadByErrorCode.some((d) => d.code === 'timestamp_in_future')) {
-      ctx.out.write("timestamp_in_future: stamped over an hour ahead of the worker's clock: a clock is wrong (the worker's behind, or the recorder's ahead); fix it, then retry\n");
+      ctx.out.write("timestamp_in_future: stamped ahead of the clock that judged it (the worker's, by over an hour, or Stripe's): a clock is wrong; fix it, then retry once the usage is within the hour\n");
     }
   }
   if (report.inFlightByLastError.length > 0) {
