@@ -38,6 +38,19 @@ interface CliRun {
   err: string;
 }
 
+/** Runs a program as its own process to its end: its exit code and what it printed. */
+function runProcess(command: string, args: string[], opts: { cwd: string; env: Record<string, string> }): Promise<CliRun> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, opts);
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+  });
+}
+
 /** Runs one CLI command in-process, capturing its output. */
 async function cli(argv: string[], extra: Partial<CliContext> & { errIsTTY?: boolean } = {}): Promise<CliRun> {
   let out = '';
@@ -451,17 +464,7 @@ describe('inspect', () => {
 });
 
 describe('bin/billing-outbox.mjs', () => {
-  function bin(args: string[], env: Record<string, string>): Promise<CliRun> {
-    return new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, [path.join(ROOT, 'bin', 'billing-outbox.mjs'), ...args], { cwd: '/', env });
-      let out = '';
-      let err = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
-    });
-  }
+  const bin = (args: string[], env: Record<string, string>) => runProcess(process.execPath, [path.join(ROOT, 'bin', 'billing-outbox.mjs'), ...args], { cwd: '/', env });
 
   it('with `npm start` running here and only one of DATABASE_URL and TEMPORAL_ADDRESS set, guesses neither: a command needing the other exits 2, saying which is missing', async () => {
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-stack-'));
@@ -477,15 +480,7 @@ describe('bin/billing-outbox.mjs', () => {
       const worker = await bin(['worker'], { DATA_DIR: dataDir, DATABASE_URL: t.db.url });
       expect(worker.code).toBe(2);
       expect(worker.err).toContain(refused);
-      const npmWorker = await new Promise<CliRun>((resolve, reject) => {
-        const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', DATA_DIR: dataDir, DATABASE_URL: t.db.url } });
-        let out = '';
-        let err = '';
-        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-        child.on('error', reject);
-        child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
-      });
+      const npmWorker = await runProcess(process.execPath, ['--import', 'tsx', 'src/bin/worker.ts'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', DATA_DIR: dataDir, DATABASE_URL: t.db.url } });
       expect(npmWorker.code, npmWorker.err).toBe(2);
       expect(npmWorker.err).toContain(refused);
       const onlyTemporal = await bin(['status', '--json'], { DATA_DIR: dataDir, TEMPORAL_ADDRESS: inject('temporalAddress') });
@@ -532,42 +527,35 @@ describe('bin/billing-outbox.mjs', () => {
     );
     // The command on a pseudo-terminal (Python's pty, as a terminal would run it): at the question,
     // the key is typed; what the command printed and its exit code come back.
-    const onTerminal = (keystroke: string) =>
-      new Promise<CliRun & { ms: number }>((resolve, reject) => {
-        const script = [
-          'import os, pty, select, sys, time',
-          'pid, fd = pty.fork()',
-          'if pid == 0:',
-          '    os.execvp(sys.argv[1], sys.argv[1:])',
-          'out, asked, deadline = b"", None, time.time() + 60',
-          'while time.time() < deadline:',
-          '    if select.select([fd], [], [], 0.1)[0]:',
-          '        try:',
-          '            data = os.read(fd, 4096)',
-          '        except OSError:',
-          '            break',
-          '        if not data:',
-          '            break',
-          '        out += data',
-          '    if asked is None and b"[y/N]" in out:',
-          '        asked = time.time()',
-          `        os.write(fd, ${JSON.stringify(keystroke)}.encode())`,
-          'code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])',
-          'sys.stderr.write(str(int((time.time() - (asked or time.time())) * 1000)))',
-          'sys.stdout.write(out.decode(errors="replace"))',
-          'sys.exit(code)',
-        ].join('\n');
-        const child = spawn('python3', ['-c', script, process.execPath, path.join(ROOT, 'bin', 'billing-outbox.mjs'), 'retry', '--all-dead', '--tenant', 'pty'], {
-          cwd: '/',
-          env: { PATH: process.env.PATH ?? '', DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace },
-        });
-        let out = '';
-        let err = '';
-        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-        child.on('error', reject);
-        child.on('close', (code) => resolve({ code: code ?? -1, out, err, ms: Number(err) }));
-      });
+    const onTerminal = (keystroke: string): Promise<CliRun & { ms: number }> => {
+      const script = [
+        'import os, pty, select, sys, time',
+        'pid, fd = pty.fork()',
+        'if pid == 0:',
+        '    os.execvp(sys.argv[1], sys.argv[1:])',
+        'out, asked, deadline = b"", None, time.time() + 60',
+        'while time.time() < deadline:',
+        '    if select.select([fd], [], [], 0.1)[0]:',
+        '        try:',
+        '            data = os.read(fd, 4096)',
+        '        except OSError:',
+        '            break',
+        '        if not data:',
+        '            break',
+        '        out += data',
+        '    if asked is None and b"[y/N]" in out:',
+        '        asked = time.time()',
+        `        os.write(fd, ${JSON.stringify(keystroke)}.encode())`,
+        'code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])',
+        'sys.stderr.write(str(int((time.time() - (asked or time.time())) * 1000)))',
+        'sys.stdout.write(out.decode(errors="replace"))',
+        'sys.exit(code)',
+      ].join('\n');
+      return runProcess('python3', ['-c', script, process.execPath, path.join(ROOT, 'bin', 'billing-outbox.mjs'), 'retry', '--all-dead', '--tenant', 'pty'], {
+        cwd: '/',
+        env: { PATH: process.env.PATH ?? '', DATABASE_URL: t.db.url, TEMPORAL_ADDRESS: inject('temporalAddress'), TEMPORAL_NAMESPACE: t.config.temporal.namespace },
+      }).then((r) => ({ ...r, ms: Number(r.err) }));
+    };
     try {
       for (const keystroke of ['\x03', '\x04']) {
         const r = await onTerminal(keystroke);
@@ -679,17 +667,9 @@ describe('what a person reads', () => {
 
   it('`npm run stripe -- customers add` says which customers it added and which already existed', async () => {
     const fresh = `cus_new_${randomUUID().slice(0, 8)}`;
-    const r = await new Promise<CliRun>((resolve, reject) => {
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', 'customers', 'add', fresh, 'cus_acme'], {
-        cwd: ROOT,
-        env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: t.stripe.url },
-      });
-      let out = '';
-      let err = '';
-      child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code: code ?? -1, out, err }));
+    const r = await runProcess(process.execPath, ['--import', 'tsx', 'src/bin/stripe.ts', 'customers', 'add', fresh, 'cus_acme'], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? '', LOCAL_STRIPE_URL: t.stripe.url },
     });
     expect(r).toEqual({ code: 0, out: `customer ${fresh} added\ncustomer cus_acme already exists: nothing added\n`, err: '' });
     const listed = (await (await fetch(`${t.stripe.url}/v1/customers?limit=100`, { headers: { authorization: 'Bearer sk_test_cli' } })).json()) as {
