@@ -81,13 +81,7 @@ function withRunningStack(config: Config): { config: Config; unset?: ConfigError
  * `worker`, `api`, `start`: imported only now, so that neither `--help` nor the operator commands
  * need the Temporal SDK's worker or the embedded stack installed; a missing one is named.
  */
-async function serve(name: 'worker' | 'api' | 'start', unset: ConfigError | undefined): Promise<number> {
-  // A process needs both the database and Temporal: with one of them guessed from the running
-  // stack, a worker would hand production's rows to the local Temporal.
-  if (unset) {
-    process.stderr.write(`${unset.message}\n`);
-    return 2;
-  }
+async function serve(name: 'worker' | 'api' | 'start'): Promise<number> {
   let run: () => Promise<void>;
   try {
     if (name === 'worker') run = (await import('../cli/commands/worker.js')).runWorker;
@@ -140,7 +134,7 @@ async function main(): Promise<number> {
         connecting ??= connectClient(config.temporal);
         return new Client({ connection: await connecting, namespace: config.temporal.namespace });
       },
-      serve: (name) => serve(name, unset),
+      serve,
       out: process.stdout,
       err: process.stderr,
       user: osUser(),

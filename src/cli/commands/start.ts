@@ -13,7 +13,7 @@
 import path from 'node:path';
 import { API_SCOPES, loadConfig } from '../../config.js';
 import { redactUrl } from '../../db.js';
-import { defaultDataDir, loadDotEnv, localApiToken, removeEndpoints, writeEndpoints } from '../../embedded/local-files.js';
+import { defaultDataDir, halfSetBesideStack, loadDotEnv, localApiToken, removeEndpoints, writeEndpoints } from '../../embedded/local-files.js';
 import { localStripeBanner, refuseUnfitConfig, startStack } from '../../embedded/stack.js';
 import { createLogger } from '../../log.js';
 import { webUiLinks } from '../../temporal/web-ui.js';
@@ -23,8 +23,11 @@ import { untilSignal } from '../../bin/run-main.js';
 export async function runStart(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
-  // Before anything is written: a live key or a production configuration without its services.
+  // Before anything is written: a live key or a production configuration without its services,
+  // or one of DATABASE_URL and TEMPORAL_ADDRESS beside a stack already running here.
   refuseUnfitConfig(config);
+  const unset = halfSetBesideStack(config);
+  if (unset) throw unset;
   if (!config.databaseUrl) requireEmbeddedPostgres();
   const log = createLogger(config.logLevel);
   const dataDir = defaultDataDir(config.dataDir);
