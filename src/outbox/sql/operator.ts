@@ -6,6 +6,7 @@
 import type { Queryable } from '../../db.js';
 import { DELIVERED, IN_FLIGHT } from '../statuses.js';
 import type { Schema } from './schema.js';
+import { inFlightNow } from './relay.js';
 
 /** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
 export interface OperatorRow {
@@ -65,15 +66,11 @@ export async function countDeadLetters(db: Queryable, schema: Schema, filter: De
   return rows[0]!.count;
 }
 
-/**
- * What a lane (tenant, meter) has in flight, counted as the claim counts it (src/outbox/sql/relay.ts):
- * dispatched, or claimed under a live lease. A bulk retry gives a lane no more than its room.
- */
+/** What a lane (tenant, meter) has in flight, counted as the claim counts it (./relay.ts inFlightNow). A bulk retry gives a lane no more than its room. */
 export async function laneInFlight(db: Queryable, schema: Schema, tenantId: string, eventName: string): Promise<number> {
   const { rows } = await db.query<{ n: number }>(
-    `SELECT count(*)::int AS n FROM ${schema.outbox}
-      WHERE tenant_id = $1::text AND event_name = $2::text AND status = ANY($3::text[])
-        AND (status = 'dispatched' OR processing_deadline >= now())`,
+    `SELECT count(*)::int AS n FROM ${schema.outbox} o
+      WHERE o.tenant_id = $1::text AND o.event_name = $2::text AND ${inFlightNow('o', '$3::text[]')}`,
     [tenantId, eventName, [...IN_FLIGHT]],
   );
   return rows[0]!.n;

@@ -142,6 +142,15 @@ export interface ClaimOptions {
   answerMs?: number;
 }
 
+/**
+ * Whether outbox row `row` (an alias) counts against its lane's room: in flight (IN_FLIGHT, passed
+ * as `statuses`), dispatched, or claimed under a live lease. The claim counts a lane's room so;
+ * a bulk retry too (./operator.ts laneInFlight).
+ */
+export function inFlightNow(row: string, statuses: string): string {
+  return `${row}.status = ANY(${statuses}) AND (${row}.status = 'dispatched' OR ${row}.processing_deadline >= now())`;
+}
+
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
 export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimOptions): Promise<ClaimedRow[]> {
   const { rows } = await db.query<ClaimedRow>(
@@ -166,8 +175,7 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
          FROM lanes l, LATERAL (
            SELECT count(*)::int AS in_flight FROM ${schema.outbox} f
             WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
-              AND f.status = ANY($7::text[])
-              AND (f.status = 'dispatched' OR f.processing_deadline >= now())) n
+              AND ${inFlightNow('f', '$7::text[]')}) n
      ), share AS (
        -- The most one tenant can have in this batch: each other tenant waiting has a row before its
        -- second (turns, below). A lane's rows beyond that are not read: with many tenants waiting,
