@@ -88,6 +88,32 @@ describe('recordUsage', () => {
     expect([await count('usage_logs'), await count('outbox')]).toEqual(before);
   });
 
+  it('answers a usage recorded again after its outbox row was pruned (by then past Stripe\'s window) as recorded before, not as too old', async () => {
+    const occurredAt = new Date(Date.now() - 20 * 86_400_000);
+    const input: UsageInput = { usageId: 'u-pruned-old', tenantId: 'acme', quantity: 5, occurredAt };
+    const first = await withTransaction(t.pool, (c) => recordUsage(c, input));
+    // Delivered and pruned (OUTBOX_RETENTION_DAYS): the usage row stays.
+    await t.pool.query('DELETE FROM outbox WHERE id = $1', [first.entry.id]);
+    // Asked again 40 days later: a job queue's redelivery of last quarter's work.
+    vi.useFakeTimers({ toFake: ['Date'], now: Date.now() + 40 * 86_400_000 });
+    try {
+      await expect(withTransaction(t.pool, (c) => recordUsage(c, input))).rejects.toMatchObject({
+        code: 'usage_conflict',
+        field: 'usageId',
+        message: expect.stringMatching(/was recorded before, with these values; its outbox entry was delivered and pruned/),
+      });
+      await expect(withTransaction(t.pool, (c) => recordUsage(c, { ...input, quantity: 6 }))).rejects.toMatchObject({
+        code: 'usage_conflict',
+        message: expect.stringContaining('with different values: quantity (recorded 5, given 6)'),
+      });
+      // Another tenant's usage of that id and age was never recorded: too old for Stripe.
+      await expect(withTransaction(t.pool, (c) => recordUsage(c, { ...input, tenantId: 'globex' }))).rejects.toMatchObject({ name: 'InvalidUsageError', field: 'occurredAt' });
+    } finally {
+      vi.useRealTimers();
+    }
+    expect(await count(`outbox WHERE usage_id = 'u-pruned-old'`)).toBe(0);
+  });
+
   it('handles the same usage recorded by concurrent transactions: one row', async () => {
     const input: UsageInput = { usageId: 'u-race', tenantId: 'acme', quantity: 2, occurredAt: new Date('2026-11-30T12:00:00Z') };
     const results = await Promise.all(Array.from({ length: 8 }, () => withTransaction(t.pool, (c) => recordUsage(c, input))));

@@ -225,14 +225,32 @@ it('a progress bar on stderr only when stderr is a terminal; refusals above it, 
   expect(piped.err).toBe('line 2: unknown_tenant: tenant "nobody" has no billing customer; add one first\n');
 });
 
-it('a usage whose outbox row was pruned is refused, never recorded twice (as recordUsage refuses it)', async () => {
+it('a usage whose outbox row was pruned is never recorded twice: the same line counts as already recorded, other values are refused', async () => {
   const usageId = `pruned-${randomUUID()}`;
   const key = await t.enqueue('acme', 1, { usageId });
   // What prune leaves of a delivered usage: its usage_logs row, no outbox row.
   await t.pool.query('DELETE FROM outbox WHERE idempotency_key = $1', [key]);
-  const summary = await importUsage(t.pool, [{ tenantId: 'acme', usageId, quantity: 1 }]);
-  expect(summary).toMatchObject({ recorded: 0, alreadyRecorded: 0, refused: 1 });
-  expect(summary.refusals[0]).toMatchObject({ line: 1, code: 'usage_conflict', field: 'usageId' });
-  expect(summary.refusals[0]!.reason).toContain('pruned after OUTBOX_RETENTION_DAYS');
+  const same = await importUsage(t.pool, [{ tenantId: 'acme', usageId, quantity: 1 }]);
+  expect(same).toMatchObject({ recorded: 0, alreadyRecorded: 1, refused: 0 });
+  const other = await importUsage(t.pool, [{ tenantId: 'acme', usageId, quantity: 2 }]);
+  expect(other).toMatchObject({ recorded: 0, alreadyRecorded: 0, refused: 1 });
+  expect(other.refusals[0]).toMatchObject({ line: 1, code: 'usage_conflict', field: 'usageId' });
+  expect(other.refusals[0]!.reason).toContain('with different values: quantity (recorded 1, given 2)');
+  expect(other.refusals[0]!.reason).toContain('pruned after OUTBOX_RETENTION_DAYS');
   expect(await t.row(key)).toBeUndefined();
+});
+
+it('a file imported again months later: its lines, pruned and past the window of Stripe, count as already recorded, not as too old', async () => {
+  const usageId = `old-${randomUUID()}`;
+  const occurredAt = new Date(Date.now() - 20 * 86_400_000);
+  const key = await t.enqueue('acme', 4, { usageId, occurredAt });
+  await t.pool.query('DELETE FROM outbox WHERE idempotency_key = $1', [key]);
+  const later = () => Date.now() + 40 * 86_400_000;
+  const again = await importUsage(t.pool, [{ tenantId: 'acme', usageId, quantity: 4, occurredAt }], { now: later });
+  expect(again.refusals).toEqual([]);
+  expect(again).toMatchObject({ recorded: 0, alreadyRecorded: 1, refused: 0 });
+  // A usage never recorded, as old: Stripe would refuse it, and so does the import.
+  const fresh = await importUsage(t.pool, [{ tenantId: 'acme', usageId: `${usageId}-new`, quantity: 4, occurredAt }], { now: later });
+  expect(fresh.refusals[0]).toMatchObject({ code: 'invalid_usage', field: 'occurredAt' });
+  expect(fresh.refusals[0]!.reason).toContain('Stripe refuses usage older than 35 days');
 });

@@ -16,10 +16,11 @@
 import type pg from 'pg';
 import { JsonTextError, parseJsonText } from '../api/strict-json.js';
 import type { UsageRequestBody } from '../api/usage.js';
-import { DEFAULT_EVENT_NAME, differences, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
+import { DEFAULT_EVENT_NAME, differences, prunedUsageError, sameUsage, toEntry, type RecordUsageOptions } from '../outbox/enqueue.js';
 import { InvalidUsageError, UnknownTenantError, UsageConflictError, UsageError } from '../outbox/errors.js';
 import { withoutPreparedStatements } from '../outbox/adapters/unprepared.js';
 import { idempotencyKeyFor } from '../outbox/keys.js';
+import { findRecordedUsages } from '../outbox/sql/enqueue.js';
 import { findEntriesByKeys, insertUsages, type ImportedUsage } from '../outbox/sql/import.js';
 import { schemaFor, type Schema } from '../outbox/sql/schema.js';
 import { DATE_TIME_PROBLEM, parseDateTime, tooOldProblem, validateUsage, type UsageInput } from '../outbox/validate.js';
@@ -319,6 +320,9 @@ export async function importUsage(
   return summary;
 }
 
+/** A usage's (tenant, usage id), as one string: what tells usages apart. */
+const usageRef = (u: { tenantId: string; usageId: string }) => JSON.stringify([u.tenantId, u.usageId]);
+
 /** One batch in one transaction: what became of each usage ('recorded', 'already', or why it was refused). */
 async function recordBatch(
   pool: pg.Pool,
@@ -336,20 +340,23 @@ async function recordBatch(
     );
     const existing = batch.filter((p) => inserted.get(p)?.inserted !== true && inserted.get(p)?.tenantKnown !== false).map((p) => p.usage);
     const found = new Map((existing.length === 0 ? [] : await findEntriesByKeys(client, schema, existing)).map((row) => [row.key, row]));
+    // No outbox row: delivered and pruned (OUTBOX_RETENTION_DAYS), known by its usage row alone.
+    const gone = existing.filter((u) => !found.has(u.key));
+    const recorded = new Map((gone.length === 0 ? [] : await findRecordedUsages(client, schema, gone)).map((u) => [usageRef(u), u]));
     await pooled.query(opts.dryRun ? 'ROLLBACK' : 'COMMIT');
     return batch.map((p) => {
       const outcome = inserted.get(p);
       if (outcome?.tenantKnown === false) return new UnknownTenantError(p.usage.tenantId);
       if (outcome?.inserted) return 'recorded';
       const row = found.get(p.usage.key);
-      // The same answers as recordUsage gives for the same usage.
-      if (!row && p.tooOld !== undefined) return new InvalidUsageError('occurredAt', p.tooOld);
+      // The same answers as recordUsage gives for the same usage, but one: a line recorded before
+      // with the same values counts as already recorded even once its outbox entry is pruned (a
+      // file imported again adds nothing and refuses nothing), where recordUsage cannot return
+      // the entry and says so.
       if (!row) {
-        return new UsageError(
-          'usage_conflict',
-          `usage ${JSON.stringify(p.usage.usageId)} was recorded before; its outbox entry is gone (delivered and pruned after OUTBOX_RETENTION_DAYS)`,
-          'usageId',
-        );
+        const before = recorded.get(usageRef(p.usage));
+        if (!before && p.tooOld !== undefined) return new InvalidUsageError('occurredAt', p.tooOld);
+        return before && differences(before, p.usage).length === 0 ? 'already' : prunedUsageError(p.usage, before);
       }
       const entry = toEntry(row, p.usage.usageId);
       return sameUsage(entry, p.usage) ? 'already' : new UsageConflictError(p.usage.usageId, entry, differences(entry, p.usage));

@@ -5,7 +5,7 @@
 import { InvalidUsageError, NotATransactionError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
-import { findEntryByKey, insertUsage, type CallerEntryRow, type TransactionClient } from './sql/enqueue.js';
+import { findEntryByKey, findRecordedUsages, insertUsage, type CallerEntryRow, type RecordedUsage, type TransactionClient } from './sql/enqueue.js';
 import { schemaFor } from './sql/schema.js';
 import { tooOldProblem, validateUsage, type UsageInput, type ValidUsage } from './validate.js';
 
@@ -89,15 +89,12 @@ export async function recordUsage(
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
   const found = await findEntryByKey(client, schema, usage.tenantId, key);
-  if (!found && tooOld !== undefined) throw new InvalidUsageError('occurredAt', tooOld);
   if (!found) {
-    // The usage row exists without an outbox row: its outbox row was delivered and pruned after
-    // OUTBOX_RETENTION_DAYS (or a repeatable-read snapshot predates the transaction that wrote it).
-    throw new UsageError(
-      'usage_conflict',
-      `usage ${JSON.stringify(usage.usageId)} was recorded before; its outbox entry is gone (delivered and pruned after OUTBOX_RETENTION_DAYS) or not visible to this transaction`,
-      'usageId',
-    );
+    // No outbox row: the usage's was delivered and pruned (OUTBOX_RETENTION_DAYS), by then too old
+    // for Stripe, so it is told apart from a new usage that is too old by its usage row.
+    const [recorded] = await findRecordedUsages(client, schema, [usage]);
+    if (!recorded && tooOld !== undefined) throw new InvalidUsageError('occurredAt', tooOld);
+    throw prunedUsageError(usage, recorded);
   }
   const entry = toEntry(found, usage.usageId);
   if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));
@@ -119,8 +116,27 @@ export function sameUsage(entry: OutboxEntry, usage: ValidUsage): boolean {
   return differences(entry, usage).length === 0;
 }
 
+/**
+ * A usage recorded before whose outbox entry is gone: delivered and pruned after
+ * OUTBOX_RETENTION_DAYS (its usage row, `recorded`, says with which values), or not visible to a
+ * repeatable-read snapshot taken before the transaction that wrote it (`recorded` undefined).
+ */
+export function prunedUsageError(usage: ValidUsage, recorded: RecordedUsage | undefined): UsageError {
+  const id = JSON.stringify(usage.usageId);
+  if (!recorded) {
+    return new UsageError('usage_conflict', `usage ${id} was recorded before; its outbox entry is gone (delivered and pruned after OUTBOX_RETENTION_DAYS) or not visible to this transaction`, 'usageId');
+  }
+  const differ = differences(recorded, usage);
+  return new UsageError(
+    'usage_conflict',
+    `usage ${id} was recorded before${differ.length > 0 ? ` with different values: ${differ.join(', ')}` : ', with these values'}; ` +
+      'its outbox entry was delivered and pruned after OUTBOX_RETENTION_DAYS: nothing was added',
+    'usageId',
+  );
+}
+
 /** What differs between a recorded usage and the one given again under its id, field by field. */
-export function differences(entry: OutboxEntry, usage: ValidUsage): string[] {
+export function differences(entry: Pick<OutboxEntry, 'quantity' | 'eventName' | 'occurredAt'>, usage: ValidUsage): string[] {
   const found: string[] = [];
   if (entry.quantity !== usage.quantity) found.push(`quantity (recorded ${entry.quantity}, given ${usage.quantity})`);
   if (entry.eventName !== usage.eventName) found.push(`eventName (recorded ${JSON.stringify(entry.eventName)}, given ${JSON.stringify(usage.eventName)})`);

@@ -109,3 +109,26 @@ export async function findEntryByKey(db: TransactionClient, schema: Schema, tena
   })) as { rows: CallerEntryRow[] };
   return rows[0];
 }
+
+/** A usage row as recorded: what an outbox entry pruned after delivery leaves behind. */
+export interface RecordedUsage {
+  tenantId: string;
+  usageId: string;
+  eventName: string;
+  quantity: number;
+  occurredAt: Date;
+}
+
+/**
+ * The usage rows of (tenant, usage id) pairs, found whether or not their outbox rows are still
+ * there: a usage delivered and pruned (OUTBOX_RETENTION_DAYS) is known by its usage row alone.
+ */
+export async function findRecordedUsages(db: TransactionClient, schema: Schema, pairs: readonly { tenantId: string; usageId: string }[]): Promise<RecordedUsage[]> {
+  const { rows } = (await db.query({
+    text: `SELECT u.tenant_id, u.id, u.event_name, u.quantity::text AS quantity, u.occurred_at
+     FROM ${schema.usageLogs} u
+     JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, id) ON u.tenant_id = k.tenant_id AND u.id = k.id`,
+    values: [pairs.map((p) => p.tenantId), pairs.map((p) => p.usageId)],
+  })) as { rows: { tenant_id: string; id: string; event_name: string; quantity: string; occurred_at: Date | string }[] };
+  return rows.map((r) => ({ tenantId: r.tenant_id, usageId: r.id, eventName: r.event_name, quantity: Number(r.quantity), occurredAt: new Date(r.occurred_at) }));
+}
