@@ -185,6 +185,25 @@ const MIGRATION_LOCK = 727_274_001;
 const NO_TRANSACTION = '-- billing-outbox: no transaction';
 
 /**
+ * Refuses a database whose encoding is not UTF-8. Ids and names are Unicode, limited in characters
+ * (validate.ts) and checked so by the tables: in SQL_ASCII (what `initdb` makes under a C or POSIX
+ * locale, as in many containers) `length()` counts bytes, so a valid 90-character usage id of
+ * Chinese text fails its CHECK inside the caller's transaction; LATIN1 cannot store it at all.
+ */
+async function requireUtf8(client: pg.Client): Promise<void> {
+  const { rows } = await client.query<{ name: string; encoding: string }>(
+    'SELECT datname AS name, pg_encoding_to_char(encoding) AS encoding FROM pg_database WHERE datname = current_database()',
+  );
+  const db = rows[0];
+  if (db && db.encoding !== 'UTF8') {
+    throw new Error(
+      `database ${JSON.stringify(db.name)} uses the encoding ${db.encoding}; billing-outbox needs UTF8 (tenant ids, usage ids and event names are Unicode text, ` +
+        `their limits counted in characters). Create a database with CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0 and migrate that one`,
+    );
+  }
+}
+
+/**
  * Applies every `migrations/NNN_*.sql` file not yet applied to the schema `opts.schema` (default
  * `billing_outbox`; created if missing, and its own `schema_migrations` says what is applied), in
  * order: each in its own transaction, or statement by statement when it starts with NO_TRANSACTION. Safe when several processes migrate
@@ -219,6 +238,7 @@ export async function migrate(
     // Nor a role's or database's own (set for the application): each transactional migration sets
     // its lock wait itself (MIGRATION_LOCK_WAIT_MS).
     await client.query('SET statement_timeout = 0; SET lock_timeout = 0');
+    await requireUtf8(client);
     // Polled, not waited for: a migrator blocked inside pg_advisory_lock() would hold a snapshot,
     // and CREATE INDEX CONCURRENTLY in the lock holder waits for every older snapshot (a deadlock).
     // One lock for the whole database, whatever the schema: two migrators of different schemas

@@ -22,14 +22,20 @@ afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 });
 
-it('gives every data folder its own passwords, kept readable by its owner only, and connects the application as a plain role', async () => {
+it('gives every data folder its own passwords, kept readable by its owner only, connects the application as a plain role, and is UTF-8 under any locale', async () => {
   const urls: string[] = [];
   for (let i = 0; i < 2; i++) {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-embedded-'));
     // Run as root, PostgreSQL runs as a `postgres` system user that must be able to enter it.
     await chmod(dir, 0o755);
     dirs.push(dir);
-    const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), persistent: false });
+    // The second under a C locale, as in many containers: initdb alone would make it SQL_ASCII.
+    const locale = process.env.LC_ALL;
+    if (i === 1) process.env.LC_ALL = 'C';
+    const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'pg'), persistent: false }).finally(() => {
+      if (locale === undefined) delete process.env.LC_ALL;
+      else process.env.LC_ALL = locale;
+    });
     try {
       urls.push(server.url);
       expect((await stat(path.join(dir, 'pg.secrets.json'))).mode & 0o777).toBe(0o600);
@@ -38,6 +44,7 @@ it('gives every data folder its own passwords, kept readable by its owner only, 
       try {
         const { rows } = await client.query<{ rolsuper: boolean; rolcreatedb: boolean }>('SELECT rolsuper, rolcreatedb FROM pg_roles WHERE rolname = current_user');
         expect(rows[0]).toEqual({ rolsuper: false, rolcreatedb: false });
+        expect((await client.query('SHOW server_encoding')).rows[0].server_encoding).toBe('UTF8');
       } finally {
         await client.end();
       }

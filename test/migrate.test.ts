@@ -50,6 +50,25 @@ it('npm run migrate is safe when several processes migrate at once', async () =>
   expect(rows.map((r: { name: string }) => r.name)[0]).toBe('001_outbox.sql');
 }, 60_000);
 
+it('refuses a database that is not UTF-8, naming its encoding, and creates nothing in it', async () => {
+  const ascii = `${name}_ascii`;
+  const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE ${ascii} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`);
+    const url = databaseUrlFor(ascii);
+    await expect(migrate(url)).rejects.toThrow(/uses the encoding SQL_ASCII; billing-outbox needs UTF8/);
+    const c = new pg.Client({ connectionString: url });
+    await c.connect();
+    const { rows } = await c.query(`SELECT 1 FROM pg_namespace WHERE nspname = $1`, [schemaFor().name]);
+    await c.end();
+    expect(rows).toEqual([]);
+  } finally {
+    await admin.query(`DROP DATABASE IF EXISTS ${ascii} WITH (FORCE)`);
+    await admin.end();
+  }
+});
+
 it('npm run migrate without DATABASE_URL fails with a clear message', async () => {
   const env = { ...process.env };
   delete env.DATABASE_URL;

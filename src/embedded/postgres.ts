@@ -172,6 +172,9 @@ export async function startEmbeddedPostgres(opts: {
     persistent: opts.persistent ?? true,
     // PostgreSQL refuses to run as root; the package then runs it as a `postgres` system user.
     createPostgresUser: process.getuid?.() === 0,
+    // UTF-8 whatever the host's locale: under C or POSIX (many containers) initdb would make a
+    // SQL_ASCII cluster, which migrate refuses (src/db.ts requireUtf8).
+    initdbFlags: ['--encoding=UTF8', '--locale=C'],
     postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200', ...(opts.settings ?? []).flatMap((s) => ['-c', s])],
     onLog: (chunk) => {
       said.push(...chunk.split('\n').map((l) => l.trim()).filter((l) => l !== ''));
