@@ -177,6 +177,17 @@ describe('billing-outbox reconcile', () => {
     expect(window!.hint).toContain('does not hold them');
   });
 
+  it("a retry refused past the window names the customer the event was sent to, not the one its tenant was remapped to since", async () => {
+    const tn = await tenant();
+    const dead = await event(tn, 3, 140, { status: 'dead' });
+    await t.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '25 hours', billed_customer_id = $2 WHERE idempotency_key = $1`, [dead, tn.customer]);
+    const moved = `cus_moved_${randomUUID().slice(0, 8)}`;
+    await t.addCustomers({ [tn.id]: moved });
+    const refusal = windowRefusal((await findOperatorRow(t.pool, t.schema, dead))!, Date.now());
+    expect(refusal).toContain(`(Stripe customer ${tn.customer},`);
+    expect(refusal).not.toContain(moved);
+  });
+
   it('--tenant compares only the customer that tenant is billed as', async () => {
     const clean = await tenant();
     const broken = await tenant();

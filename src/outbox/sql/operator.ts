@@ -6,9 +6,13 @@
 import type { Queryable } from '../../db.js';
 import { DELIVERED, IN_FLIGHT } from '../statuses.js';
 import type { Schema } from './schema.js';
+import { attemptCustomer } from './customers.js';
 import { inFlightNow } from './relay.js';
 
-/** An outbox row as the operator sees it, with the Stripe customer its tenant is billed as. */
+/**
+ * An outbox row as the operator sees it, with the Stripe customer its attempts name
+ * (`attemptCustomer`): the one an earlier attempt named, else the one its tenant is billed as now.
+ */
 export interface OperatorRow {
   id: number;
   idempotency_key: string;
@@ -28,7 +32,7 @@ export interface OperatorRow {
 
 const operatorColumns = (schema: Schema) => `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
   o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
-  (SELECT c.stripe_customer_id FROM ${schema.billingCustomers} c WHERE c.tenant_id = o.tenant_id) AS stripe_customer_id`;
+  ${attemptCustomer(schema, 'o')} AS stripe_customer_id`;
 
 export interface DeadLetterFilter {
   tenantId?: string | undefined;
