@@ -267,10 +267,14 @@ describe('a row whose run has closed', () => {
     expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
     expect((await row(key)).status).toBe('dead');
 
+    const { closeTime } = await client.workflow.getHandle(key).describe();
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     // Stripe already had it: the resend was told "already exists", which is delivered.
     expect(eventsFor(key)).toHaveLength(1);
+    // The run's close is kept as the row's first attempt: PostgreSQL's resend guard counts the
+    // window from there by its own clock, whatever the clock of the operator's machine said.
+    expect((await row(key)).first_attempted_at?.getTime()).toBe(closeTime!.getTime());
   });
 
   it('cancelled: the workflow marks its row dead (workflow_cancelled) before it ends; retry reopens it, billed once', async () => {

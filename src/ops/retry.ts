@@ -367,7 +367,7 @@ export class DeadLetterRetrier {
       // row delivered: safe within the resend window counted from the run's close (the event
       // reached Stripe before it), and only forced after that.
       if (current.last_error_code === TemporalErrorCodes.workflowClosed && closedAt) {
-        if (opts.force || now - closedAt.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts);
+        if (opts.force || now - closedAt.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, closedAt);
         return done(
           'refused',
           `its workflow completed at ${closedAt.toISOString()} (Temporal recorded it as delivered), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window: ` +
@@ -382,12 +382,13 @@ export class DeadLetterRetrier {
     return this.reopen(row, status, fresh, opts);
   }
 
-  private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: RetryOptions): Promise<RetryResult> {
+  /** `reachedStripeBy`: the event reached Stripe by then (its run completed): see reopenDeadLetter. */
+  private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: RetryOptions, reachedStripeBy?: Date): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     const { db, schema, client, config } = this.deps;
 
-    const reopened = await reopenDeadLetter(db, schema, key);
+    const reopened = await reopenDeadLetter(db, schema, key, reachedStripeBy);
     if (!reopened) {
       const current = await findOperatorRow(db, schema, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);
@@ -399,7 +400,7 @@ export class DeadLetterRetrier {
       });
       // The new run did not make the first attempt: it is told when that was, so that its `retry`
       // Update refuses a resend past the safe window as this command does.
-      const firstAttemptedAt = row.first_attempted_at?.getTime();
+      const firstAttemptedAt = (row.first_attempted_at ?? reachedStripeBy)?.getTime();
       if (firstAttemptedAt !== undefined) options.args = [{ ...options.args[0], firstAttemptedAt }];
       await client.workflow.start('usageWorkflow', options);
     } catch (err) {

@@ -90,20 +90,29 @@ export async function findOperatorRow(db: Queryable, schema: Schema, key: string
  * `status = 'dead'` guard is the lock: of two operators reopening the same event at once, the
  * second one's UPDATE re-checks the row after the first commits, finds it dispatched, and returns
  * nothing, so only one of them goes on to start a run. A sent row can never match. Returns the
- * previous dead_at, for `restoreDeadLetter` if the start fails.
+ * previous dead_at, for `restoreDeadLetter` if the start fails. `reachedStripeBy`: when the event
+ * is known to have reached Stripe at the latest (its run completed then), kept as its first attempt
+ * if the row has none (a backup from before it), so that PostgreSQL's resend guard (beginAttempt)
+ * counts its window from there, by the database's clock rather than the operator's.
  */
-export async function reopenDeadLetter(db: Queryable, schema: Schema, key: string): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
+export async function reopenDeadLetter(
+  db: Queryable,
+  schema: Schema,
+  key: string,
+  reachedStripeBy?: Date,
+): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
   const { rows } = await db.query<{ tenant_id: string; previous_dead_at: Date | null }>(
     `WITH prev AS (
        SELECT id, dead_at FROM ${schema.outbox} WHERE idempotency_key = $1::text AND status = 'dead' FOR UPDATE
      )
      UPDATE ${schema.outbox} o
         SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
+            first_attempted_at = COALESCE(o.first_attempted_at, $2::timestamptz),
             workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
        FROM prev
       WHERE o.id = prev.id AND o.status = 'dead'
      RETURNING o.tenant_id, prev.dead_at AS previous_dead_at`,
-    [key],
+    [key, reachedStripeBy ?? null],
   );
   return rows[0];
 }
