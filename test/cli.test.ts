@@ -132,6 +132,13 @@ describe('status and dead', () => {
     expect(table.out).toMatch(/^dead\s+[1-9]\d*$/m);
     expect(table.out).toMatch(/^resource_missing\s+[1-9]\d*$/m);
     expect(table.out).toMatch(/sent: \d+ in the last minute, \d+ in the last hour/);
+    // Counted by PostgreSQL's clock, which stamped sent_at: from a machine running two minutes
+    // fast, an event sent half a minute ago is still in the last minute.
+    const sent = await enqueue('acme', 1);
+    await waitStatus(sent, 'sent');
+    await t.pool.query(`UPDATE outbox SET sent_at = now() - interval '30 seconds' WHERE idempotency_key = $1`, [sent]);
+    const fast = await cli(['status', '--json'], { now: () => Date.now() + 120_000 });
+    expect((JSON.parse(fast.out) as { sentLastMinute: number }).sentLastMinute).toBeGreaterThanOrEqual(1);
 
     const dead = await cliJson<{ total: number; items: Record<string, unknown>[] }>(['dead', '--tenant', 'ghost']);
     expect(dead.code).toBe(0);

@@ -86,7 +86,7 @@ describe('a start Temporal refuses', () => {
       expect(dead.last_error_message).toMatch(/^INVALID_ARGUMENT: .*WorkflowId exceeds maximum allowed length/);
     }
     expect((await metrics.startFailures.get()).values.find((v) => v.labels.reason === 'refused')?.value).toBeGreaterThanOrEqual(3);
-    const status = await outboxStatus(db.pool, schemaFor(), new Date());
+    const status = await outboxStatus(db.pool, schemaFor());
     expect(status.deadByErrorCode).toContainEqual({ code: TemporalErrorCodes.startRefused, count: 3 });
     expect(status.counts.claimed).toBe(0);
 
@@ -129,7 +129,7 @@ describe('a start that fails for a reason that may pass', () => {
       const { rows } = await own.pool.query('SELECT status, last_error_code, last_error_message FROM outbox WHERE idempotency_key = $1', [key]);
       expect(rows[0]).toMatchObject({ status: 'claimed', last_error_code: TemporalErrorCodes.startFailing });
       expect(rows[0].last_error_message).toContain('UNAVAILABLE');
-      expect((await outboxStatus(own.pool, schemaFor(), new Date())).startFailing).toBe(1);
+      expect((await outboxStatus(own.pool, schemaFor())).startFailing).toBe(1);
       expect((await metrics.startFailures.get()).values.find((v) => v.labels.reason === 'transient')?.value).toBeGreaterThan(before);
       expect(logged.some((l) => l.fields.key === key && /failed to start/.test(l.msg))).toBe(true);
 
@@ -139,7 +139,7 @@ describe('a start that fails for a reason that may pass', () => {
       await new MockActivityEnvironment().run(relayWith(working, `tq-idle-${randomUUID().slice(0, 8)}`), 'relay-working');
       const { rows: after } = await own.pool.query('SELECT status, last_error_code, last_error_message FROM outbox WHERE idempotency_key = $1', [key]);
       expect(after[0]).toEqual({ status: 'dispatched', last_error_code: null, last_error_message: null });
-      expect((await outboxStatus(own.pool, schemaFor(), new Date())).startFailing).toBe(0);
+      expect((await outboxStatus(own.pool, schemaFor())).startFailing).toBe(0);
     } finally {
       await notifier.close();
       await own.drop();

@@ -44,11 +44,11 @@ export interface StatusReport {
   alarms: string[];
 }
 
-/** The outbox's state at `now` (the send rate is counted back from it). */
-export async function outboxStatus(db: Queryable, schema: Schema, now: Date): Promise<StatusReport> {
+/** The outbox's state now, by PostgreSQL's clock. */
+export async function outboxStatus(db: Queryable, schema: Schema): Promise<StatusReport> {
   const [summary, recent, dead, rejected, reports, inFlight, startFailing] = await Promise.all([
     statusSummary(db, schema),
-    countRecentlySent(db, schema, now),
+    countRecentlySent(db, schema),
     countByErrorCode(db, schema, 'dead'),
     countByErrorCode(db, schema, 'rejected_async'),
     errorReportTotals(db, schema),

@@ -38,7 +38,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   noPositionals(positionals, STATUS_HELP);
-  const outbox = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema), new Date(ctx.now?.() ?? Date.now()));
+  const outbox = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema));
   // The outbox is the point of `status`: Temporal out of reach costs the reconcile lines only.
   const reconcile = await withinMs(
     TEMPORAL_WAIT_MS,

@@ -82,15 +82,15 @@ export interface RecentlySent {
 }
 
 /**
- * Events sent in the minute and the hour before `at`, from `outbox_sent_at_idx`. Counts, age and
+ * Events sent in the last minute and hour, from `outbox_sent_at_idx`, by PostgreSQL's clock (the
+ * one that stamped `sent_at`; an operator's machine running fast would count none). Counts, age and
  * backlog come from `statusSummary`.
  */
-export async function countRecentlySent(db: Queryable, schema: Schema, at: Date): Promise<RecentlySent> {
+export async function countRecentlySent(db: Queryable, schema: Schema): Promise<RecentlySent> {
   const { rows } = await db.query<RecentlySent>(
-    `SELECT count(*) FILTER (WHERE sent_at > $1::timestamptz - interval '1 minute') AS last_minute,
+    `SELECT count(*) FILTER (WHERE sent_at > clock_timestamp() - interval '1 minute') AS last_minute,
             count(*) AS last_hour
-       FROM ${schema.outbox} WHERE sent_at > $1::timestamptz - interval '1 hour'`,
-    [at],
+       FROM ${schema.outbox} WHERE sent_at > clock_timestamp() - interval '1 hour'`,
   );
   return rows[0]!;
 }
