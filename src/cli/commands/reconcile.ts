@@ -15,7 +15,7 @@ occurred_at (the meter event's timestamp) is in the range. Prints every window w
 and the delta (Stripe - ours), and for each differing window the events in it (key, quantity,
 status), so you can tell which to resend or cancel.
 
-Ours = the quantities of rows that are sent. Rows rejected_async (Stripe rejected them after a 200)
+Ours = the quantities of rows that are delivered (sent; v2: accepted). Rows rejected_async (Stripe rejected them after a 200)
 or cancelled are expected not to be counted by Stripe. Rows pending, claimed, dispatched or dead
 may or may not have reached Stripe: they are not counted, but listed with their window, which is
 how to decide whether a dead letter past the 24 h window may be retried with --force.
