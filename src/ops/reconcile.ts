@@ -196,7 +196,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   const matching = all.filter((w) => w.match).length;
   const notes = [
     EVENTUAL_CONSISTENCY_NOTE,
-    'Ours counts delivered rows only (`sent`, and v2's `accepted`): rows rejected_async (rejected by Stripe after a 200) or cancelled are expected not to be counted by Stripe; ' +
+    'Ours counts delivered rows only (`sent`, and `accepted` in v2): rows rejected_async (rejected by Stripe after a 200) or cancelled are expected not to be counted by Stripe; ' +
       'rows pending, claimed, dispatched or dead may or may not have reached Stripe and are listed, not counted.',
     'Only Stripe customers with outbox rows in the range are compared: each row under the customer its attempt named, a row never attempted under its tenant\'s mapping in billing_customers now.',
   ];
