@@ -18,6 +18,12 @@ import { idempotencyKeyFor, runCliWithoutTemporal, useStripe } from './hooks.js'
 const HOUR = 3_600_000;
 
 const t = useStripe({ stripe: { meters: ['api_requests', 'tokens'] } });
+
+beforeAll(() => {
+  // Meters that aggregate otherwise than by sum (Stripe's default_aggregation.formula).
+  t.stripe.addMeter('logins', { formula: 'count' });
+  t.stripe.addMeter('seats', { formula: 'last' });
+});
 let client: Stripe;
 /** Five whole hours ago: every test's usage sits in the hours after it (well inside Stripe's 35 days). */
 let base: number;
@@ -186,6 +192,27 @@ describe('billing-outbox reconcile', () => {
     const refusal = windowRefusal((await findOperatorRow(t.pool, t.schema, dead))!, Date.now());
     expect(refusal).toContain(`(Stripe customer ${tn.customer},`);
     expect(refusal).not.toContain(moved);
+  });
+
+  it('compares a count meter with the number of delivered events, and leaves a last meter out with a note: no drift on a clean system', async () => {
+    const tn = await tenant();
+    await event(tn, 5, 10, { eventName: 'logins' });
+    await event(tn, 7, 20, { eventName: 'logins' });
+    await event(tn, 3, 10, { eventName: 'seats' });
+    await event(tn, 9, 30, { eventName: 'seats' });
+    const { code, report } = await reconcileJson(['--from', at(0), '--to', at(1), '--tenant', tn.id]);
+    expect(report.groups.map((g) => [g.eventName, g.measure, g.ours, g.stripe, g.match])).toEqual([['logins', 'events', 2, 2, true]]);
+    expect(report.notes).toContainEqual(expect.stringContaining('Not compared: event name "seats", whose meter aggregates by last'));
+    expect(code).toBe(0);
+
+    // A count meter missing one event: told in events, with the hint for a row Stripe lacks.
+    const lost = await event(tn, 11, 40, { eventName: 'logins', toStripe: false });
+    const after = await reconcileJson(['--from', at(0), '--to', at(1), '--tenant', tn.id]);
+    expect(after.code).toBe(1);
+    const [window] = after.report.groups[0]!.windows;
+    expect(window).toMatchObject({ ours: 3, stripe: 2, delta: -1, match: false });
+    expect(window!.events.map((e) => e.key)).toContain(lost);
+    expect(window!.hint).toContain('Stripe counts 1 less than our sent rows');
   });
 
   it('--tenant compares only the customer that tenant is billed as', async () => {

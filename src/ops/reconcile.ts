@@ -78,6 +78,8 @@ export interface ReconcileGroup {
   meterId: string | null;
   /** Why this pair could not be compared (e.g. no meter for the event name); null when it was. */
   problem: string | null;
+  /** What ours and Stripe's are: the quantities summed (a sum meter) or the events counted (a count meter). */
+  measure: 'quantity' | 'events';
   ours: number;
   stripe: number;
   match: boolean;
@@ -139,8 +141,18 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   if (pairs.size > 0) await pace();
   const meters = pairs.size > 0 ? await metersByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter>();
   const groups: ReconcileGroup[] = [];
+  /** Meters whose summaries are not a sum or a count of our events: not compared, said in the notes. */
+  const notComparable = new Map<string, string>();
   for (const pair of pairs.values()) {
     const meter = meters.get(pair.eventName);
+    // What Stripe's summary of an hour is: the quantities summed (ours: the delivered rows'
+    // quantities) or the events counted (ours: how many were delivered). A `last` meter's is one
+    // event's value, which no total of ours matches: comparing it would report drift every hour.
+    const formula = meter?.default_aggregation?.formula ?? 'sum';
+    if (formula !== 'sum' && formula !== 'count') {
+      notComparable.set(pair.eventName, formula);
+      continue;
+    }
     let stripeTotals = new Map<number, number>();
     let problem: string | null = null;
     if (!meter) {
@@ -160,7 +172,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     const starts = [...new Set([...pair.windows.keys(), ...[...stripeTotals.entries()].filter(([, v]) => v !== 0).map(([s]) => s)])].sort((a, b) => a - b);
     const windows = starts.map((s): ReconcileWindow => {
       const ours = pair.windows.get(s);
-      const oursValue = ours?.sent_quantity ?? 0;
+      const oursValue = (formula === 'count' ? ours?.sent_count : ours?.sent_quantity) ?? 0;
       const stripeValue = stripeTotals.get(s) ?? 0;
       return {
         start: new Date(s * 1000).toISOString(),
@@ -183,6 +195,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
       tenantIds: [...pair.tenants].sort(),
       meterId: meter?.id ?? null,
       problem,
+      measure: formula === 'count' ? 'events' : 'quantity',
       ours,
       stripe,
       match: problem === null && windows.every((w) => w.match),
@@ -199,6 +212,11 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     'Ours counts delivered rows only (`sent`, and `accepted` in v2): rows rejected_async (rejected by Stripe after a 200) or cancelled are expected not to be counted by Stripe; ' +
       'rows pending, claimed, dispatched or dead may or may not have reached Stripe and are listed, not counted.',
     'Only Stripe customers with outbox rows in the range are compared: each row under the customer its attempt named, a row never attempted under its tenant\'s mapping in billing_customers now.',
+    'A meter that counts events (formula count) is compared with the number of delivered rows, not their quantities.',
+    ...[...notComparable].map(
+      ([eventName, formula]) =>
+        `Not compared: event name ${JSON.stringify(eventName)}, whose meter aggregates by ${formula} (its summaries are one event's value, not a total of ours); check it in the Stripe Dashboard.`,
+    ),
   ];
   return {
     from: opts.from.toISOString(),
@@ -220,11 +238,11 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
 
 /** Lists the rows of every window that differs or holds unsettled rows, and reads the difference. */
 async function attachEvents(db: Queryable, schema: Schema, groups: ReconcileGroup[]): Promise<void> {
-  const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; tenantIds: string[]; window: ReconcileWindow }[] = [];
+  const wanted: { stripeCustomerId: string; eventName: string; windowStart: number; tenantIds: string[]; measure: ReconcileGroup['measure']; window: ReconcileWindow }[] = [];
   for (const g of groups) {
     for (const w of g.windows) {
       if (!w.match || w.rows.unsettled > 0) {
-        wanted.push({ stripeCustomerId: g.stripeCustomerId, eventName: g.eventName, windowStart: Date.parse(w.start) / 1000, tenantIds: g.tenantIds, window: w });
+        wanted.push({ stripeCustomerId: g.stripeCustomerId, eventName: g.eventName, windowStart: Date.parse(w.start) / 1000, tenantIds: g.tenantIds, measure: g.measure, window: w });
       }
     }
   }
@@ -246,12 +264,12 @@ async function attachEvents(db: Queryable, schema: Schema, groups: ReconcileGrou
     });
     w.eventsOmitted = Number(r.window_rows) - w.events.length;
   }
-  for (const { window } of wanted) window.hint = hintFor(window);
+  for (const { window, measure } of wanted) window.hint = hintFor(window, measure);
 }
 
-function hintFor(w: ReconcileWindow): string | null {
+function hintFor(w: ReconcileWindow, measure: ReconcileGroup['measure']): string | null {
   const unsettled = w.events.filter((e) => isUnsettled(e.status));
-  const unsettledSum = unsettled.reduce((n, e) => n + e.quantity, 0);
+  const unsettledSum = measure === 'events' ? unsettled.length : unsettled.reduce((n, e) => n + e.quantity, 0);
   if (w.match) {
     return unsettled.length > 0
       ? `the window matches without its ${unsettled.length} unsettled row(s) (${unsettled.map((e) => e.status).join(', ')}): Stripe most likely does not hold them`

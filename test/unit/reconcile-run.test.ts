@@ -52,6 +52,7 @@ function group(customer: string, windows: ReconcileWindow[]): ReconcileGroup {
     tenantIds: [`t-${customer}`],
     meterId: 'mtr_1',
     problem: null,
+    measure: 'quantity',
     ours: windows.reduce((n, w) => n + w.ours, 0),
     stripe: windows.reduce((n, w) => n + w.stripe, 0),
     match: windows.every((w) => w.match),

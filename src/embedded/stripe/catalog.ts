@@ -1,7 +1,7 @@
 /**
  * Customers and meters: the objects a meter event must refer to. `reset()` of the server keeps them.
  */
-import type { MeterInfo } from './types.js';
+import type { MeterFormula, MeterInfo, MeterKeyOptions } from './types.js';
 
 export interface CustomerObject {
   id: string;
@@ -24,7 +24,7 @@ export interface MeterObject {
   status: 'active' | 'inactive';
   status_transitions: { deactivated_at: number | null };
   updated: number;
-  default_aggregation: { formula: 'sum' };
+  default_aggregation: { formula: MeterFormula };
   customer_mapping: { event_payload_key: string; type: 'by_id' };
   value_settings: { event_payload_key: string };
 }
@@ -76,9 +76,10 @@ export class Catalog {
 
   /**
    * Adds an active meter for `eventName`, or returns the existing one's id. A meter names the
-   * payload keys it reads the customer and the value from (Stripe's defaults unless given).
+   * payload keys it reads the customer and the value from (Stripe's defaults unless given), and
+   * its formula (sum unless given).
    */
-  addMeter(eventName: string, keys: { customerKey?: string; valueKey?: string } = {}): string {
+  addMeter(eventName: string, keys: MeterKeyOptions = {}): string {
     const existing = this.meterForEvent(eventName);
     if (existing) return existing.id;
     const id = `mtr_local_${++this.meterSeq}`;
@@ -94,7 +95,7 @@ export class Catalog {
       status: 'active',
       status_transitions: { deactivated_at: null },
       updated: now,
-      default_aggregation: { formula: 'sum' },
+      default_aggregation: { formula: keys.formula ?? 'sum' },
       customer_mapping: { event_payload_key: keys.customerKey ?? 'stripe_customer_id', type: 'by_id' },
       value_settings: { event_payload_key: keys.valueKey ?? 'value' },
     });
@@ -111,7 +112,7 @@ export class Catalog {
    * What an operator does to change a meter's payload keys (Stripe does not let them change):
    * deactivates the active meter for `eventName` and creates another with `keys`. Returns its id.
    */
-  replaceMeter(eventName: string, keys: { customerKey?: string; valueKey?: string }): string {
+  replaceMeter(eventName: string, keys: MeterKeyOptions): string {
     const old = this.meterForEvent(eventName);
     if (old) {
       old.status = 'inactive';

@@ -5,7 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { WebhookDelivery } from './error-reports.js';
-import type { FaultRequest, FaultState, MeterInfo, RecordedMeterEvent, RequestRecord, StreamRequestRecord } from './types.js';
+import type { FaultRequest, FaultState, MeterFormula, MeterInfo, MeterKeyOptions, RecordedMeterEvent, RequestRecord, StreamRequestRecord } from './types.js';
 import { headerValue, readBody } from './wire.js';
 
 /** The LocalStripe methods the control API drives. */
@@ -21,7 +21,7 @@ export interface ControlTarget {
   heal(): void;
   reset(): void;
   addCustomer(id: string): void;
-  addMeter(eventName: string, keys?: { customerKey?: string; valueKey?: string }): string;
+  addMeter(eventName: string, keys?: MeterKeyOptions): string;
   flushStream(): void;
   flushAsyncErrors(): Promise<void>;
   advanceClock(ms: number): number;
@@ -95,7 +95,13 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
       target.addCustomer(requireString(body, 'id'));
       return { ok: true };
     case 'POST /_local/meters':
-      return { id: target.addMeter(requireString(body, 'eventName'), { customerKey: optionalString(body, 'customerKey'), valueKey: optionalString(body, 'valueKey') }) };
+      return {
+        id: target.addMeter(requireString(body, 'eventName'), {
+          customerKey: optionalString(body, 'customerKey'),
+          valueKey: optionalString(body, 'valueKey'),
+          formula: meterFormula(optionalString(body, 'formula')),
+        }),
+      };
     case 'POST /_local/flush-stream':
       target.flushStream();
       return { ok: true };
@@ -187,4 +193,10 @@ function send(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
   res.end(text);
+}
+
+/** A meter's formula from the control API (sum unless given). */
+function meterFormula(value: string | undefined): MeterFormula | undefined {
+  if (value === undefined || value === 'sum' || value === 'count' || value === 'last') return value;
+  throw new BadRequest(`formula must be sum, count or last, not ${JSON.stringify(value)}`);
 }

@@ -1,8 +1,9 @@
 /**
  * GET /v1/billing/meters/:id/event_summaries — what Stripe counted, the way a pipeline reconciles.
  *
- * Sums `payload[value]` of billable events (not cancelled, not failed validation) by their usage
- * `timestamp`, for one customer, over [start_time, end_time). Real Stripe aggregates
+ * Aggregates `payload[value]` of billable events (not cancelled, not failed validation) by their
+ * usage `timestamp`, for one customer, over [start_time, end_time), by the meter's formula: the
+ * values summed, the events counted, or the value of the latest event. Real Stripe aggregates
  * asynchronously (eventually consistent); here a summary is exact as soon as the event is accepted.
  */
 import { createHash } from 'node:crypto';
@@ -38,24 +39,34 @@ export function eventSummaries(meter: MeterObject, query: URLSearchParams, event
   );
   const summaries = parsed.window
     ? windowedSummaries(meter, parsed, relevant, WINDOW_SECONDS[parsed.window])
-    : [summary(meter, parsed.customer, parsed.start, parsed.end, sumValues(relevant))];
+    : [summary(meter, parsed.customer, parsed.start, parsed.end, aggregate(meter, relevant))];
   return list(summaries, `/v1/billing/meters/${meter.id}/event_summaries`, query);
 }
 
 /** One summary per window that has usage, newest first (the order Stripe's examples show). */
 function windowedSummaries(meter: MeterObject, q: SummaryQuery, events: readonly RecordedMeterEvent[], size: number): MeterEventSummary[] {
-  const totals = new Map<number, number>();
+  const byWindow = new Map<number, RecordedMeterEvent[]>();
   for (const event of events) {
     const windowStart = Math.floor(event.timestamp / size) * size;
-    totals.set(windowStart, (totals.get(windowStart) ?? 0) + event.value);
+    const inWindow = byWindow.get(windowStart);
+    if (inWindow) inWindow.push(event);
+    else byWindow.set(windowStart, [event]);
   }
-  return [...totals.entries()]
+  return [...byWindow.entries()]
     .sort(([a], [b]) => b - a)
-    .map(([start, total]) => summary(meter, q.customer, start, start + size, total));
+    .map(([start, inWindow]) => summary(meter, q.customer, start, start + size, aggregate(meter, inWindow)));
 }
 
-function sumValues(events: readonly RecordedMeterEvent[]): number {
-  return events.reduce((total, event) => total + event.value, 0);
+/** The events' aggregated value by the meter's formula (`last`: the latest by timestamp, then by arrival). */
+function aggregate(meter: MeterObject, events: readonly RecordedMeterEvent[]): number {
+  switch (meter.default_aggregation.formula) {
+    case 'count':
+      return events.length;
+    case 'last':
+      return events.reduce<RecordedMeterEvent | undefined>((latest, e) => (!latest || e.timestamp >= latest.timestamp ? e : latest), undefined)?.value ?? 0;
+    default:
+      return events.reduce((total, event) => total + event.value, 0);
+  }
 }
 
 function summary(meter: MeterObject, customer: string, start: number, end: number, total: number): MeterEventSummary {

@@ -70,11 +70,19 @@ export interface WebhookTarget {
   secret: string;
 }
 
-/** The payload keys a meter reads the customer and the value from (Stripe's defaults: stripe_customer_id, value). */
+/**
+ * The payload keys a meter reads the customer and the value from (Stripe's defaults:
+ * stripe_customer_id, value), and how it aggregates the values (`default_aggregation.formula`;
+ * default sum).
+ */
 export interface MeterKeyOptions {
   customerKey?: string;
   valueKey?: string;
+  formula?: MeterFormula;
 }
+
+/** How a meter aggregates its events: their values summed, the events counted, or the last value. */
+export type MeterFormula = 'sum' | 'count' | 'last';
 
 export interface MeterInfo {
   id: string;
