@@ -296,6 +296,27 @@ describe('a row whose run has closed', () => {
     expect(eventsFor(key)).toHaveLength(1);
   });
 
+  it('cancelled while its retried call is at Stripe: the run waits for the call, and an event Stripe took is never listed as dead', async () => {
+    // The first attempt fails (503), the second (a regular activity) is at Stripe when the cancel comes.
+    stripe.failNext(1, 503);
+    // Within this file's Stripe timeout (2 s): the call is answered.
+    stripe.setLatency(1_200);
+    try {
+      const key = await enqueue(4);
+      await waitFor('its second call to be at Stripe', async () => ((await row(key))?.attempt_count >= 2 && stripe.callsInFlight() > 0) || undefined, 30_000, 20);
+      const handle = client.workflow.getHandle(key);
+      await handle.cancel();
+      await waitFor('the run to close', async () => (await handle.describe()).status.name !== 'RUNNING', 30_000);
+      expect((await row(key)).status).toBe('sent');
+      expect(eventsFor(key)).toHaveLength(1);
+      // Not among the dead letters in the Web UI: the run learnt the call's answer before it ended.
+      const attributes = (await handle.describe()).typedSearchAttributes;
+      expect(attributes.get(OutboxStatusKey)).not.toBe('dead');
+    } finally {
+      stripe.setLatency(0);
+    }
+  });
+
   it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {
     const key = await inFlightDuringOutage(2);
     // A sweep every 200 ms.

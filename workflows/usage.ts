@@ -12,6 +12,7 @@
  * answers `deferred`, and the workflow waits on a timer.
  */
 import {
+  ActivityCancellationType,
   ActivityFailure,
   allHandlersFinished,
   ApplicationFailure,
@@ -123,7 +124,12 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
   // started the run: on the common path an event costs one workflow task (start, call, complete)
   // instead of three. Anything but an answer (a failure that may pass, a deferral) goes on as a
   // regular activity, under Temporal's retry policy and timers, with the attempts that are left.
+  // A cancelled run waits for the attempt under way to end (bounded by its timeouts) rather than
+  // leave it behind: a call Stripe takes meanwhile is then the run's outcome, not a row the run has
+  // just marked dead (workflow_cancelled) that turns sent after it closed, listed dead in the Web UI.
+  const cancellationType = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED;
   const { deliverUsage: deliverInTask } = proxyLocalActivities<DeliveryActivities>({
+    cancellationType,
     startToCloseTimeout: attemptTimeoutMs,
     retry: { maximumAttempts: 1 },
     summary: 'Report to Stripe: first attempt, in the workflow task',
@@ -137,6 +143,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     proxyActivities<DeliveryActivities>({
       ...runPriority(),
       summary: "Report to Stripe: again, on Temporal's retry policy",
+      cancellationType,
       startToCloseTimeout: attemptTimeoutMs,
       // The attempt heartbeats throughout (waiting for the lease or a batch, and the call): a dead
       // worker's attempt is retried elsewhere after this, not after the whole attempt timeout.
