@@ -59,7 +59,7 @@ export function reconcileDetails(r: ReconcileRunResult): string {
         // Tenant ids, names and Stripe's messages are text of others' making: escaped (a `|` too).
         ...r.drifting.map(
           (p) =>
-            `| ${markdownText(p.stripeCustomerId)} | ${p.tenantIds.map(markdownText).join(', ')} | ${markdownText(p.eventName)} | ${p.ours} | ${p.stripe} | ${p.stripeMore} | ${p.stripeLess} | ${markdownText(p.problem ?? '')} |`,
+            `| ${markdownText(p.stripeCustomerId)} | ${p.tenantIds.map(markdownText).join(', ')}${p.tenantsOmitted > 0 ? ` and ${p.tenantsOmitted} more` : ''} | ${markdownText(p.eventName)} | ${p.ours} | ${p.stripe} | ${p.stripeMore} | ${p.stripeLess} | ${markdownText(p.problem ?? '')} |`,
         ),
       ].join('\n'),
     );

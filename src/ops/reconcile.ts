@@ -304,11 +304,15 @@ export function reconcileWindowAt(at: number, run: ReconcileRunInput): { from: D
 
 /** Customers listed by name in a run's result; the rest are counted (the run's workflow history stays small). */
 export const MAX_DRIFT_CUSTOMERS = 50;
+/** Tenants named per drifting pair in a scheduled run's result (a platform may bill thousands as one customer). */
+export const MAX_DRIFT_TENANTS = 20;
 
 /** One (customer, meter) pair whose windows differ, in a scheduled run's result. */
 export interface DriftingPair {
   stripeCustomerId: string;
+  /** The pair's tenants, at most MAX_DRIFT_TENANTS; `tenantsOmitted` counts the rest. */
   tenantIds: string[];
+  tenantsOmitted: number;
   eventName: string;
   ours: number;
   stripe: number;
@@ -368,7 +372,8 @@ export function runResult(report: ReconcileReport): ReconcileRunResult {
   for (const g of report.groups) {
     const pair: DriftingPair = {
       stripeCustomerId: g.stripeCustomerId,
-      tenantIds: g.tenantIds,
+      tenantIds: g.tenantIds.slice(0, MAX_DRIFT_TENANTS),
+      tenantsOmitted: Math.max(0, g.tenantIds.length - MAX_DRIFT_TENANTS),
       eventName: g.eventName,
       ours: g.ours,
       stripe: g.stripe,

@@ -1,6 +1,6 @@
 /** The scheduled run's pure parts: the window it compares, and the bounded result it records. */
 import { describe, expect, it } from 'vitest';
-import { MAX_DRIFT_CUSTOMERS, reconcileWindowAt, runResult, type ReconcileGroup, type ReconcileReport, type ReconcileWindow } from '../../src/ops/reconcile.js';
+import { MAX_DRIFT_CUSTOMERS, MAX_DRIFT_TENANTS, reconcileWindowAt, runResult, type ReconcileGroup, type ReconcileReport, type ReconcileWindow } from '../../src/ops/reconcile.js';
 
 const HOUR = 3_600_000;
 const at = (iso: string) => Date.parse(iso);
@@ -102,5 +102,14 @@ describe('runResult', () => {
     expect(r.driftingOmitted).toBe(2);
     // cus_000 matches; every other one drifts.
     expect(r.driftingCustomers).toBe(MAX_DRIFT_CUSTOMERS + 2);
+  });
+
+  it('names at most MAX_DRIFT_TENANTS tenants of a drifting pair: 60,000 workspaces billed as one customer keep the result small', () => {
+    const shared = { ...group('cus_platform', [window('2026-12-03T00:00:00.000Z', 1, 2)]), tenantIds: Array.from({ length: 60_000 }, (_, i) => `workspace-${i}`) };
+    const r = runResult(report([shared]));
+    expect(r.drifting[0]!.tenantIds).toHaveLength(MAX_DRIFT_TENANTS);
+    expect(r.drifting[0]!.tenantsOmitted).toBe(60_000 - MAX_DRIFT_TENANTS);
+    // Temporal refuses a result over 2 MiB; this one is a few kilobytes.
+    expect(JSON.stringify(r).length).toBeLessThan(16_384);
   });
 });

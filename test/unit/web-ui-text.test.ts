@@ -61,6 +61,7 @@ describe('reconcileDetails', () => {
         {
           stripeCustomerId: 'cus_1',
           tenantIds: ['a|b', '[Pay](https://evil.example)'],
+          tenantsOmitted: 0,
           eventName: 'api_requests',
           ours: 5,
           stripe: 3,

@@ -156,7 +156,8 @@ function reconcileLines(r: ReconcileStatus | { error: string }): string[] {
         `Stripe counts ${x.drift.stripeMore} more and ${x.drift.stripeLess} less than our sent rows`,
     );
     for (const p of x.drifting) {
-      lines.push(`    ${p.stripeCustomerId} (${p.tenantIds.join(', ')}) ${p.eventName}: ours ${p.ours}, Stripe ${p.stripe}${p.problem ? ` (${p.problem})` : ''}`);
+      const tenants = `${p.tenantIds.join(', ')}${p.tenantsOmitted > 0 ? ` and ${p.tenantsOmitted} more` : ''}`;
+      lines.push(`    ${p.stripeCustomerId} (${tenants}) ${p.eventName}: ours ${p.ours}, Stripe ${p.stripe}${p.problem ? ` (${p.problem})` : ''}`);
     }
     if (x.driftingOmitted > 0) lines.push(`    and ${x.driftingOmitted} more pair(s)`);
     lines.push(`  each hour and event: billing-outbox reconcile --from ${x.from} --to ${x.to} [--tenant <tenant>]`);
