@@ -9,7 +9,7 @@ import type Stripe from 'stripe';
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { DeadLetterRetrier, windowRefusal } from '../src/ops/retry.js';
 import { findOperatorRow } from '../src/outbox/sql/operator.js';
-import type { ReconcileReport } from '../src/ops/reconcile.js';
+import { reconcile, type ReconcileReport } from '../src/ops/reconcile.js';
 import { createStripeClient, sendMeterEvent } from '../src/stripe/client.js';
 import { DEFAULT_METER_KEYS } from '../src/stripe/meters.js';
 import { AT_STRIPE } from '../src/outbox/statuses.js';
@@ -213,6 +213,27 @@ describe('billing-outbox reconcile', () => {
     expect(window).toMatchObject({ ours: 3, stripe: 2, delta: -1, match: false });
     expect(window!.events.map((e) => e.key)).toContain(lost);
     expect(window!.hint).toContain('Stripe counts 1 less than our sent rows');
+  });
+
+  it('refuses a range with more windows than it compares at once, before any call to Stripe, naming what to narrow', async () => {
+    const tn = await tenant();
+    await event(tn, 1, 10);
+    await event(tn, 1, 70);
+    await event(tn, 1, 130);
+    let stripeUsed = 0;
+    const counting = {
+      get billing() {
+        stripeUsed++;
+        return client.billing;
+      },
+    };
+    const deps = { db: t.pool, schema: t.schema, stripe: counting, maxWindows: 2 };
+    await expect(reconcile(deps, { from: new Date(at(0)), to: new Date(at(3)), tenantId: tn.id })).rejects.toThrow(
+      'the range holds more than 2 (customer, meter, hour) windows to compare: reconcile a shorter range, or one tenant (--tenant)',
+    );
+    expect(stripeUsed).toBe(0);
+    await expect(reconcile({ ...deps, maxWindows: 3 }, { from: new Date(at(0)), to: new Date(at(3)), tenantId: tn.id })).resolves.toMatchObject({ match: true });
+    expect(stripeUsed).toBeGreaterThan(0);
   });
 
   it('--tenant compares only the customer that tenant is billed as', async () => {

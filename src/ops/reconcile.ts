@@ -108,7 +108,15 @@ export interface ReconcileDeps {
    * deliveries. The CLI's one-off run goes without.
    */
   pace?: () => Promise<void>;
+  /** MAX_WINDOWS unless given (a test's smaller one). */
+  maxWindows?: number;
 }
+
+/**
+ * The most (customer, meter, hour) windows one reconciliation compares: each is a window of the
+ * report (about 400 bytes of JSON), and each customer and meter a call to Stripe.
+ */
+export const MAX_WINDOWS = 100_000;
 
 /** Hour-aligned [from, to): from rounded down, to rounded up. */
 export function alignRange(from: Date, to: Date): { from: Date; to: Date } {
@@ -126,7 +134,15 @@ const windowKey = (customer: string, eventName: string, start: number) => `${cus
 export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Date; tenantId?: string | undefined }): Promise<ReconcileReport> {
   const start = Math.floor(opts.from.getTime() / 1000);
   const end = Math.floor(opts.to.getTime() / 1000);
-  const rows = await reconcileWindows(deps.db, deps.schema, opts);
+  const maxWindows = deps.maxWindows ?? MAX_WINDOWS;
+  const rows = await reconcileWindows(deps.db, deps.schema, { ...opts, limit: maxWindows + 1 });
+  if (rows.length > maxWindows) {
+    // Refused before any call to Stripe (one per customer and meter, hours of them at this size)
+    // and before a report too large to hold or print.
+    throw new Error(
+      `the range holds more than ${maxWindows.toLocaleString('en-US')} (customer, meter, hour) windows to compare: reconcile a shorter range, or one tenant (--tenant)`,
+    );
+  }
 
   const pairs = new Map<string, { customer: string; eventName: string; tenants: Set<string>; windows: Map<number, ReconcileWindowRow> }>();
   for (const r of rows) {

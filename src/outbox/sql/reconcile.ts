@@ -36,12 +36,12 @@ export interface ReconcileWindowRow {
  * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
  * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
  * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
- * from `outbox_status_idx`.
+ * from `outbox_status_idx`. At most `limit` windows, in order.
  */
 export async function reconcileWindows(
   db: Queryable,
   schema: Schema,
-  opts: { from: Date; to: Date; tenantId?: string | undefined },
+  opts: { from: Date; to: Date; tenantId?: string | undefined; limit: number },
 ): Promise<ReconcileWindowRow[]> {
   const { rows } = await db.query<ReconcileWindowRow>(
     `WITH r AS (
@@ -64,8 +64,9 @@ export async function reconcileWindows(
               SELECT t.stripe_customer_id FROM r t WHERE t.tenant_id = $3::text
               UNION SELECT b.stripe_customer_id FROM ${schema.billingCustomers} b WHERE b.tenant_id = $3::text))
       GROUP BY r.stripe_customer_id, r.event_name, window_start
-      ORDER BY r.stripe_customer_id, r.event_name, window_start`,
-    [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED], [...DELIVERED]],
+      ORDER BY r.stripe_customer_id, r.event_name, window_start
+      LIMIT $7::int`,
+    [opts.from, opts.to, opts.tenantId ?? null, [...UNSETTLED], [...UNBILLED], [...DELIVERED], opts.limit],
   );
   return rows;
 }
