@@ -2,7 +2,8 @@
  * `npx tsx bench/claim-plan.ts`: the plan of the relay's claim under two backlogs.
  * - One tenant's flood: 1,000,000 claimable rows of one tenant ("flood") and one row each of 50
  *   others, written after the flood (the others' events are the newest).
- * - Many tenants waiting, as after an outage: 2,000 tenants with 150 rows each, interleaved.
+ * - Many tenants waiting, as after an outage: 2,000 tenants with 150 rows each, interleaved; then
+ *   the same with 99 of each tenant's rows in flight (dispatched), as while that backlog drains.
  * For each mode, as the relay calls claimBatch (batch 100; LANE_MAX_IN_FLIGHT as each API's
  * default: 4 for v1, 100 for v2): EXPLAIN (ANALYZE, BUFFERS) of the statement claimStatement sends,
  * rolled back so that both modes see the same table, the rows its scans of the outbox read, and
@@ -27,6 +28,7 @@ const OTHERS = 50;
 const BATCH = 100;
 const MANY_TENANTS = 2_000;
 const MANY_ROWS = 150;
+const IN_FLIGHT_EACH = STREAM_LANE_MAX_IN_FLIGHT - 1;
 
 /** Every row the plan's scans of the outbox produced or threw away, over all their loops. */
 function rowsRead(node: Record<string, unknown>): number {
@@ -113,6 +115,20 @@ try {
     );
     await pool.query('VACUUM ANALYZE outbox');
     await explainBoth(pool, `${MANY_TENANTS.toLocaleString('en')} tenants with ${MANY_ROWS} rows each`, (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`);
+
+    // The same backlog with every lane nearly full, as while it drains: IN_FLIGHT_EACH of each
+    // tenant's rows dispatched (v2's lanes one short of full; v1's full), the rest waiting.
+    await pool.query(
+      `UPDATE outbox SET status = 'dispatched', dispatched_at = now() WHERE id IN (
+         SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY tenant_id ORDER BY id) AS n FROM outbox) r WHERE r.n <= $1::int)`,
+      [IN_FLIGHT_EACH],
+    );
+    await pool.query('VACUUM ANALYZE outbox');
+    await explainBoth(
+      pool,
+      `${MANY_TENANTS.toLocaleString('en')} tenants with ${IN_FLIGHT_EACH} rows each in flight and ${MANY_ROWS - IN_FLIGHT_EACH} waiting`,
+      (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`,
+    );
   } finally {
     await pool.end();
   }

@@ -34,9 +34,10 @@ async function flood(): Promise<void> {
 
 /**
  * Every row the claim's scans of the outbox produced or threw away, over all their loops: EXPLAIN
- * ANALYZE of exactly what claimStatement sends, rolled back.
+ * ANALYZE of exactly what claimStatement sends, rolled back. `alias`: only the scans of the outbox
+ * under that alias in the statement (`f`: the count of what each lane has in flight).
  */
-async function rowsRead(opts: ClaimOptions): Promise<number> {
+async function rowsRead(opts: ClaimOptions, alias?: string): Promise<number> {
   let sent: { text: string; values: unknown[] } | undefined;
   const capture: Queryable = {
     query: ((text: string, values: unknown[]) => ((sent = { text, values }), Promise.resolve({ rows: [] }))) as unknown as Queryable['query'],
@@ -49,7 +50,7 @@ async function rowsRead(opts: ClaimOptions): Promise<number> {
     await client.query('ROLLBACK');
     let read = 0;
     const walk = (node: Record<string, unknown>): void => {
-      if (node['Relation Name'] === 'outbox') {
+      if (node['Relation Name'] === 'outbox' && (alias === undefined || node['Alias'] === alias)) {
         const loops = Number(node['Actual Loops'] ?? 1);
         read += (Number(node['Actual Rows'] ?? 0) + Number(node['Rows Removed by Filter'] ?? 0)) * loops;
       }
@@ -148,6 +149,24 @@ describe('a fair claim', () => {
     const rows = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
     expect(new Set(rows.map((r) => r.tenant_id)).size).toBe(50);
     expect(rows.every((r) => r.idempotency_key.split(':')[1] === '1' && r.lane_held)).toBe(true);
+  });
+
+  it('counts what a full lane has in flight only up to its limit: lanes with more in flight than that cost the claim no more', async () => {
+    const before = await rowsRead(options(CALL_LANE_MAX_IN_FLIGHT), 'f');
+    // 200 tenants with 40 events in flight each (a lower LANE_MAX_IN_FLIGHT since, a bulk retry) and one waiting.
+    await t.addCustomers(Object.fromEntries(Array.from({ length: 200 }, (_, i) => [`busy${i + 1}`, `cus_busy${i + 1}`])));
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, dispatched_at)
+       SELECT 'busy' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m,
+              CASE WHEN r <= 40 THEN 'dispatched' ELSE 'pending' END, CASE WHEN r <= 40 THEN now() END
+         FROM generate_series(1, 41) r, generate_series(1, 200) m`,
+      [randomUUID().slice(0, 8)],
+    );
+    await t.pool.query('ANALYZE outbox');
+    // Each full lane's count reads 4 of its 40 rows in flight: 800 in all. Counting all 40 would be 8,000.
+    expect((await rowsRead(options(CALL_LANE_MAX_IN_FLIGHT), 'f')) - before).toBeLessThanOrEqual(200 * CALL_LANE_MAX_IN_FLIGHT);
+    // Full, they give nothing; the others' rows are claimed as before.
+    expect((await claimBatch(t.pool, t.schema, options(CALL_LANE_MAX_IN_FLIGHT))).filter((r) => r.tenant_id.startsWith('busy'))).toEqual([]);
   });
 
   it("counts as waiting only the tenants with a row to claim: a lane wholly under a live lease leaves the others' share whole", async () => {

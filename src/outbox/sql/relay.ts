@@ -167,15 +167,18 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
               AND (o.status = 'pending' OR o.processing_deadline < now())
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
      ), room AS (
-       -- What the lane has in flight is counted on outbox_in_flight_idx (at most laneMax rows).
+       -- What the lane has in flight is counted on outbox_in_flight_idx, up to laneMax rows: a
+       -- lane with more (a lower LANE_MAX_IN_FLIGHT since, a bulk retry) is full all the same.
        -- A lane the relay has paused ($8, $9: the lane window below its floor) has no room now.
        SELECT l.tenant_id, l.event_name, n.in_flight,
               CASE WHEN (l.tenant_id, l.event_name) IN (SELECT * FROM unnest($8::text[], $9::text[])) THEN 0
                    ELSE $6::int - n.in_flight END AS free
          FROM lanes l, LATERAL (
-           SELECT count(*)::int AS in_flight FROM ${schema.outbox} f
-            WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
-              AND ${inFlightNow('f', '$7::text[]')}) n
+           SELECT count(*)::int AS in_flight FROM (
+             SELECT 1 FROM ${schema.outbox} f
+              WHERE f.tenant_id = l.tenant_id AND f.event_name = l.event_name
+                AND ${inFlightNow('f', '$7::text[]')}
+              LIMIT $6::int) counted) n
      ), share AS (
        -- The most one tenant can have in this batch: each other tenant waiting has a row before its
        -- second (turns, below). A lane's rows beyond that are not read: with many tenants waiting,
