@@ -236,6 +236,37 @@ describe('billing-outbox reconcile', () => {
     expect(stripeUsed).toBeGreaterThan(0);
   });
 
+  it("asks Stripe for several customers' summaries at once, at most eight, and compares each as before", async () => {
+    const tenants = await Promise.all(Array.from({ length: 12 }, () => tenant()));
+    for (const tn of tenants) await event(tn, 2, 200);
+    let now = 0;
+    let most = 0;
+    const watching = {
+      billing: {
+        meters: {
+          list: (params: Stripe.Billing.MeterListParams) => client.billing.meters.list(params),
+          listEventSummaries: (id: string, params: Stripe.Billing.MeterListEventSummariesParams) =>
+            (async function* () {
+              now++;
+              most = Math.max(most, now);
+              try {
+                await new Promise((r) => setTimeout(r, 50));
+                yield* client.billing.meters.listEventSummaries(id, params);
+              } finally {
+                now--;
+              }
+            })(),
+        },
+      },
+    } as unknown as Pick<Stripe, 'billing'>;
+    const report = await reconcile({ db: t.pool, schema: t.schema, stripe: watching }, { from: new Date(at(3)), to: new Date(at(4)) });
+    const ours = report.groups.filter((g) => tenants.some((tn) => tn.customer === g.stripeCustomerId));
+    expect(ours).toHaveLength(12);
+    expect(ours.every((g) => g.match && g.ours === 2 && g.stripe === 2)).toBe(true);
+    expect(most).toBeGreaterThan(1);
+    expect(most).toBeLessThanOrEqual(8);
+  });
+
   it('--tenant compares only the customer that tenant is billed as', async () => {
     const clean = await tenant();
     const broken = await tenant();

@@ -20,6 +20,7 @@ import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from '../
 import { hourlyEventSummaries } from '../stripe/client.js';
 import { metersByEventName } from '../stripe/meters.js';
 import type { Schema } from '../outbox/sql/schema.js';
+import { forEachLimit } from '../limit.js';
 
 export const HOUR_MS = 3_600_000;
 /** The longest range one run may cover (744 hourly windows per customer and meter). */
@@ -118,6 +119,9 @@ export interface ReconcileDeps {
  */
 export const MAX_WINDOWS = 100_000;
 
+/** Pairs whose summaries are asked of Stripe at once (each call still takes its turn in the pace). */
+const SUMMARIES_AT_ONCE = 8;
+
 /** Hour-aligned [from, to): from rounded down, to rounded up. */
 export function alignRange(from: Date, to: Date): { from: Date; to: Date } {
   return {
@@ -156,35 +160,44 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   const pace = deps.pace ?? (() => Promise.resolve());
   if (pairs.size > 0) await pace();
   const meters = pairs.size > 0 ? await metersByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter>();
+  /** How the pair's meter aggregates, when its summaries can be compared with ours (sum, count); undefined: they cannot. */
+  const formulaOf = (pair: { eventName: string }) => {
+    const formula = meters.get(pair.eventName)?.default_aggregation?.formula ?? 'sum';
+    return formula === 'sum' || formula === 'count' ? formula : undefined;
+  };
+  // Stripe's hourly totals of each pair whose meter it has, a few pairs at a time (each paced):
+  // one after another, a platform's thousands of pairs outlasted the scheduled run's hour.
+  const fetched = new Map<string, { totals: Map<number, number>; problem: string | null }>();
+  const askable = [...pairs.entries()].filter(([, pair]) => meters.has(pair.eventName) && formulaOf(pair) !== undefined);
+  await forEachLimit(askable, SUMMARIES_AT_ONCE, async ([k, pair]) => {
+    try {
+      await pace();
+      fetched.set(k, { totals: await hourlyEventSummaries(deps.stripe, { meterId: meters.get(pair.eventName)!.id, customer: pair.customer, start, end }), problem: null });
+    } catch (err) {
+      // A refusal for this pair (e.g. a customer Stripe does not know) is a finding, not a crash;
+      // no answer at all (connection, 5xx, auth) stops the run.
+      const e = err as { type?: string; message?: string };
+      if (e.type !== 'StripeInvalidRequestError') throw err;
+      fetched.set(k, { totals: new Map(), problem: `Stripe refused the summaries for customer ${pair.customer}: ${e.message ?? String(err)}` });
+    }
+  });
+
   const groups: ReconcileGroup[] = [];
   /** Meters whose summaries are not a sum or a count of our events: not compared, said in the notes. */
   const notComparable = new Map<string, string>();
-  for (const pair of pairs.values()) {
+  for (const [k, pair] of pairs) {
     const meter = meters.get(pair.eventName);
     // What Stripe's summary of an hour is: the quantities summed (ours: the delivered rows'
     // quantities) or the events counted (ours: how many were delivered). A `last` meter's is one
     // event's value, which no total of ours matches: comparing it would report drift every hour.
-    const formula = meter?.default_aggregation?.formula ?? 'sum';
-    if (formula !== 'sum' && formula !== 'count') {
-      notComparable.set(pair.eventName, formula);
+    const formula = formulaOf(pair);
+    if (formula === undefined) {
+      notComparable.set(pair.eventName, meter!.default_aggregation.formula);
       continue;
     }
-    let stripeTotals = new Map<number, number>();
-    let problem: string | null = null;
-    if (!meter) {
-      problem = `Stripe has no meter for event name ${JSON.stringify(pair.eventName)}: it cannot have counted these events`;
-    } else {
-      try {
-        await pace();
-        stripeTotals = await hourlyEventSummaries(deps.stripe, { meterId: meter.id, customer: pair.customer, start, end });
-      } catch (err) {
-        // A refusal for this pair (e.g. a customer Stripe does not know) is a finding, not a crash;
-        // no answer at all (connection, 5xx, auth) stops the run.
-        const e = err as { type?: string; message?: string };
-        if (e.type !== 'StripeInvalidRequestError') throw err;
-        problem = `Stripe refused the summaries for customer ${pair.customer}: ${e.message ?? String(err)}`;
-      }
-    }
+    const { totals: stripeTotals, problem } = meter
+      ? fetched.get(k)!
+      : { totals: new Map<number, number>(), problem: `Stripe has no meter for event name ${JSON.stringify(pair.eventName)}: it cannot have counted these events` };
     const starts = [...new Set([...pair.windows.keys(), ...[...stripeTotals.entries()].filter(([, v]) => v !== 0).map(([s]) => s)])].sort((a, b) => a - b);
     const windows = starts.map((s): ReconcileWindow => {
       const ours = pair.windows.get(s);

@@ -51,6 +51,7 @@ import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCode
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
 import type { Schema } from '../outbox/sql/schema.js';
+import { forEachLimit } from '../limit.js';
 
 /**
  * signalled / reopened: the event is on its way again. retried: its open run took the `retry`
@@ -149,15 +150,6 @@ const LANE_ROOM_WAIT_MS = 120_000;
 /** How long a retried row may take to leave `dead` (its run marks it dispatched) before its lane's next row is looked at anyway. */
 const LEAVES_DEAD_WITHIN_MS = 5_000;
 const DEFAULT_PAGE_SIZE = 500;
-
-/** Runs `fn` over `items` with at most `limit` calls in flight. */
-async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  const lane = async () => {
-    while (next < items.length) await fn(items[next++]!);
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
-}
 
 export class DeadLetterRetrier {
   private readonly deps: RetrierDeps;
