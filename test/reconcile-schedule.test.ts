@@ -178,6 +178,33 @@ describe('the reconcile schedule', () => {
     expect((updated.action as { staticDetails?: string }).staticDetails).toMatch(/^Every 3 h: /);
   });
 
+  it('says which hours a shorter lag leaves to no scheduled run, so an operator can compare them by hand', async () => {
+    // A task queue of its own, polled by no worker: the triggered run only has to be recorded.
+    const taskQueue = `reconcile-gap-${randomUUID()}`;
+    const config = t.configWith({ TEMPORAL_TASK_QUEUE: taskQueue, RECONCILE_INTERVAL_MS: String(HOUR), RECONCILE_LAG_MS: String(3 * HOUR) });
+    const handle = t.client.schedule.getHandle(reconcileScheduleId(taskQueue));
+    schedules.push(handle);
+    expect(await ensureReconcileSchedule(t.client, config)).toBe('created');
+    await handle.trigger();
+    const lastRun = await waitFor('the triggered run to be recorded', async () => (await handle.describe()).info.recentActions.at(-1), 10_000);
+    try {
+      const told: { from: Date; to: Date }[] = [];
+      const shorter = { ...config, reconcile: { ...config.reconcile, lagMs: HOUR } };
+      expect(await ensureReconcileSchedule(t.client, shorter, (hours) => told.push(hours))).toBe('updated');
+      // The last run (lag 3 h) compared up to three hours before it; the next (lag 1 h) starts two hours later.
+      const before = reconcileWindowAt(lastRun.scheduledAt.getTime(), { intervalMs: HOUR, lagMs: 3 * HOUR }).to;
+      expect(told).toHaveLength(1);
+      expect(told[0]!.from).toEqual(before);
+      expect(told[0]!.to.getTime() - before.getTime()).toBeGreaterThanOrEqual(2 * HOUR);
+      // Back to the longer lag: its windows overlap what was compared, nothing is skipped.
+      const again: unknown[] = [];
+      expect(await ensureReconcileSchedule(t.client, config, (hours) => again.push(hours))).toBe('updated');
+      expect(again).toEqual([]);
+    } finally {
+      await t.client.workflow.getHandle(lastRun.action.workflow.workflowId).terminate('test over').catch(() => undefined);
+    }
+  });
+
   it('exists once a worker has started; a second worker starts beside it without a second schedule or a warning', async () => {
     const taskQueue = `reconcile-schedule-${randomUUID()}`;
     const connection = await Connection.connect({ address: inject('temporalAddress') });

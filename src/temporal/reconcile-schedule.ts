@@ -7,7 +7,7 @@
 import { ScheduleAlreadyRunning, ScheduleNotFoundError, ScheduleOverlapPolicy, type Client, type ScheduleOptions } from '@temporalio/client';
 import type { Config } from '../config.js';
 import type { Logger } from '../log.js';
-import type { ReconcileRunInput } from '../ops/reconcile.js';
+import { reconcileWindowAt, type ReconcileRunInput } from '../ops/reconcile.js';
 
 /** The schedule's id, and the prefix of its runs' workflow ids (Temporal appends the scheduled time). */
 export function reconcileScheduleId(taskQueue: string): string {
@@ -51,12 +51,29 @@ function scheduleOptions(config: Pick<Config, 'temporal' | 'reconcile'>): Schedu
 }
 
 /**
+ * The hours no scheduled run will compare after the schedule's settings change: from where the
+ * last run under `before` stopped to where the first run under `after` (at `nextAt`) starts. Each
+ * run takes its window from its own time and settings, so a shorter interval or lag skips the
+ * hours between; a longer one only overlaps. Undefined when nothing is skipped.
+ */
+export function hoursLeftUncompared(lastRunAt: number, before: ReconcileRunInput, nextAt: number, after: ReconcileRunInput): { from: Date; to: Date } | undefined {
+  const from = reconcileWindowAt(lastRunAt, before).to;
+  const to = reconcileWindowAt(nextAt, after).from;
+  return to > from ? { from, to } : undefined;
+}
+
+/**
  * Creates the schedule unless it exists. An existing one is updated only when this worker's
  * interval or lag differ from it (a changed configuration rolling out), keeping its paused state
  * and note: an operator's pause survives every restart. Many workers starting at once: one
- * creates, the others find it.
+ * creates, the others find it. `onUncompared` is told the hours an update leaves to no run
+ * (hoursLeftUncompared), which an operator compares with `billing-outbox reconcile`.
  */
-export async function ensureReconcileSchedule(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>): Promise<'created' | 'updated' | 'unchanged'> {
+export async function ensureReconcileSchedule(
+  client: Client,
+  config: Pick<Config, 'temporal' | 'reconcile'>,
+  onUncompared?: (hours: { from: Date; to: Date }) => void,
+): Promise<'created' | 'updated' | 'unchanged'> {
   const options = scheduleOptions(config);
   try {
     await client.schedule.create(options);
@@ -78,6 +95,14 @@ export async function ensureReconcileSchedule(client: Client, config: Pick<Confi
     current.policies.overlap === options.policies?.overlap;
   if (same) return 'unchanged';
   await handle.update((previous) => ({ ...previous, spec: options.spec, action: options.action, policies: { ...previous.policies, ...options.policies } }));
+  const lastRun = current.info.recentActions.at(-1)?.scheduledAt;
+  const before = args as ReconcileRunInput | undefined;
+  if (lastRun && before && typeof before.intervalMs === 'number' && typeof before.lagMs === 'number') {
+    // The interval's runs fall on its multiples since the epoch (no offset is set).
+    const every = config.reconcile.intervalMs;
+    const skipped = hoursLeftUncompared(lastRun.getTime(), before, Math.ceil(Date.now() / every) * every, wanted);
+    if (skipped) onUncompared?.(skipped);
+  }
   return 'updated';
 }
 
@@ -109,7 +134,12 @@ export async function restoreReconcileSchedule(client: Client, config: Pick<Conf
  */
 export async function ensureReconcileScheduleOrWarn(client: Client, config: Pick<Config, 'temporal' | 'reconcile'>, log: Logger | undefined): Promise<void> {
   try {
-    const outcome = await ensureReconcileSchedule(client, config);
+    const outcome = await ensureReconcileSchedule(client, config, ({ from, to }) =>
+      log?.warn(
+        { from: from.toISOString(), to: to.toISOString() },
+        `the reconcile schedule's new interval or lag leaves hours no scheduled run compares: run billing-outbox reconcile --from ${from.toISOString()} --to ${to.toISOString()}`,
+      ),
+    );
     log?.info({ outcome, scheduleId: reconcileScheduleId(config.temporal.taskQueue), intervalMs: config.reconcile.intervalMs, lagMs: config.reconcile.lagMs }, 'reconcile schedule ensured');
   } catch (err) {
     log?.warn({ err: String(err) }, 'could not ensure the reconcile schedule; the worker tries to create it again within 15 s');
