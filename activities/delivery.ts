@@ -43,7 +43,16 @@ export interface DeliveryDeps {
   config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
+  /**
+   * Tells the event's run that the event was delivered after its attempt had timed out (its
+   * `retry` signal): a run that has made the row dead meanwhile finds it at Stripe and ends
+   * delivered. Without it, such a run shows a dead letter until it closes.
+   */
+  tellRunDeliveredLate?: (key: string) => Promise<void>;
 }
+
+/** An attempt that ends this close to its start-to-close timeout may have been timed out by Temporal. */
+const LATE_MARGIN_MS = 1_000;
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
@@ -124,8 +133,18 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // Set as the attempt's first statement on the row goes out (beginAttempt): before it, the row
       // is untouched, and a forced retry's force is not used up.
       const progress: Progress = { begun: false };
+      const startedAt = performance.now();
       try {
-        return await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
+        const result = await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
+        // Delivered after Temporal gave up on this attempt (a v2 request queued behind a slow
+        // Stripe, an event loop starved): its answer goes nowhere, and if it was the last attempt
+        // the run has marked the row dead, though the row now says sent. The run is told.
+        if (result.outcome !== 'deferred' && performance.now() - startedAt >= activityInfo().startToCloseTimeoutMs - LATE_MARGIN_MS) {
+          await deps.tellRunDeliveredLate?.(input.key).catch((err: unknown) => {
+            log.warn('delivered after the attempt timed out; could not tell its run', { idempotencyKey: input.key, error: String(err) });
+          });
+        }
+        return result;
       } catch (err) {
         // PostgreSQL away (before the call, or after it when the row could not be marked): not the
         // event's failure. The workflow waits and comes back without spending an attempt; a call

@@ -4,6 +4,7 @@
  * import only the types.
  */
 import { Context } from '@temporalio/activity';
+import type { Client } from '@temporalio/client';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import type { Config } from '../src/config.js';
@@ -19,6 +20,16 @@ import { meterEventsV1, tracedSender, type MeterEventSender } from '../src/strip
 import { createDeliveryActivities } from './delivery.js';
 import { createReconcileActivities } from './reconcile.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';
+import { reopenSignal } from '../workflows/shared.js';
+
+/**
+ * How a delivery answered after its attempt timed out tells the event's run: its `retry` signal,
+ * asked by billing-outbox. A run that is a dead letter reopens, finds the row at Stripe and ends
+ * delivered; a run still delivering ignores it.
+ */
+export function deliveredLateNotice(client: Pick<Client, 'workflow'>): (key: string) => Promise<void> {
+  return (key) => client.workflow.getHandle(key).signal(reopenSignal, { requestedBy: 'billing-outbox (delivered after its attempt timed out)' });
+}
 
 export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {
   db: pg.Pool;
@@ -49,6 +60,7 @@ export function createActivities(deps: ActivityDeps) {
     meters: deps.meters,
     config,
     metrics: deps.metrics,
+    tellRunDeliveredLate: deliveredLateNotice(deps.client),
   });
   if (deps.traced) {
     const { markDead } = delivery;

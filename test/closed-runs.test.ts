@@ -19,7 +19,8 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker, type ClosedRunSweepOptions } from '../src/temporal/worker.js';
-import { OutboxErrorKey, OutboxStatusKey, TemporalErrorCodes } from '../workflows/shared.js';
+import { OutboxErrorKey, OutboxStatusKey, stateQuery, TemporalErrorCodes } from '../workflows/shared.js';
+import { deliveredLateNotice } from '../activities/index.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -315,6 +316,22 @@ describe('a row whose run has closed', () => {
     } finally {
       stripe.setLatency(0);
     }
+  });
+
+  it('a dead letter whose event was delivered after all (an attempt answered past its timeout) ends delivered once its run is told', async () => {
+    // Stripe refuses the event for good: the run makes the row dead and waits for a retry.
+    await addCustomer(db.pool, 'late', 'cus_not_at_stripe');
+    const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'late', quantity: 2 }));
+    const key = r.entry.idempotencyKey;
+    await waitStatus(key, 'dead');
+    const handle = client.workflow.getHandle(key);
+    await waitFor('the run to wait as a dead letter', async () => (await handle.query(stateQuery)).status === 'dead');
+    // What the late attempt's own mark leaves (markDelivered), then its notice to the run.
+    await db.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now(), dead_at = NULL WHERE idempotency_key = $1`, [key]);
+    await deliveredLateNotice(client)(key);
+    await waitFor('the run to complete', async () => (await handle.describe()).status.name === 'COMPLETED', 30_000);
+    expect(await handle.result()).toMatchObject({ status: 'sent' });
+    expect((await row(key)).status).toBe('sent');
   });
 
   it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {

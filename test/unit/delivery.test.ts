@@ -326,6 +326,38 @@ describe('v2: the meter event stream', () => {
   });
 });
 
+describe('an attempt answered after its time ran out', () => {
+  const run = async (sendMs: number, startToCloseTimeoutMs: number, api: 'v1' | 'v2' = 'v2') => {
+    const p = parts({ api, send: () => new Promise((r) => setTimeout(r, sendMs)) });
+    const told: string[] = [];
+    p.deps.tellRunDeliveredLate = async (key) => void told.push(key);
+    const result = await deliver(p.deps, {}, new MockActivityEnvironment({ attempt: 1, isLocal: false, startToCloseTimeoutMs }, { logger: silent }));
+    return { result, told };
+  };
+
+  it('tells its run the event was delivered (the run may have made the row dead meanwhile)', async () => {
+    for (const api of ['v1', 'v2'] as const) {
+      const { result, told } = await run(1_200, 2_000, api);
+      expect((result as { outcome: string }).outcome).toBe(api === 'v1' ? 'sent' : 'accepted');
+      expect(told).toEqual([KEY]);
+    }
+  });
+
+  it('tells nobody when the attempt ended in time', async () => {
+    const { told } = await run(0, 10_000);
+    expect(told).toEqual([]);
+  });
+
+  it('delivered all the same when its run cannot be told (Temporal away): logged, the outcome stands', async () => {
+    const p = parts({ api: 'v2', send: () => new Promise((r) => setTimeout(r, 1_200)) });
+    p.deps.tellRunDeliveredLate = async () => {
+      throw new Error('14 UNAVAILABLE');
+    };
+    const result = await deliver(p.deps, {}, new MockActivityEnvironment({ attempt: 1, isLocal: false, startToCloseTimeoutMs: 2_000 }, { logger: silent }));
+    expect((result as { outcome: string }).outcome).toBe('accepted');
+  });
+});
+
 describe('heartbeats', () => {
   it.each(['v1', 'v2'] as const)('a regular %s attempt heartbeats for as long as its call takes (a slow Stripe is not a dead worker); one in the workflow task never does', async (api) => {
     vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval', 'setTimeout', 'clearTimeout'] });
