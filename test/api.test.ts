@@ -439,6 +439,42 @@ describe('at the door', () => {
     const res = await fetch(`http://127.0.0.1:${port}/health`);
     expect(res.status).toBe(200);
   });
+  it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {
+    const slowMeters = {
+      keysFor: async () => {
+        await new Promise((r) => setTimeout(r, 900));
+        return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
+      },
+      missingSince: () => false,
+    };
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters: slowMeters });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = quick.server.address() as AddressInfo;
+    const body = usage();
+    const res = await fetch(`http://127.0.0.1:${port}/v1/usage`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${writer.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    expect(res.status).toBe(201);
+    const { rows } = await t.pool.query('SELECT 1 FROM usage_logs WHERE tenant_id = $1 AND id = $2', ['acme', body.usage_id]);
+    expect(rows).toHaveLength(1);
+  });
+  it('closes a connection that sends nothing at all within the request timeout', async () => {
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = quick.server.address() as AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    const started = Date.now();
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const closed = await Promise.race([new Promise((resolve) => socket.once('close', () => resolve(true))), new Promise((resolve) => setTimeout(() => resolve(false), 5_000))]);
+    socket.destroy();
+    expect(closed).toBe(true);
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
   it('ends a request whose body trickles in past the request timeout, however steadily it arrives', async () => {
     const limitMs = 1_000;
     const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: limitMs } }, db: t.pool, log, temporal });

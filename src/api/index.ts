@@ -9,7 +9,8 @@
  * anything) → content type and body limit → JSON Schema → tenant → recordUsage.
  */
 import { randomUUID } from 'node:crypto';
-import Fastify, { type FastifyBaseLogger } from 'fastify';
+import type { Socket } from 'node:net';
+import Fastify, { type FastifyBaseLogger, type FastifyRequest } from 'fastify';
 import type pg from 'pg';
 import { Registry } from 'prom-client';
 import type { ApiScope, ApiToken, Config } from '../config.js';
@@ -78,7 +79,8 @@ export function buildApi(deps: ApiDeps) {
     bodyLimit: deps.config.api.bodyLimitBytes,
     // A client that promises more than it sends, or sends it slowly, must not hold a connection
     // (and a slot of the pool behind it) forever: the whole request within requestTimeoutMs, an
-    // idle socket closed after it too, an idle kept-alive connection after keepAliveTimeoutMs.
+    // idle socket closed after it too (but not while its request is handled: below), an idle
+    // kept-alive connection after keepAliveTimeoutMs.
     requestTimeout: deps.config.api.requestTimeoutMs,
     connectionTimeout: deps.config.api.requestTimeoutMs,
     // Node enforces the request timeout only when it sweeps its connections, every 30 s by default:
@@ -111,6 +113,21 @@ export function buildApi(deps: ApiDeps) {
     // of the answer and, through it, out of the log.
     throw new ApiError(404, 'not_found', `no route for ${request.method} at this path`);
   });
+
+  // The socket idle timeout also runs while a request is handled, when no byte moves: a usage
+  // whose handling (the meter check, its tenant's turn, its statements) outlasted it had its
+  // connection reset, and was then recorded with no answer. A socket idle while its request is
+  // handled is left open; one idle otherwise is closed, as Node does when nobody listens.
+  const handling = new WeakSet<Socket>();
+  app.server.on('timeout', (socket: Socket) => {
+    if (!handling.has(socket)) socket.destroy();
+  });
+  app.addHook('onRequest', async (request) => {
+    handling.add(request.raw.socket);
+  });
+  const handled = async (request: FastifyRequest) => void handling.delete(request.raw.socket);
+  app.addHook('onResponse', handled);
+  app.addHook('onRequestAbort', handled);
 
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
