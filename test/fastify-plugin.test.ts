@@ -114,6 +114,24 @@ describe('the Fastify plugin', () => {
     expect((await app.inject({ method: 'POST', url: '/v1/usage', payload: usage() })).statusCode).toBe(404);
   });
 
+  it("keeps the status the application's own hooks give a request on its route (a load shedder's 503 with Retry-After), not a 500", async () => {
+    const server = Fastify();
+    server.addHook('onRequest', async (request, reply) => {
+      if (!request.url.startsWith('/billing/')) return;
+      reply.header('retry-after', '10');
+      throw Object.assign(new Error('Service Unavailable'), { statusCode: 503, code: 'FST_UNDER_PRESSURE' });
+    });
+    await server.register(billingOutbox, { prefix: '/billing', pool, tokens: [writer] });
+    try {
+      const res = await server.inject({ method: 'POST', url: '/billing/v1/usage', headers: { authorization: `Bearer ${writer.token}` }, payload: usage() });
+      expect(res.statusCode).toBe(503);
+      expect(res.headers['retry-after']).toBe('10');
+      expect(res.json()).toMatchObject({ error: { code: 'unavailable' } });
+    } finally {
+      await server.close();
+    }
+  });
+
   it('refuses bad options at registration, naming each', async () => {
     const server = Fastify();
     const message = await Promise.resolve(server.register(billingOutbox, { pool, tokens: [{ ...writer, token: 'short' }], bodyLimitBytes: 1 })).then(

@@ -112,13 +112,18 @@ function toApiError(err: unknown): ApiError | undefined {
       return new ApiError(400, 'invalid_json', 'the body is not valid JSON');
   }
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
-    return new ApiError(fe.statusCode, 'bad_request', fe.message ?? 'bad request');
+    return new ApiError(fe.statusCode, fe.statusCode === 429 ? 'rate_limited' : 'bad_request', fe.message ?? 'bad request');
   }
   if (err instanceof ConnectWaitError) {
     return new ApiError(503, 'busy', `${err.message}; retry with the same usage_id`, undefined, { 'retry-after': '1' });
   }
   if (isDatabaseUnavailable(err)) {
     return new ApiError(503, 'unavailable', 'the database is unavailable; retry with the same usage_id', undefined, { 'retry-after': '5' });
+  }
+  // A status the application's own hooks gave the error on our route (the plugin: a load shedder's
+  // 503, a gateway's 504): kept, with any header they set (Retry-After), not turned into a 500.
+  if (typeof fe.statusCode === 'number' && fe.statusCode > 500 && fe.statusCode < 600) {
+    return new ApiError(fe.statusCode, fe.statusCode === 503 ? 'unavailable' : 'server_error', `${fe.message ?? 'unavailable'}; retry with the same usage_id`);
   }
   return undefined;
 }
