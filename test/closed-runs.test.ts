@@ -19,8 +19,14 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { startWorker, type ClosedRunSweepOptions } from '../src/temporal/worker.js';
-import { OutboxErrorKey, OutboxStatusKey, stateQuery, TemporalErrorCodes } from '../workflows/shared.js';
+import { ErrorTypes, OutboxErrorKey, OutboxStatusKey, stateQuery, TemporalErrorCodes } from '../workflows/shared.js';
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import { Worker } from '@temporalio/worker';
 import { deliveredLateNotice } from '../activities/index.js';
+import { beginAttempt, undoAttempt } from '../src/outbox/sql/delivery.js';
+import { reopenDeadLetter } from '../src/outbox/sql/operator.js';
+import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -278,6 +284,24 @@ describe('a row whose run has closed', () => {
     expect((await row(key)).first_attempted_at?.getTime()).toBe(closeTime!.getTime());
   });
 
+  it("reopened after its run completed, a row restored with no attempt keeps the run's close as its first attempt, even when the new run's attempt is taken back", async () => {
+    const key = await enqueue(1);
+    await waitStatus(key, 'sent');
+    const closedAt = new Date(Date.now() - 3_600_000);
+    // A backup from before the first attempt: no attempt, no stamp; found dead as workflow_closed.
+    await db.pool.query(`UPDATE outbox SET status = 'dead', sent_at = NULL, attempt_count = 0, first_attempted_at = NULL, last_error_code = $2 WHERE idempotency_key = $1`, [
+      key,
+      TemporalErrorCodes.workflowClosed,
+    ]);
+    expect(await reopenDeadLetter(db.pool, schemaFor(), key, closedAt)).toBeDefined();
+    // The new run's attempt, then taken back (the pace, a lapsed lease, a refused key), as the activity does.
+    const begun = await beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: SAFE_RESEND_WINDOW_MS, force: false });
+    await undoAttempt(db.pool, schemaFor(), key, { wasFirst: begun.row!.attempt_count === 1 });
+    // Still stamped: PostgreSQL's resend guard keeps counting the 24 h from the close.
+    expect((await row(key)).first_attempted_at?.getTime()).toBe(closedAt.getTime());
+    await db.pool.query(`UPDATE outbox SET status = 'sent', sent_at = now() WHERE idempotency_key = $1`, [key]);
+  });
+
   it('cancelled: the workflow marks its row dead (workflow_cancelled) before it ends; retry reopens it, billed once', async () => {
     const key = await inFlightDuringOutage(5);
     try {
@@ -332,6 +356,41 @@ describe('a row whose run has closed', () => {
     await waitFor('the run to complete', async () => (await handle.describe()).status.name === 'COMPLETED', 30_000);
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect((await row(key)).status).toBe('sent');
+  });
+
+  it("cancelled while its attempt's worker is gone (the attempt ends timed out, the server having waited for it): marked workflow_cancelled, not a delivery failure", async () => {
+    // A worker of this test's own on the dev server: the first attempt fails, the second never
+    // answers and never heartbeats, as on a worker that died (until this worker stops).
+    const dead: string[] = [];
+    let tries = 0;
+    const taskQueue = `gone-${randomUUID()}`;
+    const worker = await Worker.create({
+      connection: pipeline.connection,
+      taskQueue,
+      workflowBundle: workflowBundle(),
+      activities: {
+        async deliverUsage() {
+          if (++tries === 1) throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: 'Stripe answered 500', details: ['http_500'] });
+          await Context.current().cancelled.catch(() => undefined);
+          throw new Error('stopped');
+        },
+        async markDead(input: { code: string }) {
+          dead.push(input.code);
+          return { attempts: tries };
+        },
+        async markReopened() {},
+      },
+    });
+    await worker.runUntil(async () => {
+      const key = `u:gone:${randomUUID()}`;
+      const retry = { ...config.retry, initialIntervalMs: 100, heartbeatTimeoutMs: 2_000, maximumAttempts: 10 };
+      const handle = await client.workflow.start('usageWorkflow', { taskQueue, workflowId: key, args: [{ key, tenantId: 'gone', retry }] });
+      await waitFor('the second attempt to be under way', async () => tries >= 2 || undefined);
+      await handle.cancel();
+      await expect(handle.result()).rejects.toThrow();
+      expect((await handle.describe()).status.name).toBe('CANCELLED');
+      expect(dead).toEqual([TemporalErrorCodes.workflowCancelled]);
+    });
   });
 
   it('the worker runs the sweep by itself: the row of a terminated run turns dead without anyone asking', async () => {

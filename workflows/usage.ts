@@ -17,6 +17,7 @@ import {
   allHandlersFinished,
   ApplicationFailure,
   CancellationScope,
+  CancelledFailure,
   condition,
   continueAsNew,
   isCancellation,
@@ -25,6 +26,7 @@ import {
   setCurrentDetails,
   setHandler,
   sleep,
+  TimeoutFailure,
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
@@ -328,6 +330,12 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       return state;
     } catch (err) {
       if (isCancellation(err) || (!(err instanceof ActivityFailure) && !(err instanceof ApplicationFailure))) throw err;
+      // Cancelled while an attempt ran on a worker that is gone: the server waited for the attempt
+      // (cancellationType above), and it ended timed out, not cancelled. The run's cancellation
+      // all the same (workflow_cancelled), not the event's failure.
+      if (CancellationScope.current().consideredCancelled && err instanceof ActivityFailure && err.cause instanceof TimeoutFailure) {
+        throw new CancelledFailure('the workflow was cancelled while an attempt was under way on a worker that did not answer');
+      }
       state.lastError = describeFailure(err);
       // Dead from here on, before the row is: an operator who sees the dead row and signals at
       // once must not have the signal dropped while the bookkeeping is still running.

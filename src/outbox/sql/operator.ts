@@ -108,6 +108,9 @@ export async function reopenDeadLetter(
      UPDATE ${schema.outbox} o
         SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
             first_attempted_at = COALESCE(o.first_attempted_at, $2::timestamptz),
+            -- The run that reached Stripe counts as an attempt: an attempt of the new run taken
+            -- back (undoAttempt of the row's "first") must not clear the stamp.
+            attempt_count = CASE WHEN o.first_attempted_at IS NULL AND $2::timestamptz IS NOT NULL THEN greatest(o.attempt_count, 1) ELSE o.attempt_count END,
             workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
        FROM prev
       WHERE o.id = prev.id AND o.status = 'dead'
