@@ -180,6 +180,20 @@ describe.each(drivers)('%s', (_name, make) => {
     expect(await inNewYork((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 5, occurredAt: at }))).toEqual({ created: false, entry });
   });
 
+  it('a repeat after the outbox row was pruned is refused as recorded before, with the same values, in a session of another time zone', async () => {
+    const usageId = randomUUID();
+    const at = new Date('2026-12-01T08:00:00.250Z');
+    await driver.transaction((c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 4, occurredAt: at }));
+    await t.pool.query('DELETE FROM outbox WHERE tenant_id = $1 AND usage_id = $2', ['acme', usageId]);
+    const again = await driver
+      .transaction(async (c, own) => {
+        await own("SET LOCAL TimeZone = 'America/New_York'");
+        return recordUsage(c, { tenantId: 'acme', usageId, quantity: 4, occurredAt: at });
+      })
+      .catch((e: unknown) => e);
+    expect(again).toMatchObject({ code: 'usage_conflict', message: expect.stringContaining('was recorded before, with these values') });
+  });
+
   it('a rollback leaves none', async () => {
     const usageId = randomUUID();
     await expect(

@@ -124,11 +124,14 @@ export interface RecordedUsage {
  * there: a usage delivered and pruned (OUTBOX_RETENTION_DAYS) is known by its usage row alone.
  */
 export async function findRecordedUsages(db: TransactionClient, schema: Schema, pairs: readonly { tenantId: string; usageId: string }[]): Promise<RecordedUsage[]> {
+  // One-word names and UTC text, as entryColumns: the caller's ORM may rename keys (camelCase) or
+  // read timestamps in its own way.
   const { rows } = (await db.query({
-    text: `SELECT u.tenant_id, u.id, u.event_name, u.quantity::text AS quantity, u.occurred_at
+    text: `SELECT u.tenant_id AS tenant, u.id, u.event_name AS event, u.quantity::text AS quantity,
+            to_char(u.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred
      FROM ${schema.usageLogs} u
      JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, id) ON u.tenant_id = k.tenant_id AND u.id = k.id`,
     values: [pairs.map((p) => p.tenantId), pairs.map((p) => p.usageId)],
-  })) as { rows: { tenant_id: string; id: string; event_name: string; quantity: string; occurred_at: Date | string }[] };
-  return rows.map((r) => ({ tenantId: r.tenant_id, usageId: r.id, eventName: r.event_name, quantity: Number(r.quantity), occurredAt: new Date(r.occurred_at) }));
+  })) as { rows: { tenant: string; id: string; event: string; quantity: string; occurred: string }[] };
+  return rows.map((r) => ({ tenantId: r.tenant, usageId: r.id, eventName: r.event, quantity: Number(r.quantity), occurredAt: new Date(r.occurred) }));
 }
