@@ -109,7 +109,7 @@ export interface ReconcileDeps {
    * deliveries. The CLI's one-off run goes without.
    */
   pace?: () => Promise<void>;
-  /** MAX_WINDOWS unless given (a test's smaller one). */
+  /** MAX_WINDOWS unless given (a test's smaller one; the scheduled run's none: Infinity). */
   maxWindows?: number;
 }
 
@@ -139,7 +139,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   const start = Math.floor(opts.from.getTime() / 1000);
   const end = Math.floor(opts.to.getTime() / 1000);
   const maxWindows = deps.maxWindows ?? MAX_WINDOWS;
-  const rows = await reconcileWindows(deps.db, deps.schema, { ...opts, limit: maxWindows + 1 });
+  const rows = await reconcileWindows(deps.db, deps.schema, { ...opts, limit: Number.isFinite(maxWindows) ? maxWindows + 1 : null });
   if (rows.length > maxWindows) {
     // Refused before any call to Stripe (one per customer and meter, hours of them at this size)
     // and before a report too large to hold or print.

@@ -36,12 +36,12 @@ export interface ReconcileWindowRow {
  * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
  * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
  * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
- * from `outbox_status_idx`. At most `limit` windows, in order.
+ * from `outbox_status_idx`. At most `limit` windows, in order (null: all).
  */
 export async function reconcileWindows(
   db: Queryable,
   schema: Schema,
-  opts: { from: Date; to: Date; tenantId?: string | undefined; limit: number },
+  opts: { from: Date; to: Date; tenantId?: string | undefined; limit: number | null },
 ): Promise<ReconcileWindowRow[]> {
   const { rows } = await db.query<ReconcileWindowRow>(
     `WITH r AS (
