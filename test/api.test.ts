@@ -461,6 +461,35 @@ describe('at the door', () => {
     const { rows } = await t.pool.query('SELECT 1 FROM usage_logs WHERE tenant_id = $1 AND id = $2', ['acme', body.usage_id]);
     expect(rows).toHaveLength(1);
   });
+  it('answers both of two pipelined usages on one connection, the second handled long after the first was answered', async () => {
+    let checks = 0;
+    const slowMeters = {
+      keysFor: async () => {
+        // The first at once; the second past the request timeout, after the first's answer.
+        if (++checks === 2) await new Promise((r) => setTimeout(r, 1_500));
+        return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
+      },
+      missingSince: () => false,
+    };
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters: slowMeters });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    const { port } = quick.server.address() as AddressInfo;
+    const socket = net.connect(port, '127.0.0.1');
+    socket.on('error', () => undefined);
+    await new Promise((resolve) => socket.once('connect', resolve));
+    let answer = '';
+    socket.on('data', (b: Buffer) => (answer += b.toString()));
+    const request = () => {
+      const body = JSON.stringify(usage());
+      return `POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${writer.token}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+    };
+    socket.write(request() + request());
+    const closed = new Promise((resolve) => socket.once('close', resolve));
+    await Promise.race([waitFor('two answers', async () => (answer.match(/HTTP\/1\.1 201/g)?.length ?? 0) >= 2 || undefined, 10_000, 50), closed]);
+    socket.destroy();
+    expect(answer.match(/HTTP\/1\.1 201/g)).toHaveLength(2);
+  });
   it('closes a connection that sends nothing at all within the request timeout', async () => {
     const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal });
     extraApps.push(quick);

@@ -118,14 +118,19 @@ export function buildApi(deps: ApiDeps) {
   // whose handling (the meter check, its tenant's turn, its statements) outlasted it had its
   // connection reset, and was then recorded with no answer. A socket idle while its request is
   // handled is left open; one idle otherwise is closed, as Node does when nobody listens.
-  const handling = new WeakSet<Socket>();
+  // Counted per socket: a pipelined request is handled while the one before it is answered.
+  const handling = new WeakMap<Socket, number>();
   app.server.on('timeout', (socket: Socket) => {
-    if (!handling.has(socket)) socket.destroy();
+    if (!handling.get(socket)) socket.destroy();
   });
   app.addHook('onRequest', async (request) => {
-    handling.add(request.raw.socket);
+    handling.set(request.raw.socket, (handling.get(request.raw.socket) ?? 0) + 1);
   });
-  const handled = async (request: FastifyRequest) => void handling.delete(request.raw.socket);
+  const handled = async (request: FastifyRequest) => {
+    const left = (handling.get(request.raw.socket) ?? 1) - 1;
+    if (left > 0) handling.set(request.raw.socket, left);
+    else handling.delete(request.raw.socket);
+  };
   app.addHook('onResponse', handled);
   app.addHook('onRequestAbort', handled);
 
