@@ -161,6 +161,20 @@ const TUNING_VARIABLES = {
   reconcileIntervalMs: 'RECONCILE_INTERVAL_MS',
   reconcileLagMs: 'RECONCILE_LAG_MS',
 } as const satisfies Record<keyof WorkerTuning, string>;
+/** The Temporal worker options createWorker sets itself, with the option to use instead (if any). */
+const WORKER_SETS: Record<string, string> = {
+  taskQueue: 'taskQueue',
+  namespace: 'temporal.namespace',
+  connection: 'temporal.connection',
+  activities: '',
+  workflowBundle: 'workflowBundle',
+  workflowsPath: '',
+  sinks: '',
+  interceptors: '',
+};
+
+const isPlainObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
+
 const TOP_LEVEL: readonly (keyof CreateWorkerOptions)[] = [
   'database', 'temporal', 'stripe', 'taskQueue', 'schema', 'migrate', 'handleSignals', 'http', 'log', 'tuning', 'workflowBundle', 'workerOptions', 'tracing',
 ];
@@ -196,14 +210,16 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   for (const key of Object.keys(options)) {
     if (!(TOP_LEVEL as readonly string[]).includes(key)) problems.push(`${key}: is not an option of createWorker (${TOP_LEVEL.join(', ')})`);
   }
-  const { database, temporal = {}, stripe, taskQueue, schema } = options;
+  const { database, stripe, taskQueue, schema } = options;
+  // Not an object (null included): named below by `take`, and read as none here.
+  const temporal = isPlainObject(options.temporal) ? options.temporal : {};
   if (typeof database === 'string') put('database', 'DATABASE_URL', database);
   else if (database === undefined || database === null || typeof (database as pg.Pool).connect !== 'function') {
     problems.push('database: is required: a pg.Pool of the application, or a postgres:// URL');
   }
   if (stripe === undefined) problems.push('stripe: is required ({ apiKey } for Stripe; { apiKey, apiBase } for a Stripe-compatible server)');
   take('stripe', stripe, STRIPE_VARIABLES);
-  take('temporal', temporal, TEMPORAL_VARIABLES);
+  take('temporal', options.temporal, TEMPORAL_VARIABLES);
   if (temporal.connection !== undefined) {
     for (const key of ['address', 'tls', 'apiKey'] as const) {
       if (temporal[key] !== undefined) problems.push(`temporal.${key}: is set with temporal.connection (the connection already says how to reach Temporal)`);
@@ -223,10 +239,18 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   for (const flag of ['migrate', 'handleSignals'] as const) {
     if (options[flag] !== undefined && typeof options[flag] !== 'boolean') problems.push(`${flag}: must be true or false`);
   }
-  if (options.http !== undefined) {
+  if (options.http !== undefined && !isPlainObject(options.http)) problems.push('http: must be an object ({ port, host })');
+  else if (options.http !== undefined) {
     const { port, host } = options.http;
     if (!Number.isInteger(port) || port < 0 || port > 65_535) problems.push('http.port: must be a whole number from 0 to 65535');
     if (host !== undefined && (typeof host !== 'string' || host.trim() === '')) problems.push('http.host: must be a host name or address');
+  }
+  // What the worker sets itself: given here, a task queue or namespace would have the SDK's worker
+  // poll another queue than its own relays and schedule, every event then pending in silence.
+  if (options.workerOptions !== undefined && !isPlainObject(options.workerOptions)) problems.push('workerOptions: must be an object');
+  for (const key of Object.keys(isPlainObject(options.workerOptions) ? options.workerOptions : {})) {
+    const instead = WORKER_SETS[key];
+    if (instead !== undefined) problems.push(`workerOptions.${key}: is set by the worker itself${instead ? `; use the option ${instead}` : ''}`);
   }
   // Stripe itself needs a key, as the worker command says (src/cli/commands/worker.ts). Blank
   // counts as not given, as in the configuration: an empty apiBase is Stripe itself.

@@ -219,6 +219,15 @@ describe('createWorker', () => {
     await expect(
       createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { tls: { certFile: '/nonexistent/client.pem' } } }),
     ).rejects.toThrow(/temporal\.tls\.certFile: mTLS needs both temporal\.tls\.certFile and temporal\.tls\.keyFile/);
+    // What the worker sets itself: another task queue would have it poll away from its own relays.
+    const polled = createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, taskQueue: 'a', workerOptions: { taskQueue: 'b', namespace: 'other' } });
+    await expect(polled).rejects.toThrow(/workerOptions\.taskQueue: is set by the worker itself; use the option taskQueue/);
+    await expect(polled).rejects.toThrow(/workerOptions\.namespace: is set by the worker itself; use the option temporal\.namespace/);
+    // null where an object belongs: named, not a TypeError.
+    const nulls = createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: null, http: null } as unknown as CreateWorkerOptions);
+    await expect(nulls).rejects.toBeInstanceOf(ConfigError);
+    await expect(nulls).rejects.toThrow(/temporal: must be an object/);
+    await expect(nulls).rejects.toThrow(/http: must be an object/);
   });
 });
 
