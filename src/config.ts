@@ -58,6 +58,11 @@ const schema = z.object({
     .string()
     .trim()
     .refine((v) => /^postgres(ql)?:\/\//.test(v), 'must be a postgres:// or postgresql:// URL')
+    // What the driver would throw later as a bare "Invalid URL", naming nothing (the value is never echoed).
+    .refine(
+      (v) => !/^postgres(ql)?:\/\//.test(v) || URL.canParse(v),
+      'is not a valid URL: percent-encode special characters in the user name or password (# as %23, / as %2F, ? as %3F, @ as %40)',
+    )
     .optional(),
   // The PostgreSQL schema of every table; the application's recordUsage must be given the same.
   DATABASE_SCHEMA: z
@@ -490,7 +495,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (c.RETRY_MAXIMUM_INTERVAL_MS < c.RETRY_INITIAL_INTERVAL_MS) {
     problems.push('RETRY_MAXIMUM_INTERVAL_MS: must not be smaller than RETRY_INITIAL_INTERVAL_MS');
   }
-  if (c.STRIPE_API_KEY?.includes('_live_') && c.STRIPE_API_BASE !== STRIPE_DEFAULT_BASE) {
+  // Compared as the URL it names (a trailing slash, an explicit :443 are Stripe itself).
+  const stripeBase = new URL(c.STRIPE_API_BASE).origin;
+  if (c.STRIPE_API_KEY?.includes('_live_') && stripeBase !== STRIPE_DEFAULT_BASE) {
     problems.push('STRIPE_API_KEY: a live key may only be sent to Stripe itself; unset STRIPE_API_BASE');
   }
   const names = new Set<string>();
@@ -528,8 +535,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     stripe: {
       apiKey: c.STRIPE_API_KEY,
       ...(fromFile.STRIPE_API_KEY !== undefined ? { apiKeyFile: fromFile.STRIPE_API_KEY } : {}),
-      apiBase: c.STRIPE_API_BASE.replace(/\/$/, ''),
-      isRealStripe: c.STRIPE_API_BASE.replace(/\/$/, '') === STRIPE_DEFAULT_BASE,
+      apiBase: stripeBase,
+      isRealStripe: stripeBase === STRIPE_DEFAULT_BASE,
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,

@@ -188,6 +188,20 @@ describe('configuration', () => {
     expect(() => requireStripeKey(loadConfig({ STRIPE_API_BASE: 'http://127.0.0.1:12111' }).stripe, 'the worker')).not.toThrow();
   });
 
+  it('takes Stripe itself however its URL is written (a trailing slash, :443): a live key goes there, and it is Stripe for every check', () => {
+    for (const base of ['https://api.stripe.com/', 'https://api.stripe.com:443']) {
+      const c = loadConfig({ STRIPE_API_KEY: 'sk_live_abc', STRIPE_API_BASE: base });
+      expect(c.stripe).toMatchObject({ apiBase: 'https://api.stripe.com', isRealStripe: true });
+    }
+  });
+
+  it('names a DATABASE_URL the driver could not parse (a password with an unencoded #), without echoing it', () => {
+    const [line] = problems({ DATABASE_URL: 'postgres://app:pa#ss@db:5432/app' });
+    expect(line).toMatch(/^DATABASE_URL: is not a valid URL: percent-encode/);
+    expect(line).not.toContain('pa#ss');
+    expect(loadConfig({ DATABASE_URL: 'postgres://app:pa%23ss@db:5432/app' }).databaseUrl).toBe('postgres://app:pa%23ss@db:5432/app');
+  });
+
   it('refuses to send a live key anywhere but Stripe', () => {
     expect(problems({ STRIPE_API_KEY: 'sk_live_abc', STRIPE_API_BASE: 'http://127.0.0.1:12111' })[0]).toMatch(/live key/);
   });
