@@ -685,3 +685,13 @@ describe('what a person reads', () => {
     expect(listed.data.map((c) => c.id)).toContain(fresh);
   });
 });
+
+it('the API refuses to start with a webhook secret and no Stripe key, in any mode: every error report would be answered 503 until Stripe gave up', async () => {
+  const r = await runProcess(process.execPath, [path.join(ROOT, 'bin', 'billing-outbox.mjs'), 'api'], {
+    cwd: '/',
+    env: { PATH: process.env.PATH ?? '', DATABASE_URL: t.db.url, STRIPE_WEBHOOK_SECRET: 'whsec_test_secret_value' },
+  });
+  expect(r.code, r.err).toBe(2);
+  expect(r.err).toContain('STRIPE_API_KEY: is not set, and the API (its webhook route reads each notification back from Stripe) calls Stripe with it');
+  expect(r.err).not.toContain('whsec_test_secret_value');
+});

@@ -28,6 +28,9 @@ export async function runApi(): Promise<void> {
   // In production the API checks meters at the door with Stripe; elsewhere, without a key, it does
   // not check them (the worker still does, before sending).
   if (config.production) requireStripeKey(config.stripe, 'the API (its meter check at the door, its webhook route)');
+  // Its webhook route reads each notification back from Stripe: without a key every one would be
+  // answered 503 until Stripe gave up redelivering it, its rejected events never marked.
+  if (config.stripe.webhookSecret !== undefined) requireStripeKey(config.stripe, 'the API (its webhook route reads each notification back from Stripe)');
   if (config.api.tokens.length === 0) {
     throw new ConfigError(['API_TOKENS: is not set: every route but /health needs a bearer token (see .env.example)']);
   }
