@@ -420,6 +420,47 @@ export interface Config {
 /** Every environment variable the configuration reads. */
 export const CONFIG_VARIABLES: readonly string[] = Object.keys(schema.shape);
 
+/**
+ * Variables set in `env` that look like a misspelling of one the configuration reads (another
+ * case, a letter or two off: `DATABASE_SCHEME`, `stripe_api_key`), each with the name it is
+ * probably meant as. Read by nobody, such a variable leaves its setting at the default in silence
+ * (a worker relaying the default schema while the application writes another). Names far from
+ * every one of ours (the application's own variables) are not reported.
+ */
+export function misspelledVariables(env: Record<string, string | undefined> = process.env): { name: string; meant: string }[] {
+  const known = new Set(CONFIG_VARIABLES.flatMap((v) => [v, `${v}_FILE`]));
+  const found: { name: string; meant: string }[] = [];
+  for (const name of Object.keys(env)) {
+    if (known.has(name) || env[name] === undefined) continue;
+    const upper = name.toUpperCase();
+    let best: { meant: string; distance: number } | undefined;
+    for (const candidate of known) {
+      const distance = upper === candidate ? 0 : editDistance(upper, candidate, 2);
+      if (distance <= 2 && (!best || distance < best.distance)) best = { meant: candidate, distance };
+    }
+    if (best) found.push({ name, meant: best.meant });
+  }
+  return found;
+}
+
+/** misspelledVariables as the warnings a process logs at start. */
+export function misspelledVariableWarnings(env: Record<string, string | undefined> = process.env): string[] {
+  return misspelledVariables(env).map(({ name, meant }) => `${name} is set but is not a billing-outbox variable: did you mean ${meant}? (${meant} keeps its default)`);
+}
+
+/** Levenshtein distance of `a` and `b`, or `limit + 1` once it is sure to pass `limit`. */
+function editDistance(a: string, b: string, limit: number): number {
+  if (Math.abs(a.length - b.length) > limit) return limit + 1;
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++) row[j] = Math.min(previous[j]! + 1, row[j - 1]! + 1, previous[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    if (Math.min(...row) > limit) return limit + 1;
+    previous = row;
+  }
+  return previous[b.length]!;
+}
+
 export class ConfigError extends Error {
   readonly problems: string[];
   constructor(problems: string[]) {

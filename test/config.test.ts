@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { CONFIG_VARIABLES, ConfigError, loadConfig } from '../src/config.js';
+import { CONFIG_VARIABLES, ConfigError, loadConfig, misspelledVariables, misspelledVariableWarnings } from '../src/config.js';
 import { requireStripeKey } from '../src/stripe/client.js';
 
 function problems(env: Record<string, string>): string[] {
@@ -200,6 +200,26 @@ describe('configuration', () => {
     expect(line).toMatch(/^DATABASE_URL: is not a valid URL: percent-encode/);
     expect(line).not.toContain('pa#ss');
     expect(loadConfig({ DATABASE_URL: 'postgres://app:pa%23ss@db:5432/app' }).databaseUrl).toBe('postgres://app:pa%23ss@db:5432/app');
+  });
+
+  it('names a variable that looks like a misspelling of one it reads, and not the application\'s own', () => {
+    const env = {
+      DATABASE_SCHEME: 'billing',
+      stripe_api_key: 'sk_test_x',
+      STRIPE_IDENTIFIER_NAMESPCE: 'eu',
+      DATABASE_SCHEMA_FILE: '/run/secrets/schema',
+      STRIPE_PUBLISHABLE_KEY: 'pk_test_x',
+      DATABASE_POOL_SIZE: '20',
+      PATH: '/usr/bin',
+    };
+    expect(misspelledVariables(env)).toEqual([
+      { name: 'DATABASE_SCHEME', meant: 'DATABASE_SCHEMA' },
+      { name: 'stripe_api_key', meant: 'STRIPE_API_KEY' },
+      { name: 'STRIPE_IDENTIFIER_NAMESPCE', meant: 'STRIPE_IDENTIFIER_NAMESPACE' },
+    ]);
+    expect(misspelledVariableWarnings({ DATABASE_SCHEME: 'billing' })).toEqual([
+      'DATABASE_SCHEME is set but is not a billing-outbox variable: did you mean DATABASE_SCHEMA? (DATABASE_SCHEMA keeps its default)',
+    ]);
   });
 
   it('refuses to send a live key anywhere but Stripe', () => {

@@ -5,7 +5,7 @@
  */
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
 import { buildApi, temporalHealthConnection } from '../../api/index.js';
-import { ConfigError, loadConfig } from '../../config.js';
+import { ConfigError, loadConfig, misspelledVariableWarnings } from '../../config.js';
 import { halfSetBesideStack, loadDotEnv } from '../../embedded/local-files.js';
 import { createPool, migrate, redactUrl } from '../../db.js';
 import { postgresUnreachable, untilReachable } from '../../reachable.js';
@@ -22,6 +22,7 @@ export async function runApi(): Promise<void> {
   loadDotEnv();
   const config = loadConfig();
   const log = createLogger(config.logLevel);
+  for (const warning of misspelledVariableWarnings()) log.warn(warning);
   if (!config.databaseUrl) throw new ConfigError(['DATABASE_URL: is not set (npm start runs everything embedded instead)']);
   const unset = halfSetBesideStack(config);
   if (unset) throw unset;

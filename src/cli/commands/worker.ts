@@ -7,7 +7,7 @@
  * metrics (exported on a loopback port), and whether the worker runs and reaches PostgreSQL.
  */
 import { DEFAULT_TEMPORAL_ADDRESS } from '../../temporal/connection.js';
-import { ConfigError, loadConfig } from '../../config.js';
+import { ConfigError, loadConfig, misspelledVariableWarnings } from '../../config.js';
 import { halfSetBesideStack, loadDotEnv } from '../../embedded/local-files.js';
 import { redactUrl } from '../../db.js';
 import { freePort } from '../../embedded/postgres.js';
@@ -28,6 +28,7 @@ export async function runWorker(): Promise<void> {
   if (unset) throw unset;
   requireStripeKey(config.stripe, 'the worker');
   const log = createLogger(config.logLevel);
+  for (const warning of misspelledVariableWarnings()) log.warn(warning);
   const sdkMetricsAddress = config.workerMetricsPort === undefined ? undefined : `127.0.0.1:${await freePort()}`;
   installTemporalRuntime(log, sdkLogLevel(config.logLevel), sdkMetricsAddress);
   const worker = await launchWorker(config, {
