@@ -60,7 +60,7 @@ const schema = z.object({
     .refine((v) => /^postgres(ql)?:\/\//.test(v), 'must be a postgres:// or postgresql:// URL')
     // What the driver would throw later as a bare "Invalid URL", naming nothing (the value is never echoed).
     .refine(
-      (v) => !/^postgres(ql)?:\/\//.test(v) || URL.canParse(v),
+      (v) => !/^postgres(ql)?:\/\//.test(v) || parsesAsConnectionString(v),
       'is not a valid URL: percent-encode special characters in the user name or password (# as %23, / as %2F, ? as %3F, @ as %40)',
     )
     .optional(),
@@ -415,6 +415,15 @@ export interface Config {
   tracing: { otlpEndpoint: string | undefined; serviceName: string };
   /** Where `npm run stripe` finds the local Stripe (unset: from the running stack's endpoints file). */
   localStripeUrl: string | undefined;
+}
+
+/**
+ * Whether node-postgres will parse `url` (pg-connection-string's own steps: spaces and stray `%`
+ * encoded first, then a URL, or one with an empty host, as a socket directory in `?host=` needs).
+ */
+function parsesAsConnectionString(url: string): boolean {
+  const encoded = /[ ]|%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(url) ? encodeURI(url).replace(/%25(\d\d)/g, '%$1') : url;
+  return URL.canParse(encoded, 'postgres://base') || URL.canParse(encoded.replace('@/', '@___DUMMY___/'), 'postgres://base');
 }
 
 /** Every environment variable the configuration reads. */

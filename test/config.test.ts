@@ -200,6 +200,10 @@ describe('configuration', () => {
     expect(line).toMatch(/^DATABASE_URL: is not a valid URL: percent-encode/);
     expect(line).not.toContain('pa#ss');
     expect(loadConfig({ DATABASE_URL: 'postgres://app:pa%23ss@db:5432/app' }).databaseUrl).toBe('postgres://app:pa%23ss@db:5432/app');
+    // What node-postgres takes stays taken: a socket directory, an @ in the password, a space.
+    for (const url of ['postgres://app@/app?host=/var/run/postgresql', 'postgres:///app', 'postgres://app:p@ss@db/app', 'postgres://app:p ss@db/app']) {
+      expect(loadConfig({ DATABASE_URL: url }).databaseUrl, url).toBe(url);
+    }
   });
 
   it('names a variable that looks like a misspelling of one it reads, and not the application\'s own', () => {
