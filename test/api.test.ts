@@ -439,18 +439,23 @@ describe('at the door', () => {
     const res = await fetch(`http://127.0.0.1:${port}/health`);
     expect(res.status).toBe(200);
   });
-  it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {
-    const slowMeters = {
+  /** An API listening with a request timeout of 500 ms whose meter check number n takes `takesMs(n)`; its port. */
+  const apiWithMeterCheck = async (takesMs: (check: number) => number): Promise<number> => {
+    let checks = 0;
+    const meters = {
       keysFor: async () => {
-        await new Promise((r) => setTimeout(r, 900));
+        await new Promise((r) => setTimeout(r, takesMs(++checks)));
         return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
       },
       missingSince: () => false,
     };
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters: slowMeters });
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters });
     extraApps.push(quick);
     await quick.listen({ host: '127.0.0.1', port: 0 });
-    const { port } = quick.server.address() as AddressInfo;
+    return (quick.server.address() as AddressInfo).port;
+  };
+  it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {
+    const port = await apiWithMeterCheck(() => 900);
     const body = usage();
     const res = await fetch(`http://127.0.0.1:${port}/v1/usage`, {
       method: 'POST',
@@ -462,19 +467,8 @@ describe('at the door', () => {
     expect(rows).toHaveLength(1);
   });
   it('answers both of two pipelined usages on one connection, the second handled long after the first was answered', async () => {
-    let checks = 0;
-    const slowMeters = {
-      keysFor: async () => {
-        // The first at once; the second past the request timeout, after the first's answer.
-        if (++checks === 2) await new Promise((r) => setTimeout(r, 1_500));
-        return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
-      },
-      missingSince: () => false,
-    };
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters: slowMeters });
-    extraApps.push(quick);
-    await quick.listen({ host: '127.0.0.1', port: 0 });
-    const { port } = quick.server.address() as AddressInfo;
+    // The first at once; the second past the request timeout, after the first's answer.
+    const port = await apiWithMeterCheck((check) => (check === 2 ? 1_500 : 0));
     const socket = net.connect(port, '127.0.0.1');
     socket.on('error', () => undefined);
     await new Promise((resolve) => socket.once('connect', resolve));
