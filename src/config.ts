@@ -423,7 +423,17 @@ export interface Config {
  */
 function parsesAsConnectionString(url: string): boolean {
   const encoded = /[ ]|%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(url) ? encodeURI(url).replace(/%25(\d\d)/g, '%$1') : url;
-  return URL.canParse(encoded, 'postgres://base') || URL.canParse(encoded.replace('@/', '@___DUMMY___/'), 'postgres://base');
+  const parsed = URL.parse(encoded, 'postgres://base') ?? URL.parse(encoded.replace('@/', '@___DUMMY___/'), 'postgres://base');
+  if (!parsed) return false;
+  try {
+    // Decoded as it does: a %XX that is not UTF-8 throws URIError there.
+    decodeURIComponent(parsed.username);
+    decodeURIComponent(parsed.password);
+    decodeURI(parsed.pathname);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Every environment variable the configuration reads. */
@@ -439,11 +449,15 @@ export const CONFIG_VARIABLES: readonly string[] = Object.keys(schema.shape);
 export function misspelledVariables(env: Record<string, string | undefined> = process.env): { name: string; meant: string }[] {
   const known = new Set(CONFIG_VARIABLES.flatMap((v) => [v, `${v}_FILE`]));
   const found: { name: string; meant: string }[] = [];
+  const firstWord = (v: string) => v.split('_')[0];
   for (const name of Object.keys(env)) {
     if (known.has(name) || env[name] === undefined) continue;
     const upper = name.toUpperCase();
     let best: { meant: string; distance: number } | undefined;
     for (const candidate of known) {
+      // The same first word (STRIPE_, DATABASE_…): APP_PORT is the application's, not API_PORT
+      // misspelled. And only a variable not set itself: set, it was not what was meant.
+      if (firstWord(upper) !== firstWord(candidate) || env[candidate] !== undefined) continue;
       const distance = upper === candidate ? 0 : editDistance(upper, candidate, 2);
       if (distance <= 2 && (!best || distance < best.distance)) best = { meant: candidate, distance };
     }

@@ -200,6 +200,8 @@ describe('configuration', () => {
     expect(line).toMatch(/^DATABASE_URL: is not a valid URL: percent-encode/);
     expect(line).not.toContain('pa#ss');
     expect(loadConfig({ DATABASE_URL: 'postgres://app:pa%23ss@db:5432/app' }).databaseUrl).toBe('postgres://app:pa%23ss@db:5432/app');
+    // A %XX that is not UTF-8: node-postgres's decoding would throw URIError.
+    expect(problems({ DATABASE_URL: 'postgres://u:p%E9z@localhost/db' })[0]).toMatch(/^DATABASE_URL: is not a valid URL/);
     // What node-postgres takes stays taken: a socket directory, an @ in the password, a space.
     for (const url of ['postgres://app@/app?host=/var/run/postgresql', 'postgres:///app', 'postgres://app:p@ss@db/app', 'postgres://app:p ss@db/app']) {
       expect(loadConfig({ DATABASE_URL: url }).databaseUrl, url).toBe(url);
@@ -221,6 +223,8 @@ describe('configuration', () => {
       { name: 'stripe_api_key', meant: 'STRIPE_API_KEY' },
       { name: 'STRIPE_IDENTIFIER_NAMESPCE', meant: 'STRIPE_IDENTIFIER_NAMESPACE' },
     ]);
+    // The application's own (another first word), or near one of ours that is set itself: not ours to name.
+    expect(misspelledVariables({ APP_PORT: '3000', APP_HOST: 'x', MODE_ENV: 'x', API_TOKEN: 'x', API_TOKENS: 'ingest:abc', API_PORT: '8080' })).toEqual([]);
     expect(misspelledVariableWarnings({ DATABASE_SCHEME: 'billing' })).toEqual([
       'DATABASE_SCHEME is set but is not a billing-outbox variable: did you mean DATABASE_SCHEMA? (DATABASE_SCHEMA keeps its default)',
     ]);

@@ -212,7 +212,7 @@ describe('createWorker', () => {
     expect(message).toContain('stripe.apiKey: is required');
 
     // Blank is not given (as in the environment): `apiBase: process.env.STRIPE_API_BASE` set but empty is Stripe itself.
-    for (const stripe of [{ apiBase: '' }, { apiBase: ' ', apiKey: '' }, { apiKey: '  ' }]) {
+    for (const stripe of [{ apiBase: '' }, { apiBase: ' ', apiKey: '' }, { apiKey: '  ' }, { apiBase: 'https://api.stripe.com:443' }, { apiBase: 'https://API.stripe.com/' }]) {
       await expect(createWorker({ database: t.db.url, stripe, taskQueue: 'q' }), JSON.stringify(stripe)).rejects.toThrow(/stripe\.apiKey: is required/);
     }
     await expect(createWorker({ stripe: { apiKey: 'sk_test_x' } } as CreateWorkerOptions)).rejects.toThrow(/database: is required/);
