@@ -15,5 +15,7 @@ export async function forEachLimit<T>(items: readonly T[], limit: number, fn: (i
       }
     }
   };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
+  const lanes = await Promise.allSettled(Array.from({ length: Math.min(limit, items.length) }, lane));
+  const first = lanes.find((l): l is PromiseRejectedResult => l.status === 'rejected');
+  if (first) throw first.reason;
 }
