@@ -13,6 +13,11 @@ import { MAX_EVENT_NAME_LENGTH, tenantProblem, textProblem } from './outbox/vali
 
 const STRIPE_DEFAULT_BASE = 'https://api.stripe.com';
 
+/** Whether `base` is Stripe itself, however its URL is written (a trailing slash, :443, capitals). */
+export function isStripeItself(base: string): boolean {
+  return URL.parse(base.trim())?.origin === STRIPE_DEFAULT_BASE;
+}
+
 /** A positive integer read from a string, with an inclusive range. */
 function int(min: number, max: number) {
   return z
@@ -429,6 +434,7 @@ function parsesAsConnectionString(url: string): boolean {
     // Decoded as it does: a %XX that is not UTF-8 throws URIError there.
     decodeURIComponent(parsed.username);
     decodeURIComponent(parsed.password);
+    decodeURIComponent(parsed.hostname);
     decodeURI(parsed.pathname);
     return true;
   } catch {
@@ -561,7 +567,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   // Compared as the URL it names (a trailing slash, an explicit :443 are Stripe itself).
   const stripeBase = new URL(c.STRIPE_API_BASE).origin;
-  if (c.STRIPE_API_KEY?.includes('_live_') && stripeBase !== STRIPE_DEFAULT_BASE) {
+  if (c.STRIPE_API_KEY?.includes('_live_') && !isStripeItself(stripeBase)) {
     problems.push('STRIPE_API_KEY: a live key may only be sent to Stripe itself; unset STRIPE_API_BASE');
   }
   const names = new Set<string>();
@@ -600,7 +606,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       apiKey: c.STRIPE_API_KEY,
       ...(fromFile.STRIPE_API_KEY !== undefined ? { apiKeyFile: fromFile.STRIPE_API_KEY } : {}),
       apiBase: stripeBase,
-      isRealStripe: stripeBase === STRIPE_DEFAULT_BASE,
+      isRealStripe: isStripeItself(stripeBase),
       meterEventName: c.STRIPE_METER_EVENT_NAME,
       timeoutMs: c.STRIPE_TIMEOUT_MS,
       webhookSecret: c.STRIPE_WEBHOOK_SECRET,

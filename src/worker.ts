@@ -17,7 +17,7 @@
  */
 import { Runtime, type NativeConnection, type WorkerOptions as TemporalWorkerOptions } from '@temporalio/worker';
 import type pg from 'pg';
-import { ConfigError, loadConfig, type Config } from './config.js';
+import { ConfigError, isStripeItself, loadConfig, type Config } from './config.js';
 import type { Logger } from './log.js';
 import { launchWorker, type WorkerHandle, type WorkerHealth } from './temporal/worker.js';
 import { sdkLogger } from './temporal/runtime.js';
@@ -255,7 +255,7 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   // Stripe itself needs a key, as the worker command says (src/cli/commands/worker.ts). Blank
   // counts as not given, as in the configuration: an empty apiBase is Stripe itself.
   const given = (v: unknown) => typeof v === 'string' && v.trim() !== '';
-  if (!given(stripe?.apiKey) && (!given(stripe?.apiBase) || URL.parse(String(stripe?.apiBase).trim())?.origin === 'https://api.stripe.com')) {
+  if (!given(stripe?.apiKey) && (!given(stripe?.apiBase) || isStripeItself(String(stripe?.apiBase)))) {
     problems.push('stripe.apiKey: is required to report usage to Stripe (or give stripe.apiBase, a Stripe-compatible server)');
   }
   // Every problem at once: ours, then loadConfig's in the options' words.

@@ -202,6 +202,7 @@ describe('configuration', () => {
     expect(loadConfig({ DATABASE_URL: 'postgres://app:pa%23ss@db:5432/app' }).databaseUrl).toBe('postgres://app:pa%23ss@db:5432/app');
     // A %XX that is not UTF-8: node-postgres's decoding would throw URIError.
     expect(problems({ DATABASE_URL: 'postgres://u:p%E9z@localhost/db' })[0]).toMatch(/^DATABASE_URL: is not a valid URL/);
+    expect(problems({ DATABASE_URL: 'postgres://u:p@h%E9/db' })[0]).toMatch(/^DATABASE_URL: is not a valid URL/);
     // What node-postgres takes stays taken: a socket directory, an @ in the password, a space.
     for (const url of ['postgres://app@/app?host=/var/run/postgresql', 'postgres:///app', 'postgres://app:p@ss@db/app', 'postgres://app:p ss@db/app']) {
       expect(loadConfig({ DATABASE_URL: url }).databaseUrl, url).toBe(url);
