@@ -57,7 +57,6 @@ export async function removeEndpoints(dataDir: string, pid = process.pid): Promi
   if (current?.pid === pid) await rm(file, { force: true });
 }
 
-/** The running stack's endpoints, or undefined when none is written or its process is gone. */
 /**
  * With `npm start` running on this machine and only one of DATABASE_URL and TEMPORAL_ADDRESS set,
  * the refusal naming the other: never guessed (a production DATABASE_URL beside the local Temporal,
@@ -73,6 +72,7 @@ export function halfSetBesideStack(config: { databaseUrl?: string | undefined; t
   ]);
 }
 
+/** The running stack's endpoints, or undefined when none is written or its process is gone. */
 export function readRunningStack(dataDir: string): Endpoints | undefined {
   const endpoints = readEndpointsFile(path.join(dataDir, 'endpoints.json'));
   return endpoints && isAlive(endpoints.pid) ? endpoints : undefined;

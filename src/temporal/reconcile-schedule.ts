@@ -96,11 +96,11 @@ export async function ensureReconcileSchedule(
   if (same) return 'unchanged';
   await handle.update((previous) => ({ ...previous, spec: options.spec, action: options.action, policies: { ...previous.policies, ...options.policies } }));
   const lastRun = current.info.recentActions.at(-1)?.scheduledAt;
-  const before = args as ReconcileRunInput | undefined;
-  if (lastRun && before && typeof before.intervalMs === 'number' && typeof before.lagMs === 'number') {
+  const before = args as Partial<ReconcileRunInput> | undefined;
+  if (lastRun && typeof before?.intervalMs === 'number' && typeof before.lagMs === 'number') {
     // The interval's runs fall on its multiples since the epoch (no offset is set).
-    const every = config.reconcile.intervalMs;
-    const skipped = hoursLeftUncompared(lastRun.getTime(), before, Math.ceil(Date.now() / every) * every, wanted);
+    const nextAt = Math.ceil(Date.now() / wanted.intervalMs) * wanted.intervalMs;
+    const skipped = hoursLeftUncompared(lastRun.getTime(), { intervalMs: before.intervalMs, lagMs: before.lagMs }, nextAt, wanted);
     if (skipped) onUncompared?.(skipped);
   }
   return 'updated';
