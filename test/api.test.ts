@@ -423,10 +423,7 @@ describe('at the door', () => {
   });
 
   it('closes a connection that promises a body and never sends it, and goes on serving', async () => {
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal });
-    extraApps.push(quick);
-    await quick.listen({ host: '127.0.0.1', port: 0 });
-    const { port } = quick.server.address() as AddressInfo;
+    const port = await quickApi();
     const socket = net.connect(port, '127.0.0.1');
     await new Promise((resolve) => socket.once('connect', resolve));
     let answer = '';
@@ -439,20 +436,23 @@ describe('at the door', () => {
     const res = await fetch(`http://127.0.0.1:${port}/health`);
     expect(res.status).toBe(200);
   });
-  /** An API listening with a request timeout of 500 ms whose meter check number n takes `takesMs(n)`; its port. */
-  const apiWithMeterCheck = async (takesMs: (check: number) => number): Promise<number> => {
+  /** An API listening with a request timeout of 500 ms (and `meters`, if given); its port. */
+  const quickApi = async (meters?: Parameters<typeof buildApi>[0]['meters']): Promise<number> => {
+    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, ...(meters ? { meters } : {}) });
+    extraApps.push(quick);
+    await quick.listen({ host: '127.0.0.1', port: 0 });
+    return (quick.server.address() as AddressInfo).port;
+  };
+  /** quickApi whose meter check number n takes `takesMs(n)`. */
+  const apiWithMeterCheck = (takesMs: (check: number) => number): Promise<number> => {
     let checks = 0;
-    const meters = {
+    return quickApi({
       keysFor: async () => {
         await new Promise((r) => setTimeout(r, takesMs(++checks)));
         return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
       },
       missingSince: () => false,
-    };
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal, meters });
-    extraApps.push(quick);
-    await quick.listen({ host: '127.0.0.1', port: 0 });
-    return (quick.server.address() as AddressInfo).port;
+    });
   };
   it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {
     const port = await apiWithMeterCheck(() => 900);
@@ -485,10 +485,7 @@ describe('at the door', () => {
     expect(answer.match(/HTTP\/1\.1 201/g)).toHaveLength(2);
   });
   it('closes a connection that sends nothing at all within the request timeout', async () => {
-    const quick = buildApi({ config: { ...config, api: { ...config.api, requestTimeoutMs: 500 } }, db: t.pool, log, temporal });
-    extraApps.push(quick);
-    await quick.listen({ host: '127.0.0.1', port: 0 });
-    const { port } = quick.server.address() as AddressInfo;
+    const port = await quickApi();
     const socket = net.connect(port, '127.0.0.1');
     socket.on('error', () => undefined);
     const started = Date.now();
