@@ -384,9 +384,11 @@ function splitStatements(sql: string): string[] {
  * - 08 (connection exception), 57P (operator intervention: a shutdown, a restart);
  * - 53 (insufficient resources: too many connections 53300, out of memory, disk full);
  * - 40001 serialization failure, 40P01 deadlock (one side is chosen to fail, the retry succeeds);
- * - 57014 query cancelled (statement_timeout under load), 55P03 lock not available (lock_timeout).
+ * - 57014 query cancelled (statement_timeout under load), 55P03 lock not available (lock_timeout);
+ * - 25006 read-only transaction: a standby reached during a failover, or a managed server that
+ *   turned itself read-only (its disk nearly full) until someone makes room.
  */
-const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03)$/;
+const TRANSIENT_SQLSTATE = /^(08|57P|53)|^(40001|40P01|57014|55P03|25006)$/;
 
 /**
  * Whether `err` says the database is away or overloaded rather than the statement wrong: the

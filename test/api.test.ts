@@ -632,6 +632,23 @@ describe('GET /health', () => {
     expect(errorOf(write).code).toBe('unavailable');
   });
 
+  it('503 naming PostgreSQL when it is read-only (a standby after a failover, a full managed disk); usage is refused with 503 to retry, not 500', async () => {
+    const url = new URL(t.db.url);
+    url.searchParams.set('options', '-c default_transaction_read_only=on');
+    const readOnlyPool = createPool(url.toString(), 1);
+    const readOnly = buildApi({ config, db: readOnlyPool, log, temporal, healthTimeoutMs: 2_000 });
+    extraApps.push(readOnly);
+    readOnly.addHook('onClose', () => readOnlyPool.end());
+    const res = await readOnly.inject({ method: 'GET', url: '/health' });
+    expect(res.statusCode).toBe(503);
+    expect(res.json()).toEqual({ status: 'unavailable', postgres: 'error', temporal: 'ok' });
+
+    const write = await post(usage(), writer, {}, readOnly);
+    expect(write.statusCode).toBe(503);
+    expect(errorOf(write).code).toBe('unavailable');
+    expect(write.headers['retry-after']).toBe('5');
+  });
+
   it('503 naming Temporal when it does not answer, and not_configured without a client', async () => {
     const away = temporalHealthConnection({ ...config.temporal, address: '127.0.0.1:1' });
     const noTemporal = buildApi({ config, db: t.pool, log, temporal: away, healthTimeoutMs: 1_000 });

@@ -149,6 +149,17 @@ it('takes overload for "not now": a statement timeout, a lock timeout, a deadloc
     // Overloaded, not gone: the connection is rolled back and lent out again, not dropped.
     for (const e of [timeout, lock, deadlock, serialization]) expect(connectionLost(e)).toBe(false);
 
+    // A read-only server (a standby reached during a failover, a managed server that turned itself
+    // read-only): not now, rather than never.
+    const readOnly = new URL(t.db.url);
+    readOnly.searchParams.set('options', '-c default_transaction_read_only=on');
+    const standby = new pg.Client({ connectionString: readOnly.toString() });
+    await standby.connect();
+    const refused = await errorOf(standby.query('INSERT INTO overload_probe VALUES (3, 0)'));
+    await standby.end();
+    expect((refused as { code?: string }).code).toBe('25006');
+    expect(isDatabaseUnavailable(refused)).toBe(true);
+
     // A statement that is wrong stays wrong: a duplicate key, a syntax error.
     expect(isDatabaseUnavailable(await errorOf(pool.query('INSERT INTO overload_probe VALUES (1, 0)')))).toBe(false);
     expect(isDatabaseUnavailable(await errorOf(pool.query('SELEC 1')))).toBe(false);

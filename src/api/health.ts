@@ -69,6 +69,15 @@ export function temporalHealthConnection(temporal: TemporalConfig): TemporalHeal
   };
 }
 
+/**
+ * Whether PostgreSQL takes writes: a standby reached during a failover, or a managed server that
+ * turned itself read-only, answers `SELECT 1` but refuses every usage and every delivery's update.
+ */
+async function writable(db: Queryable): Promise<void> {
+  const { rows } = await db.query<{ read_only: boolean }>(`SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only`);
+  if (rows[0]?.read_only) throw new Error('PostgreSQL is read-only (a standby, or default_transaction_read_only is on): usage cannot be recorded');
+}
+
 export async function checkHealth(
   deps: { db: Queryable; temporal?: TemporalHealth | undefined; log: Pick<Logger, 'warn'> },
   timeoutMs: number,
@@ -76,7 +85,7 @@ export async function checkHealth(
   const { db, temporal, log } = deps;
   const [postgres, temporalResult] = await Promise.all([
     // The statement's own timeout ends it (a silent connection is dropped, not kept by the pool).
-    probe('postgres', async () => void (await answeredWithin(db, timeoutMs).query('SELECT 1')), timeoutMs, log),
+    probe('postgres', async () => await writable(answeredWithin(db, timeoutMs)), timeoutMs, log),
     temporal
       ? probe(
           'temporal',
