@@ -8,8 +8,8 @@
  *      ▲                  │ (claim times out)            │                                   └──▶ cancelled
  *      └──────────────────┘                             └──last attempt──▶ dead ──retry──▶ dispatched
  *
- * `sent`: Stripe's v1 meter-events endpoint answered 200, after its synchronous checks (customer,
- * meter, timestamp). `accepted`: the v2 meter event stream took it for asynchronous processing,
+ * `sent`: Stripe's v1 meter-events endpoint answered 200: received (some checks, the customer's
+ * among them, run later and come back by error report). `accepted`: the v2 meter event stream took it for asynchronous processing,
  * validation included; a rejection can only come later, by Stripe's error report.
  *
  * Pure data: importable from workflow code.

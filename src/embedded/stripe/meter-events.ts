@@ -1,9 +1,9 @@
 /**
  * Validation of POST /v1/billing/meter_events parameters and the shape of its answer.
  *
- * Real Stripe runs some of these checks (unknown customer, no meter) after answering 200 and
+ * Real Stripe runs some of these checks (an unknown customer above all) after answering 200 and
  * reports failures through `v1.billing.meter.error_report_triggered`; here they are synchronous so
- * tests get a direct answer. `asyncErrorNext` simulates the asynchronous path. One check is
+ * tests and the README's walkthrough get a direct answer (a deviation the README names). `asyncErrorNext` simulates the asynchronous path. One check is
  * asynchronous here too, as at Stripe, because the pipeline must get it right by itself: an event
  * whose payload lacks the keys its meter reads (`customer_mapping.event_payload_key`,
  * `value_settings.event_payload_key`) is answered 200 and rejected later.
