@@ -241,6 +241,34 @@ describe('POST /v1/stripe/webhooks', () => {
     expect((await reports()).map((r) => r.event_id)).not.toContain(event.id);
   });
 
+  it("answers 503 naming the API's own key when Stripe refuses it reading the event (rolled, expired), counted as a credentials error; the report is taken once the key works", async () => {
+    const staleMetrics = createMetrics(new Registry(), { db: t.pool });
+    const stale = buildApi({
+      config: testConfig({ STRIPE_API_BASE: t.stripe.url, STRIPE_API_KEY: 'sk_test_rolled_away', STRIPE_WEBHOOK_SECRET: SECRET }),
+      db: t.pool,
+      log: createLogger('silent'),
+      metrics: staleMetrics,
+    });
+    extra.push(stale);
+    const { keys, events } = await reportedFailures('meter_event_customer_not_found', 1);
+    const body = thinBody(events[0]!);
+    t.stripe.rollApiKey(STRIPE_KEY);
+    try {
+      const res = await deliver(body, signatureHeader(body, SECRET), stale);
+      expect(res.statusCode).toBe(503);
+      expect(res.json().error.code).toBe('stripe_credentials_refused');
+      expect(res.json().error.message).toContain('STRIPE_API_KEY');
+      expect(res.json().error.message).not.toContain('sk_test_rolled_away');
+      expect(sample(await staleMetrics.render(), 'billing_outbox_stripe_errors_total', '{class="credentials"}')).toBe(1);
+      expect((await row(keys[0]!)).status).toBe('sent');
+      // Stripe redelivers; an API with the working key takes it.
+      expect((await deliver(body, signatureHeader(body, SECRET))).statusCode).toBe(200);
+      expect((await row(keys[0]!)).status).toBe('rejected_async');
+    } finally {
+      t.stripe.rollApiKey(undefined);
+    }
+  });
+
   it('verifies with a secret rolled in STRIPE_WEBHOOK_SECRET_FILE, read again while running, with no restart', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'webhook-secret-'));
     extra.push({ close: async () => rmSync(dir, { recursive: true, force: true }) });

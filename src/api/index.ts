@@ -53,7 +53,7 @@ export interface ApiDeps {
   /** For /health (see temporalHealthConnection); without it Temporal is `not_configured`. */
   temporal?: TemporalHealth;
   /** The process's registry for /metrics; by default one of the API's own, reading `db`. */
-  metrics?: Pick<Metrics, 'render' | 'contentType'> & Partial<Pick<Metrics, 'asyncRejections'>>;
+  metrics?: Pick<Metrics, 'render' | 'contentType'> & Partial<Pick<Metrics, 'asyncRejections' | 'stripeErrors'>>;
   /** For the webhook route (tests); by default a client built from `config.stripe`. */
   stripe?: WebhookStripe;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */

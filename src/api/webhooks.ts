@@ -24,6 +24,7 @@ import { scrub } from '../log.js';
 import { BoundedLabels, type Metrics } from '../metrics.js';
 import { errorReportProcessed, recordErrorReport, type ErrorReport } from '../ops/error-reports.js';
 import { createStripeClient } from '../stripe/client.js';
+import { classifyStripeError } from '../stripe/errors.js';
 import { WEBHOOK_SECRET_PATTERN } from '../stripe/rules.js';
 import { ApiError } from './errors.js';
 import type { Schema } from '../outbox/sql/schema.js';
@@ -55,7 +56,7 @@ export interface WebhookDeps {
   config: Config['stripe'];
   /** Defaults to a client built from `config` (the local server's or Stripe's). */
   stripe?: WebhookStripe;
-  metrics?: Partial<Pick<Metrics, 'asyncRejections'>>;
+  metrics?: Partial<Pick<Metrics, 'asyncRejections' | 'stripeErrors'>>;
 }
 
 const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
@@ -181,6 +182,17 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       try {
         event = await notification.fetchEvent();
       } catch (err) {
+        const failure = classifyStripeError(err);
+        if (failure.kind === 'credentials') {
+          // The API's own key, not Stripe, is at fault: said as such, and counted where a refused
+          // worker key is (its alert fires), while Stripe keeps redelivering for a few days.
+          deps.metrics?.stripeErrors?.inc({ class: 'credentials' });
+          throw new ApiError(
+            503,
+            'stripe_credentials_refused',
+            `Stripe refused this API's STRIPE_API_KEY reading event ${eventId} (${failure.code}: expired, rolled, or a restricted key without permission to read events); fix the key before Stripe stops redelivering it`,
+          );
+        }
         throw new ApiError(503, 'stripe_unavailable', `could not fetch event ${eventId} from Stripe (${scrub((err as Error).message)}); Stripe will redeliver it`);
       }
       const report = parseErrorReport(event);
