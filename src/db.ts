@@ -252,8 +252,13 @@ export async function migrate(
     // the database before it looks, and a DBA may have created ours for a role without that right.
     const exists = (await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1::text', [schema.name])).rowCount! > 0;
     if (!exists) await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema.quoted}`);
-    await client.query(`CREATE TABLE IF NOT EXISTS ${schema.schemaMigrations} (
-      name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
+    // Likewise: CREATE TABLE IF NOT EXISTS checks the right to create in the schema first, and a
+    // role granted only the use of its tables (the API's, under least privilege) has nothing to apply.
+    const tracked = (await client.query<{ ok: boolean }>('SELECT to_regclass($1::text) IS NOT NULL AS ok', [schema.schemaMigrations])).rows[0]!.ok;
+    if (!tracked) {
+      await client.query(`CREATE TABLE IF NOT EXISTS ${schema.schemaMigrations} (
+        name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
+    }
     const done = new Set((await client.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));
     const files = await migrationFiles();
     const applied: string[] = [];

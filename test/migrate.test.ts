@@ -50,6 +50,34 @@ it('npm run migrate is safe when several processes migrate at once', async () =>
   expect(rows.map((r: { name: string }) => r.name)[0]).toBe('001_outbox.sql');
 }, 60_000);
 
+it("a role that may use the schema's tables but not create in it (the API's, the workers' under least privilege) finds nothing to migrate and starts", async () => {
+  const url = databaseUrlFor(name);
+  const role = `bo_rw_${randomUUID().replace(/-/g, '').slice(0, 8)}`;
+  const owner = new pg.Client({ connectionString: url });
+  await owner.connect();
+  const schema = schemaFor().quoted;
+  await owner.query(`CREATE ROLE ${role} LOGIN PASSWORD 'p'`);
+  await owner.query(`GRANT USAGE ON SCHEMA ${schema} TO ${role}`);
+  await owner.query(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ${schema} TO ${role}`);
+  await owner.query(`GRANT USAGE ON ALL SEQUENCES IN SCHEMA ${schema} TO ${role}`);
+  await owner.end();
+  const ownerPool = createPool(url, 1);
+  await mapTenant(ownerPool, schemaFor(), 'least', 'cus_least', 'test');
+  await ownerPool.end();
+  const asRole = new URL(url);
+  asRole.username = role;
+  asRole.password = 'p';
+  expect(await migrate(asRole.toString())).toEqual([]);
+  // The grants docs/operations.md names are enough to record usage.
+  const pool = createPool(asRole.toString(), 1);
+  try {
+    const recorded = await withTransaction(pool, (c) => recordUsage(c, { usageId: 'least-1', tenantId: 'least', quantity: 2 }));
+    expect(recorded.created).toBe(true);
+  } finally {
+    await pool.end();
+  }
+}, 60_000);
+
 it('refuses a database that is not UTF-8, naming its encoding, and creates nothing in it', async () => {
   const ascii = `${name}_ascii`;
   const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
