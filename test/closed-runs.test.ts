@@ -228,6 +228,24 @@ describe('a key whose workflow id is taken by a run on another task queue (anoth
   });
 });
 
+describe('a key whose workflow id was taken by a run on another task queue that has closed (TEMPORAL_TASK_QUEUE changed, its old runs terminated)', () => {
+  it('the row is dead saying how that run closed, not to terminate it, and retry starts ours: billed once', async () => {
+    const usageId = randomUUID();
+    const key = idempotencyKeyFor('acme', usageId);
+    const oldQueue = `old-queue-${randomUUID().slice(0, 8)}`;
+    const old = await client.workflow.start('usageWorkflow', { taskQueue: oldQueue, workflowId: key, args: [{ key, tenantId: 'acme', retry: config.retry }] });
+    await old.terminate('the old queue retired');
+    await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 2 }));
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_code).toBe('workflow_closed');
+    expect(dead.last_error_message).toContain('terminated');
+    expect(dead.last_error_message).not.toContain('terminate it');
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+});
+
 describe('a row whose run has closed', () => {
   it('terminated during a Stripe outage: the sweep makes it dead (workflow_closed), retry --all-dead reopens it, billed once', async () => {
     const key = await inFlightDuringOutage(7);

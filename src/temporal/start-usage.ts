@@ -248,9 +248,12 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
 export async function describeRun(client: Client, key: string, taskQueue: string): Promise<{ kind: 'running' } | Extract<StartOutcome, { kind: 'closed' }>> {
   try {
     const d = await client.workflow.getHandle(key).describe();
-    if (d.taskQueue !== taskQueue) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: d.taskQueue };
     const status = d.status.name;
-    if (status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN') return { kind: 'running' };
+    const open = status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN';
+    // Only an open run on another queue is in the way; a closed one, wherever it ran, is closed:
+    // `retry` starts ours beside it, and the operator is told how it closed, not to terminate it.
+    if (open && d.taskQueue !== taskQueue) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: d.taskQueue };
+    if (open) return { kind: 'running' };
     return { kind: 'closed', status, closedAt: d.closeTime };
   } catch (err) {
     if (err instanceof WorkflowNotFoundError) return { kind: 'closed', status: 'NOT_FOUND', closedAt: undefined };
