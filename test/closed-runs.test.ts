@@ -206,6 +206,8 @@ describe('a key whose workflow id is taken by a run on another task queue (anoth
       expect(dead.last_error_message).toContain(`task queue "${otherQueue}", not this deployment's`);
       const retried = await retrier.retryKey(key, { force: false, requestedBy: 'test' });
       expect(retried).toMatchObject({ outcome: 'refused', message: expect.stringContaining(otherQueue) });
+      // And names its own, for an operator whose CLI runs without the workers' TEMPORAL_TASK_QUEUE.
+      expect(retried.message).toContain(`this command uses task queue ${JSON.stringify(config.temporal.taskQueue)}`);
       // That run was left alone: still open, never signalled.
       const described = await foreign.describe();
       expect(described.status.name).toBe('RUNNING');
@@ -226,6 +228,32 @@ describe('a key whose workflow id is taken by a run on another task queue (anoth
       await db.pool.query('DELETE FROM outbox WHERE idempotency_key = $1', [key]);
     }
   });
+});
+
+it("retry of a dead letter whose run closes between the command's look at it and its signal (its dead-letter wait ending): reopened with a new run, not 'failed'", async () => {
+  stripe.failNext(1, 400, { message: 'refused once' });
+  const { entry } = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 3 }));
+  const key = entry.idempotencyKey;
+  await waitStatus(key, 'dead');
+  // The run closes just after the command described it open: here, as it asks the run's state.
+  const closing = new TemporalClient({
+    connection: client.connection,
+    namespace: config.temporal.namespace,
+    interceptors: {
+      workflow: [
+        {
+          async query(input, next) {
+            await client.workflow.getHandle(input.workflowExecution.workflowId).terminate('its dead-letter wait ended');
+            return next(input);
+          },
+        },
+      ],
+    },
+  });
+  const racing = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: closing, config, now: Date.now });
+  expect(await racing.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+  await waitStatus(key, 'sent');
+  expect(eventsFor(key)).toHaveLength(1);
 });
 
 describe('a key whose workflow id was taken by a run on another task queue that has closed (TEMPORAL_TASK_QUEUE changed, its old runs terminated)', () => {

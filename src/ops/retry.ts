@@ -292,7 +292,7 @@ export class DeadLetterRetrier {
     return result;
   }
 
-  private async decide(row: OperatorRow, opts: RetryOptions): Promise<RetryResult> {
+  private async decide(row: OperatorRow, opts: RetryOptions, describedAgain = false): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     // Nothing to do, not a refusal: the operator wants the event billed, and it is (a bulk retry also
@@ -329,8 +329,10 @@ export class DeadLetterRetrier {
       // An open run of another deployment (a namespace shared, or TEMPORAL_TASK_QUEUE changed):
       // signalling it would act on that deployment's event, not ours. (A closed one is reopened on
       // our queue, for our row.)
-      if (described.status.name === 'RUNNING' && described.taskQueue !== this.deps.config.temporal.taskQueue) {
-        return done('refused', closedRunMessage(key, { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: described.taskQueue }, row.status));
+      const ours = this.deps.config.temporal.taskQueue;
+      if (described.status.name === 'RUNNING' && described.taskQueue !== ours) {
+        const message = closedRunMessage(key, { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: described.taskQueue }, row.status);
+        return done('refused', `${message} (this command uses task queue ${JSON.stringify(ours)}: if that run is ours, set TEMPORAL_TASK_QUEUE as the workers have it)`);
       }
       status = described.status.name;
       closedAt = described.closeTime;
@@ -340,14 +342,21 @@ export class DeadLetterRetrier {
     }
 
     if (status === 'RUNNING') {
-      const state = await this.queryState(key);
-      // A run whose state is not dead has already taken a retry (another operator's, or a run
-      // reopened since the row was read): signalling again would do nothing, so say so.
-      if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
-      // An Update needs a worker to take it; with none answering, it would wait for one for good.
-      // A signal waits in the run's history instead, for whenever one comes.
-      if (opts.wait && state) return this.retryByUpdate(key, opts, opts.wait.timeoutMs);
-      return this.signalRetry(key, opts, state ? undefined : 'its state query went unanswered: is a worker running?');
+      try {
+        const state = await this.queryState(key);
+        // A run whose state is not dead has already taken a retry (another operator's, or a run
+        // reopened since the row was read): signalling again would do nothing, so say so.
+        if (state && state.status !== 'dead') return done('skipped', `its workflow is already retrying it (state ${state.status})`);
+        // An Update needs a worker to take it; with none answering, it would wait for one for good.
+        // A signal waits in the run's history instead, for whenever one comes.
+        if (opts.wait && state) return await this.retryByUpdate(key, opts, opts.wait.timeoutMs);
+        return await this.signalRetry(key, opts, state ? undefined : 'its state query went unanswered: is a worker running?');
+      } catch (err) {
+        // Closed since it was described (its dead-letter wait ended while this command ran, as a
+        // week-old outage's dead letters all do within minutes): decided again as the closed run it is.
+        if (err instanceof WorkflowNotFoundError && !describedAgain) return this.decide(row, opts, true);
+        throw err;
+      }
     }
     if (status === 'COMPLETED') {
       // Another operator may have reopened and delivered it since the row was read.
