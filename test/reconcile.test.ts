@@ -306,6 +306,9 @@ describe('billing-outbox reconcile', () => {
       await bad(['--from', impossible, '--to', at(1)], /--from must be an ISO 8601 time/);
     }
     await bad(['--to', at(1)], /--from is required/);
+    // Hours older than the retention have lost rows to pruning: ours would be short, not a drift.
+    const old = (days: number) => new Date(Date.now() - days * 24 * HOUR).toISOString();
+    await bad(['--from', old(46), '--to', old(40), '--tenant', tn.id], /older than the outbox keeps delivered rows \(OUTBOX_RETENTION_DAYS, 45 days\).*reconcile from/);
     await bad(['--from', at(0), '--to', at(1), '--tenant', 'no-such-tenant'], /no Stripe customer/);
     await bad(['--from', at(0), '--to', at(1), 'extra'], /unexpected argument/);
     // Exactly 31 days is allowed.

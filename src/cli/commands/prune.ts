@@ -8,8 +8,8 @@ import { schemaFor } from '../../outbox/sql/schema.js';
 export const PRUNE_HELP = `Usage: billing-outbox prune [--older-than-days N] [--dry-run] [--by NAME] [--json]
 
 Deletes outbox rows that are ${PRUNABLE.join(', ')} and were sent more than N days ago (default
-OUTBOX_RETENTION_DAYS, 45; at least 36: Stripe's 35-day window, reconciliation and cancels read
-them), in batches that never block the relay. Dead, rejected and unfinished rows are never pruned,
+OUTBOX_RETENTION_DAYS, 45; at least 36: Stripe's 35-day window and cancels read them; reconcile
+compares only hours younger than the retention), in batches that never block the relay. Dead, rejected and unfinished rows are never pruned,
 nor is the application's usage_logs table. Workers do this every OUTBOX_PRUNE_INTERVAL_MS.
 --dry-run counts what would go; --json prints {olderThanDays, pruned | wouldPrune}. A run (not a
 dry run) is recorded in operator_actions, by --by NAME (default: the OS user).

@@ -20,6 +20,9 @@ or cancelled are expected not to be counted by Stripe. Rows pending, claimed, di
 may or may not have reached Stripe: they are not counted, but listed with their window, which is
 how to decide whether a dead letter past the 24 h window may be retried with --force.
 
+Only hours the outbox still keeps whole can be compared: --from no older than
+OUTBOX_RETENTION_DAYS (45) ago, since workers prune delivered rows after that.
+
 Stripe's summaries are eventually consistent: usage from the last few minutes may not be counted
 yet, so a difference in the newest window can go away on a later run.
 
@@ -78,6 +81,17 @@ export async function reconcileCommand(args: string[], ctx: CliContext): Promise
   if (range.to.getTime() - range.from.getTime() > MAX_RANGE_MS) {
     throw new CommandLineError(
       `the range ${range.from.toISOString()} to ${range.to.toISOString()} (whole hours) is longer than 31 days; reconcile it in parts`,
+      RECONCILE_HELP,
+    );
+  }
+  // Workers prune delivered rows by their sent_at: an hour older than the retention may have lost
+  // some of its rows, and ours would come out short of what Stripe counted, as if billed twice.
+  const retentionMs = ctx.config.retention.olderThanMs;
+  const keptSince = Math.ceil(((ctx.now?.() ?? Date.now()) - retentionMs) / 3_600_000) * 3_600_000;
+  if (range.from.getTime() < keptSince) {
+    throw new CommandLineError(
+      `--from ${range.from.toISOString()} is older than the outbox keeps delivered rows (OUTBOX_RETENTION_DAYS, ${retentionMs / 86_400_000} days): ` +
+        `workers have pruned some of its rows, so ours would be short; reconcile from ${new Date(keptSince).toISOString()} on`,
       RECONCILE_HELP,
     );
   }
