@@ -276,7 +276,11 @@ export async function migrate(
           const previous = (await client.query<{ path: string }>(`SELECT current_setting('search_path') AS path`)).rows[0]!.path;
           await client.query(`SELECT set_config('search_path', $1::text, false)`, [schema.quoted]);
           try {
-            for (const statement of splitStatements(sql)) await client.query(statement);
+            for (const statement of splitStatements(sql)) {
+              await runSaying(client, statement, waiting, (blockers) => `${file} is still running ${JSON.stringify(statement.slice(0, 60))}: ${blockers}`, () =>
+                new pg.Client(connectingWithin({ ...settings, application_name: 'billing-outbox-migrate (watching)', types: pgTypes })),
+              );
+            }
           } finally {
             await client.query(`SELECT set_config('search_path', $1::text, false)`, [previous]);
           }
@@ -326,11 +330,62 @@ class WaitReporter {
     this.onWait = onWait;
   }
 
+  /** Whether anyone is told. */
+  get listening(): boolean {
+    return this.onWait !== undefined;
+  }
+
   async say(message: () => Promise<string>): Promise<void> {
     if (!this.onWait || Date.now() - this.last < 10_000) return;
     this.last = Date.now();
     this.onWait(await message().catch((err: unknown) => `waiting (${(err as Error).message})`));
   }
+}
+
+/**
+ * Runs `statement` on `client`, and every 10 s while it runs says what it waits for, asked over a
+ * second connection: CREATE INDEX CONCURRENTLY waits for every transaction that may write the
+ * table (an application's long one that recorded usage, a dump's snapshot), without a word.
+ */
+async function runSaying(client: pg.Client, statement: string, waiting: WaitReporter, say: (blockers: string) => string, watcher: () => pg.Client): Promise<void> {
+  if (!waiting.listening) {
+    await client.query(statement);
+    return;
+  }
+  const pid = (await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+  let side: pg.Client | undefined;
+  let stopped = false;
+  const look = async () => {
+    if (!side) {
+      const c = watcher();
+      c.on('error', () => undefined);
+      await c.connect();
+      if (stopped) return void (await c.end());
+      side = c;
+    }
+    const watching = side;
+    await waiting.say(async () => say(await blockingSessions(watching, pid)));
+  };
+  const timer = setInterval(() => void look().catch(() => undefined), 10_000);
+  try {
+    await client.query(statement);
+  } finally {
+    stopped = true;
+    clearInterval(timer);
+    await side?.end().catch(() => undefined);
+  }
+}
+
+/** The sessions `pid` waits for, oldest transaction first. */
+async function blockingSessions(client: pg.Client, pid: number): Promise<string> {
+  const { rows } = await client.query<{ pid: number; app: string; since: Date | null; query: string }>(
+    `SELECT a.pid, a.application_name AS app, a.xact_start AS since, left(a.query, 80) AS query
+       FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids($1::int))
+      ORDER BY since NULLS LAST LIMIT 3`,
+    [pid],
+  );
+  if (rows.length === 0) return 'waiting for no session (building)';
+  return `waiting for ${rows.map((r) => `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}: ${JSON.stringify(r.query)})`).join(', ')} to end`;
 }
 
 /** Who holds the migration lock, as pg_stat_activity knows them. */

@@ -5,7 +5,7 @@ import { afterAll, expect, inject, it } from 'vitest';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createPool, migrate, withTransaction } from '../src/db.js';
 import { mapTenant } from '../src/ops/customers.js';
-import { databaseUrlFor, withSearchPath } from './helpers.js';
+import { databaseUrlFor, waitFor, withSearchPath } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const name = `bo_migrate_${randomUUID().replace(/-/g, '').slice(0, 10)}`;
@@ -266,6 +266,29 @@ it("a migration that cannot lock the outbox (a long transaction reads it) lets t
       expect(await migrating).toEqual(['012_billed_customer.sql', '013_dead_letter_index.sql']);
     } finally {
       await reader.end();
+      await pool.end();
+    }
+  });
+}, 60_000);
+
+it("an index built CONCURRENTLY waiting for an application's open transaction that recorded usage says every 10 s whom it waits for", async () => {
+  await withDatabase('012_billed_customer.sql', async (url) => {
+    const pool = createPool(withSearchPath(url, schemaFor().name), 2);
+    const app = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
+    await app.connect();
+    try {
+      await mapTenant(pool, schemaFor(), 'acme', 'cus_acme', 'test');
+      await app.query('BEGIN');
+      await recordUsage(app, { usageId: 'open-1', tenantId: 'acme', quantity: 1 });
+      const appPid = (await app.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+      const said: string[] = [];
+      const migrating = migrate(url, { onWait: (m) => said.push(m) });
+      await waitFor('the migration to say whom it waits for', async () => said.length > 0 || undefined, 20_000);
+      expect(said[0]).toMatch(new RegExp(`^013_dead_letter_index\\.sql is still running "CREATE INDEX CONCURRENTLY.*waiting for pid ${appPid} `));
+      await app.query('COMMIT');
+      expect(await migrating).toEqual(['013_dead_letter_index.sql']);
+    } finally {
+      await app.end();
       await pool.end();
     }
   });
