@@ -25,7 +25,7 @@
 
 /**
  * Congested: a batch whose starts took longer than this, and longer than CONGESTED_VS_FASTEST
- * times the quickest batch the process has seen started (its round trip to Temporal when nothing
+ * times the quickest batch started in the last few minutes (FASTEST_KEPT_MS: its round trip to Temporal when nothing
  * queues: a far Temporal is not congested for being far). Here (two cores, Temporal on the same
  * machine), a v1 relay's batch of one start takes 8.6 ms at the median and 15.5 ms at p99 with 99
  * tenants at 20/s alone, 13 and 24 ms with one tenant's flood beside them, when the others' p99
@@ -34,6 +34,13 @@
  */
 export const CONGESTED_START_MS = 15;
 export const CONGESTED_VS_FASTEST = 4;
+/**
+ * The quickest batch is the quickest of the last FASTEST_KEPT_MS to 2 × FASTEST_KEPT_MS, not of the
+ * process's life: one idle night's 3 ms batch, or a Temporal that moved further away (a failover to
+ * another region), would otherwise make every ordinary batch after it look congested for good, and
+ * hold every busy lane at its floor until the worker restarts.
+ */
+export const FASTEST_KEPT_MS = 5 * 60_000;
 /** A quiet lane's row counts as waiting for this long after a claim took it. */
 export const QUIET_LANE_SEEN_MS = 1_000;
 /** The window grows at most this often, and not within this long of a congested batch. */
@@ -66,7 +73,10 @@ export class LaneWindow {
   private readonly congestedStartMs: number;
   private quietSeenAt = -Infinity;
   private changedAt = -Infinity;
+  /** The quickest batch since `fastestSince`, and the quickest of the period before it. */
   private fastestMs = Infinity;
+  private fastestBeforeMs = Infinity;
+  private fastestSince = -Infinity;
   /** Busy lanes paused, by `[tenant, event]` as JSON, until when. */
   private readonly pausedUntil = new Map<string, { lane: Lane; until: number }>();
 
@@ -94,7 +104,13 @@ export class LaneWindow {
    * row), and how long the batch's workflow starts took. `now` is a monotonic time in milliseconds.
    */
   afterBatch(batch: { quiet: boolean; held: Lane[]; startMs: number }, now: number): number {
+    if (now - this.fastestSince >= FASTEST_KEPT_MS) {
+      this.fastestBeforeMs = this.fastestMs;
+      this.fastestMs = Infinity;
+      this.fastestSince = now;
+    }
     this.fastestMs = Math.min(this.fastestMs, batch.startMs);
+    const fastestMs = Math.min(this.fastestMs, this.fastestBeforeMs);
     if (batch.quiet) {
       // Quiet lanes being served again after a while: busy lanes start from the floor and earn the
       // rest, rather than keep a whole lane's room they may fill at once (a flood's first claim).
@@ -105,7 +121,7 @@ export class LaneWindow {
       this.size = this.laneMax;
       this.pauseMs = 0;
       this.pausedUntil.clear();
-    } else if (batch.startMs > Math.max(this.congestedStartMs, CONGESTED_VS_FASTEST * this.fastestMs)) {
+    } else if (batch.startMs > Math.max(this.congestedStartMs, CONGESTED_VS_FASTEST * fastestMs)) {
       if (this.size > this.floor) this.resize(Math.floor(this.size / 2), 0, now);
       else this.resize(this.floor, Math.min(MAX_PAUSE_MS, Math.max(PAUSE_STEP_MS, 2 * this.pauseMs)), now);
     } else if (batch.held.length > 0 && now - this.changedAt >= GROW_EVERY_MS) {

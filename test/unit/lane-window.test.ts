@@ -3,7 +3,7 @@
  * being served and Temporal is slow to start workflows; otherwise each lane keeps LANE_MAX_IN_FLIGHT.
  */
 import { describe, expect, it } from 'vitest';
-import { CONGESTED_START_MS, GROW_EVERY_MS, LaneWindow, MAX_PAUSE_MS, PAUSE_STEP_MS, QUIET_LANE_SEEN_MS, laneWindowFloor } from '../../src/outbox/lane-window.js';
+import { CONGESTED_START_MS, FASTEST_KEPT_MS, GROW_EVERY_MS, LaneWindow, MAX_PAUSE_MS, PAUSE_STEP_MS, QUIET_LANE_SEEN_MS, laneWindowFloor } from '../../src/outbox/lane-window.js';
 
 const quick = 5;
 const slow = 300;
@@ -111,6 +111,21 @@ describe('LaneWindow', () => {
     near.afterBatch(mixed(CONGESTED_START_MS), 500);
     expect(near.afterBatch(mixed(CONGESTED_START_MS), GROW_EVERY_MS + 10)).toBe(20);
     expect(near.afterBatch(mixed(CONGESTED_START_MS + 1), GROW_EVERY_MS + 20)).toBe(10);
+  });
+
+  it('forgets its quickest batch after a few minutes: one quick batch long ago (an idle night, a Temporal since moved further away) does not make every later one congested', () => {
+    const w = new LaneWindow(100);
+    w.afterBatch({ quiet: false, held: [flood], startMs: 5 }, 0);
+    // Temporal is now 150 ms away: congested against the 5 ms batch, while that one is remembered.
+    let t = 10;
+    expect(w.afterBatch(mixed(150), t)).toBe(10);
+    // A batch every half second (quiet tenants keep coming).
+    for (; t < 2 * FASTEST_KEPT_MS; t += 500) w.afterBatch(mixed(150), t);
+    expect(w.pauseMs).toBe(MAX_PAUSE_MS);
+    // Once it is forgotten, 150 ms is the round trip, not queueing: the pause eases away and the window grows back.
+    for (const end = t + 60 * GROW_EVERY_MS; t < end; t += 500) w.afterBatch(mixed(150), t);
+    expect(w.pauseMs).toBe(0);
+    expect(w.size).toBeGreaterThan(laneWindowFloor(100));
   });
 
   it('has a floor of a tenth of the lane, at least one event', () => {
