@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { ConfigError, loadConfig } from '../src/config.js';
 import { temporalUnreachable } from '../src/reachable.js';
-import { connectClient, connectTemporal, onTlsFilesChanged, TemporalConnectionError } from '../src/temporal/connection.js';
+import { connectClient, connectTemporal, onTlsFilesChanged, TemporalConnectionError, tlsFilesNow } from '../src/temporal/connection.js';
 import { startApiKeyProxy, type ApiKeyProxy } from './api-key-proxy.js';
 import { certMaker, startMtlsFrontend, type MtlsFrontend } from './certs.js';
 import './provided.js';
@@ -169,6 +169,26 @@ describe('renewed TLS files (onTlsFilesChanged)', () => {
       const done = asked;
       await settle();
       expect(asked).toBe(done);
+    } finally {
+      stop();
+    }
+  });
+});
+
+describe('TLS files renewed while the worker started (between its connection and its watch)', () => {
+  it('are news to the watch: it is told what the connection was made with, not what the files hold when it begins', async () => {
+    certs.cert('renewed-early', 'client-ca', 'extendedKeyUsage=clientAuth\n');
+    copyFileSync(file('worker.pem'), file('early.pem'));
+    copyFileSync(file('worker.key'), file('early.key'));
+    const temporal = configWith({ TEMPORAL_TLS_CA_FILE: file('server-ca.pem'), TEMPORAL_TLS_CERT_FILE: file('early.pem'), TEMPORAL_TLS_KEY_FILE: file('early.key') }).temporal;
+    const madeWith = tlsFilesNow(temporal.tls!);
+    copyFileSync(file('renewed-early.pem'), file('early.pem'));
+    copyFileSync(file('renewed-early.key'), file('early.key'));
+    let asked = 0;
+    const stop = onTlsFilesChanged(temporal, async () => void asked++, 50, madeWith);
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(asked).toBe(1);
     } finally {
       stop();
     }

@@ -104,6 +104,8 @@ export interface TemporalConnections {
   /** The client's (starting workflows), and the client on it. */
   clientConnection: Connection;
   client: Client;
+  /** What the TLS files held when they were made (read just before them), for onTlsFilesChanged. */
+  tlsFiles: string | undefined;
   /** Closes both (and stops reading the key file). */
   close(): Promise<void>;
 }
@@ -116,6 +118,7 @@ export interface TemporalConnections {
  */
 export async function connectTemporal(temporal: TemporalConfig, opts: { tracing?: boolean; log?: KeyLog } = {}): Promise<TemporalConnections> {
   const apiKey = temporalApiKey(temporal, opts.log);
+  const tlsFiles = temporal.tls ? tlsFilesNow(temporal.tls) : undefined;
   const { apiKey: _asked, ...options } = connectionOptions(temporal, apiKey);
   let connection: NativeConnection;
   try {
@@ -137,6 +140,7 @@ export async function connectTemporal(temporal: TemporalConfig, opts: { tracing?
     connection,
     clientConnection,
     client,
+    tlsFiles,
     close: async () => {
       stopTelling();
       await (closing ??= Promise.all([connection.close(), clientConnection.close()]));
@@ -169,7 +173,7 @@ function tellNewKeys(connection: NativeConnection, apiKey: () => string, log: Ke
  * when one cannot be read or the certificate and key are not a pair (one rewritten, the other not
  * yet: cert-manager and Kubernetes write a secret's files one by one).
  */
-function tlsFilesNow(tls: NonNullable<TemporalConfig['tls']>): string | undefined {
+export function tlsFilesNow(tls: NonNullable<TemporalConfig['tls']>): string | undefined {
   try {
     const digest = createHash('sha256');
     for (const file of [tls.caFile, tls.certFile, tls.keyFile]) digest.update(file ? readFileSync(file) : '').update('\0');
@@ -186,12 +190,14 @@ function tlsFilesNow(tls: NonNullable<TemporalConfig['tls']>): string | undefine
  * renewed client certificate (mTLS certificates are short-lived: cert-manager, Temporal Cloud), a
  * new CA. A connection takes its TLS files only when it is made, so a worker must reconnect to use
  * them before the old certificate expires or is revoked. Checked every KEY_FILE_RECHECK_MS; a
- * reconnect that fails is tried again at the next check. Returns a function that stops watching.
+ * reconnect that fails is tried again at the next check. `madeWith`: what the files held when the
+ * connection was made (TemporalConnections.tlsFiles): files renewed between then and the start of
+ * the watch (a worker's start takes seconds) are then news too. Returns a function that stops watching.
  */
-export function onTlsFilesChanged(temporal: TemporalConfig, reconnect: () => Promise<void>, everyMs = KEY_FILE_RECHECK_MS): () => void {
+export function onTlsFilesChanged(temporal: TemporalConfig, reconnect: () => Promise<void>, everyMs = KEY_FILE_RECHECK_MS, madeWith?: string): () => void {
   const tls = temporal.tls;
   if (!tls || !(tls.caFile || tls.certFile)) return () => undefined;
-  let inUse = tlsFilesNow(tls);
+  let inUse = madeWith ?? tlsFilesNow(tls);
   let busy = false;
   const timer = setInterval(() => {
     if (busy) return;

@@ -451,7 +451,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
     const reach = { waitMs: config.startupWaitMs, signal: stopping.signal, ...(log ? { log } : {}) };
     if (opts.migrate) await untilReachable('PostgreSQL', () => migrate(listenWith, { schema: config.databaseSchema, ...(log ? { onWait: (message: string) => log.warn(message) } : {}) }), { ...reach, unreachable: postgresUnreachable });
     else await refuseUnmigrated(pool, config.databaseSchema, config.timings.statementAnswerMs);
-    let temporal: { connection: NativeConnection; client: Client; close?: () => Promise<void> };
+    let temporal: { connection: NativeConnection; client: Client; tlsFiles?: string | undefined; close?: () => Promise<void> };
     const connectOnce = () => connectTemporal(config.temporal, { tracing: tracing !== undefined, ...(log ? { log } : {}) });
     const connect = async () => {
       temporal = await untilReachable('Temporal', connectOnce, { ...reach, unreachable: temporalUnreachable });
@@ -570,7 +570,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
               await old.temporal.close!();
               log?.info('Temporal: the worker runs on a connection made with the new TLS files');
             };
-            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()));
+            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()), undefined, temporal.tlsFiles);
             try {
               // The run lasts as long as the worker in use: one replaced by a reconnect ends
               // (drained) while its successor runs on.
