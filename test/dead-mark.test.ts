@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { expect, it } from 'vitest';
 import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { beginAttempt, markDelivered, markRowDead } from '../src/outbox/sql/delivery.js';
+import { beginAttempt, markDelivered, markRowDead, undoAttempt } from '../src/outbox/sql/delivery.js';
 import { listDeadLetters } from '../src/outbox/sql/operator.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { planOf } from './helpers.js';
@@ -36,6 +36,22 @@ it('reports no resend window for a row no attempt of which reached Stripe, and t
   await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision);
   expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 1, atStripe: 'sent' });
   expect((await t.pool.query('SELECT status FROM outbox WHERE idempotency_key = $1', [sent])).rows[0].status).toBe('sent');
+});
+
+it("an attempt taken back late (it outlived its timeout, and the next attempt has begun) keeps the first attempt's time: the resend guard and Stripe's error reports still find it", async () => {
+  const key = await record();
+  const first = await begin(key);
+  const second = await begin(key);
+  expect([first.row!.attempt_count, second.row!.attempt_count]).toEqual([1, 2]);
+  const stamped = (await t.pool.query('SELECT first_attempted_at FROM outbox WHERE idempotency_key = $1', [key])).rows[0].first_attempted_at;
+  await undoAttempt(t.pool, schema, key, { wasFirst: first.row!.attempt_count === 1 });
+  const after = (await t.pool.query('SELECT attempt_count, first_attempted_at FROM outbox WHERE idempotency_key = $1', [key])).rows[0];
+  expect(after).toEqual({ attempt_count: 1, first_attempted_at: stamped });
+  // Taken back alone (the only attempt), the stamp goes with it: no call was made.
+  const alone = await record();
+  const only = await begin(alone);
+  await undoAttempt(t.pool, schema, alone, { wasFirst: only.row!.attempt_count === 1 });
+  expect((await t.pool.query('SELECT attempt_count, first_attempted_at FROM outbox WHERE idempotency_key = $1', [alone])).rows[0]).toEqual({ attempt_count: 0, first_attempted_at: null });
 });
 
 it('reads a page of dead letters from their own index, however many there are and however many were sent', async () => {

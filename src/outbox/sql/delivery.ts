@@ -129,12 +129,13 @@ export function storedIdentifier(key: string, revision: number, namespace: strin
 
 /**
  * Takes back an attempt begun but not made (our own pace put it off): the count goes down again,
- * and the first attempt's time is cleared if this was the first.
+ * and the first attempt's time is cleared if this was the first and no other has begun since (an
+ * attempt that outlived its timeout is taken back after the next one began, which may have called).
  */
 export async function undoAttempt(db: Queryable, schema: Schema, key: string, opts: { wasFirst: boolean }): Promise<void> {
   await db.query(
     `UPDATE ${schema.outbox} SET attempt_count = greatest(attempt_count - 1, 0),
-            first_attempted_at = CASE WHEN $2::boolean THEN NULL ELSE first_attempted_at END, updated_at = now()
+            first_attempted_at = CASE WHEN $2::boolean AND attempt_count <= 1 THEN NULL ELSE first_attempted_at END, updated_at = now()
       WHERE idempotency_key = $1::text AND status <> ALL($3::text[])`,
     [key, opts.wasFirst, [...AT_STRIPE]],
   );
