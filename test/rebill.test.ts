@@ -314,4 +314,27 @@ describe('an attempt of the identifier before a rebill, answered late', () => {
     expect((await markSentAndHandOff(db.pool, schemaFor(), key, 'new-holder', 1_000, next.identifier_revision)).attempts).toBe(1);
     expect(await row(key)).toMatchObject({ status: 'sent', identifier_revision: 1 });
   });
+
+  it('a rebilled identifier is sent to the customer the tenant is mapped to now, even when its run never started and the row is retried later', async () => {
+    const key = `u:acme:remapped-${randomUUID()}`;
+    await db.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
+       VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
+      [key],
+    );
+    const begin = () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+    const old = (await begin()).row!;
+    expect(await markSentAndHandOff(db.pool, schemaFor(), key, 'holder', 1_000, old.identifier_revision)).toMatchObject({ attempts: 1 });
+    await markRejectedAsync(db.pool, schemaFor(), [{ identifier: key, code: CODE, message: 'No such customer' }]);
+    // The operator fixes the mapping, then rebills; the command dies before its run starts, and the
+    // row is later found dead and reopened (its first attempt stamped by the old run's close).
+    await db.pool.query(`UPDATE billing_customers SET stripe_customer_id = 'cus_fixed' WHERE tenant_id = 'acme'`);
+    try {
+      expect(await rebillRejected(db.pool, schemaFor(), key, { fromRevision: 0, identifier: `r1:${key}` })).toBeDefined();
+      await db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '1 minute' WHERE idempotency_key = $1`, [key]);
+      expect((await begin()).row).toMatchObject({ identifier: `r1:${key}`, stripe_customer_id: 'cus_fixed' });
+    } finally {
+      await db.pool.query(`UPDATE billing_customers SET stripe_customer_id = $1 WHERE tenant_id = 'acme'`, [CUSTOMER]);
+    }
+  });
 });

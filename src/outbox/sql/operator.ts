@@ -151,7 +151,7 @@ export async function findRebillCandidate(db: Queryable, schema: Schema, key: st
  * Gives an event Stripe rejected a new identifier and puts it back in flight, in one guarded
  * statement: only from `rejected_async` at revision `fromRevision`, so of two operators rebilling
  * at once exactly one moves it (the other's UPDATE finds the row changed and matches nothing). The
- * attempt count, the first attempt's time and the time sent start again: the new identifier has
+ * attempt count, the first attempt's time, the customer it was sent to and the time sent start again: the new identifier has
  * never been sent, so Stripe's 24-hour dedup window starts with its own first attempt, and `cancel`'s
  * window with its acceptance. Returns the row's tenant, or
  * nothing when another operator (or anything else) changed the row first.
@@ -166,7 +166,7 @@ export async function rebillRejected(
     `UPDATE ${schema.outbox}
         SET status = 'dispatched', identifier_revision = $2::int + 1, stripe_identifier = $3::text,
             dispatched_at = now(), first_attempted_at = NULL, attempt_count = 0, dead_at = NULL, sent_at = NULL,
-            claim_id = NULL, processing_deadline = NULL,
+            billed_customer_id = NULL, claim_id = NULL, processing_deadline = NULL,
             workflow_id = COALESCE(workflow_id, idempotency_key), updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'rejected_async' AND identifier_revision = $2::int
      RETURNING tenant_id`,
