@@ -288,6 +288,25 @@ it('the retry Update: refused in flight (no Update in the history); a retried de
   });
 });
 
+it("clears a wait's reason from the run's page when the wait is over: tries failing afterwards are not shown as waiting for a key", async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    if (calls.deliver.length === 1) return { outcome: 'deferred', reason: 'stripe_credentials', waitMs: 60_000, attempts: 0 };
+    throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: 'Stripe answered 500' });
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('the deferral', async () => calls.deliver.length >= 1 || undefined);
+    expect((await handle.query<{ currentDetails?: string }>('__temporal_workflow_metadata')).currentDetails).toMatch(/working Stripe API key/);
+    // The wait over, the next tries fail and back off (1 s, 2 s, …): the run is delivering, not waiting.
+    await env.sleep('62 seconds');
+    expect(calls.deliver.length).toBeGreaterThanOrEqual(2);
+    expect(calls.dead).toEqual([]);
+    const { currentDetails } = await handle.query<{ currentDetails?: string }>('__temporal_workflow_metadata');
+    expect(currentDetails).toMatch(/^\*\*Delivering\*\* to Stripe/);
+    await handle.terminate('test over');
+  });
+});
+
 it("cuts a 429's Retry-After to what is left of the 429 budget: a day's Retry-After ends dead as rate_limited, not past the 23 h window", async () => {
   const { calls, activities } = fakeActivities(async () => ({ outcome: 'deferred', reason: 'rate_limited', waitMs: 24 * 3_600_000, attempts: 0 }));
   await withWorker(activities, async (taskQueue) => {

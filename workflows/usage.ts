@@ -297,6 +297,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         `Identifier ${codeSpan(input.key)}.`,
       ]);
       await sleep(waitMs);
+      // The wait is over: its reason must not stay on the run's page while the next tries fail otherwise.
+      show([`**Delivering** to Stripe with identifier ${codeSpan(input.key)}.`]);
       // Deferrals add history; a very hot customer must not grow it without bound.
       if (workflowInfo().continueAsNewSuggested || deferrals >= (input.deferralsPerRun ?? DEFERRALS_PER_RUN)) {
         // A retry Update waiting on this delivery answers `dispatched` now: the new run cannot answer it.
