@@ -607,6 +607,25 @@ it('a cancelled run marks its row dead (workflow_cancelled) before it ends when 
     await expect(handle.result()).rejects.toThrow();
     expect(slow.calls.dead.map((d) => d.code)).toEqual([TemporalErrorCodes.workflowCancelled]);
     expect(slow.calls.dead[0]!.message).toContain(`retry ${handle.workflowId} `);
+    expect([(await handle.describe()).typedSearchAttributes.get(OutboxStatusKey), (await handle.describe()).typedSearchAttributes.get(OutboxErrorKey)]).toEqual([
+      'dead',
+      TemporalErrorCodes.workflowCancelled,
+    ]);
+  });
+  // Cancelled between attempts while an earlier attempt's call got through (v2: a timed-out attempt's
+  // batch accepted since): the row is not made dead, and the run is not listed as a dead letter.
+  const late = fakeActivities(async () => {
+    throw retryable();
+  });
+  const markDead = late.activities.markDead!;
+  late.activities.markDead = async (input) => ({ ...(await markDead(input)), atStripe: 'accepted' as const });
+  await withWorker(late.activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { retry: { ...RETRY, maximumAttempts: 100, initialIntervalMs: 60_000, maximumIntervalMs: 60_000 } });
+    await waitUntil(() => late.calls.deliver.length >= 1);
+    await handle.cancel();
+    await expect(handle.result()).rejects.toThrow();
+    const attributes = (await handle.describe()).typedSearchAttributes;
+    expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['accepted', undefined]);
   });
 });
 

@@ -86,23 +86,28 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     // Stripe's reason (its row and the Web UI's OutboxError): marked with it here if the
     // cancellation came before its own mark did. A delivered event stays delivered. (A terminated
     // run runs no code: the worker's closed-run sweep finds its row.)
+    // The row is not made dead when it is at Stripe (a timed-out attempt's call answered since, an
+    // error report): the run then ends listed as what the row is, not as a dead letter.
+    const listAs = (dead: { atStripe?: string | undefined }, code: string) =>
+      upsertSearchAttributes([
+        { key: OutboxStatusKey, value: dead.atStripe ?? 'dead' },
+        { key: OutboxErrorKey, value: dead.atStripe ? null : code },
+      ]);
     if (state.status === 'dead' && !row.dead && state.lastError) {
       const lastError = state.lastError;
-      await CancellationScope.nonCancellable(() => markDead({ key: input.key, ...lastError }));
+      const dead = await CancellationScope.nonCancellable(() => markDead({ key: input.key, ...lastError }));
+      if (dead.atStripe) listAs(dead, lastError.code);
     }
     if (state.status === 'dispatched') {
-      // Listed with the dead letters in the Web UI, by its code, like any other.
-      upsertSearchAttributes([
-        { key: OutboxStatusKey, value: 'dead' },
-        { key: OutboxErrorKey, value: TemporalErrorCodes.workflowCancelled },
-      ]);
-      await CancellationScope.nonCancellable(() =>
+      const dead = await CancellationScope.nonCancellable(() =>
         markDead({
           key: input.key,
           code: TemporalErrorCodes.workflowCancelled,
           message: `its workflow was cancelled before the event was delivered; billing-outbox retry ${shellWord(input.key)} starts a new run (same identifier)`,
         }),
       );
+      // Listed with the dead letters in the Web UI, by its code, like any other (or as delivered).
+      listAs(dead, TemporalErrorCodes.workflowCancelled);
     }
     throw err;
   }
