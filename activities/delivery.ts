@@ -17,7 +17,7 @@ import type { Config } from '../src/config.js';
 import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeadMark, DeliveryStore } from '../src/outbox/sql/delivery.js';
-import { AT_STRIPE } from '../src/outbox/statuses.js';
+import { isAtStripe } from '../src/outbox/statuses.js';
 import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
@@ -313,7 +313,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
 
   /** An attempt begun but no call made (the pace put it off, the lease lapsed): not counted. */
   async function undoIfCounted(key: string, row: AttemptRow | undefined): Promise<void> {
-    if (row && !(AT_STRIPE as readonly string[]).includes(row.status)) await store.undoAttempt(key, { wasFirst: row.attempt_count === 1 });
+    if (row && !isAtStripe(row.status)) await store.undoAttempt(key, { wasFirst: row.attempt_count === 1 });
   }
 
   /**
@@ -338,7 +338,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       if (check.verdict === 'wait') return deferred('stamped_ahead', check.waitMs + 1_000, row?.attempt_count ?? 0);
       return refuse(key, check.refusal);
     }
-    if (check.verdict === 'already_at_stripe' || !row) return { outcome: 'already_sent', attempts: row?.attempt_count ?? 0 };
+    if (check.verdict === 'already_at_stripe' || !row) {
+      return { outcome: 'already_sent', attempts: row?.attempt_count ?? 0, ...(row && isAtStripe(row.status) ? { status: row.status } : {}) };
+    }
     // Reading the meter list can fail like any call to Stripe: classified as one. No meter event
     // was sent, so the attempt is taken back (a 23 h resend window is not started by a call that
     // never happened).

@@ -111,6 +111,16 @@ it("an attempt timed out whose call got through after all: the row is sent when 
   });
 });
 
+it("a delivery that finds its row rejected by Stripe's error report meanwhile ends the run as rejected_async, not as delivered", async () => {
+  const { activities } = fakeActivities(async () => ({ outcome: 'already_sent', attempts: 1, status: 'rejected_async' }));
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await expect(handle.result()).resolves.toMatchObject({ status: 'rejected_async', lastError: null });
+    const attributes = (await handle.describe()).typedSearchAttributes;
+    expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['rejected_async', undefined]);
+  });
+});
+
 it('a retry Update accepted while the dead mark runs, which finds the row at Stripe: answered with the delivered state, and the run ends', async () => {
   let release!: () => void;
   const marking = new Promise<void>((resolve) => (release = resolve));

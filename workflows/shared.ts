@@ -4,7 +4,7 @@
  */
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import type { OutboxStatus } from '../src/outbox/statuses.js';
+import type { AT_STRIPE, OutboxStatus } from '../src/outbox/statuses.js';
 
 export type { OutboxStatus };
 
@@ -108,9 +108,11 @@ export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database
 export type DeliveryResult =
   /**
    * `sent`: v1, Stripe took it now (final); `accepted`: v2, the stream took it (validated later);
-   * `duplicate`: Stripe already had it (an earlier lost answer); `already_sent`: the row says so.
+   * `duplicate`: Stripe already had it (an earlier lost answer); `already_sent`: the row says so,
+   * and `status` what it is at Stripe (an error report or a cancel may have come since).
    */
-  | { outcome: 'sent' | 'accepted' | 'duplicate' | 'already_sent'; attempts: number }
+  | { outcome: 'sent' | 'accepted' | 'duplicate'; attempts: number }
+  | { outcome: 'already_sent'; attempts: number; status?: (typeof AT_STRIPE)[number] }
   /**
    * Not this time, and not a failure: the workflow waits `waitMs` and asks again (see
    * DeferralReason). `failedBefore`: attempts of this activity that failed before this one

@@ -331,6 +331,15 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       // an upsert would cost every event one more history event and, on Temporal Cloud, one more
       // billable action. OutboxStatus changes only while the run stays open (dead, retried).
       state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
+      if (result.outcome === 'already_sent' && (result.status === 'rejected_async' || result.status === 'cancelled')) {
+        // Stripe rejected it (an error report) or an operator cancelled it while this run waited: it
+        // ends listed as that, not as one more delivered event.
+        state.status = result.status;
+        upsertSearchAttributes([
+          { key: OutboxStatusKey, value: result.status },
+          { key: OutboxErrorKey, value: null },
+        ]);
+      }
       settled = delivery;
       // A retry Update waiting on this delivery gets its answer before the run completes.
       await condition(allHandlersFinished);

@@ -29,6 +29,10 @@ export const DELIVERED = ['sent', 'accepted'] as const satisfies readonly Outbox
 /** Stripe has (or had) the event: never sent again, never made dead. */
 export const AT_STRIPE = ['sent', 'accepted', 'rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
 
+export function isAtStripe(status: OutboxStatus): status is (typeof AT_STRIPE)[number] {
+  return (AT_STRIPE as readonly string[]).includes(status);
+}
+
 /** Not settled: Stripe may or may not hold the event yet (reconciliation lists these, does not count them). */
 export const UNSETTLED = ['pending', 'claimed', 'dispatched', 'dead'] as const satisfies readonly OutboxStatus[];
 

@@ -211,8 +211,12 @@ describe('v1: under the (customer, meter) lease', () => {
 
   it('an event already at Stripe is not sent again', async () => {
     const { deps, sent } = parts({ row: row({ status: 'sent', attempt_count: 2 }) });
-    expect(await deliver(deps)).toEqual({ outcome: 'already_sent', attempts: 2 });
+    expect(await deliver(deps)).toEqual({ outcome: 'already_sent', attempts: 2, status: 'sent' });
     expect(sent).toEqual([]);
+    // Rejected by Stripe's error report (or cancelled) meanwhile: said, for the run to end as that.
+    const rejected = parts({ row: row({ status: 'rejected_async', attempt_count: 1 }) });
+    expect(await deliver(rejected.deps)).toEqual({ outcome: 'already_sent', attempts: 1, status: 'rejected_async' });
+    expect(rejected.sent).toEqual([]);
   });
 
   it('a refusal of the check before sending is recorded and thrown, nothing sent', async () => {
