@@ -16,7 +16,7 @@ import Stripe from 'stripe';
 import type { Config } from '../src/config.js';
 import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
-import type { AttemptRow, DeadMark, DeliveryStore } from '../src/outbox/sql/delivery.js';
+import type { AttemptRow, DeadMark, DeliveryStore, Marked } from '../src/outbox/sql/delivery.js';
 import { isAtStripe } from '../src/outbox/statuses.js';
 import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
@@ -99,7 +99,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * later validation, cancelled): Stripe's answer is about the identifier this attempt sent, so it
    * is logged, not counted. Returns the attempts to report.
    */
-  const acknowledged = (key: string, outcome: string, marked: number | null, row: AttemptRow): number => {
+  const acknowledged = (key: string, outcome: string, { attempts: marked, first }: Marked, row: AttemptRow): number => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
     if (marked === null) {
       log.warn('meter event acknowledged by Stripe, but the row moved on meanwhile and was left as it is', {
@@ -111,8 +111,11 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       return row.attempt_count;
     }
     log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts: marked });
-    metrics?.eventsSent.inc();
-    metrics?.commitToAck.observe(Math.max(0, Date.now() - row.created_at.getTime()) / 1000);
+    // Once per event: another attempt's mark of a row already delivered is not a second event.
+    if (first) {
+      metrics?.eventsSent.inc();
+      metrics?.commitToAck.observe(Math.max(0, Date.now() - row.created_at.getTime()) / 1000);
+    }
     return marked;
   };
 
@@ -260,10 +263,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     /** Marks the row sent and hands the lease off, in one statement. */
     const sent = async () => {
-      const { attempts, handOffs } = await store.markSentAndHandOff(key, holder, t.handOffMs, ready.row.identifier_revision);
+      const { handOffs, ...marked } = await store.markSentAndHandOff(key, holder, t.handOffMs, ready.row.identifier_revision);
       after.handedOff = true;
       lease.handedOff(handOffs);
-      return attempts;
+      return marked;
     };
     try {
       await pacer.keepPace(slotAt, t.lateToleranceMs, (ms) => ctx.sleep(ms));
@@ -349,7 +352,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       keys = await meters.keysFor(row.event_name);
     } catch (err) {
       await undoIfCounted(key, row);
-      return failed(key, row, err, async () => row.attempt_count, { takenBack: true });
+      return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
     }
     if (!keys) {
       await undoIfCounted(key, row);
@@ -368,7 +371,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * A call that did not simply succeed, classified where it was made: Stripe already had it
    * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
    */
-  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<number | null>, opts: { takenBack?: boolean } = {}): Promise<DeliveryResult> {
+  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<Marked>, opts: { takenBack?: boolean } = {}): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     if (failure.kind === 'delivered') {

@@ -33,7 +33,9 @@ it('reports no resend window for a row no attempt of which reached Stripe, and t
   // said about its window, and the run is told it is at Stripe.
   const sent = await record();
   const begun = await begin(sent);
-  await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision);
+  expect(await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision)).toEqual({ attempts: 1, first: true });
+  // Marked again (another attempt's answer): still delivered, not delivered a second time.
+  expect(await markDelivered(t.pool, schema, sent, 'sent', begun.row!.identifier_revision)).toEqual({ attempts: 1, first: false });
   expect(await markRowDead(t.pool, schema, sent, 'http_500', 'late')).toEqual({ attempts: 1, atStripe: 'sent' });
   expect((await t.pool.query('SELECT status FROM outbox WHERE idempotency_key = $1', [sent])).rows[0].status).toBe('sent');
 });

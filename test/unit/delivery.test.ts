@@ -10,7 +10,7 @@ import Stripe from 'stripe';
 import { describe, expect, it, vi } from 'vitest';
 import { createDeliveryActivities, type DeliveryDeps } from '../../activities/delivery.js';
 import { resolveTimings } from '../../src/config.js';
-import type { AttemptRow, DeliveryStore } from '../../src/outbox/sql/delivery.js';
+import type { AttemptRow, DeliveryStore, Marked } from '../../src/outbox/sql/delivery.js';
 import type { Lease, LeaseWait } from '../../src/stripe/meter-lease.js';
 import type { MeterEvent } from '../../src/stripe/meters.js';
 import { tracedSender, type MeterEventSender } from '../../src/stripe/sender.js';
@@ -44,8 +44,8 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
     undoAttempt: vi.fn(async () => undefined),
     findRow: vi.fn(async () => undefined),
     recordAttemptError: vi.fn(async () => undefined),
-    markDelivered: vi.fn(async (): Promise<number | null> => 1),
-    markSentAndHandOff: vi.fn(async (): Promise<{ attempts: number | null; handOffs: { lease: string; nextHolder: string | null }[] }> => ({ attempts: 1, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
+    markDelivered: vi.fn(async (): Promise<Marked> => ({ attempts: 1, first: true })),
+    markSentAndHandOff: vi.fn(async (): Promise<Marked & { handOffs: { lease: string; nextHolder: string | null }[] }> => ({ attempts: 1, first: true, handOffs: [{ lease: 'cus_a\u001fapi_requests', nextHolder: 'next' }] })),
     markRowDead: vi.fn(async () => ({ attempts: 1, firstAttemptedAt: null })),
     markRowReopened: vi.fn(async () => undefined),
   } satisfies DeliveryStore;
@@ -100,13 +100,28 @@ describe('v1: under the (customer, meter) lease', () => {
   it("marks the row under the identifier revision it sent; a row rebilled meanwhile is left as it is and the call not counted", async () => {
     for (const api of ['v1', 'v2'] as const) {
       const { deps, store } = parts({ api, row: row({ identifier: `r1:${KEY}`, identifier_revision: 1 }) });
-      store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, handOffs: [] });
-      store.markDelivered.mockResolvedValueOnce(null);
+      store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, first: false, handOffs: [] });
+      store.markDelivered.mockResolvedValueOnce({ attempts: null, first: false });
       const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() } };
       expect(await deliver({ ...deps, metrics: metrics as never })).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 1 });
       if (api === 'v1') expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs, 1);
       else expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted', 1);
       expect(metrics.eventsSent.inc).not.toHaveBeenCalled();
+    }
+  });
+
+  it('counts an event once: the mark of a row another attempt already made delivered (v2: a timed-out attempt and its retry in one request) is not a second event', async () => {
+    for (const api of ['v1', 'v2'] as const) {
+      const { deps, store } = parts({ api });
+      store.markSentAndHandOff.mockResolvedValueOnce({ attempts: 2, first: false, handOffs: [] });
+      store.markDelivered.mockResolvedValueOnce({ attempts: 2, first: false });
+      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() } };
+      expect(await deliver({ ...deps, metrics: metrics as never })).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 2 });
+      expect(metrics.eventsSent.inc).not.toHaveBeenCalled();
+      expect(metrics.commitToAck.observe).not.toHaveBeenCalled();
+      const once = parts({ api });
+      expect(await deliver({ ...once.deps, metrics: metrics as never })).toMatchObject({ attempts: 1 });
+      expect(metrics.eventsSent.inc).toHaveBeenCalledTimes(1);
     }
   });
 

@@ -191,19 +191,30 @@ export async function markDelivered(
   key: string,
   status: (typeof DELIVERED)[number],
   revision: number,
-): Promise<number | null> {
-  const { rows } = await db.query<{ attempt_count: number }>(
+): Promise<Marked> {
+  const { rows } = await db.query<{ attempt_count: number; first: boolean }>(
     `WITH sent AS (
        UPDATE ${schema.outbox}
           SET status = $4::text, sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $5::int
-        RETURNING attempt_count
+        RETURNING attempt_count, sent_at = now() AS first
      )
-     SELECT attempt_count, pg_notify($3::text, '') FROM sent`,
+     SELECT attempt_count, first, pg_notify($3::text, '') FROM sent`,
     [key, [...UNBILLED], schema.outboxChannel, status, revision],
   );
-  return rows[0]?.attempt_count ?? null;
+  return { attempts: rows[0]?.attempt_count ?? null, first: rows[0]?.first ?? false };
+}
+
+/**
+ * What a delivered mark did: the attempts counted (null: not marked, the row moved on), and whether
+ * this mark is the one that made the row delivered (false for a second attempt's mark of a row
+ * already delivered: a v2 attempt that timed out and its retry share one stream request, and both
+ * mark the row). Counted once, by the first.
+ */
+export interface Marked {
+  attempts: number | null;
+  first: boolean;
 }
 
 /**
@@ -221,8 +232,8 @@ export async function markSentAndHandOff(
   holder: string,
   handOffMs: number,
   revision: number,
-): Promise<{ attempts: number | null; handOffs: HandOff[] }> {
-  const { rows } = await db.query<{ attempt_count: number | null; hand_offs: HandOff[] | null }>({
+): Promise<Marked & { handOffs: HandOff[] }> {
+  const { rows } = await db.query<{ attempt_count: number | null; first: boolean | null; hand_offs: HandOff[] | null }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: schema.statementName('mark-sent-and-hand-off'),
     text: `WITH sent AS (
@@ -230,15 +241,15 @@ export async function markSentAndHandOff(
           SET status = 'sent', sent_at = COALESCE(sent_at, now()), last_error_code = NULL, last_error_message = NULL,
               claim_id = NULL, processing_deadline = NULL, dead_at = NULL, updated_at = now()
         WHERE idempotency_key = $1::text AND status <> ALL($2::text[]) AND identifier_revision = $7::int
-        RETURNING attempt_count
+        RETURNING attempt_count, sent_at = now() AS first
      )
-     SELECT (SELECT attempt_count FROM sent) AS attempt_count,
+     SELECT (SELECT attempt_count FROM sent) AS attempt_count, (SELECT first FROM sent) AS first,
             (SELECT json_agg(json_build_object('lease', h.lane, 'nextHolder', h.next_holder))
                FROM ${schema.meterLeaseHandOff}($3::text, $6::int, $5::text) h) AS hand_offs,
             (SELECT pg_notify($4::text, '') FROM sent) AS relays`,
     values: [key, [...UNBILLED], holder, schema.outboxChannel, schema.leaseChannel, handOffMs, revision],
   });
-  return { attempts: rows[0]?.attempt_count ?? null, handOffs: rows[0]?.hand_offs ?? [] };
+  return { attempts: rows[0]?.attempt_count ?? null, first: rows[0]?.first ?? false, handOffs: rows[0]?.hand_offs ?? [] };
 }
 
 /**
