@@ -29,6 +29,12 @@ export interface MetricsOptions {
    * render() so one scrape target carries both.
    */
   temporalSdkUrl?: string;
+  /**
+   * false: a process that runs no worker (the standalone API) registers only what it counts itself
+   * (Stripe's error reports, a key Stripe refuses it) beside the outbox gauges: a worker's counters
+   * served there would read 0 for good while the workers count elsewhere, and no alert would fire.
+   */
+  worker?: boolean;
 }
 
 export type Metrics = ReturnType<typeof createMetrics>;
@@ -39,12 +45,14 @@ export type Metrics = ReturnType<typeof createMetrics>;
  */
 export function createMetrics(registry: Registry = new Registry(), options: MetricsOptions = {}) {
   const registers = [registry];
+  // The worker's own: created either way (callers need not ask), registered only in a worker.
+  const workerRegisters = options.worker === false ? [] : registers;
   collectDefaultMetrics({ register: registry });
 
   const eventsSent = new Counter({
     name: 'billing_outbox_events_sent_total',
     help: 'Usage events this process saw Stripe acknowledge (accepted now, or already held as a duplicate identifier).',
-    registers,
+    registers: workerRegisters,
   });
   const stripeErrors = new Counter({
     name: 'billing_outbox_stripe_errors_total',
@@ -55,43 +63,44 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
   const prunedRows = new Counter({
     name: 'billing_outbox_pruned_rows_total',
     help: 'Delivered and cancelled outbox rows deleted by this process after OUTBOX_RETENTION_DAYS.',
-    registers,
+    registers: workerRegisters,
   });
   const claimBatchSize = new Histogram({
     name: 'billing_outbox_relay_claim_batch_size',
     help: 'Rows taken by each non-empty relay claim (empty polls only show in the claim duration count).',
     buckets: [1, 2, 5, 10, 25, 50, 100, 200, 500, 1000, 2000, 5000],
-    registers,
+    registers: workerRegisters,
   });
   const claimDuration = new Histogram({
     name: 'billing_outbox_relay_claim_duration_seconds',
     help: 'Time of each relay claim query, empty or not.',
     buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-    registers,
+    registers: workerRegisters,
   });
   const laneWindow = new Gauge({
     name: 'billing_outbox_relay_lane_window',
     help: "Events each lane may have in flight in this process's next claim: LANE_MAX_IN_FLIGHT, less while quiet tenants' events are claimed beside a busy lane and Temporal starts workflows slowly.",
-    registers,
+    registers: workerRegisters,
   });
   const lanePause = new Gauge({
     name: 'billing_outbox_relay_lane_pause_seconds',
     help: "How long a busy lane waits after this process's claim took its rows before the next may: 0, or up to 1 s while the lane window is at its floor and Temporal still starts workflows slowly.",
-    registers,
+    registers: workerRegisters,
   });
   const commitToAck = new Histogram({
     name: 'billing_outbox_commit_to_ack_seconds',
     help: 'From the outbox row being committed to Stripe acknowledging the event.',
     buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400],
-    registers,
+    registers: workerRegisters,
   });
-  for (const c of STRIPE_ERROR_CLASSES) stripeErrors.inc({ class: c }, 0);
+  // An API counts only the key Stripe refuses it (reading an error report): its other classes absent.
+  for (const c of options.worker === false ? (['credentials'] as const) : STRIPE_ERROR_CLASSES) stripeErrors.inc({ class: c }, 0);
   const startFailures = new Counter({
     name: 'billing_outbox_start_failures_total',
     help:
       'Usage workflow starts that failed: refused (Temporal refused the start for good; the row is dead with temporal_start_refused) or transient (it may pass; the row is tried again, counted by status as temporal_start_failed).',
     labelNames: ['reason'] as const,
-    registers,
+    registers: workerRegisters,
   });
   for (const reason of ['refused', 'transient']) startFailures.inc({ reason }, 0);
   const closedRuns = new Counter({
@@ -99,7 +108,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     help:
       "Outbox rows found in flight whose workflow run had closed without delivering them (terminated, cancelled, timed out, failed, gone, completed), by the run's status; each is made dead with workflow_closed.",
     labelNames: ['status'] as const,
-    registers,
+    registers: workerRegisters,
   });
   const asyncRejections = new Counter({
     name: 'billing_outbox_async_rejections_total',
@@ -113,7 +122,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     name: 'billing_outbox_stripe_clock_skew_seconds',
     help:
       "v2: Stripe's clock minus this worker's, from the created time of the last meter event session (0 until the first). Far from 0: fix the worker's time sync.",
-    registers,
+    registers: workerRegisters,
   });
 
   // Set by the reconcile activity of the process that ran the last scheduled run: with several
@@ -123,17 +132,17 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     help:
       "The last scheduled reconciliation's drift, in meter units summed over its windows: stripe_more (Stripe counts usage no sent row accounts for), stripe_less (our sent rows Stripe did not count).",
     labelNames: ['direction'] as const,
-    registers,
+    registers: workerRegisters,
   });
   const reconcileLastSuccess = new Gauge({
     name: 'billing_outbox_reconcile_last_success_timestamp_seconds',
     help: 'When a scheduled reconciliation last completed in this process (0: none yet), whatever it found.',
-    registers,
+    registers: workerRegisters,
   });
   const reconcileDriftingCustomers = new Gauge({
     name: 'billing_outbox_reconcile_drifting_customers',
     help: "Stripe customers whose usage differed in the last scheduled reconciliation (names: the run's result, billing-outbox status).",
-    registers,
+    registers: workerRegisters,
   });
 
   const outboxRegisters = options.db ? registers : [];

@@ -580,6 +580,12 @@ describe('authentication and scopes', () => {
     expect(allowed.statusCode).toBe(200);
     expect(allowed.headers['content-type']).toMatch(/^text\/plain/);
     expect(allowed.body).toContain('billing_outbox_rows{status="pending"}');
+    // The API's own registry: no worker counter reading 0 for good (the workers count elsewhere),
+    // only what the API counts itself.
+    for (const workers of ['billing_outbox_events_sent_total', 'billing_outbox_stripe_errors_total{class="retryable"}', 'billing_outbox_relay_lane_window', 'billing_outbox_reconcile_last_success_timestamp_seconds']) {
+      expect(allowed.body).not.toContain(workers);
+    }
+    expect(allowed.body).toContain('billing_outbox_stripe_errors_total{class="credentials"} 0');
   });
 
   it('403 for a tenant the token may not write, 201 for one it may', async () => {

@@ -70,7 +70,7 @@ const SANE_REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,64}$/;
 export function buildApi(deps: ApiDeps) {
   const verifier = new TokenVerifier(deps.config.api.tokens);
   const schema = schemaFor(deps.config.databaseSchema);
-  const metrics = deps.metrics ?? createMetrics(new Registry(), { db: deps.db, schema });
+  const metrics = deps.metrics ?? createMetrics(new Registry(), { db: deps.db, schema, worker: false });
   const healthTimeoutMs = deps.healthTimeoutMs ?? 2_000;
 
   const app = Fastify({

@@ -49,7 +49,7 @@ export async function runApi(): Promise<void> {
   const pool = createPool(databaseUrl, 10, { answerMs: config.timings.statementAnswerMs });
   // Lazy: ingestion needs only PostgreSQL, so the API starts (and /health says so) while Temporal is away.
   const temporal = temporalHealthConnection(config.temporal);
-  const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema) });
+  const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), worker: false });
   const meters = config.stripe.apiKey || !config.stripe.isRealStripe ? new MeterCatalog(createStripeClient(config.stripe, { log })) : undefined;
   const app = buildApi({ config, db: pool, log, temporal, metrics, meters });
 
