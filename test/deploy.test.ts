@@ -46,6 +46,18 @@ it('passes every variable src/config.ts reads to the worker and the API (secrets
   expect([...api, ...worker].filter((v) => !known.has(v))).toEqual([]);
 });
 
+it('mounts deploy/secrets into the worker and the API, where the example names every file setting', () => {
+  for (const service of ['api', 'worker']) expect(section(new RegExp(`^ {2}${service}:`, 'm'), '  '), service).toContain('- ./deploy/secrets:/run/secrets:ro');
+  expect(section(/^ {2}migrate:/m, '  ')).not.toContain('/run/secrets');
+  const example = readFileSync(path.join(import.meta.dirname, '..', 'deploy', 'compose.env.example'), 'utf8');
+  const paths = [...example.matchAll(/^#?\s*[A-Z_]+_FILE=(\S+)/gm)].map((m) => m[1]!);
+  expect(paths.length).toBeGreaterThan(0);
+  for (const file of paths) expect(file).toMatch(/^\/run\/secrets\//);
+  // The folder is there to mount, and what is put in it stays out of git.
+  const root = path.join(import.meta.dirname, '..');
+  expect(execFileSync('git', ['check-ignore', 'deploy/secrets/stripe-api-key'], { cwd: root, encoding: 'utf8' }).trim()).toBe('deploy/secrets/stripe-api-key');
+});
+
 it('gives migrate the database settings alone: a Temporal certificate or a Stripe key mounted only where the docs say cannot stop it', () => {
   expect([...variablesOf(section(/^x-database-environment:/m, ''))].sort()).toEqual(['DATABASE_SCHEMA', 'DATABASE_URL', 'LOG_LEVEL', 'NODE_ENV']);
   const migrate = section(/^ {2}migrate:/m, '  ');
