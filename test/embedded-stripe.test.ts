@@ -71,6 +71,7 @@ describe('POST /v1/billing/meter_events', () => {
         timestamp,
         receivedAt: T0,
         cancelled: false,
+        meterId: expect.stringMatching(/^mtr_/),
         idempotencyKey: 'key-1',
         requestId: event.lastResponse.requestId,
       },

@@ -549,6 +549,7 @@ export class LocalStripe implements ControlTarget {
       timestamp: input.timestamp ?? Math.floor(now / 1000),
       receivedAt: now,
       cancelled: false,
+      meterId: this.catalog.meterForEvent(input.eventName)?.id ?? null,
       ...(asyncError ? { asyncError } : {}),
       idempotencyKey: call.idempotencyKey,
       requestId: call.requestId,

@@ -1,8 +1,8 @@
 /**
  * GET /v1/billing/meters/:id/event_summaries — what Stripe counted, the way a pipeline reconciles.
  *
- * Aggregates `payload[value]` of billable events (not cancelled, not failed validation) by their
- * usage `timestamp`, for one customer, over [start_time, end_time), by the meter's formula: the
+ * Aggregates `payload[value]` of the meter's billable events (those it took while active; not
+ * cancelled, not failed validation) by their usage `timestamp`, for one customer, over [start_time, end_time), by the meter's formula: the
  * values summed, the events counted, or the value of the latest event. Real Stripe aggregates
  * asynchronously (eventually consistent); here a summary is exact as soon as the event is accepted.
  */
@@ -34,8 +34,9 @@ export interface MeterEventSummary {
 export function eventSummaries(meter: MeterObject, query: URLSearchParams, events: readonly RecordedMeterEvent[]): ApiResponse {
   const parsed = parseQuery(query);
   if ('status' in parsed) return parsed;
+  // The meter's own events: those it took while active (a meter replaced since keeps them).
   const relevant = events.filter(
-    (e) => e.eventName === meter.event_name && e.customer === parsed.customer && e.timestamp >= parsed.start && e.timestamp < parsed.end,
+    (e) => (e.meterId === undefined ? e.eventName === meter.event_name : e.meterId === meter.id) && e.customer === parsed.customer && e.timestamp >= parsed.start && e.timestamp < parsed.end,
   );
   const summaries = parsed.window
     ? windowedSummaries(meter, parsed, relevant, WINDOW_SECONDS[parsed.window])

@@ -109,6 +109,11 @@ export interface RecordedMeterEvent {
   receivedAt: number;
   /** Cancelled by a meter event adjustment: no longer counted in summaries. */
   cancelled: boolean;
+  /**
+   * The meter it was recorded on: the active one with its event name at receipt (null: none).
+   * A meter replaced since keeps counting what it took. Absent in state saved before it was kept.
+   */
+  meterId?: string | null;
   /** Set when the event was answered 200 but failed Stripe's later validation. */
   asyncError?: AsyncErrorInfo;
   idempotencyKey: string | null;
