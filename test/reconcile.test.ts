@@ -236,6 +236,19 @@ describe('billing-outbox reconcile', () => {
     expect(stripeUsed).toBeGreaterThan(0);
   });
 
+  it('reads every meter of an event name: a meter replaced in the range (new payload keys) still counts the hours before, and nothing reads as missing', async () => {
+    t.stripe.addMeter('renamed_keys');
+    const tn = await tenant();
+    await event(tn, 4, 10, { eventName: 'renamed_keys' });
+    await event(tn, 6, 70, { eventName: 'renamed_keys' });
+    // Replaced with the same keys (the local Stripe names the old one inactive); later usage goes to the new one.
+    t.stripe.replaceMeter('renamed_keys', {});
+    await event(tn, 5, 80, { eventName: 'renamed_keys' });
+    const { code, report } = await reconcileJson(['--from', at(0), '--to', at(2), '--tenant', tn.id]);
+    expect(report.groups.map((g) => [g.eventName, g.ours, g.stripe, g.match])).toEqual([['renamed_keys', 15, 15, true]]);
+    expect(code).toBe(0);
+  });
+
   it("asks Stripe for several customers' summaries at once, at most eight, and compares each as before", async () => {
     const tenants = await Promise.all(Array.from({ length: 12 }, () => tenant()));
     for (const tn of tenants) await event(tn, 2, 200);

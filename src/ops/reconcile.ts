@@ -18,7 +18,7 @@ import type { Queryable } from '../db.js';
 import { UNSETTLED } from '../outbox/statuses.js';
 import { listWindowEvents, reconcileWindows, type ReconcileWindowRow } from '../outbox/sql/reconcile.js';
 import { hourlyEventSummaries } from '../stripe/client.js';
-import { metersByEventName } from '../stripe/meters.js';
+import { currentMeters, everyMeterByEventName } from '../stripe/meters.js';
 import type { Schema } from '../outbox/sql/schema.js';
 import { forEachLimit } from '../limit.js';
 
@@ -159,7 +159,8 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
 
   const pace = deps.pace ?? (() => Promise.resolve());
   if (pairs.size > 0) await pace();
-  const meters = pairs.size > 0 ? await metersByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter>();
+  const everyMeter = pairs.size > 0 ? await everyMeterByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter[]>();
+  const meters = currentMeters(everyMeter);
   /** How the pair's meter aggregates, when its summaries can be compared with ours (sum, count); undefined: they cannot. */
   const formulaOf = (pair: { eventName: string }) => {
     const formula = meters.get(pair.eventName)?.default_aggregation?.formula ?? 'sum';
@@ -172,7 +173,14 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   await forEachLimit(askable, SUMMARIES_AT_ONCE, async ([k, pair]) => {
     try {
       await pace();
-      fetched.set(k, { totals: await hourlyEventSummaries(deps.stripe, { meterId: meters.get(pair.eventName)!.id, customer: pair.customer, start, end }), problem: null });
+      // Every meter of the event name: one replaced in the range counted the hours before it was.
+      const totals = new Map<number, number>();
+      for (const meter of everyMeter.get(pair.eventName)!) {
+        for (const [hour, value] of await hourlyEventSummaries(deps.stripe, { meterId: meter.id, customer: pair.customer, start, end })) {
+          totals.set(hour, (totals.get(hour) ?? 0) + value);
+        }
+      }
+      fetched.set(k, { totals, problem: null });
     } catch (err) {
       // A refusal for this pair (e.g. a customer Stripe does not know) is a finding, not a crash;
       // no answer at all (connection, 5xx, auth) stops the run.

@@ -8,11 +8,27 @@ import type Stripe from 'stripe';
  * with that `event_name`; an inactive meter is kept only when no active one has the name.
  */
 export async function metersByEventName(client: Pick<Stripe, 'billing'>): Promise<Map<string, Stripe.Billing.Meter>> {
-  const byName = new Map<string, Stripe.Billing.Meter>();
+  return currentMeters(await everyMeterByEventName(client));
+}
+
+/**
+ * Every meter of each event name, active or not: a meter replaced (to change its payload keys)
+ * keeps what it counted before, and reconciliation reads both.
+ */
+export async function everyMeterByEventName(client: Pick<Stripe, 'billing'>): Promise<Map<string, Stripe.Billing.Meter[]>> {
+  const byName = new Map<string, Stripe.Billing.Meter[]>();
   for await (const meter of client.billing.meters.list({ limit: 100 })) {
-    const current = byName.get(meter.event_name);
-    if (!current || (current.status !== 'active' && meter.status === 'active')) byName.set(meter.event_name, meter);
+    const same = byName.get(meter.event_name);
+    if (same) same.push(meter);
+    else byName.set(meter.event_name, [meter]);
   }
+  return byName;
+}
+
+/** The meter each event name is recorded on, of every meter of each name. */
+export function currentMeters(every: Map<string, Stripe.Billing.Meter[]>): Map<string, Stripe.Billing.Meter> {
+  const byName = new Map<string, Stripe.Billing.Meter>();
+  for (const [name, meters] of every) byName.set(name, meters.find((m) => m.status === 'active') ?? meters[0]!);
   return byName;
 }
 
