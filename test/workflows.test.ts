@@ -405,7 +405,7 @@ it('spends RETRY_MAXIMUM_ATTEMPTS once per event, across deferrals and continue-
   });
 });
 
-it('bounds only an unbroken stretch of 429s: another answer between two of them starts the count again', async () => {
+it('bounds only 429s: waits of our own between two of them (an hour of pace) do not count towards the 429 budget', async () => {
   // A 429, then an hour of waiting for our own pace, then another 429: not "429s for over 10 minutes".
   const { calls, activities } = fakeActivities(async () => {
     const n = calls.deliver.length;
