@@ -70,6 +70,22 @@ it('a newer delivery does not take a free lease while an older one waits for it'
   expect((await take('lease:2', 'older-waiting')).outcome).toBe('acquired');
 });
 
+it('a lease handed to a delivery that never takes it up (its worker died) lapses after the hand-off time, and the next waiter gets it', async () => {
+  await db.pool.query('DELETE FROM meter_leases; DELETE FROM meter_lease_waiters');
+  expect((await take('lease:1', 'holder')).outcome).toBe('acquired');
+  expect((await take('lease:2', 'dies-after-handed')).outcome).toBe('busy');
+  expect((await take('lease:3', 'next')).outcome).toBe('busy');
+  expect(await handOffLease(db.pool, schemaFor(), 'holder', 5_000)).toEqual([{ lease, nextHolder: 'dies-after-handed' }]);
+  // Handed for 5 s, not for the 30 s of a call: within them the next waiter still waits…
+  const { rows } = await db.pool.query<{ s: number }>(`SELECT extract(epoch FROM expires_at - now())::float8 AS s FROM meter_leases`);
+  expect(rows[0]!.s).toBeGreaterThan(0);
+  expect(rows[0]!.s).toBeLessThanOrEqual(5);
+  expect((await take('lease:3', 'next')).outcome).toBe('busy');
+  // …and once they pass with no attempt begun under it, the next waiter takes it.
+  await db.pool.query(`UPDATE meter_leases SET expires_at = now() - interval '1 millisecond'`);
+  expect((await take('lease:3', 'next')).outcome).toBe('acquired');
+});
+
 it('a tenant remapped to another customer: the lease of the old pair is not held for a call with the new one', async () => {
   await db.pool.query('DELETE FROM meter_leases; DELETE FROM meter_lease_waiters');
   await addCustomer(db.pool, 'movers', 'cus_before');
