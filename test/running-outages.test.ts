@@ -67,6 +67,10 @@ it.each([
     expect(t.stripe.events().filter((e) => e.identifier === key)).toHaveLength(1);
   }
   expect(Date.now()).toBeGreaterThanOrEqual(away.cutAt()! + awayMs);
+  // Committed during the outage, it goes out soon after the outage ends: seconds of reconnecting,
+  // not a relay claim's 60 s lapse (a generous bound: CI's two cores are shared).
+  const { rows } = await t.pool.query<{ sent_at: Date }>('SELECT sent_at FROM outbox WHERE idempotency_key = $1', [during]);
+  expect(rows[0]!.sent_at.getTime() - (away.cutAt()! + awayMs)).toBeLessThan(30_000);
   // Both answer again (within the health connection's short reconnect backoff).
   await waitFor('GET /health to see both back', async () => (await health()).temporal === 'ok', 15_000, 500);
   expect(await health()).toMatchObject({ status: 'ok', worker: 'running', postgres: 'ok', temporal: 'ok' });
