@@ -266,9 +266,31 @@ describe('a key whose workflow id was taken by a run on another task queue that 
     await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 2 }));
     const dead = await waitStatus(key, 'dead');
     expect(dead.last_error_code).toBe('workflow_closed');
-    expect(dead.last_error_message).toContain('terminated');
+    expect(dead.last_error_message).toContain(`task queue "${oldQueue}", not this deployment's, which terminated`);
     expect(dead.last_error_message).not.toContain('terminate it');
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+  });
+
+  it("one that completed there (another deployment delivered its own event under the key) is not taken for ours: the row is dead naming that queue, and retry sends ours", async () => {
+    const usageId = randomUUID();
+    const key = idempotencyKeyFor('acme', usageId);
+    const otherQueue = `other-deployment-${randomUUID().slice(0, 8)}`;
+    const other = await Worker.create({
+      connection: pipeline.connection,
+      taskQueue: otherQueue,
+      workflowBundle: workflowBundle(),
+      activities: { async deliverUsage() { return { outcome: 'sent', attempts: 1 }; }, async markDead() { return { attempts: 0 }; }, async markReopened() {} },
+    });
+    await other.runUntil(client.workflow.execute('usageWorkflow', { taskQueue: otherQueue, workflowId: key, args: [{ key, tenantId: 'acme', retry: config.retry }] }));
+    await withTransaction(db.pool, (c) => recordUsage(c, { usageId, tenantId: 'acme', quantity: 4 }));
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_message).toContain(`task queue "${otherQueue}", not this deployment's, which completed`);
+    expect(dead.last_error_message).not.toContain('put back by hand');
+    // A day later (past the resend window counted from that run's close), still ours to send: it never was.
+    const later = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 25 * 3_600_000 });
+    expect(await later.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
   });

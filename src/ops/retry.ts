@@ -324,6 +324,8 @@ export class DeadLetterRetrier {
     const handle = client.workflow.getHandle(key);
     let status: WorkflowExecutionStatusName | 'NOT_FOUND';
     let closedAt: Date | undefined;
+    /** The run's task queue when it is not ours (it closed there): how it closed says nothing of our row. */
+    let elsewhere: string | undefined;
     try {
       const described = await handle.describe();
       // An open run of another deployment (a namespace shared, or TEMPORAL_TASK_QUEUE changed):
@@ -336,6 +338,7 @@ export class DeadLetterRetrier {
       }
       status = described.status.name;
       closedAt = described.closeTime;
+      if (described.taskQueue !== ours) elsewhere = described.taskQueue;
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
       status = 'NOT_FOUND';
@@ -357,6 +360,9 @@ export class DeadLetterRetrier {
         if (err instanceof WorkflowNotFoundError && !describedAgain) return this.decide(row, opts, true);
         throw err;
       }
+    }
+    if (elsewhere !== undefined && status !== 'NOT_FOUND' && (status === 'COMPLETED' || REOPENABLE.has(status))) {
+      return this.reopen(row, `${status} on task queue ${JSON.stringify(elsewhere)}, not this deployment's`, fresh, opts);
     }
     if (status === 'COMPLETED') {
       // Another operator may have reopened and delivered it since the row was read.

@@ -195,7 +195,7 @@ export function classifyStartError(err: unknown): Error {
 
 /**
  * Closed statuses of a run: anything but RUNNING or PAUSED (and the unknown, taken as open); and
- * OTHER_TASK_QUEUE, a run under the key that is not this deployment's, open or not.
+ * OTHER_TASK_QUEUE, an open run under the key that is not this deployment's.
  */
 export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | 'PAUSED' | 'UNSPECIFIED' | 'UNKNOWN'> | 'NOT_FOUND' | 'OTHER_TASK_QUEUE';
 
@@ -205,7 +205,8 @@ export type StartOutcome =
   | { kind: 'running' }
   /**
    * No run of ours will ever mark the row: the key's run has closed (or is gone past retention),
-   * or the run under the key is on another task queue (`taskQueue`): another deployment's.
+   * or the run under the key is open on another task queue: another deployment's. `taskQueue`: the
+   * run's, when it is not this deployment's (open, or closed there).
    */
   | { kind: 'closed'; status: ClosedRunStatus; closedAt: Date | undefined; taskQueue?: string };
 
@@ -235,6 +236,14 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
     );
   }
   const when = run.closedAt ? ` at ${run.closedAt.toISOString()}` : '';
+  if (run.taskQueue !== undefined) {
+    // Another deployment's run, or one of a queue since retired: how it closed says nothing of our row.
+    return (
+      `the workflow id ${key} was last used by a run on task queue ${JSON.stringify(run.taskQueue)}, not this deployment's, which ${run.status.toLowerCase().replace(/_/g, ' ')}${when}, while the row was ${rowWas}: ` +
+      'another deployment shares this Temporal namespace with the same usage ids (give each a namespace of its own: docs/operations.md), or TEMPORAL_TASK_QUEUE was changed. ' +
+      `No run of ours will deliver it: billing-outbox retry ${shellWord(key)} starts one (same identifier)`
+    );
+  }
   return (
     `its workflow run ${CLOSED_AS[run.status]}${when} while the row was ${rowWas}: no run will deliver it. ` +
     `Once the cause is understood: billing-outbox retry ${shellWord(key)} starts a new run (same identifier)`
@@ -252,9 +261,10 @@ export async function describeRun(client: Client, key: string, taskQueue: string
     const open = status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN';
     // Only an open run on another queue is in the way; a closed one, wherever it ran, is closed:
     // `retry` starts ours beside it, and the operator is told how it closed, not to terminate it.
+    const elsewhere = d.taskQueue !== taskQueue ? { taskQueue: d.taskQueue } : {};
     if (open && d.taskQueue !== taskQueue) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: d.taskQueue };
     if (open) return { kind: 'running' };
-    return { kind: 'closed', status, closedAt: d.closeTime };
+    return { kind: 'closed', status, closedAt: d.closeTime, ...elsewhere };
   } catch (err) {
     if (err instanceof WorkflowNotFoundError) return { kind: 'closed', status: 'NOT_FOUND', closedAt: undefined };
     throw err;
