@@ -88,17 +88,24 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
     // run runs no code: the worker's closed-run sweep finds its row.)
     // The row is not made dead when it is at Stripe (a timed-out attempt's call answered since, an
     // error report): the run then ends listed as what the row is, not as a dead letter.
-    const listAs = (dead: { atStripe?: string | undefined }, code: string) =>
-      upsertSearchAttributes([
-        { key: OutboxStatusKey, value: dead.atStripe ?? 'dead' },
-        { key: OutboxErrorKey, value: dead.atStripe ? null : code },
-      ]);
+    const listAtStripe = (dead: { atStripe?: string | undefined }) => {
+      if (dead.atStripe) {
+        upsertSearchAttributes([
+          { key: OutboxStatusKey, value: dead.atStripe },
+          { key: OutboxErrorKey, value: null },
+        ]);
+      }
+    };
     if (state.status === 'dead' && !row.dead && state.lastError) {
       const lastError = state.lastError;
-      const dead = await CancellationScope.nonCancellable(() => markDead({ key: input.key, ...lastError }));
-      if (dead.atStripe) listAs(dead, lastError.code);
+      listAtStripe(await CancellationScope.nonCancellable(() => markDead({ key: input.key, ...lastError })));
     }
     if (state.status === 'dispatched') {
+      // Listed with the dead letters in the Web UI, by its code, like any other.
+      upsertSearchAttributes([
+        { key: OutboxStatusKey, value: 'dead' },
+        { key: OutboxErrorKey, value: TemporalErrorCodes.workflowCancelled },
+      ]);
       const dead = await CancellationScope.nonCancellable(() =>
         markDead({
           key: input.key,
@@ -106,8 +113,7 @@ export async function usageWorkflow(input: UsageWorkflowInput): Promise<UsageSta
           message: `its workflow was cancelled before the event was delivered; billing-outbox retry ${shellWord(input.key)} starts a new run (same identifier)`,
         }),
       );
-      // Listed with the dead letters in the Web UI, by its code, like any other (or as delivered).
-      listAs(dead, TemporalErrorCodes.workflowCancelled);
+      listAtStripe(dead);
     }
     throw err;
   }
