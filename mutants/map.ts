@@ -545,7 +545,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'tls-files-not-watched',
     guarantee: 'Keys rotated while running: a renewed mTLS client certificate is taken up by the running worker, which connects again with it',
-    find: '            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()));',
+    find: '            const stopWatching = opts.connection ? () => undefined : onTlsFilesChanged(config.temporal, () => (reconnecting = reconnect()), undefined, temporal.tlsFiles);',
     replace: '            const stopWatching = () => undefined;',
     test: 'test/key-roll.test.ts',
     name: 'connects again with the new one',
