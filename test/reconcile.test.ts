@@ -247,6 +247,20 @@ describe('billing-outbox reconcile', () => {
     const { code, report } = await reconcileJson(['--from', at(0), '--to', at(2), '--tenant', tn.id]);
     expect(report.groups.map((g) => [g.eventName, g.ours, g.stripe, g.match])).toEqual([['renamed_keys', 15, 15, true]]);
     expect(code).toBe(0);
+    // Each meter's summaries take their turn in the account's pace: the meter list, then two meters.
+    let paced = 0;
+    const deps = { db: t.pool, schema: t.schema, stripe: client, pace: async () => void paced++ };
+    await expect(reconcile(deps, { from: new Date(at(0)), to: new Date(at(2)), tenantId: tn.id })).resolves.toMatchObject({ match: true });
+    expect(paced).toBe(3);
+
+    // A count meter replaced by a sum meter: their summaries add up to no total of ours; not compared, and said.
+    t.stripe.addMeter('recounted', { formula: 'count' });
+    await event(tn, 7, 20, { eventName: 'recounted' });
+    t.stripe.replaceMeter('recounted', { formula: 'sum' });
+    await event(tn, 3, 30, { eventName: 'recounted' });
+    const mixed = await reconcile(deps, { from: new Date(at(0)), to: new Date(at(1)), tenantId: tn.id });
+    expect(mixed.groups.map((g) => g.eventName)).toEqual(['renamed_keys']);
+    expect(mixed.notes.join('\n')).toMatch(/Not compared: event name "recounted", whose meters in the range aggregate differently \(count, sum|sum, count/);
   });
 
   it("asks Stripe for several customers' summaries at once, at most eight, and compares each as before", async () => {

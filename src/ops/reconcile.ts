@@ -161,9 +161,16 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   if (pairs.size > 0) await pace();
   const everyMeter = pairs.size > 0 ? await everyMeterByEventName(deps.stripe) : new Map<string, Stripe.Billing.Meter[]>();
   const meters = currentMeters(everyMeter);
-  /** How the pair's meter aggregates, when its summaries can be compared with ours (sum, count); undefined: they cannot. */
+  /** The meters of an event name that counted in the range: the active one, and any deactivated since its start. */
+  const countingMeters = (eventName: string) =>
+    (everyMeter.get(eventName) ?? []).filter((m) => m.status === 'active' || (m.status_transitions?.deactivated_at ?? Infinity) >= start);
+  /**
+   * How the pair's meters aggregate, when their summaries can be compared with ours (sum, count);
+   * undefined: they cannot (a `last` meter, or meters of the range that aggregate differently).
+   */
   const formulaOf = (pair: { eventName: string }) => {
     const formula = meters.get(pair.eventName)?.default_aggregation?.formula ?? 'sum';
+    if (countingMeters(pair.eventName).some((m) => (m.default_aggregation?.formula ?? 'sum') !== formula)) return undefined;
     return formula === 'sum' || formula === 'count' ? formula : undefined;
   };
   // Stripe's hourly totals of each pair whose meter it has, a few pairs at a time (each paced):
@@ -173,9 +180,11 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   await forEachLimit(askable, SUMMARIES_AT_ONCE, async ([k, pair]) => {
     try {
       await pace();
-      // Every meter of the event name: one replaced in the range counted the hours before it was.
+      // Every meter of the event name that counted in the range: one replaced in it counted the
+      // hours before it was. Each call takes its turn in the pace.
       const totals = new Map<number, number>();
-      for (const meter of everyMeter.get(pair.eventName)!) {
+      for (const [i, meter] of countingMeters(pair.eventName).entries()) {
+        if (i > 0) await pace();
         for (const [hour, value] of await hourlyEventSummaries(deps.stripe, { meterId: meter.id, customer: pair.customer, start, end })) {
           totals.set(hour, (totals.get(hour) ?? 0) + value);
         }
@@ -191,7 +200,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
   });
 
   const groups: ReconcileGroup[] = [];
-  /** Meters whose summaries are not a sum or a count of our events: not compared, said in the notes. */
+  /** Event names whose meters' summaries are not a sum or a count of our events, and why: not compared, said in the notes. */
   const notComparable = new Map<string, string>();
   for (const [k, pair] of pairs) {
     const meter = meters.get(pair.eventName);
@@ -200,7 +209,13 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     // event's value, which no total of ours matches: comparing it would report drift every hour.
     const formula = formulaOf(pair);
     if (formula === undefined) {
-      notComparable.set(pair.eventName, meter!.default_aggregation.formula);
+      const formulas = [...new Set(countingMeters(pair.eventName).map((m) => m.default_aggregation?.formula ?? 'sum'))];
+      notComparable.set(
+        pair.eventName,
+        formulas.length > 1
+          ? `whose meters in the range aggregate differently (${formulas.join(', ')}: a meter replaced to change its formula), so their summaries add up to no total of ours`
+          : `whose meter aggregates by ${meter!.default_aggregation.formula} (its summaries are one event's value, not a total of ours)`,
+      );
       continue;
     }
     const { totals: stripeTotals, problem } = meter
@@ -251,8 +266,7 @@ export async function reconcile(deps: ReconcileDeps, opts: { from: Date; to: Dat
     'Only Stripe customers with outbox rows in the range are compared: each row under the customer its attempt named, a row never attempted under its tenant\'s mapping in billing_customers now.',
     'A meter that counts events (formula count) is compared with the number of delivered rows, not their quantities.',
     ...[...notComparable].map(
-      ([eventName, formula]) =>
-        `Not compared: event name ${JSON.stringify(eventName)}, whose meter aggregates by ${formula} (its summaries are one event's value, not a total of ours); check it in the Stripe Dashboard.`,
+      ([eventName, why]) => `Not compared: event name ${JSON.stringify(eventName)}, ${why}; check it in the Stripe Dashboard.`,
     ),
   ];
   return {
