@@ -322,7 +322,10 @@ export async function migrate(
 const MIGRATION_LOCK_WAIT_MS = 1_000;
 const LOCK_NOT_AVAILABLE = '55P03';
 
-/** Says what a migration waits for: at once, then at most every 10 s while it still waits. */
+/**
+ * Says what a migration waits for: at once, then about every 10 s while it still waits (a little
+ * less is let through: a caller asking on a 10 s timer must not be skipped every other time).
+ */
 class WaitReporter {
   private last = 0;
   private readonly onWait: ((message: string) => void) | undefined;
@@ -336,7 +339,7 @@ class WaitReporter {
   }
 
   async say(message: () => Promise<string>): Promise<void> {
-    if (!this.onWait || Date.now() - this.last < 10_000) return;
+    if (!this.onWait || Date.now() - this.last < 9_000) return;
     this.last = Date.now();
     this.onWait(await message().catch((err: unknown) => `waiting (${(err as Error).message})`));
   }
