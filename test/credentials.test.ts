@@ -7,7 +7,9 @@
 import { expect, it } from 'vitest';
 import { outboxStatus } from '../src/ops/status.js';
 import { CREDENTIALS_REFUSED } from '../src/stripe/errors.js';
-import { useStripe, waitFor } from './hooks.js';
+import { Registry } from 'prom-client';
+import { createMetrics } from '../src/metrics.js';
+import { runCliWithoutTemporal, useStripe, waitFor } from './hooks.js';
 
 const t = useStripe({ customers: { acme: 'cus_acme', globex: 'cus_globex' }, stripe: { meters: ['api_requests'] } });
 
@@ -16,7 +18,9 @@ it.each([401, 403])('a %i for every call holds delivery with an alarm, and it re
   const config = { ...t.config, timings: { ...t.config.timings, credentialsRetryMs: 300 } };
   const before = t.stripe.requests().length;
   t.stripe.failNext(100_000, status);
-  await t.startPipeline(config);
+  const metrics = createMetrics(new Registry(), { db: t.pool });
+  // Stopped at the end: the next case's events must meet its own worker, counted in its own metrics.
+  const pipeline = await t.startPipeline(config, { metrics });
   const keys = [...(await t.backlog('acme', 4)), ...(await t.backlog('globex', 4))];
 
   // Every event meets the refusal; none dies, each says why it waits, and status raises the alarm.
@@ -27,6 +31,11 @@ it.each([401, 403])('a %i for every call holds delivery with an alarm, and it re
   }, 60_000);
   expect(report.counts.dead).toBe(0);
   expect(report.alarms).toEqual([expect.stringMatching(/^8 event\(s\) held: Stripe refused the API key \(401\/403\)\. Fix STRIPE_API_KEY/)]);
+  // Where operators look: the first line of `billing-outbox status`, and the worker's counter.
+  const printed = await runCliWithoutTemporal(['status'], t.config, t.db);
+  expect(printed.out).toMatch(/^ALARM: 8 event\(s\) held: Stripe refused the API key/);
+  const refused = (await metrics.registry.getSingleMetricAsString('billing_outbox_stripe_errors_total')).match(/\{class="credentials"\} (\d+)/);
+  expect(Number(refused?.[1])).toBeGreaterThanOrEqual(keys.length);
   // Well past the retry policy's attempts (4 here): still held, nothing dead, no attempt counted.
   await waitFor('refusals past the retry budget', async () => t.stripe.requests().length - before > 4 * keys.length * 2);
   // Each row as it stands between two tries: a try in progress has begun its attempt until the
@@ -44,4 +53,5 @@ it.each([401, 403])('a %i for every call holds delivery with an alarm, and it re
   for (const key of keys) await t.waitStatus(key, 'sent');
   for (const key of keys) expect(t.eventsFor(key)).toHaveLength(1);
   expect((await outboxStatus(t.pool, t.schema)).alarms).toEqual([]);
+  await pipeline.stop();
 }, 150_000);
