@@ -111,6 +111,13 @@ it("an attempt timed out whose call got through after all: the row is sent when 
   });
 });
 
+it('a v2 delivery that finds its row accepted by an earlier attempt (its answer late) ends the run as accepted, as the row says, not sent', async () => {
+  const { activities } = fakeActivities(async () => ({ outcome: 'already_sent', attempts: 1, status: 'accepted' }));
+  await withWorker(activities, async (taskQueue) => {
+    await expect((await start(taskQueue)).result()).resolves.toMatchObject({ status: 'accepted' });
+  });
+});
+
 it("a delivery that finds its row rejected by Stripe's error report meanwhile ends the run as rejected_async, not as delivered", async () => {
   const { activities } = fakeActivities(async () => ({ outcome: 'already_sent', attempts: 1, status: 'rejected_async' }));
   await withWorker(activities, async (taskQueue) => {

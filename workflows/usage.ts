@@ -337,6 +337,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       // an upsert would cost every event one more history event and, on Temporal Cloud, one more
       // billable action. OutboxStatus changes only while the run stays open (dead, retried).
       state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
+      // Found at Stripe by an earlier attempt's answer: as the row says (v2: accepted).
+      if (result.outcome === 'already_sent' && result.status) state.status = result.status;
       if (result.outcome === 'already_sent' && (result.status === 'rejected_async' || result.status === 'cancelled')) {
         // Stripe rejected it (an error report) or an operator cancelled it while this run waited: it
         // ends listed as that, not as one more delivered event.
