@@ -140,9 +140,12 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       try {
         const result = await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
         // Delivered after Temporal gave up on this attempt (a v2 request queued behind a slow
-        // Stripe, an event loop starved): its answer goes nowhere, and if it was the last attempt
-        // the run has marked the row dead, though the row now says sent. The run is told.
-        if (result.outcome !== 'deferred' && performance.now() - startedAt >= activityInfo().startToCloseTimeoutMs - LATE_MARGIN_MS) {
+        // Stripe, an event loop starved past the heartbeat timeout): its answer goes nowhere, and
+        // if it was the last attempt the run has marked the row dead, though the row now says
+        // sent. The run is told (a run still delivering ignores it). Gone at Temporal shows as a
+        // cancellation of the attempt (a heartbeat answered "not found"), or as its time run out.
+        const late = ctx.cancellationSignal.aborted || performance.now() - startedAt >= activityInfo().startToCloseTimeoutMs - LATE_MARGIN_MS;
+        if (result.outcome !== 'deferred' && late) {
           await deps.tellRunDeliveredLate?.(input.key).catch((err: unknown) => {
             log.warn('delivered after the attempt timed out; could not tell its run', { idempotencyKey: input.key, error: String(err) });
           });

@@ -362,6 +362,22 @@ describe('an attempt answered after its time ran out', () => {
     }
   });
 
+  it('tells its run when the attempt was given up by Temporal before its time ran out (a heartbeat answered: gone), and it delivered after all', async () => {
+    const env = new MockActivityEnvironment({ attempt: 1, isLocal: false, startToCloseTimeoutMs: 60_000 }, { logger: silent });
+    const p = parts({
+      api: 'v2',
+      send: async () => {
+        env.cancel('TIMED_OUT');
+        await new Promise((r) => setTimeout(r, 10));
+      },
+    });
+    const told: string[] = [];
+    p.deps.tellRunDeliveredLate = async (key) => void told.push(key);
+    const result = await deliver(p.deps, {}, env);
+    expect((result as { outcome: string }).outcome).toBe('accepted');
+    expect(told).toEqual([KEY]);
+  });
+
   it('tells nobody when the attempt ended in time', async () => {
     const { told } = await run(0, 10_000);
     expect(told).toEqual([]);
