@@ -3,7 +3,7 @@
  * function of what the attempt found and the time. The delivery activity records each refusal on
  * the row and throws it as a non-retryable failure of `errorType` (workflows/shared.ts ErrorTypes).
  */
-import { AT_STRIPE, type OutboxStatus } from '../outbox/statuses.js';
+import { isAtStripe, type OutboxStatus } from '../outbox/statuses.js';
 import { inHours, MAX_EVENT_FUTURE_MS, SAFE_RESEND_WINDOW_MS, timestampProblem } from './rules.js';
 
 /**
@@ -70,7 +70,7 @@ export function maySendNow(found: AttemptFound, now: number): SendVerdict {
       `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
     return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', code: 'identifier_window_expired', message, record: true, metricClass: 'unsafe' } };
   }
-  if ((AT_STRIPE as readonly string[]).includes(found.status)) return { verdict: 'already_at_stripe' };
+  if (isAtStripe(found.status)) return { verdict: 'already_at_stripe' };
   if (!found.stripeCustomerId) {
     return {
       verdict: 'refuse',

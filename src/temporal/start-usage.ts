@@ -260,10 +260,9 @@ export async function describeRun(client: Client, key: string, taskQueue: string
     const status = d.status.name;
     const open = status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN';
     // Only an open run on another queue is in the way; a closed one, wherever it ran, is closed:
-    // `retry` starts ours beside it, and the operator is told how it closed, not to terminate it.
-    const elsewhere = d.taskQueue !== taskQueue ? { taskQueue: d.taskQueue } : {};
-    if (open && d.taskQueue !== taskQueue) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: d.taskQueue };
-    if (open) return { kind: 'running' };
+    // `retry` starts ours beside it, and the operator is told how and where it closed.
+    const elsewhere = d.taskQueue !== taskQueue ? { taskQueue: d.taskQueue } : undefined;
+    if (open) return elsewhere ? { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, ...elsewhere } : { kind: 'running' };
     return { kind: 'closed', status, closedAt: d.closeTime, ...elsewhere };
   } catch (err) {
     if (err instanceof WorkflowNotFoundError) return { kind: 'closed', status: 'NOT_FOUND', closedAt: undefined };
