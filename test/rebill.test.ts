@@ -286,15 +286,19 @@ describe('an attempt of the identifier before a rebill, answered late', () => {
     }
   });
 
-  it('does not mark the rebilled row: it stays in flight under the new identifier until that one is delivered', async () => {
-    // A row no relay claims (already dispatched) and no run delivers: its statements are driven here.
-    const key = `u:acme:late-${randomUUID()}`;
+  /** A row no relay claims (already dispatched) and no run delivers: its statements are driven by the test. */
+  async function dispatchedRow(name: string) {
+    const key = `u:acme:${name}-${randomUUID()}`;
     await db.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
        VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
       [key],
     );
-    const begin = () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+    return { key, begin: () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false }) };
+  }
+
+  it('does not mark the rebilled row: it stays in flight under the new identifier until that one is delivered', async () => {
+    const { key, begin } = await dispatchedRow('late');
     // An attempt under the key (revision 0) is begun and calls Stripe; its answer is slow to come
     // (a stalled worker, a zombie attempt Temporal already gave up on).
     const old = (await begin()).row!;
@@ -316,13 +320,7 @@ describe('an attempt of the identifier before a rebill, answered late', () => {
   });
 
   it('a rebilled identifier is sent to the customer the tenant is mapped to now, even when its run never started and the row is retried later', async () => {
-    const key = `u:acme:remapped-${randomUUID()}`;
-    await db.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-       VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
-      [key],
-    );
-    const begin = () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false });
+    const { key, begin } = await dispatchedRow('remapped');
     const old = (await begin()).row!;
     expect(await markSentAndHandOff(db.pool, schemaFor(), key, 'holder', 1_000, old.identifier_revision)).toMatchObject({ attempts: 1 });
     await markRejectedAsync(db.pool, schemaFor(), [{ identifier: key, code: CODE, message: 'No such customer' }]);
