@@ -698,8 +698,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'closed-run-elsewhere-called-open',
     guarantee: 'Every dead letter says what to do: a closed run on another task queue is described as closed, not as one to terminate',
-    find: '    if (open && d.taskQueue !== taskQueue) return',
-    replace: '    if (d.taskQueue !== taskQueue) return',
+    find: "    if (open) return elsewhere ? { kind: 'closed', status: 'OTHER_TASK_QUEUE'",
+    replace: "    if (open || elsewhere) return elsewhere ? { kind: 'closed', status: 'OTHER_TASK_QUEUE'",
     test: 'test/closed-runs.test.ts',
     name: 'that has closed',
   },
