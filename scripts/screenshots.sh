@@ -54,12 +54,13 @@ post() {
   curl -sf "$api/v1/usage" -H "Authorization: Bearer $token" -H 'content-type: application/json' -d "$1" >/dev/null
 }
 post '{"tenant_id":"acme","usage_id":"first-1","quantity":3}'
-npm run -s cli -- customers set umbrella cus_umbrella --no-stripe-check >/dev/null
-post '{"tenant_id":"umbrella","usage_id":"oops-1","quantity":5}'
+# The README walkthrough's dead letter: the local Stripe refuses the next call with a 400.
+npm run -s stripe -- fail 1 400 >/dev/null
+post '{"tenant_id":"acme","usage_id":"oops-1","quantity":5}'
 for _ in $(seq 1 120); do
-  npm run -s cli -- dead 2>/dev/null | grep -q 'u:umbrella:oops-1' && break
+  npm run -s cli -- dead 2>/dev/null | grep -q 'u:acme:oops-1' && break
   sleep 1
 done
 
 mkdir -p docs/img
-npx tsx scripts/screenshots.ts "$browser" "$ui" default u:umbrella:oops-1 docs/img
+npx tsx scripts/screenshots.ts "$browser" "$ui" default u:acme:oops-1 docs/img

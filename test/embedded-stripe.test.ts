@@ -137,25 +137,31 @@ describe('POST /v1/billing/meter_events', () => {
     expect(server.events().map((e) => e.identifier)).toEqual(['34-days', '4-min-ahead']);
   });
 
-  it('rejects an unknown customer, an event name without a meter, and a non-numeric value', async () => {
+  it('refuses an event name without a meter and a non-numeric value at once; takes an unknown customer, never counts it and reports it later', async () => {
     const server = await startStripe();
     const stripe = clientFor(server);
 
-    const customer = await failureOf(
-      stripe.billing.meterEvents.create({ event_name: METER_EVENT, payload: { stripe_customer_id: 'cus_nobody', value: '1' } }),
-    );
-    expect(customer).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
-    expect(customer.code).toBe('resource_missing');
-    expect(customer.param).toBe('payload[stripe_customer_id]');
-
     const meter = await failureOf(stripe.billing.meterEvents.create(usage('x', 1, { event_name: 'no_such_meter' })));
     expect(meter.code).toBe('no_meter');
-
     const value = await failureOf(
       stripe.billing.meterEvents.create({ event_name: METER_EVENT, payload: { stripe_customer_id: CUSTOMER, value: 'lots' } }),
     );
     expect(value.param).toBe('payload[value]');
     expect(server.events()).toEqual([]);
+
+    // As at Stripe: received (200), checked later against the account's customers.
+    const taken = await stripe.billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'nobody-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } });
+    expect(taken.identifier).toBe('nobody-1');
+    await server.flushAsyncErrors();
+    expect(server.events().map((e) => [e.identifier, e.asyncError?.code])).toEqual([['nobody-1', 'meter_event_customer_not_found']]);
+    const listed = await fetch(`${server.url}/v2/core/events`, { headers: { authorization: 'Bearer sk_test_local' } });
+    const report = (await listed.json()) as { data: { data: { reason: { error_types: unknown[] } } }[] };
+    expect(report.data[0]?.data.reason.error_types).toEqual([
+      expect.objectContaining({ code: 'meter_event_customer_not_found', sample_errors: [expect.objectContaining({ request: { identifier: 'nobody-1' } })] }),
+    ]);
+    // Its identifier is taken all the same: a resend is the duplicate answer, not a new event.
+    const again = await failureOf(stripe.billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'nobody-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } }));
+    expect(again.message).toBe('An event already exists with identifier nobody-1.');
   });
 
   it('answers 401 without a usable API key', async () => {
@@ -558,6 +564,16 @@ describe('asynchronous error reports', () => {
       end_time: Math.floor(Date.now() / 60000) * 60 + 600,
     });
     expect(summaries.data[0]?.aggregated_value).toBe(1);
+  });
+
+  it('delivers to a receiver set after it started (a stack whose API listens later)', async () => {
+    const receiver = await webhookReceiver();
+    const server = await startStripe();
+    server.setWebhook({ url: receiver.url, secret: 'whsec_later' });
+    await clientFor(server).billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'later-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } });
+    await server.flushAsyncErrors();
+    expect(receiver.received).toHaveLength(1);
+    expect(server.webhookDeliveries()).toEqual([expect.objectContaining({ status: 200 })]);
   });
 
   it('delivers on its own shortly after the failure', async () => {

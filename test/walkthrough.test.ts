@@ -74,7 +74,7 @@ function npmRun(script: string, ...args: string[]): Promise<{ code: number; out:
   });
 }
 
-it('README "Your first five minutes": first event, a dead letter made on purpose, fixed and retried', async () => {
+it('README "Your first five minutes": first event, a dead letter made on purpose, fixed and retried, a customer Stripe does not have rebilled', async () => {
   child = spawn('npm', ['start'], { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   child.stdout!.on('data', (b: Buffer) => (output += b.toString()));
   child.stderr!.on('data', (b: Buffer) => (output += b.toString()));
@@ -104,37 +104,55 @@ it('README "Your first five minutes": first event, a dead letter made on purpose
   expect(events.code, events.out).toBe(0);
   expect(events.out).toContain('u:acme:first-1');
 
-  // 3. A dead letter on purpose: a tenant billed as a customer Stripe does not have. Asked first,
-  // the stack's own Stripe (found with the stack) says it has no such customer.
-  const asked = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella');
-  expect(asked.code, asked.out).toBe(1);
-  expect(asked.out).toContain('Stripe has no customer cus_umbrella');
-  const mapped = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella', '--no-stripe-check');
-  expect(mapped.code, mapped.out).toBe(0);
-  const oops = await post({ tenant_id: 'umbrella', usage_id: 'oops-1', quantity: 5 });
+  // 3. A dead letter on purpose: the local Stripe refuses the next call with a 400.
+  const failing = await npmRun('stripe', 'fail', '1', '400');
+  expect(failing.code, failing.out).toBe(0);
+  const oops = await post({ tenant_id: 'acme', usage_id: 'oops-1', quantity: 5 });
   expect(oops.status).toBe(201);
 
   // 4. Found at a glance: `cli dead` lists it with Stripe's answer.
   const dead = await waitFor('the dead letter', async () => {
     const r = await npmRun('cli', 'dead');
-    return r.out.includes('u:umbrella:oops-1') ? r : undefined;
+    return r.out.includes('u:acme:oops-1') ? r : undefined;
   }, 90_000, 1_000);
-  expect(dead.out).toMatch(/No such customer|resource_missing/);
+  expect(dead.out).toContain('Injected 400 error.');
   // The first event is not one of them.
   expect(dead.out).not.toContain('u:acme:first-1');
 
-  // 5. Fixed at Stripe, retried with the same identifier: sent, once.
-  expect(await outboxStatus('u:umbrella:oops-1')).toBe('dead');
-  const added = await npmRun('stripe', 'customers', 'add', 'cus_umbrella');
-  expect(added.code, added.out).toBe(0);
-  const retried = await npmRun('cli', 'retry', 'u:umbrella:oops-1', '--wait');
+  // 5. Retried with the same identifier: sent, once.
+  expect(await outboxStatus('u:acme:oops-1')).toBe('dead');
+  const retried = await npmRun('cli', 'retry', 'u:acme:oops-1', '--wait');
   expect(retried.code, retried.out).toBe(0);
   // It answers with the outcome: the row is sent when it says so.
-  expect(retried.out).toMatch(/retried u:umbrella:oops-1: sent after \d+ attempt\(s\)/);
-  expect(await outboxStatus('u:umbrella:oops-1')).toBe('sent');
-  const recorded = await npmRun('stripe', 'events', '--customer', 'cus_umbrella');
-  expect(recorded.out.split('u:umbrella:oops-1').length - 1).toBe(1);
-  expect((await npmRun('cli', 'dead')).out).not.toContain('u:umbrella:oops-1');
+  expect(retried.out).toMatch(/retried u:acme:oops-1: sent after 2 attempt\(s\)/);
+  expect(await outboxStatus('u:acme:oops-1')).toBe('sent');
+  expect((await npmRun('stripe', 'events')).out.split('u:acme:oops-1').length - 1).toBe(1);
+  expect((await npmRun('cli', 'dead')).out).not.toContain('u:acme:oops-1');
+
+  // 6. A customer Stripe does not have. Asked first, the stack's own Stripe (found with the stack)
+  // says it has no such customer; mapped anyway, its usage is taken (200), then rejected by the
+  // error report the local Stripe delivers to the stack's webhook route.
+  const asked = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella');
+  expect(asked.code, asked.out).toBe(1);
+  expect(asked.out).toContain('Stripe has no customer cus_umbrella');
+  const mapped = await npmRun('cli', 'customers', 'set', 'umbrella', 'cus_umbrella', '--no-stripe-check');
+  expect(mapped.code, mapped.out).toBe(0);
+  expect((await post({ tenant_id: 'umbrella', usage_id: 'oops-2', quantity: 5 })).status).toBe(201);
+  await waitFor('the error report to reject it', async () => (await outboxStatus('u:umbrella:oops-2')) === 'rejected_async', 60_000, 500);
+  const rejected = await npmRun('cli', 'dead', '--rejected');
+  expect(rejected.out).toMatch(/u:umbrella:oops-2.*meter_event_customer_not_found/);
+  // Stripe keeps the identifier taken: a retry is refused, a rebill bills it under the next one.
+  expect((await npmRun('cli', 'retry', 'u:umbrella:oops-2')).code).toBe(1);
+  const added = await npmRun('stripe', 'customers', 'add', 'cus_umbrella');
+  expect(added.code, added.out).toBe(0);
+  const rebilled = await npmRun('cli', 'rebill', 'u:umbrella:oops-2');
+  expect(rebilled.code, rebilled.out).toBe(0);
+  expect(rebilled.out).toMatch(/^rebilled u:umbrella:oops-2: .*deliver it as r1:u:umbrella:oops-2/);
+  await waitFor('the rebilled event to be sent', async () => (await outboxStatus('u:umbrella:oops-2')) === 'sent', 60_000, 500);
+  const recorded = (await npmRun('stripe', 'events', '--customer', 'cus_umbrella')).out;
+  expect(recorded).toMatch(/ u:umbrella:oops-2 {2}\(rejected: meter_event_customer_not_found\)/);
+  // Counted once: under the new identifier, with no flag.
+  expect(recorded).toMatch(/ r1:u:umbrella:oops-2\n/);
 
   // Ctrl-C: everything npm start started stops, and the endpoints file goes with it.
   const exited = new Promise<void>((resolve) => child!.once('exit', () => resolve()));

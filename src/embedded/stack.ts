@@ -10,6 +10,7 @@
  * then it migrates and runs a worker (relays + usage workflows) and the HTTP API, sharing one
  * metrics registry. `stop()` undoes all of it, newest first.
  */
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import net from 'node:net';
@@ -18,6 +19,7 @@ import type { Client } from '@temporalio/client';
 import type pg from 'pg';
 import type Stripe from 'stripe';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
+import { WEBHOOK_PATH } from '../api/webhooks.js';
 import { ConfigError, type ApiToken, type Config } from '../config.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { stopLeftovers } from './leftovers.js';
@@ -328,7 +330,11 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
         await saver.stop();
         await stripeServer.close();
       });
-      config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false } };
+      // Its error reports go to this stack's API (set once the API listens), signed with the
+      // secret the API verifies: an event it takes for a customer it does not have ends
+      // `rejected_async`, as with Stripe and a configured webhook.
+      const webhookSecret = config.stripe.webhookSecret ?? `whsec_local${randomBytes(24).toString('hex')}`;
+      config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false, webhookSecret } };
       // An operator's own mapping for one of these tenants is kept.
       await seedTenants(pool, schemaFor(config.databaseSchema), DEMO_CUSTOMERS);
       Object.assign(seededCustomers, DEMO_CUSTOMERS);
@@ -352,6 +358,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });
     onStop('API', () => api.close());
     const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
+    if (localStripe && config.stripe.webhookSecret) localStripe.setWebhook({ url: `${apiUrl}${WEBHOOK_PATH}`, secret: config.stripe.webhookSecret });
     if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /health only, every other route 401');
 
     return {

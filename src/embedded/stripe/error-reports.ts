@@ -70,7 +70,8 @@ export class ErrorReporter {
   private readonly inFlight = new Set<Promise<void>>();
 
   private readonly now: () => number;
-  private readonly webhook: WebhookTarget | undefined;
+  /** Where reports are delivered (LocalStripe.setWebhook); undefined: listed only. */
+  webhook: WebhookTarget | undefined;
   /** How long failures collect before a report goes out (Stripe batches them per window). */
   private readonly batchDelayMs: number;
   constructor(

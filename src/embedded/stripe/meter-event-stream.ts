@@ -14,7 +14,7 @@
  */
 import { MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH, MAX_STREAM_BATCH } from '../../stripe/rules.js';
 import type { Catalog } from './catalog.js';
-import { parseWholeNumber, timestampRangeProblem, type MeterEventInput } from './meter-events.js';
+import { customerNotFound, parseWholeNumber, timestampRangeProblem, type MeterEventInput } from './meter-events.js';
 import { invalidRequest, type ApiResponse } from './wire.js';
 
 const EVENT_FIELDS = ['event_name', 'payload', 'identifier', 'timestamp'] as const;
@@ -122,9 +122,7 @@ export function checkStreamEvent(event: StreamEvent, catalog: Catalog, nowMs: nu
   const fail = (code: string, message: string): MeterEventInput => ({ ...base, asyncError: { code, message } });
   if (!meter) return fail('no_meter', `No active meter was found for event name '${eventName}'.`);
   if (!customer) return fail('meter_event_no_customer_defined', `The event payload has no customer under the meter's key '${customerKey}'.`);
-  if (!catalog.customer(customer)) {
-    return fail('meter_event_customer_not_found', `No customer was found with the id '${customer}' in payload[${customerKey}].`);
-  }
+  if (!catalog.customer(customer)) return { ...base, asyncError: customerNotFound(customer, customerKey) };
   if (rawValue === undefined || rawValue === '') {
     return fail('meter_event_invalid_value', `The event payload has no value under the meter's key '${valueKey}'.`);
   }

@@ -1,12 +1,12 @@
 /**
  * Validation of POST /v1/billing/meter_events parameters and the shape of its answer.
  *
- * Real Stripe runs some of these checks (an unknown customer above all) after answering 200 and
- * reports failures through `v1.billing.meter.error_report_triggered`; here they are synchronous so
- * tests and the README's walkthrough get a direct answer (a deviation the README names). `asyncErrorNext` simulates the asynchronous path. One check is
- * asynchronous here too, as at Stripe, because the pipeline must get it right by itself: an event
- * whose payload lacks the keys its meter reads (`customer_mapping.event_payload_key`,
- * `value_settings.event_payload_key`) is answered 200 and rejected later.
+ * As at Stripe, a 200 here means "received": the request's shape (parameters, lengths, the value,
+ * the timestamp's range) and the event name's meter are checked at once, and what depends on the
+ * account's data later. An event whose customer Stripe does not have, or whose payload lacks the
+ * keys its meter reads (`customer_mapping.event_payload_key`, `value_settings.event_payload_key`),
+ * is answered 200, never counted, and named in the next `v1.billing.meter.error_report_triggered`
+ * (error-reports.ts). `asyncErrorNext` makes any accepted event fail so.
  */
 import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS, MAX_EVENT_NAME_LENGTH, MAX_IDENTIFIER_LENGTH } from '../../stripe/rules.js';
 import type { Catalog } from './catalog.js';
@@ -56,10 +56,13 @@ export function validateMeterEvent(form: FormObject, catalog: Catalog, nowMs: nu
   const valueKey = meter?.value_settings.event_payload_key ?? 'value';
   const customer = payload[customerKey];
   const rawValue = payload[valueKey];
-  // Keys the meter does not read: Stripe takes the event and rejects it in its next error report.
+  // Keys the meter does not read, or a customer the account does not have: Stripe takes the event
+  // and rejects it in its next error report.
   let asyncError: MeterEventInput['asyncError'];
   if (meter && !customer) {
     asyncError = { code: 'meter_event_no_customer_defined', message: `The event payload has no customer under the meter's key '${customerKey}'.` };
+  } else if (meter && customer && !catalog.customer(customer)) {
+    asyncError = customerNotFound(customer, customerKey);
   } else if (meter && (rawValue === undefined || rawValue === '')) {
     asyncError = { code: 'meter_event_invalid_value', message: `The event payload has no value under the meter's key '${valueKey}'.` };
   }
@@ -84,14 +87,16 @@ export function validateMeterEvent(form: FormObject, catalog: Catalog, nowMs: nu
   if (!meter) {
     return invalidRequest(`No active meter was found for event name '${eventName}'.`, 'event_name', 'no_meter');
   }
-  if (customer && !catalog.customer(customer)) {
-    return invalidRequest(`No such customer: '${customer}'`, `payload[${customerKey}]`, 'resource_missing');
-  }
   if (timestamp !== undefined) {
     const rangeError = checkTimestampRange(timestamp, Math.floor(nowMs / 1000));
     if (rangeError) return rangeError;
   }
   return { eventName, customer: customer ?? '', value, payload, identifier, timestamp, ...(asyncError ? { asyncError } : {}) };
+}
+
+/** What the error report says of an event naming a customer Stripe does not have (v1 and the stream alike). */
+export function customerNotFound(customer: string, customerKey: string): AsyncErrorInfo {
+  return { code: 'meter_event_customer_not_found', message: `No customer was found with the id '${customer}' in payload[${customerKey}].` };
 }
 
 /** The v1 answer to a timestamp out of range: a 400 there, where the stream reports it later. */

@@ -14,7 +14,8 @@
  * Order of checks for POST /v1/billing/meter_events, as Stripe applies them:
  *   refuse (outage) → auth → Idempotency-Key replay → injected failure → rate limit →
  *   per-customer concurrency → parameter validation → identifier dedup → record,
- * then the (simulated) latency, then the answer — or a dropped connection.
+ * then the (simulated) latency, then the answer — or a dropped connection. Later: the customer and
+ * the meter's payload keys, a failure reported through the error report (the event never counts).
  *
  * Order for POST /v2/billing/meter_event_stream (JSON, authenticated by a session's token):
  *   refuse (outage) → session token (401; expired: `temporary_session_expired`) → injected
@@ -54,6 +55,7 @@ import type {
   RecordedMeterEvent,
   RequestRecord,
   StreamRequestRecord,
+  WebhookTarget,
 } from './types.js';
 import {
   canonicalParams,
@@ -251,6 +253,14 @@ export class LocalStripe implements ControlTarget {
   /** Highest number of v1 meter-event requests for the pair in flight at once, counted at arrival (the stream is not counted). */
   maxConcurrencySeen(customer: string, eventName: string): number {
     return this.inFlight.maxSeen(customer, eventName);
+  }
+
+  /**
+   * Where error reports are delivered from now on (undefined: nowhere; they stay listed at GET
+   * /v2/core/events). A stack whose API listens after this server starts sets it then.
+   */
+  setWebhook(target: WebhookTarget | undefined): void {
+    this.reporter.webhook = target;
   }
 
   /** Outcome of each error-report webhook delivery. */
