@@ -18,16 +18,16 @@ import { connectClient } from '../src/temporal/connection.js';
 import { OUTBOX_STATUSES } from '../src/outbox/statuses.js';
 import { stateQuery } from '../workflows/shared.js';
 import pg from 'pg';
-import { databaseUrlFor, idempotencyKeyFor, usePipeline, waitFor } from './hooks.js';
+import { databaseUrlFor, idempotencyKeyFor, refusedForGood, usePipeline, waitFor } from './hooks.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const OPERATOR = 'test-operator';
 
 const t = usePipeline({
-  // 'ghost' is mapped to a customer the local Stripe does not know: every event is refused (400) at
-  // once; 'bulk' too, until a test adds its customer.
-  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist', bulk: 'cus_bulk' },
-  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
+  // Every call for 'ghost' is refused for good (a 400): its events die at once; 'bulk's too, until a
+  // test admits its customer.
+  customers: { acme: 'cus_acme', ghost: 'cus_ghost', bulk: 'cus_bulk' },
+  stripe: { meters: ['api_requests'], refuseCustomers: { cus_ghost: refusedForGood('cus_ghost'), cus_bulk: refusedForGood('cus_bulk') } },
 });
 const { row, waitStatus, eventsFor, requestsFor } = t;
 const enqueue = (tenantId: string, quantity = 1) => t.enqueue(tenantId, quantity);
@@ -151,7 +151,7 @@ describe('status and dead', () => {
       ].sort(),
     );
     expect(item).toMatchObject({ tenantId: 'ghost', attempts: 1, lastErrorCode: 'resource_missing', safeToResend: true });
-    expect(item.lastErrorMessage).toContain('cus_does_not_exist');
+    expect(item.lastErrorMessage).toContain('cus_ghost');
     expect(item.ageSeconds).toEqual(expect.any(Number));
     expect(dead.json.total).toBeGreaterThanOrEqual(1);
 
@@ -329,8 +329,8 @@ describe('retry', () => {
     await pastWindow(old);
     await terminate(closed);
     for (const key of keys) if (key !== closed) await waitWorkflowDead(key);
-    // The customer exists now: the retries can succeed.
-    t.stripe.addCustomer('cus_bulk');
+    // Stripe takes them now: the retries can succeed.
+    t.stripe.admitCustomer('cus_bulk');
 
     // Not interactive and no --yes: refuse to act on everything.
     const unconfirmed = await cli(['retry', '--all-dead', '--tenant', 'bulk']);

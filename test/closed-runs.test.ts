@@ -412,7 +412,8 @@ describe('a row whose run has closed', () => {
 
   it('a dead letter whose event was delivered after all (an attempt answered past its timeout) ends delivered once its run is told', async () => {
     // Stripe refuses the event for good: the run makes the row dead and waits for a retry.
-    await addCustomer(db.pool, 'late', 'cus_not_at_stripe');
+    stripe.refuseCustomer('cus_refused', 400);
+    await addCustomer(db.pool, 'late', 'cus_refused');
     const r = await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'late', quantity: 2 }));
     const key = r.entry.idempotencyKey;
     await waitStatus(key, 'dead');

@@ -65,6 +65,14 @@ export async function seedCustomers(db: Queryable, customers: Customers): Promis
 }
 
 /** Records one usage through recordUsage in a transaction of its own; returns its idempotency key. */
+/**
+ * A local Stripe that refuses every meter-event call for `customer` with a 400 no retry mends
+ * (`stripe: { refuseCustomers: { [customer]: refusedForGood(customer) } }`): its events die at once.
+ */
+export function refusedForGood(customer: string): { status: number; code: string; message: string } {
+  return { status: 400, code: 'resource_missing', message: `Injected refusal of every call for ${customer}.` };
+}
+
 export async function enqueueUsage(pool: pg.Pool, tenantId: string, quantity = 1, opts: UsageOptions = {}): Promise<string> {
   return withTransaction(pool, async (c) => {
     const r = await recordUsage(c, {

@@ -13,14 +13,14 @@ import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
 import { statusSummary } from '../src/outbox/sql/status.js';
-import { testConfig, usePipeline, waitFor } from './hooks.js';
+import { refusedForGood, testConfig, usePipeline, waitFor } from './hooks.js';
 
 const reader: ApiToken = { name: 'prometheus', token: `tok_${randomBytes(24).toString('hex')}`, tenants: ['*'], scopes: ['metrics:read'] };
 
 const t = usePipeline({
-  // 'ghost' is mapped to a customer the local Stripe does not know: its events are refused (400).
-  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist' },
-  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
+  // Every call for 'ghost' is refused (a 400): its events die at once.
+  customers: { acme: 'cus_acme', ghost: 'cus_ghost' },
+  stripe: { meters: ['api_requests'], refuseCustomers: { cus_ghost: refusedForGood('cus_ghost') } },
   // The gauges are read with no worker running; 'counters after real deliveries' starts one.
   worker: false,
   metrics: (pool) => createMetrics(new Registry(), { db: pool }),

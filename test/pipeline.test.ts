@@ -6,14 +6,14 @@ import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
-import { usePipeline, waitFor } from './hooks.js';
+import { refusedForGood, usePipeline, waitFor } from './hooks.js';
 
 /** Eight tenants with one event each: eight lanes, so that each event's call is refused once. */
 const SPREAD = Array.from({ length: 8 }, (_, i) => `spread${i}`);
 const t = usePipeline({
-  customers: { acme: 'cus_acme', globex: 'cus_globex', ghost: 'cus_does_not_exist', ...Object.fromEntries(SPREAD.map((t) => [t, `cus_${t}`])) },
-  // 'ghost' is mapped to a customer this Stripe does not know: its events are refused (400) at once.
-  stripe: { meters: ['api_requests'], customers: ['cus_acme', 'cus_globex', ...SPREAD.map((t) => `cus_${t}`)] },
+  customers: { acme: 'cus_acme', globex: 'cus_globex', ghost: 'cus_ghost', ...Object.fromEntries(SPREAD.map((t) => [t, `cus_${t}`])) },
+  // Every call for 'ghost' is refused (a 400): its events die at once.
+  stripe: { meters: ['api_requests'], refuseCustomers: { cus_ghost: refusedForGood('cus_ghost') } },
 });
 const { enqueue, row, waitStatus, eventsFor, requestsFor } = t;
 
@@ -86,7 +86,7 @@ describe('the core pipeline', () => {
     const dead = await waitStatus(key, 'dead');
     expect(dead.attempt_count).toBe(1);
     expect(dead.last_error_code).toBe('resource_missing');
-    expect(dead.last_error_message).toContain('cus_does_not_exist');
+    expect(dead.last_error_message).toContain('cus_ghost');
     expect(eventsFor(key)).toHaveLength(0);
     const state = await t.client.workflow.getHandle(key).query(stateQuery);
     expect(state).toMatchObject({ status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } });

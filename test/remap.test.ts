@@ -9,12 +9,13 @@
 import { expect, it } from 'vitest';
 import { mapTenant } from '../src/ops/customers.js';
 import { DeadLetterRetrier } from '../src/ops/retry.js';
-import { runCliWithoutTemporal, usePipeline, waitFor } from './hooks.js';
+import { refusedForGood, runCliWithoutTemporal, usePipeline, waitFor } from './hooks.js';
 
 const METER = 'api_requests';
 const t = usePipeline({
   customers: { movers: 'cus_before', losers: 'cus_lost_before', fixers: 'cus_typo' },
-  stripe: { customers: ['cus_before', 'cus_after', 'cus_lost_before', 'cus_lost_after', 'cus_fixed'], meters: [METER] },
+  // Every call for cus_typo is refused (a 400): 'fixers' events die at once until remapped.
+  stripe: { customers: ['cus_before', 'cus_after', 'cus_lost_before', 'cus_lost_after', 'cus_fixed'], meters: [METER], refuseCustomers: { cus_typo: refusedForGood('cus_typo') } },
   // An unanswered call holds its (customer, meter) lease for about the Stripe timeout: short here.
   env: { STRIPE_RATE_LIMIT_PER_SECOND: '1000', STRIPE_TIMEOUT_MS: '2500' },
 });
@@ -38,7 +39,7 @@ it("remapped after an attempt whose answer was lost: the next one names the same
   expect(sent.billed_customer_id).toBe('cus_lost_before');
 }, 60_000);
 
-it('remapped after Stripe refused an event for good (no such customer): the retry names the new customer', async () => {
+it('remapped after Stripe refused an event for good (a 400 for its customer): the retry names the new customer', async () => {
   const key = await t.enqueue('fixers', 2);
   const dead = await t.waitStatus(key, 'dead', 30_000);
   expect(dead.last_error_code).toBe('resource_missing');

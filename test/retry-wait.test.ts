@@ -10,12 +10,15 @@ import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
 import { LIST_QUERIES } from '../src/temporal/web-ui.js';
 import { OutboxErrorKey, OutboxStatusKey, retryUpdate, stateQuery } from '../workflows/shared.js';
-import { usePipeline, waitFor } from './hooks.js';
+import { refusedForGood, usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({
-  // Mapped to customers the local Stripe does not know yet: each event is refused (400) at once.
+  // Every call for these customers is refused (a 400), until a test admits one: each event dies at once.
   customers: { fixme: 'cus_fixme', bulkw: 'cus_bulkw', ghostw: 'cus_ghostw', slowfix: 'cus_slowfix', noworker: 'cus_noworker' },
-  stripe: { meters: ['api_requests'], customers: [] },
+  stripe: {
+    meters: ['api_requests'],
+    refuseCustomers: Object.fromEntries(['cus_fixme', 'cus_bulkw', 'cus_ghostw', 'cus_slowfix', 'cus_noworker'].map((c) => [c, refusedForGood(c)])),
+  },
 });
 
 async function cli(argv: string[], errIsTTY = false, config = t.config): Promise<{ code: number; out: string; err: string }> {
@@ -58,7 +61,7 @@ describe('retry --wait', () => {
     expect((await t.row(key)).status).toBe('dead');
     expect((await attributes(key)).get(OutboxErrorKey)).toBe('resource_missing');
 
-    t.stripe.addCustomer('cus_fixme');
+    t.stripe.admitCustomer('cus_fixme');
     const sent = await cli(['retry', key, '--wait']);
     expect(sent).toMatchObject({ code: 0, err: '' });
     expect(sent.out).toMatch(new RegExp(`^retried ${key}: sent after \\d+ attempt\\(s\\)\\n$`));
@@ -108,7 +111,7 @@ describe('retry --wait', () => {
 
   it('waits no longer than its limit (and a query of the run\'s state): the retry stands, and the event is delivered once', async () => {
     const key = await deadLetter('slowfix');
-    t.stripe.addCustomer('cus_slowfix');
+    t.stripe.admitCustomer('cus_slowfix');
     // Stripe takes 8 s to answer; the wait's limit (10 minutes for the CLI) is 1 s here.
     t.stripe.setLatency(8_000);
     try {
@@ -156,7 +159,7 @@ describe('retry --wait', () => {
     const closed = t.client.workflow.getHandle(keys[2]!);
     await closed.terminate('test: closed dead letter');
     await waitFor('terminated', async () => (await closed.describe()).status.name === 'TERMINATED');
-    t.stripe.addCustomer('cus_bulkw');
+    t.stripe.admitCustomer('cus_bulkw');
 
     const r = await cli(['retry', '--all-dead', '--tenant', 'bulkw', '--wait', '--yes'], true);
     expect(r.code).toBe(0);

@@ -20,15 +20,16 @@ import { withTransaction } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { IDEMPOTENCY_KEY_ATTRIBUTE, temporalTracing } from '../src/tracing.js';
-import { tracingWorkflowBundle, usePipeline, waitFor } from './hooks.js';
+import { refusedForGood, tracingWorkflowBundle, usePipeline, waitFor } from './hooks.js';
 import { useInMemoryTracing } from './in-memory-tracing.js';
 
 // Before the fixture: the worker's interceptors read the registered SDK.
 const { exporter, spanProcessor, resource } = useInMemoryTracing();
 
 const t = usePipeline({
-  customers: { acme: 'cus_acme', ghost: 'cus_does_not_exist' },
-  stripe: { meters: ['api_requests'], customers: ['cus_acme'] },
+  // Every call for 'ghost' is refused (a 400): its events die at once.
+  customers: { acme: 'cus_acme', ghost: 'cus_ghost' },
+  stripe: { meters: ['api_requests'], refuseCustomers: { cus_ghost: refusedForGood('cus_ghost') } },
   tracing: { spanProcessor, resource },
 });
 

@@ -46,6 +46,8 @@ export class FaultPlan {
   private readonly asyncErrors = new CountedQueue<AsyncErrorInfo>();
   /** Identifiers that make every stream request carrying them fail, with this status. */
   private readonly poisoned = new Map<string, number>();
+  /** Customers whose every v1 meter-event call fails so. */
+  private readonly refusedCustomers = new Map<string, InjectedFailure>();
   private refuseUntil = 0;
   latencyMs = 0;
 
@@ -62,6 +64,21 @@ export class FaultPlan {
       if (status !== undefined) return { status, message: `Something went wrong on Stripe's end (injected for requests carrying ${id}).` };
     }
     return undefined;
+  }
+
+  /** Every v1 meter-event call naming `customer` fails with `status`, until reset. */
+  refuseCustomer(customer: string, status: number, opts: FailNextOptions = {}): void {
+    if (status < 400 || status > 599) throw new RangeError(`refuseCustomer needs an error status, got ${status}`);
+    this.refusedCustomers.set(customer, { status, ...opts });
+  }
+
+  admitCustomer(customer: string): void {
+    this.refusedCustomers.delete(customer);
+  }
+
+  /** The failure for a v1 call naming `customer`, when that customer is refused. */
+  customerRefusal(customer: string | null): InjectedFailure | undefined {
+    return customer === null ? undefined : this.refusedCustomers.get(customer);
   }
 
   failNext(count: number, status: number, opts: FailNextOptions = {}): void {
@@ -115,6 +132,7 @@ export class FaultPlan {
       dropAfterRecord: this.drops.total(),
       garbleNext: this.garbles.total(),
       asyncErrorNext: this.asyncErrors.list().map(({ remaining, item }) => ({ count: remaining, code: item.code })),
+      refusedCustomers: [...this.refusedCustomers].map(([customer, failure]) => ({ customer, status: failure.status })),
     };
   }
 
@@ -125,6 +143,7 @@ export class FaultPlan {
     this.garbles.clear();
     this.asyncErrors.clear();
     this.poisoned.clear();
+    this.refusedCustomers.clear();
     this.refuseUntil = 0;
     this.latencyMs = 0;
   }
@@ -135,7 +154,7 @@ export class FaultPlan {
  * its error classes, so a pipeline's error classification sees what it would see in production.
  */
 export function failureResponse(failure: InjectedFailure): ApiResponse {
-  const { status, message, retryAfterSeconds } = failure;
+  const { status, message, retryAfterSeconds, code } = failure;
   if (status === 429) {
     // A 429 promises nothing about retrying; only Retry-After, when present, says when.
     const headers = retryAfterSeconds !== undefined ? { 'retry-after': String(retryAfterSeconds) } : undefined;
@@ -163,7 +182,7 @@ export function failureResponse(failure: InjectedFailure): ApiResponse {
   if (status === 403) {
     return stripeError(403, { type: 'invalid_request_error', message: message ?? 'The provided key does not have the required permissions for this endpoint.' });
   }
-  return stripeError(status, { type: 'invalid_request_error', message: message ?? `Injected ${status} error.` });
+  return stripeError(status, { type: 'invalid_request_error', message: message ?? `Injected ${status} error.`, ...(code ? { code } : {}) });
 }
 
 /** Stripe saves a 5xx under its Idempotency-Key (the endpoint had started); 4xx faults are refusals. */

@@ -175,6 +175,7 @@ export class LocalStripe implements ControlTarget {
     }
     for (const eventName of options.meters ?? ['api_requests']) this.catalog.addMeter(eventName);
     for (const id of options.customers ?? []) this.catalog.addCustomer(id);
+    for (const [id, { status, ...opts }] of Object.entries(options.refuseCustomers ?? {})) this.faults.refuseCustomer(id, status, opts);
     this.routes = this.buildRoutes();
     this.server = http.createServer((req, res) => this.onRequest(req, res));
   }
@@ -284,6 +285,16 @@ export class LocalStripe implements ControlTarget {
    */
   failNext(count: number, status: number, opts?: FailNextOptions): void {
     this.faults.failNext(count, status, opts);
+  }
+
+  /** Every v1 meter-event call naming `customer` answers `status` (with `opts.code`, `opts.message`) until `heal()`. */
+  refuseCustomer(customer: string, status: number, opts?: FailNextOptions): void {
+    this.faults.refuseCustomer(customer, status, opts);
+  }
+
+  /** Ends `refuseCustomer` for one customer. */
+  admitCustomer(customer: string): void {
+    this.faults.admitCustomer(customer);
   }
 
   /**
@@ -515,7 +526,7 @@ export class LocalStripe implements ControlTarget {
     const denied = checkApiKey(call.authorization, this.requiredKey);
     const outcome: Outcome = denied
       ? { response: denied, replayed: false }
-      : this.withIdempotency(call, () => this.executeMeterEvent(call, flight.othersInFlight));
+      : this.withIdempotency(call, () => this.executeMeterEvent(call, keys.customer, flight.othersInFlight));
     const dropped = this.faults.takeDrop();
     const garbled = !dropped && this.faults.takeGarble();
     this.logRequest(call, keys, outcome, dropped);
@@ -531,8 +542,8 @@ export class LocalStripe implements ControlTarget {
     writeResponse(res, outcome.response, headers);
   }
 
-  private executeMeterEvent(call: ApiCall, othersInFlight: number): Execution {
-    const failure = this.faults.takeFailure();
+  private executeMeterEvent(call: ApiCall, customer: string | null, othersInFlight: number): Execution {
+    const failure = this.faults.takeFailure() ?? this.faults.customerRefusal(customer);
     if (failure) return { response: failureResponse(failure), store: isStoredFailure(failure) };
     if (!this.limiter.tryAcquire()) return { response: rateLimited(), store: false };
     if (othersInFlight > 0 && this.options.enforcePerCustomerConcurrency !== false) {

@@ -28,6 +28,8 @@ export interface LocalStripeOptions {
   meters?: string[];
   /** Customer ids that exist from the start. */
   customers?: string[];
+  /** Customers whose every v1 meter-event call is refused so (LocalStripe.refuseCustomer), until admitted or healed. */
+  refuseCustomers?: Record<string, { status: number } & FailNextOptions>;
   /** A snapshot from an earlier run (see LocalStripeState), applied before `meters` and `customers`. */
   state?: LocalStripeState;
   /**
@@ -163,6 +165,8 @@ export interface FailNextOptions {
   /** Only used with status 429: sent as the `Retry-After` header. */
   retryAfterSeconds?: number;
   message?: string;
+  /** Stripe's error code in the answer (4xx other than 401, 403, 409 and 429). */
+  code?: string;
 }
 
 /** JSON body of `POST /_local/faults`; every field is optional and applied in turn. */
@@ -175,6 +179,8 @@ export interface FaultState {
   dropAfterRecord: number;
   garbleNext: number;
   asyncErrorNext: { count: number; code: string }[];
+  /** Customers every meter-event call naming them is refused for, with the status. */
+  refusedCustomers: { customer: string; status: number }[];
 }
 
 export interface FaultRequest {
