@@ -214,14 +214,24 @@ async function requireUtf8(client: pg.Client): Promise<void> {
  * the outbox are built CONCURRENTLY, new constraints added NOT VALID and validated apart (see
  * docs/operations.md, "Upgrading"; test/migrate.test.ts records usage while one runs).
  */
-export async function migrate(
+export function migrate(database: string | pg.ClientConfig, opts: MigrateOptions = {}): Promise<string[]> {
+  return applyMigrations(database, MIGRATIONS_DIR, opts);
+}
+
+export interface MigrateOptions {
+  schema?: string;
+  /** Told, when a migration waits (for another migrator, for a table's lock), what it waits for. */
+  onWait?: (message: string) => void;
+}
+
+/**
+ * migrate, with the migrations of `folder`: the files there not yet recorded in the schema's
+ * `schema_migrations` are applied (tests apply migrations of their own on top of this version's).
+ */
+export async function applyMigrations(
   database: string | pg.ClientConfig,
-  opts: {
-    upTo?: string;
-    schema?: string;
-    /** Told, when a migration waits (for another migrator, for a table's lock), what it waits for. */
-    onWait?: (message: string) => void;
-  } = {},
+  folder: string,
+  opts: MigrateOptions = {},
 ): Promise<string[]> {
   const schema = schemaFor(opts.schema);
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
@@ -260,13 +270,11 @@ export async function migrate(
         name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
     }
     const done = new Set((await client.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));
-    const files = await migrationFiles();
+    const files = await migrationFiles(folder);
     const applied: string[] = [];
     for (const file of files) {
-      // `upTo`: stop after the named migration (tests of a later migration on data of an earlier schema).
-      if (opts.upTo !== undefined && file > opts.upTo) break;
       if (done.has(file)) continue;
-      const sql = await readFile(path.join(MIGRATIONS_DIR, file), 'utf8');
+      const sql = await readFile(path.join(folder, file), 'utf8');
       // The files name their tables unqualified: they run with the schema alone as search_path
       // (pg_catalog is always searched first), so whatever they create goes into it and nothing
       // they name can be found in the application's schemas. Functions they define pin it
@@ -415,9 +423,9 @@ async function tableLockHolders(client: pg.Client, schemaName: string): Promise<
   return `held by ${rows.map((r) => `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}: ${JSON.stringify(r.query)})`).join(', ')}`;
 }
 
-/** This version's migrations, in order. */
-async function migrationFiles(): Promise<string[]> {
-  return (await readdir(MIGRATIONS_DIR)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
+/** The migrations of `folder` (this version's: MIGRATIONS_DIR), in order. */
+async function migrationFiles(folder: string): Promise<string[]> {
+  return (await readdir(folder)).filter((f) => /^\d+_.+\.sql$/.test(f)).sort();
 }
 
 /**
@@ -427,7 +435,7 @@ async function migrationFiles(): Promise<string[]> {
  */
 export async function pendingMigrations(db: Queryable, opts: { schema?: string } = {}): Promise<string[]> {
   const schema = schemaFor(opts.schema);
-  const files = await migrationFiles();
+  const files = await migrationFiles(MIGRATIONS_DIR);
   const { rows } = await db.query<{ exists: boolean }>('SELECT to_regclass($1::text) IS NOT NULL AS exists', [schema.schemaMigrations]);
   if (!rows[0]!.exists) return files;
   const applied = new Set((await db.query<{ name: string }>(`SELECT name FROM ${schema.schemaMigrations}`)).rows.map((r) => r.name));

@@ -63,7 +63,7 @@ describe('beside an application with tables of the same names', () => {
 
   it("migrates, records in the application's transaction and delivers, leaving its tables and search_path as they were", async () => {
     // A Rails-style schema_migrations(version) in public is not ours: migrate uses its own.
-    expect(await migrate(db.url)).toContain('001_outbox.sql');
+    expect(await migrate(db.url)).toContain('001_schema.sql');
     await upsertBillingCustomer(product, schemaFor(), 'acme', 'cus_app');
 
     const client = await app.connect();

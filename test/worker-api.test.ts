@@ -179,14 +179,11 @@ describe('createWorker', () => {
 
   it('told not to migrate, refuses to start on a schema behind its version, naming what it lacks; migrated, it starts', async () => {
     const schema = `behind_${randomUUID().slice(0, 8)}`;
-    const all = await pendingMigrations(t.pool, { schema });
-    expect(all.length).toBeGreaterThan(5);
     try {
-      // The schema as the previous version left it: every migration but this version's last.
-      await migrate(t.db.url, { schema, upTo: all.at(-2)! });
+      // A schema never migrated: this version's one migration is missing.
       const refused = createWorker(options(applicationPool(), { schema, migrate: false }));
       await expect(refused).rejects.toThrow(ConfigError);
-      await expect(refused).rejects.toThrow(`not migrated to this version of billing-outbox (missing ${all.at(-1)!})`);
+      await expect(refused).rejects.toThrow('not migrated to this version of billing-outbox (missing 001_schema.sql)');
 
       await migrate(t.db.url, { schema });
       expect(await pendingMigrations(t.pool, { schema })).toEqual([]);
