@@ -89,13 +89,13 @@ try {
     );
     // One tenant's flood, then one row each of 50 others (the newest rows).
     await pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'flood', 'api_requests', 1, now(), 'flood-' || g FROM generate_series(1, $1::int) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'flood', 'api_requests', 1, now(), 'flood-' || g, 'flood-' || g FROM generate_series(1, $1::int) g`,
       [FLOOD],
     );
     await pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'other' || g, 'api_requests', 1, now(), 'other-' || g FROM generate_series(1, $1::int) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'other' || g, 'api_requests', 1, now(), 'other-' || g, 'other-' || g FROM generate_series(1, $1::int) g`,
       [OTHERS],
     );
     await pool.query('VACUUM ANALYZE outbox');
@@ -108,8 +108,8 @@ try {
     // written interleaved (each tenant's oldest rows are as old as the others').
     await pool.query('TRUNCATE outbox');
     await pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'other' || t, 'api_requests', 1, now(), 'many-' || r || '-' || t
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'other' || t, 'api_requests', 1, now(), 'many-' || r || '-' || t, r || '-' || t
          FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
       [MANY_TENANTS, MANY_ROWS],
     );

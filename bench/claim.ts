@@ -14,13 +14,13 @@ export async function claim(services: Services, report: Report, opts: { sentRows
   const db = await freshDatabase(services, opts.lanes);
   try {
     await db.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
-       SELECT 't' || (1 + g % $2::int), 'api_requests', 1, now(), 'sent-' || g, 'sent', now() FROM generate_series(1, $1::int) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, sent_at)
+       SELECT 't' || (1 + g % $2::int), 'api_requests', 1, now(), 'sent-' || g, 'sent-' || g, 'sent', now() FROM generate_series(1, $1::int) g`,
       [opts.sentRows, opts.lanes],
     );
     await db.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 't' || (1 + g % $2::int), 'api_requests', 1, now(), 'live-' || g FROM generate_series(1, $1::int) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 't' || (1 + g % $2::int), 'api_requests', 1, now(), 'live-' || g, 'live-' || g FROM generate_series(1, $1::int) g`,
       [opts.pending, opts.lanes],
     );
     await db.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN (SELECT 'live-' || g FROM generate_series(1, 200) g)`);

@@ -31,8 +31,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'enqueue-drops-outbox-row',
     guarantee: 'Atomic enqueue: a committed transaction always leaves an event',
-    find: "SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text${traced ? ', $7::text' : ''} FROM usage\n",
-    replace: "SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text${traced ? ', $7::text' : ''} FROM usage WHERE false\n",
+    find: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text, $7::text FROM usage\n',
+    replace: 'SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text, $7::text FROM usage WHERE false\n',
     test: 'test/enqueue.test.ts',
     name: 'writes the usage row and the outbox row',
     quick: true,

@@ -51,7 +51,7 @@ it("retries a tenant's dead letters at its lane's pace: never more than LANE_MAX
 
 it("a lane that stays full is reported, its rows untried, and every other lane's dead letters are retried", async () => {
   const insert = (tenant: string, key: string, status: string) =>
-    t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code) VALUES ($1, $2, 1, now(), $3, $4, 'http_500')`, [tenant, METER, key, status]);
+    t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, last_error_code) VALUES ($1, $2, 1, now(), $3, $3, $4, 'http_500')`, [tenant, METER, key, status]);
   // 'jammed' has its whole lane in flight (runs that never finish), and a dead letter first in line.
   const jammed = Array.from({ length: t.config.lanes.maxInFlight }, (_, i) => `u:jammed:in-flight-${i}`);
   for (const key of jammed) await insert('jammed', key, 'dispatched');

@@ -17,8 +17,8 @@ afterEach(() => t.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN 
  */
 async function seed(n: number, prefix: string, tenant = 'acme'): Promise<void> {
   await t.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT $3, 'api_requests', 1, now(), $2 || g FROM generate_series(1, $1) g`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+     SELECT $3, 'api_requests', 1, now(), $2 || g, 'usage-' || g FROM generate_series(1, $1) g`,
     [n, prefix, tenant],
   );
 }
@@ -76,14 +76,14 @@ describe('claiming outbox rows', () => {
 
   it('keeps the claim an index scan with many sent rows: the plan of the statement the relay sends', async () => {
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-       SELECT 'acme', 'api_requests', 1, now(), 'bulk-sent:' || g, 'sent' FROM generate_series(1, 50000) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status)
+       SELECT 'acme', 'api_requests', 1, now(), 'bulk-sent:' || g, 'bulk-sent-' || g, 'sent' FROM generate_series(1, 50000) g`,
     );
     // A live backlog: 20 lanes of 1,000 pending rows each, one of them with rows in flight.
     await t.addCustomers(Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`plan-t${i + 1}`, `cus_plan_${i + 1}`])));
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'plan-t' || (1 + g % 20), 'api_requests', 1, now(), 'plan:' || g FROM generate_series(1, 20000) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'plan-t' || (1 + g % 20), 'api_requests', 1, now(), 'plan:' || g, 'plan-' || g FROM generate_series(1, 20000) g`,
     );
     await t.pool.query(`UPDATE outbox SET status = 'dispatched' WHERE idempotency_key IN ('plan:20', 'plan:40')`);
     await t.pool.query('ANALYZE outbox');
@@ -151,8 +151,8 @@ describe('claiming outbox rows', () => {
     try {
       for (let round = 1; round <= 3 && !raced; round++) {
         await t.pool.query(
-          `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
-           SELECT 'globex', 'api_requests', 1, now(), 'guard-bulk:' || $1::int || ':' || g, 'sent', now() FROM generate_series(1, 200000) g`,
+          `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, sent_at)
+           SELECT 'globex', 'api_requests', 1, now(), 'guard-bulk:' || $1::int || ':' || g, $1::int || '-' || g, 'sent', now() FROM generate_series(1, 200000) g`,
           [round],
         );
         await t.pool.query(`DELETE FROM outbox WHERE idempotency_key LIKE 'guard:%'`);

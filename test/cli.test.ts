@@ -508,8 +508,8 @@ describe('bin/billing-outbox.mjs', () => {
   it('status and dead tell a timestamp too old (final) from one too far ahead (a clock to fix, then retry)', async () => {
     const keys = [idempotencyKeyFor('ghost', randomUUID()), idempotencyKeyFor('ghost', randomUUID())];
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code)
-       VALUES ('ghost', 'api_requests', 1, now(), $1, 'dead', 'timestamp_too_far_in_past'), ('ghost', 'api_requests', 1, now(), $2, 'dead', 'timestamp_in_future')`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, last_error_code)
+       VALUES ('ghost', 'api_requests', 1, now(), $1, $1, 'dead', 'timestamp_too_far_in_past'), ('ghost', 'api_requests', 1, now(), $2, $2, 'dead', 'timestamp_in_future')`,
       keys,
     );
     try {
@@ -528,8 +528,8 @@ describe('bin/billing-outbox.mjs', () => {
     await t.pool.query(`INSERT INTO billing_customers (tenant_id, stripe_customer_id) VALUES ('pty', 'cus_pty') ON CONFLICT DO NOTHING`);
     const key = idempotencyKeyFor('pty', randomUUID());
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, last_error_code, last_error_message)
-       VALUES ('pty', 'api_requests', 1, now(), $1, 'dead', 'resource_missing', 'No such customer')`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, last_error_code, last_error_message)
+       VALUES ('pty', 'api_requests', 1, now(), $1, $1, 'dead', 'resource_missing', 'No such customer')`,
       [key],
     );
     // The command on a pseudo-terminal (Python's pty, as a terminal would run it): at the question,

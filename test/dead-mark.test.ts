@@ -58,8 +58,8 @@ it("an attempt taken back late (it outlived its timeout, and the next attempt ha
 
 it('reads a page of dead letters from their own index, however many there are and however many were sent', async () => {
   await t.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-     SELECT 'acme', 'api_requests', 1, now(), 'bulk:' || g, CASE WHEN g % 2 = 0 THEN 'sent' ELSE 'dead' END FROM generate_series(1, 60000) g`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status)
+     SELECT 'acme', 'api_requests', 1, now(), 'bulk:' || g, 'bulk-' || g, CASE WHEN g % 2 = 0 THEN 'sent' ELSE 'dead' END FROM generate_series(1, 60000) g`,
   );
   await t.pool.query('ANALYZE outbox');
   // Exactly what `dead` and `retry --all-dead` send for a page deep in the list, planned by PostgreSQL.

@@ -20,13 +20,13 @@ afterEach(() => t.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN 
 async function flood(): Promise<void> {
   const run = randomUUID().slice(0, 8);
   await t.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g FROM generate_series(1, 5000) g`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+     SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g, 'flood-' || g FROM generate_series(1, 5000) g`,
     [run],
   );
   await t.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT o, 'api_requests', 1, now(), $2 || ':quiet:' || o FROM unnest($1::text[]) o`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+     SELECT o, 'api_requests', 1, now(), $2 || ':quiet:' || o, 'quiet' FROM unnest($1::text[]) o`,
     [OTHERS, run],
   );
   await t.pool.query('ANALYZE outbox');
@@ -99,14 +99,14 @@ describe('a fair claim', () => {
     // Two of the flood's four finish, and one more event of a quiet tenant arrives.
     const done = first.filter((r) => r.tenant_id === 'flood').slice(0, 2).map((r) => r.id);
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE id = ANY($1::bigint[])`, [done]);
-    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) VALUES ('quiet1', 'api_requests', 1, now(), $1)`, [randomUUID()]);
+    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) VALUES ('quiet1', 'api_requests', 1, now(), $1, $1)`, [randomUUID()]);
     const second = await claimBatch(t.pool, t.schema, options(4));
     const byTenant = Object.fromEntries(['flood', 'quiet1'].map((x) => [x, second.filter((r) => r.tenant_id === x).map((r) => [r.lane_in_flight, r.lane_held])]));
     expect(byTenant).toEqual({ flood: [[2, true], [2, true]], quiet1: [[1, false]] });
     // The batch holds a lane back too: one row of a lane of two at a batch of one.
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE status IN ('pending', 'claimed', 'dispatched')`);
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) SELECT 'quiet2', 'api_requests', 1, now(), $1 || g FROM generate_series(1, 2) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) SELECT 'quiet2', 'api_requests', 1, now(), $1 || g, 'quiet-' || g FROM generate_series(1, 2) g`,
       [randomUUID()],
     );
     const one = await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 });
@@ -134,8 +134,8 @@ describe('a fair claim', () => {
     // As after an outage: 300 tenants with 60 rows each, written interleaved.
     await t.addCustomers(Object.fromEntries(Array.from({ length: 300 }, (_, i) => [`many${i + 1}`, `cus_many${i + 1}`])));
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'many' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'many' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m, r || '-' || m
          FROM generate_series(1, 60) r, generate_series(1, 300) m ORDER BY r, m`,
       [randomUUID().slice(0, 8)],
     );
@@ -156,8 +156,8 @@ describe('a fair claim', () => {
     // 200 tenants with 40 events in flight each (a lower LANE_MAX_IN_FLIGHT since, a bulk retry) and one waiting.
     await t.addCustomers(Object.fromEntries(Array.from({ length: 200 }, (_, i) => [`busy${i + 1}`, `cus_busy${i + 1}`])));
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, dispatched_at)
-       SELECT 'busy' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, dispatched_at)
+       SELECT 'busy' || m, 'api_requests', 1, now(), $1 || ':' || r || ':' || m, r || '-' || m,
               CASE WHEN r <= 40 THEN 'dispatched' ELSE 'pending' END, CASE WHEN r <= 40 THEN now() END
          FROM generate_series(1, 41) r, generate_series(1, 200) m`,
       [randomUUID().slice(0, 8)],
@@ -170,11 +170,11 @@ describe('a fair claim', () => {
   });
 
   it("counts as waiting only the tenants with a row to claim: a lane wholly under a live lease leaves the others' share whole", async () => {
-    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key) VALUES ('quiet1', 'api_requests', 1, now(), $1)`, [randomUUID()]);
+    await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) VALUES ('quiet1', 'api_requests', 1, now(), $1, $1)`, [randomUUID()]);
     expect((await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), limit: 1 })).map((r) => r.tenant_id)).toEqual(['quiet1']);
     await t.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-       SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g FROM generate_series(1, 500) g`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g, 'flood-' || g FROM generate_series(1, 500) g`,
       [randomUUID().slice(0, 8)],
     );
     // quiet1's row is claimed (its lease runs): the flood is the only tenant waiting, and takes the batch.

@@ -74,8 +74,8 @@ async function floodInFlight(): Promise<number> {
 
 it('holds a busy lane to its floor beside quiet tenants while starts are slow, then pauses it, and lets it grow while they are quick', async () => {
   await t.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key)
-     SELECT 'flood', 'api_requests', 1, now(), 'flood:' || g FROM generate_series(1, 2000) g`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+     SELECT 'flood', 'api_requests', 1, now(), 'flood:' || g, 'flood-' || g FROM generate_series(1, 2000) g`,
   );
   const metrics = createMetrics(new Registry());
   const window = async () => (await metrics.laneWindow.get()).values[0]!.value;

@@ -17,8 +17,8 @@ beforeAll(async () => {
   db = await createTestDb();
   await addCustomer(db.pool, 'acme', 'cus_acme');
   await db.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-     SELECT 'acme', 'api_requests', 1, now(), 'lease:' || g, 'dispatched' FROM generate_series(1, 4) g`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status)
+     SELECT 'acme', 'api_requests', 1, now(), 'lease:' || g, 'lease-' || g, 'dispatched' FROM generate_series(1, 4) g`,
   );
   listener = new pg.Client({ connectionString: db.url });
   await listener.connect();
@@ -90,8 +90,8 @@ it('a tenant remapped to another customer: the lease of the old pair is not held
   await db.pool.query('DELETE FROM meter_leases; DELETE FROM meter_lease_waiters');
   await addCustomer(db.pool, 'movers', 'cus_before');
   await db.pool.query(
-    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-     VALUES ('movers', 'api_requests', 1, now(), 'remap:1', 'dispatched')`,
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status)
+     VALUES ('movers', 'api_requests', 1, now(), 'remap:1', 'remap-1', 'dispatched')`,
   );
   expect(await take('remap:1', 'mover')).toEqual({ outcome: 'acquired', lease: leaseId('cus_before', 'api_requests') });
   // Remapped while the delivery holds the lease (or was handed it) and before its attempt begins.

@@ -90,8 +90,8 @@ describe('outbox gauges (no worker running)', () => {
   it('counts sent rows exactly on small tables and estimates them from table statistics on large ones', async () => {
     const insertSent = (n: number) =>
       t.pool.query(
-        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status, sent_at)
-         SELECT 'acme', 'api_requests', 1, now(), 'sent-' || gen_random_uuid(), 'sent', now() FROM generate_series(1, $1::int)`,
+        `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, sent_at)
+         SELECT 'acme', 'api_requests', 1, now(), 'sent-' || gen_random_uuid(), gen_random_uuid(), 'sent', now() FROM generate_series(1, $1::int)`,
         [n],
       );
     await insertSent(500);

@@ -290,8 +290,8 @@ describe('an attempt of the identifier before a rebill, answered late', () => {
   async function dispatchedRow(name: string) {
     const key = `u:acme:${name}-${randomUUID()}`;
     await db.pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, status)
-       VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, 'dispatched')`,
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status)
+       VALUES ('acme', 'api_requests', 1, now() - interval '1 minute', $1, $1, 'dispatched')`,
       [key],
     );
     return { key, begin: () => beginAttempt(db.pool, schemaFor(), key, { workflowId: key, safeWindowMs: 3_600_000, force: false }) };

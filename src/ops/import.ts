@@ -358,7 +358,7 @@ async function recordBatch(
         if (!before && p.tooOld !== undefined) return new InvalidUsageError('occurredAt', p.tooOld);
         return before && differences(before, p.usage).length === 0 ? 'already' : prunedUsageError(p.usage, before);
       }
-      const entry = toEntry(row, p.usage.usageId);
+      const entry = toEntry(row);
       return sameUsage(entry, p.usage) ? 'already' : new UsageConflictError(p.usage.usageId, entry, differences(entry, p.usage));
     });
   } catch (err) {

@@ -35,12 +35,12 @@ export interface RecordUsageResult {
 }
 
 /** An entry row as the caller's driver returned it, as an OutboxEntry (also the bulk import's). */
-export function toEntry(row: CallerEntryRow, usageId: string): OutboxEntry {
+export function toEntry(row: CallerEntryRow): OutboxEntry {
   return {
     id: Number(row.id),
     idempotencyKey: row.key,
     tenantId: row.tenant,
-    usageId: row.usage ?? usageId,
+    usageId: row.usage,
     eventName: row.event,
     quantity: Number(row.quantity),
     occurredAt: new Date(row.occurred),
@@ -84,7 +84,7 @@ export async function recordUsage(
     // The caller's active span, if any, goes with the row: the relay continues that trace.
     const inserted = await insertUsage(client, schema, { ...usage, key, traceParent: activeTraceParent() });
     if (!inserted.tenantKnown) throw new UnknownTenantError(usage.tenantId);
-    if (inserted.row) return { entry: toEntry(inserted.row, usage.usageId), created: true };
+    if (inserted.row) return { entry: toEntry(inserted.row), created: true };
   }
 
   // Already recorded (possibly by a concurrent transaction that has just committed).
@@ -96,7 +96,7 @@ export async function recordUsage(
     if (!recorded && tooOld !== undefined) throw new InvalidUsageError('occurredAt', tooOld);
     throw prunedUsageError(usage, recorded);
   }
-  const entry = toEntry(found, usage.usageId);
+  const entry = toEntry(found);
   if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));
   return { entry, created: false };
 }

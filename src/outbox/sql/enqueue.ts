@@ -20,8 +20,7 @@ export interface EntryRow {
   id: number;
   idempotency_key: string;
   tenant_id: string;
-  /** Null only on rows written before migration 005 and never backfilled (none are: 005 backfills). */
-  usage_id: string | null;
+  usage_id: string;
   event_name: string;
   quantity: number;
   occurred_at: Date;
@@ -37,8 +36,7 @@ export interface CallerEntryRow {
   id: number | string;
   key: string;
   tenant: string;
-  /** Null only on rows written before migration 005 and never backfilled (none are: 005 backfills). */
-  usage: string | null;
+  usage: string;
   event: string;
   quantity: number | string;
   occurred: string;
@@ -72,12 +70,9 @@ export async function insertUsage(
   schema: Schema,
   usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string; traceParent?: string | undefined },
 ): Promise<{ tenantKnown: boolean; row: CallerEntryRow | undefined }> {
-  // The trace column only when there is a trace: outside one the statement is the one that ran
-  // before migration 011, so an application updated before its database is migrated still records.
-  const traced = usage.traceParent !== undefined;
   const { rows } = (await db.query({
     // Named: prepared once per connection of the application's pool, parsed and planned once.
-    name: schema.statementName(traced ? 'record-usage-traced' : 'record-usage'),
+    name: schema.statementName('record-usage'),
     text: `WITH tenant AS (
        SELECT tenant_id FROM ${schema.billingCustomers} WHERE tenant_id = $2::text
      ), usage AS (
@@ -86,15 +81,15 @@ export async function insertUsage(
        ON CONFLICT (tenant_id, id) DO NOTHING
        RETURNING id, tenant_id, event_name, quantity, occurred_at
      ), queued AS (
-       INSERT INTO ${schema.outbox} (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key${traced ? ', trace_parent' : ''})
-       SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text${traced ? ', $7::text' : ''} FROM usage
+       INSERT INTO ${schema.outbox} (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key, trace_parent)
+       SELECT tenant_id, id, event_name, quantity, occurred_at, $6::text, $7::text FROM usage
        -- No conflict target: whichever unique constraint a duplicate hits, nothing may raise here.
        ON CONFLICT DO NOTHING
        RETURNING ${entryColumns()}
      )
      SELECT EXISTS (SELECT 1 FROM tenant) AS known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
-    values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key, ...(traced ? [usage.traceParent] : [])],
+    values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key, usage.traceParent ?? null],
   })) as { rows: (Partial<CallerEntryRow> & { known?: unknown })[] };
   const row = rows[0];
   if (typeof row?.known !== 'boolean') throw new UnreadableRowsError(row);
