@@ -34,10 +34,9 @@ export const IDENTIFIER_NAMESPACE = /^[A-Za-z0-9_-]{1,24}$/;
  * stores it on the row through src/outbox/sql/delivery.ts, a rebill through src/ops/rebill.ts;
  * error reports, reconcile and cancel read it back from the row).
  *
- * - revision 0, no namespace: the idempotency key itself (what every deployment sent before
- *   namespaces and rebills existed).
+ * - revision 0, no namespace: the idempotency key itself.
  * - revision n > 0 (the event was rebilled n times after Stripe rejected it): `r<n>:<key>`. A
- *   prefix, not a suffix: keys start with `u:`, `h:` or `usage_log:`, never `r`, so a revised
+ *   prefix, not a suffix: keys start with `u:` or `h:`, never `r`, so a revised
  *   identifier is never another event's key (a suffix such as `#r1` is: usage id `x#r1`).
  * - a namespace (one per deployment sharing a Stripe account): `<namespace>/<the above>`. A
  *   namespace holds neither `:` nor `/`, and every identifier without one has a `:` before any
