@@ -111,10 +111,11 @@ describe('two deployments sharing one Stripe account', () => {
     expect(stripe.events().find((e) => e.identifier === `east/${eastKey}`)?.cancelled).toBe(true);
   });
 
-  it('an event attempted before its identifier was stored keeps its key whatever the namespace is now', async () => {
+  it('an event first attempted under its key (no namespace then) keeps its key whatever the namespace is now', async () => {
     const key = await withTransaction(east.db.pool, async (c) => {
-      const r = await recordUsage(c, { usageId: 'legacy-1', tenantId: 'acme', quantity: 1, occurredAt: new Date(Date.now() - 60_000) });
-      // Claimed by nobody (a status the relay leaves alone), attempted once before version 9.
+      const r = await recordUsage(c, { usageId: 'unspaced-1', tenantId: 'acme', quantity: 1, occurredAt: new Date(Date.now() - 60_000) });
+      // Claimed by nobody (a status the relay leaves alone), attempted once without a namespace: its
+      // identifier was the key, so none is stored.
       await c.query(`UPDATE outbox SET status = 'dead', first_attempted_at = now(), attempt_count = 1 WHERE idempotency_key = $1`, [r.entry.idempotencyKey]);
       return r.entry.idempotencyKey;
     });

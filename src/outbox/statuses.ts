@@ -1,7 +1,7 @@
 /**
  * The one list of outbox statuses (pg-boss keeps its JOB_STATES the same way): the SQL passes these
  * arrays as parameters (`status = ANY($n::text[])`), and the metrics, the CLI, reconciliation and
- * the workflow's search attribute all read them from here. The migrations' CHECK constraint spells
+ * the workflow's search attribute all read them from here. The schema's CHECK constraint (outbox_status_check) spells
  * the same list; test/statuses.test.ts fails if the two ever differ.
  *
  *   pending ──claim──▶ claimed ──start workflow──▶ dispatched ──Stripe 200──▶ sent | accepted ──▶ rejected_async

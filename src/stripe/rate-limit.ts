@@ -9,7 +9,7 @@
  * With `maxWaitMs`, only slots within that horizon are granted, and a caller granted none is told
  * how long the queue is, so it can wait elsewhere (a workflow timer) without holding a worker slot.
  *
- * Its statement: src/outbox/sql/pace.ts. Two buckets (migrations/004): `stripe_calls` paces each
+ * Its statement: src/outbox/sql/pace.ts. Two buckets (migrations/001_schema.sql): `stripe_calls` paces each
  * meter-event call (and each v2 stream request); `dispatch` paces the relays, so that a backlog after an outage stays in the outbox instead of becoming thousands of
  * workflows all waiting for a call slot.
  *

@@ -82,8 +82,8 @@ export async function beginAttempt(
                 ELSE COALESCE(o.first_attempted_at, now()) END,
               workflow_id = COALESCE(o.workflow_id, $2::text),
               -- The identifier is fixed by the first attempt (or a rebill) and never changes after:
-              -- a row attempted before it was stored (NULL, first_attempted_at set) went out under
-              -- its key and stays so, whatever the namespace is now. $8: NULL when it is the key.
+              -- a row first attempted under its key (NULL, first_attempted_at set: no namespace
+              -- then) stays so, whatever the namespace is now. $8: NULL when it is the key.
               stripe_identifier = COALESCE(o.stripe_identifier, CASE WHEN o.first_attempted_at IS NULL THEN $8::text END),
               -- The customer this attempt names (attemptCustomer; reconciliation compares the row
               -- with it); a row already at Stripe keeps the one it was billed to.

@@ -12,7 +12,7 @@ import { attemptCustomer } from './customers.js';
 /**
  * A lease as a NOTIFY payload and a wait topic: the Stripe customer and the meter event name joined
  * by U+001F, which neither can contain (event names are refused with control characters; customer
- * ids are Stripe's). migrations/006's `meter_lease_hand_off` builds the same string.
+ * ids are Stripe's). The schema's `meter_lease_hand_off` builds the same string.
  */
 export function leaseId(stripeCustomerId: string, eventName: string): string {
   return `${stripeCustomerId}\u001f${eventName}`;
@@ -118,8 +118,8 @@ export async function holdLease(db: Queryable, schema: Schema, holder: string, m
  * Gives back whatever lease `holder` has, handing each to the oldest delivery still waiting for it
  * (which then holds it for `handOffMs`, and extends it when it begins its call), and leaves any
  * queue it waits in; every lease's waiters are notified at commit (schema.leaseChannel, payload: the
- * lease id, U+001E, the new holder). The statement is migrations/006's `meter_lease_hand_off`
- * (whose result column `lane` is the lease id: the migration predates the word).
+ * lease id, U+001E, the new holder). The statement is the schema's `meter_lease_hand_off`
+ * (migrations/001_schema.sql; its result column `lane` is the lease id).
  */
 export async function handOffLease(db: Queryable, schema: Schema, holder: string, handOffMs: number): Promise<HandOff[]> {
   const { rows } = await db.query<{ lease: string; next_holder: string | null }>({

@@ -7,7 +7,7 @@
 import type { Queryable } from '../../db.js';
 import type { Schema } from './schema.js';
 
-/** migrations/004's buckets: `stripe_calls` paces Stripe calls, `dispatch` paces the relays. */
+/** The buckets migrations/001_schema.sql creates: `stripe_calls` paces Stripe calls, `dispatch` paces the relays. */
 export type Bucket = 'stripe_calls' | 'dispatch';
 
 export interface Reservation {

@@ -36,7 +36,7 @@ export interface ReconcileWindowRow {
  * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
  * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
  * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
- * from `outbox_status_idx`. At most `limit` windows, in order (null: all).
+ * from `outbox_unsettled_idx`. At most `limit` windows, in order (null: all).
  */
 export async function reconcileWindows(
   db: Queryable,

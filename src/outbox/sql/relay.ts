@@ -83,14 +83,13 @@ const CLAIM_LOCK = 727_274_002;
  *   would shrink the share and leave the batch short): 6,301 rows, 93 ms (v2) and 75 ms (v1) with
  *   2,000 tenants; the flood's figures unchanged. Chosen. A separate probe for each lane's oldest
  *   claimable row, to count the tenants waiting, cost 2,000 probes more (v1 176 ms).
- * Rejected: lane by lane in the application (a round trip per lane); `DISTINCT ON (tenant, event)`
- * over the backlog (reads every pending row each claim); a counter table per lane maintained on
- * enqueue (a second write on the request path); a rotating cursor of the last tenant served (a
- * write per claim, and a state to keep across relays) for strict round robin beyond `limit`
- * tenants. No new index: `outbox_lane_idx` (tenant_id, event_name, id) is already the per-tenant
- * order; an index led by the tenant over every row drew the skip scan onto the sent history
- * (migration 008). Before lanes: a plain oldest-first claim, which dispatched a hot customer's
- * whole backlog as workflows polling one lease.
+ * Rejected: a plain oldest-first claim (it dispatches a hot customer's whole backlog as workflows
+ * polling one lease); lane by lane in the application (a round trip per lane);
+ * `DISTINCT ON (tenant, event)` over the backlog (reads every pending row each claim); a counter
+ * table per lane maintained on enqueue (a second write on the request path); a rotating cursor of
+ * the last tenant served (a write per claim, and a state to keep across relays) for strict round
+ * robin beyond `limit` tenants. No new index: `outbox_lane_idx` (tenant_id, event_name, id) is already the per-tenant
+ * order; an index led by the tenant over every row draws the skip scan onto the sent history.
  */
 export async function claimBatch(
   db: pg.Pool | pg.PoolClient,

@@ -42,9 +42,9 @@ export interface Schema {
   readonly meterLeaseWaiters: string;
   readonly stripeErrorReports: string;
   readonly rateLimits: string;
-  /** migrations/006's function, qualified like the tables. */
+  /** The schema's lease hand-off function (migrations/001_schema.sql), qualified like the tables. */
   readonly meterLeaseHandOff: string;
-  /** New outbox rows committed, or a lane with room again (migrations/001's trigger sends it too). */
+  /** New outbox rows committed, or a lane with room again (the schema's insert trigger sends it too). */
   readonly outboxChannel: string;
   /** A (customer, meter) lease handed off. */
   readonly leaseChannel: string;
