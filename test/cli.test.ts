@@ -608,7 +608,7 @@ describe('bin/billing-outbox.mjs', () => {
       const first = await bin(['migrate'], env);
       expect(first.err).toBe('');
       expect(first.code).toBe(0);
-      expect(first.out).toMatch(/^applied 001_\S+\.sql, /);
+      expect(first.out).toMatch(/^applied 001_schema\.sql to postgres:\/\/.*, schema billing_outbox$/m);
       const again = await bin(['migrate', '--json'], env);
       expect(again.code).toBe(0);
       expect(JSON.parse(again.out)).toEqual({ applied: [], schema: 'billing_outbox' });
