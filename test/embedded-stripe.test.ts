@@ -505,13 +505,15 @@ describe('a cancel under its one Idempotency-Key', () => {
 });
 
 describe('asynchronous error reports', () => {
-  async function webhookReceiver(): Promise<{ url: string; received: { body: string; signature: string }[] }> {
+  /** Answers each delivery 200, or the statuses of `refusals` first, one each. */
+  async function webhookReceiver(refusals: number[] = []): Promise<{ url: string; received: { body: string; signature: string }[] }> {
     const received: { body: string; signature: string }[] = [];
     const receiver = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on('data', (chunk: Buffer) => chunks.push(chunk));
       req.on('end', () => {
         received.push({ body: Buffer.concat(chunks).toString('utf8'), signature: String(req.headers['stripe-signature']) });
+        res.statusCode = refusals.shift() ?? 200;
         res.end('ok');
       });
     });
@@ -566,14 +568,57 @@ describe('asynchronous error reports', () => {
     expect(summaries.data[0]?.aggregated_value).toBe(1);
   });
 
-  it('delivers to a receiver set after it started (a stack whose API listens later)', async () => {
+  it('delivers to a receiver set after it started (a stack whose API listens later) what failed before', async () => {
     const receiver = await webhookReceiver();
     const server = await startStripe();
+    await clientFor(server).billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'early-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } });
+    await server.flushAsyncErrors();
     server.setWebhook({ url: receiver.url, secret: 'whsec_later' });
-    await clientFor(server).billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'later-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } });
     await server.flushAsyncErrors();
     expect(receiver.received).toHaveLength(1);
     expect(server.webhookDeliveries()).toEqual([expect.objectContaining({ status: 200 })]);
+  });
+
+  it('delivers a report again, later, until its receiver takes it (a 2xx), as Stripe does', async () => {
+    const receiver = await webhookReceiver([503]);
+    const server = await startStripe({ webhook: { url: receiver.url, secret: 'whsec_again' } });
+    server.asyncErrorNext(1, 'meter_event_customer_not_found');
+    await clientFor(server).billing.meterEvents.create(usage('again-1', 1));
+    await server.flushAsyncErrors();
+    expect(server.webhookDeliveries()).toEqual([expect.objectContaining({ status: 503 })]);
+    for (let i = 0; i < 150 && server.webhookDeliveries().length < 2; i++) await sleep(20);
+    expect(server.webhookDeliveries()).toEqual([expect.objectContaining({ status: 503 }), expect.objectContaining({ status: 200 })]);
+    // The same report both times; taken, it is not sent again.
+    expect(new Set(receiver.received.map((r) => (JSON.parse(r.body) as { id: string }).id)).size).toBe(1);
+    await sleep(2_500);
+    expect(receiver.received).toHaveLength(2);
+  });
+
+  it('keeps the reports no receiver took in its snapshot, and delivers them from the next instance', async () => {
+    const first = await startStripe();
+    await clientFor(first).billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'kept-1', payload: { stripe_customer_id: 'cus_nobody', value: '1' } });
+    const state = first.snapshot();
+    expect(state.undeliveredReports).toHaveLength(1);
+    await first.close();
+
+    const receiver = await webhookReceiver();
+    const next = await startStripe({ state });
+    expect((await fetch(`${next.url}/v2/core/events`, { headers: { authorization: 'Bearer sk_test_local' } }).then((r) => r.json()) as { data: unknown[] }).data).toHaveLength(1);
+    next.setWebhook({ url: receiver.url, secret: 'whsec_next' });
+    await next.flushAsyncErrors();
+    expect(receiver.received).toHaveLength(1);
+    expect(next.snapshot().undeliveredReports).toEqual([]);
+  });
+
+  it("refuses every call naming a refused customer with the status and code it was given, others' as usual, until admitted", async () => {
+    const server = await startStripe({ customers: [CUSTOMER, 'cus_other'], refuseCustomers: { cus_other: { status: 400, code: 'resource_missing', message: 'refused here' } } });
+    const stripe = clientFor(server);
+    const refused = await failureOf(stripe.billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'o-1', payload: { stripe_customer_id: 'cus_other', value: '1' } }));
+    expect(refused).toMatchObject({ statusCode: 400, code: 'resource_missing', message: 'refused here' });
+    await stripe.billing.meterEvents.create(usage('c-1', 1));
+    server.admitCustomer('cus_other');
+    await stripe.billing.meterEvents.create({ event_name: METER_EVENT, identifier: 'o-2', payload: { stripe_customer_id: 'cus_other', value: '1' } });
+    expect(server.events().map((e) => e.identifier)).toEqual(['c-1', 'o-2']);
   });
 
   it('delivers on its own shortly after the failure', async () => {
@@ -678,9 +723,12 @@ describe('customers, meters and the control API', () => {
     server.failNext(3, 503);
     server.setLatency(50);
     server.refuseFor(60);
-    expect(await cli('status')).toMatch(/faults: every connection refused for [\d.]+ s more; every meter-event call answered 50 ms late; the next 3 meter-event calls answer 503/);
-    expect(await cli('heal')).toMatch(/^healed: no outage, no latency, no queued failures \(ended: .*the next 3 meter-event calls answer 503\)/);
-    expect(server.faultState()).toEqual({ refusingForMs: 0, latencyMs: 0, failNext: [], dropAfterRecord: 0, garbleNext: 0, asyncErrorNext: [] });
+    server.refuseCustomer(CUSTOMER, 400);
+    expect(await cli('status')).toMatch(
+      /faults: every connection refused for [\d.]+ s more; every meter-event call answered 50 ms late; the next 3 meter-event calls answer 503; every meter-event call for cus_test_1 answers 400/,
+    );
+    expect(await cli('heal')).toMatch(/^healed: no outage, no latency, no queued failures \(ended: .*the next 3 meter-event calls answer 503.*cus_test_1 answers 400\)/);
+    expect(server.faultState()).toEqual({ refusingForMs: 0, latencyMs: 0, failNext: [], dropAfterRecord: 0, garbleNext: 0, asyncErrorNext: [], refusedCustomers: [] });
     expect(await cli('status')).toContain('faults: none, it answers normally');
     // Healed means the very next call is answered normally, not the fourth.
     await stripe.billing.meterEvents.create(usage('after-heal', 1));

@@ -495,9 +495,10 @@ await runMain(async () => {
     const localStripe = stack.localStripe;
     let outageTimer: NodeJS.Timeout | undefined;
     const beginOutage = (stripe: NonNullable<typeof localStripe>, planned: Outage) => {
+      if (interrupt.signal.aborted) return;
       // Not before deliveries reach Stripe: on a busy machine the first ones can come later than the
       // planned time, and an outage before them would cut nothing off.
-      if (stripe.requests().length === 0 && !interrupt.signal.aborted) {
+      if (stripe.requests().length === 0) {
         outageTimer = setTimeout(() => beginOutage(stripe, planned), 250);
         return;
       }

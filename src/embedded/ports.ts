@@ -1,9 +1,16 @@
 /**
- * Which process listens on a local TCP port (Linux: /proc/net/tcp, then each process's open
- * sockets), so that a taken port can be said with what holds it. Undefined when it cannot be told
- * (another OS, a process of another user).
+ * Local ports: where a client on this machine reaches a server (`localUrl`), and which process
+ * listens on a port (Linux: /proc/net/tcp, then each process's open sockets), so that a taken port
+ * can be said with what holds it. Undefined when it cannot be told (another OS, a process of
+ * another user).
  */
 import { readdir, readFile, readlink } from 'node:fs/promises';
+
+/** Where clients on this machine reach a server bound to `host`:`port` (a wildcard bind, `0.0.0.0` or `::`, by loopback). */
+export function localUrl(host: string, port: number): string {
+  const bound = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host;
+  return `http://${bound.includes(':') ? `[${bound}]` : bound}:${port}`;
+}
 
 export interface PortHolder {
   pid: number;

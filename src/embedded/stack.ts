@@ -23,7 +23,7 @@ import { WEBHOOK_PATH } from '../api/webhooks.js';
 import { ConfigError, type ApiToken, type Config } from '../config.js';
 import { createPool, migrate, redactUrl } from '../db.js';
 import { stopLeftovers } from './leftovers.js';
-import { describePortHolder } from './ports.js';
+import { describePortHolder, localUrl } from './ports.js';
 import { EmbeddedPostgresError, freePort, startEmbeddedPostgres } from './postgres.js';
 import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
@@ -330,11 +330,14 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
         await saver.stop();
         await stripeServer.close();
       });
-      // Its error reports go to this stack's API (set once the API listens), signed with the
-      // secret the API verifies: an event it takes for a customer it does not have ends
-      // `rejected_async`, as with Stripe and a configured webhook.
-      const webhookSecret = config.stripe.webhookSecret ?? `whsec_local${randomBytes(24).toString('hex')}`;
-      config = { ...config, stripe: { ...config.stripe, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false, webhookSecret } };
+      // Its error reports go to this stack's API (set once the API listens), signed with a secret
+      // of this run's own that the API verifies: an event it takes for a customer it does not have
+      // ends `rejected_async`, as with Stripe and a configured webhook. Never the deployment's
+      // STRIPE_WEBHOOK_SECRET(_FILE): nothing else signs for this server, and a secret file changed
+      // while running would leave the two apart.
+      const { webhookSecretFile: _deployments, ...stripeConfig } = config.stripe;
+      const webhookSecret = `whsec_local${randomBytes(24).toString('hex')}`;
+      config = { ...config, stripe: { ...stripeConfig, apiBase: stripeServer.url, apiKey: LOCAL_TEST_KEY, isRealStripe: false, webhookSecret } };
       // An operator's own mapping for one of these tenants is kept.
       await seedTenants(pool, schemaFor(config.databaseSchema), DEMO_CUSTOMERS);
       Object.assign(seededCustomers, DEMO_CUSTOMERS);
@@ -357,7 +360,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
     await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });
     onStop('API', () => api.close());
-    const apiUrl = `http://${config.api.host}:${(api.server.address() as net.AddressInfo).port}`;
+    const apiUrl = localUrl(config.api.host, (api.server.address() as net.AddressInfo).port);
     if (localStripe && config.stripe.webhookSecret) localStripe.setWebhook({ url: `${apiUrl}${WEBHOOK_PATH}`, secret: config.stripe.webhookSecret });
     if (config.api.tokens.length === 0) log.warn('API_TOKENS is not set: the API answers GET /health only, every other route 401');
 
@@ -400,7 +403,7 @@ function keepLocalStripeState(server: LocalStripe, file: string, log: Logger): {
   let saved = '';
   const save = async () => {
     const snapshot = server.snapshot();
-    const signature = `${snapshot.events.length}/${snapshot.customers.length}/${snapshot.meters.length}`;
+    const signature = `${snapshot.events.length}/${snapshot.customers.length}/${snapshot.meters.length}/${snapshot.errorReports?.length}/${snapshot.undeliveredReports?.join()}`;
     if (signature === saved) return;
     const tmp = `${file}.tmp`;
     await writeFile(tmp, JSON.stringify(snapshot), { mode: 0o600 });

@@ -62,16 +62,22 @@ export interface WebhookDelivery {
   error?: string;
 }
 
+/** Redeliveries of a report its receiver did not take: 1 s, doubling, at most a minute apart (Stripe's go on for days). */
+const REDELIVERY_FIRST_MS = 1_000;
+const REDELIVERY_MAX_MS = 60_000;
+
 export class ErrorReporter {
   private pending: FailedMeterEvent[] = [];
   private timer: NodeJS.Timeout | undefined;
   private published: ErrorReportEvent[] = [];
+  /** Reports no receiver has answered 2xx yet, with the redeliveries made so far. */
+  private readonly undelivered = new Map<string, number>();
+  private readonly redeliveries = new Set<NodeJS.Timeout>();
   private deliveryLog: WebhookDelivery[] = [];
-  private readonly inFlight = new Set<Promise<void>>();
+  private readonly inFlight = new Map<string, Promise<void>>();
 
   private readonly now: () => number;
-  /** Where reports are delivered (LocalStripe.setWebhook); undefined: listed only. */
-  webhook: WebhookTarget | undefined;
+  private webhook: WebhookTarget | undefined;
   /** How long failures collect before a report goes out (Stripe batches them per window). */
   private readonly batchDelayMs: number;
   constructor(
@@ -89,17 +95,33 @@ export class ErrorReporter {
     this.timer ??= setTimeout(() => void this.flush(), this.batchDelayMs);
   }
 
-  /** Publishes everything pending now and waits until every webhook delivery has finished. */
+  /**
+   * Where reports go from now on (undefined: nowhere). Every report not yet taken is delivered to
+   * it at once: a receiver that listens only after this server started (a stack's own API) gets
+   * what failed meanwhile.
+   */
+  setWebhook(target: WebhookTarget | undefined): void {
+    this.webhook = target;
+    for (const id of this.undelivered.keys()) this.deliver(id);
+  }
+
+  /** Publishes everything pending now and waits until every webhook delivery under way has finished. */
   async flush(): Promise<void> {
+    this.publishPending();
+    await Promise.all([...this.inFlight.values()]);
+  }
+
+  /** Builds the reports of the failures collected so far, and starts their delivery. */
+  publishPending(): void {
     clearTimeout(this.timer);
     this.timer = undefined;
     const batch = this.pending;
     this.pending = [];
     for (const event of buildReports(batch, this.now())) {
       this.published.push(event);
-      if (this.webhook) this.track(this.deliver(event, this.webhook));
+      this.undelivered.set(event.id, 0);
+      this.deliver(event.id);
     }
-    await Promise.all([...this.inFlight]);
   }
 
   event(id: string): ErrorReportEvent | undefined {
@@ -115,29 +137,69 @@ export class ErrorReporter {
     return this.deliveryLog.map((d) => ({ ...d }));
   }
 
+  /** Every report, oldest first, and the ids of those no receiver took yet (LocalStripeState). */
+  state(): { reports: ErrorReportEvent[]; undelivered: string[] } {
+    return { reports: [...this.published], undelivered: [...this.undelivered.keys()] };
+  }
+
+  /** Reports of an earlier run; those not taken then are delivered once a webhook is set. */
+  restore(reports: ErrorReportEvent[], undelivered: string[]): void {
+    this.published = [...reports];
+    for (const id of undelivered) if (this.event(id)) this.undelivered.set(id, 0);
+    for (const id of this.undelivered.keys()) this.deliver(id);
+  }
+
   reset(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
+    this.stopTimers();
     this.pending = [];
     this.published = [];
+    this.undelivered.clear();
     this.deliveryLog = [];
   }
 
-  /** Drops what is pending and waits for deliveries already on their way. */
+  /** Drops what is pending, stops redelivering, and waits for deliveries already on their way. */
   async close(): Promise<void> {
+    this.stopTimers();
+    this.pending = [];
+    this.webhook = undefined;
+    await Promise.all([...this.inFlight.values()]);
+  }
+
+  private stopTimers(): void {
     clearTimeout(this.timer);
     this.timer = undefined;
-    this.pending = [];
-    await Promise.all([...this.inFlight]);
+    for (const t of this.redeliveries) clearTimeout(t);
+    this.redeliveries.clear();
   }
 
-  private track(delivery: Promise<void>): void {
-    this.inFlight.add(delivery);
-    void delivery.finally(() => this.inFlight.delete(delivery));
+  /**
+   * One delivery of report `id`, unless one is under way or there is no receiver. A receiver that
+   * did not answer 2xx (down, refused the signature, failed) gets it again later, as from Stripe.
+   */
+  private deliver(id: string): void {
+    const webhook = this.webhook;
+    const event = this.event(id);
+    if (!webhook || !event || this.inFlight.has(id) || !this.undelivered.has(id)) return;
+    const delivery = this.post(event, webhook).then((taken) => {
+      if (taken) {
+        this.undelivered.delete(id);
+        return;
+      }
+      const tries = (this.undelivered.get(id) ?? 0) + 1;
+      this.undelivered.set(id, tries);
+      const retry = setTimeout(() => {
+        this.redeliveries.delete(retry);
+        this.deliver(id);
+      }, Math.min(REDELIVERY_FIRST_MS * 2 ** (tries - 1), REDELIVERY_MAX_MS));
+      retry.unref();
+      this.redeliveries.add(retry);
+    });
+    this.inFlight.set(id, delivery);
+    void delivery.finally(() => this.inFlight.delete(id));
   }
 
-  /** One attempt, no retries: a receiver that was down can catch up through GET /v2/core/events. */
-  private async deliver(event: ErrorReportEvent, webhook: WebhookTarget): Promise<void> {
+  /** Whether the receiver took it (2xx). */
+  private async post(event: ErrorReportEvent, webhook: WebhookTarget): Promise<boolean> {
     const body = JSON.stringify(thinNotification(event));
     try {
       const response = await fetch(webhook.url, {
@@ -152,8 +214,10 @@ export class ErrorReporter {
       });
       await response.arrayBuffer();
       this.deliveryLog.push({ eventId: event.id, status: response.status });
+      return response.ok;
     } catch (error) {
       this.deliveryLog.push({ eventId: event.id, error: error instanceof Error ? error.message : String(error) });
+      return false;
     }
   }
 }

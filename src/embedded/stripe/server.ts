@@ -30,6 +30,7 @@
 import { randomUUID } from 'node:crypto';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { localUrl } from '../ports.js';
 import { createAdjustment } from './adjustments.js';
 import { checkApiKey, checkSessionToken } from './auth.js';
 import { Catalog, type CustomerObject } from './catalog.js';
@@ -172,6 +173,7 @@ export class LocalStripe implements ControlTarget {
     if (options.state) {
       this.catalog.restore(options.state.customers, options.state.meters);
       this.ledger.restore(options.state.events);
+      this.reporter.restore(options.state.errorReports ?? [], options.state.undeliveredReports ?? []);
     }
     for (const eventName of options.meters ?? ['api_requests']) this.catalog.addMeter(eventName);
     for (const id of options.customers ?? []) this.catalog.addCustomer(id);
@@ -186,9 +188,7 @@ export class LocalStripe implements ControlTarget {
 
   /** Where clients on this machine reach it (a wildcard bind, `0.0.0.0` or `::`, by loopback). */
   get url(): string {
-    const bound = this.boundHost === '0.0.0.0' ? '127.0.0.1' : this.boundHost === '::' ? '::1' : this.boundHost;
-    const host = bound.includes(':') ? `[${bound}]` : bound;
-    return `http://${host}:${this.boundPort}`;
+    return localUrl(this.boundHost, this.boundPort);
   }
 
   /** Closes the server, every open (keep-alive) socket and pending latency waits. */
@@ -261,7 +261,7 @@ export class LocalStripe implements ControlTarget {
    * /v2/core/events). A stack whose API listens after this server starts sets it then.
    */
   setWebhook(target: WebhookTarget | undefined): void {
-    this.reporter.webhook = target;
+    this.reporter.setWebhook(target);
   }
 
   /** Outcome of each error-report webhook delivery. */
@@ -388,7 +388,10 @@ export class LocalStripe implements ControlTarget {
 
   /** The account and the recorded events, to start a later instance from (LocalStripeState). */
   snapshot(): LocalStripeState {
-    return { version: 1, customers: this.catalog.listCustomers(), meters: this.catalog.listMeters(), events: this.ledger.all() };
+    // Failures still collecting for their report are reported now, so the snapshot holds them.
+    this.reporter.publishPending();
+    const { reports, undelivered } = this.reporter.state();
+    return { version: 1, customers: this.catalog.listCustomers(), meters: this.catalog.listMeters(), events: this.ledger.all(), errorReports: reports, undeliveredReports: undelivered };
   }
 
   /** Recorded events so far (cheap: for deciding whether a snapshot is due). */

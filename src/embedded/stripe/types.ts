@@ -12,6 +12,9 @@ export interface LocalStripeState {
   customers: import('./catalog.js').CustomerObject[];
   meters: import('./catalog.js').MeterObject[];
   events: RecordedMeterEvent[];
+  /** Error reports published (GET /v2/core/events), and the ids of those no webhook took yet. */
+  errorReports?: import('./error-reports.js').ErrorReportEvent[];
+  undeliveredReports?: string[];
 }
 
 export interface LocalStripeOptions {
