@@ -32,11 +32,11 @@ export interface ReconcileWindowRow {
  * customer), or, for a row never attempted, the tenant's mapping now. With a tenant, every
  * customer that tenant's rows in the range are billed as, and the one it maps to now.
  *
- * There is no index on occurred_at (the hot path pays for every index). A sent row's sent_at is at
- * most 5 minutes before its occurred_at (Stripe refuses timestamps further ahead), so
+ * The sent rows are bounded by sent_at as well as occurred_at: a sent row's sent_at is at most 5
+ * minutes before its occurred_at (Stripe refuses timestamps further ahead), so
  * `sent_at >= from - 1 hour` (a margin for clock skew) selects the same sent rows and lets
- * PostgreSQL start from `outbox_sent_at_idx` instead of reading the whole table; the other rows come
- * from `outbox_unsettled_idx`. At most `limit` windows, in order (null: all).
+ * PostgreSQL start from `outbox_sent_at_idx` or `outbox_occurred_at_idx`, whichever it finds
+ * narrower, instead of reading the whole table; the other rows come from `outbox_unsettled_idx`. At most `limit` windows, in order (null: all).
  */
 export async function reconcileWindows(
   db: Queryable,
