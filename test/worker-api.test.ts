@@ -15,6 +15,7 @@ import { migrate, pendingMigrations } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
 import { freePort } from '../src/embedded/postgres.js';
+import { schemaFor } from '../src/outbox/sql/schema.js';
 import { cleanUpAway, goingAway } from './away.js';
 import { useStripe, waitFor, workflowBundle } from './hooks.js';
 
@@ -180,10 +181,18 @@ describe('createWorker', () => {
   it('told not to migrate, refuses to start on a schema behind its version, naming what it lacks; migrated, it starts', async () => {
     const schema = `behind_${randomUUID().slice(0, 8)}`;
     try {
-      // A schema never migrated: this version's one migration is missing.
-      const refused = createWorker(options(applicationPool(), { schema, migrate: false }));
-      await expect(refused).rejects.toThrow(ConfigError);
-      await expect(refused).rejects.toThrow('not migrated to this version of billing-outbox (missing 001_schema.sql)');
+      // A schema never migrated, then one whose record of migrations lacks this version's: each is
+      // refused, naming the migration missing.
+      for (const lacking of [false, true]) {
+        if (lacking) {
+          await migrate(t.db.url, { schema });
+          await t.pool.query(`DELETE FROM ${schemaFor(schema).schemaMigrations} WHERE name = '001_schema.sql'`);
+        }
+        const refused = createWorker(options(applicationPool(), { schema, migrate: false }));
+        await expect(refused).rejects.toThrow(ConfigError);
+        await expect(refused).rejects.toThrow('not migrated to this version of billing-outbox (missing 001_schema.sql)');
+      }
+      await t.pool.query(`DROP SCHEMA ${schemaFor(schema).quoted} CASCADE`);
 
       await migrate(t.db.url, { schema });
       expect(await pendingMigrations(t.pool, { schema })).toEqual([]);
