@@ -248,8 +248,16 @@ it("an index built CONCURRENTLY waiting for an application's open transaction th
       const migrating = applyMigrations(url, NEXT, { onWait: (m) => said.push(m) });
       await waitFor('the migration to say whom it waits for', async () => said.length > 0 || undefined, 20_000);
       expect(said[0]).toMatch(new RegExp(`^900_next_index\\.sql is still running "CREATE INDEX CONCURRENTLY.*waiting for pid ${appPid} `));
+      // A second migrator meanwhile (workers starting together) waits its turn without a snapshot
+      // the index build would wait for in turn (a deadlock), and then finds nothing to do.
+      const saidSecond: string[] = [];
+      const second = applyMigrations(url, NEXT, { onWait: (m) => saidSecond.push(m) });
+      await waitFor('the second migrator to wait for the first', async () => saidSecond.length > 0 || undefined, 20_000);
+      expect(saidSecond[0]).toMatch(/^another migrator holds the migration lock/);
+      await new Promise((resolve) => setTimeout(resolve, 500));
       await app.query('COMMIT');
       expect(await migrating).toEqual(NEXT_FILES);
+      expect(await second).toEqual([]);
     } finally {
       await app.end();
       await pool.end();
@@ -276,17 +284,31 @@ it('a migrator waiting for another says who holds the migration lock', async () 
   });
 }, 60_000);
 
-it("runs past the application's own time limits (a pool's statement_timeout, the database's lock_timeout): an index built CONCURRENTLY is not cancelled", async () => {
+it("runs past the application's own time limits (a pool's statement_timeout, the database's statement_timeout and lock_timeout): an index built CONCURRENTLY waits for an open transaction, and is not cancelled", async () => {
   await withDatabase(async (url) => {
     const db = decodeURIComponent(new URL(url).pathname.slice(1));
+    const pool = createPool(withSearchPath(url, schemaFor().name), 1);
+    await mapTenant(pool, schemaFor(), 'acme', 'cus_acme', 'test');
+    await pool.end();
     const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
     await admin.connect();
+    const app = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
     try {
+      // Limits meant for requests, on every session of the database from now on.
       await admin.query(`ALTER DATABASE ${db} SET lock_timeout = '1ms'`);
+      await admin.query(`ALTER DATABASE ${db} SET statement_timeout = '1ms'`);
+      // An application's transaction that recorded usage: the index build waits for it a moment.
+      await app.connect();
+      await app.query('SET statement_timeout = 0');
+      await app.query('BEGIN');
+      await recordUsage(app, { usageId: 'open-1', tenantId: 'acme', quantity: 1 });
+      const ending = new Promise((resolve) => setTimeout(resolve, 300)).then(() => app.query('COMMIT'));
       // As an application's pool is set up for requests, and handed to migrate as pool.options.
       const applied = await applyMigrations({ connectionString: url, statement_timeout: 1, query_timeout: 1 }, NEXT);
+      await ending;
       expect(applied).toEqual(NEXT_FILES);
     } finally {
+      await app.end();
       await admin.end();
     }
   });
