@@ -31,8 +31,9 @@ CREATE TABLE usage_logs (
 CREATE TABLE outbox (
   id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   tenant_id          text NOT NULL REFERENCES billing_customers (tenant_id),
-  -- The usage the row delivers (for people: `inspect`, the Web UI). No index: (tenant, usage id) is
-  -- unique in usage_logs, and a repeated recordUsage finds its row by key (derived from the pair).
+  -- The usage the row delivers, for people (`inspect`: a key of a long tenant and id is a hash). No
+  -- index: (tenant, usage id) is unique in usage_logs, and a repeated recordUsage finds its row by
+  -- key (derived from the pair).
   usage_id           text NOT NULL,
   event_name         text NOT NULL CHECK (length(event_name) BETWEEN 1 AND 100),
   quantity           bigint NOT NULL CHECK (quantity > 0),

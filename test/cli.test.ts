@@ -435,7 +435,7 @@ describe('inspect', () => {
       operatorActions: unknown[];
     }>(['inspect', key]);
     expect(r.code).toBe(0);
-    expect(r.json.row).toMatchObject({ key, tenantId: 'ghost', status: 'dead', attempts: 1, quantity: 3, lastErrorCode: 'resource_missing' });
+    expect(r.json.row).toMatchObject({ key, tenantId: 'ghost', usageId: key.slice('u:ghost:'.length), status: 'dead', attempts: 1, quantity: 3, lastErrorCode: 'resource_missing' });
     expect(r.json.workflow).toMatchObject({ found: true, status: 'RUNNING', state: { status: 'dead', attempts: 1, lastError: { code: 'resource_missing' } } });
     expect(r.json.webUi.url).toBe(`http://localhost:8233/namespaces/${t.config.temporal.namespace}/workflows/${encodeURIComponent(key)}`);
     expect(r.json.operatorActions).toEqual([]);
@@ -608,7 +608,7 @@ describe('bin/billing-outbox.mjs', () => {
       const first = await bin(['migrate'], env);
       expect(first.err).toBe('');
       expect(first.code).toBe(0);
-      expect(first.out).toMatch(/^applied 001_schema\.sql to postgres:\/\/.*, schema billing_outbox$/m);
+      expect(first.out).toMatch(/^applied 001_schema\.sql to postgres(ql)?:\/\/.*, schema billing_outbox$/m);
       const again = await bin(['migrate', '--json'], env);
       expect(again.code).toBe(0);
       expect(JSON.parse(again.out)).toEqual({ applied: [], schema: 'billing_outbox' });

@@ -33,6 +33,8 @@ export interface EventRowView {
   id: number;
   key: string;
   tenantId: string;
+  /** The application's id of the usage (the key hashes it when tenant and id are long: `h:…`). */
+  usageId: string;
   eventName: string;
   quantity: number;
   occurredAt: string | null;
@@ -113,6 +115,7 @@ function rowView(row: InspectedRow): EventRowView {
     id: row.id,
     key: row.idempotency_key,
     tenantId: row.tenant_id,
+    usageId: row.usage_id,
     eventName: row.event_name,
     quantity: row.quantity,
     occurredAt: iso(row.occurred_at),

@@ -250,6 +250,7 @@ export interface InspectedRow {
   id: number;
   idempotency_key: string;
   tenant_id: string;
+  usage_id: string;
   event_name: string;
   quantity: number;
   occurred_at: Date;
@@ -270,7 +271,7 @@ export interface InspectedRow {
 
 export async function findInspectedRow(db: Queryable, schema: Schema, key: string): Promise<InspectedRow | undefined> {
   const { rows } = await db.query<InspectedRow>(
-    `SELECT id, idempotency_key, tenant_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
+    `SELECT id, idempotency_key, tenant_id, usage_id, event_name, quantity, occurred_at, status, attempt_count, last_error_code,
             last_error_message, workflow_id, created_at, first_attempted_at, dispatched_at, sent_at, dead_at,
             COALESCE(stripe_identifier, idempotency_key) AS identifier, identifier_revision
        FROM ${schema.outbox} WHERE idempotency_key = $1::text`,
