@@ -10,7 +10,11 @@ import { MAX_EVENT_NAME_LENGTH, MAX_VALUE, tooOldToSend } from '../stripe/rules.
 import { MAX_RECORDED_AHEAD_MS } from '../stripe/send-check.js';
 import { InvalidUsageError } from './errors.js';
 
-/** Usage ids: the old key format left 90 characters after its prefix; kept so existing ids stay valid. */
+/**
+ * Usage ids: a request's or a job's id fits, and with a short tenant the key stays readable
+ * (`u:<tenant>:<usage id>` within Stripe's 100 characters; longer ones are hashed, keys.ts).
+ * usage_logs.id's CHECK holds the same limit.
+ */
 export const MAX_USAGE_ID_LENGTH = 90;
 export const MAX_TENANT_ID_LENGTH = 200;
 export { MAX_EVENT_NAME_LENGTH, MAX_VALUE as MAX_QUANTITY };
