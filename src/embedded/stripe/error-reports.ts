@@ -181,12 +181,15 @@ export class ErrorReporter {
     const event = this.event(id);
     if (!webhook || !event || this.inFlight.has(id) || !this.undelivered.has(id)) return;
     const delivery = this.post(event, webhook).then((taken) => {
-      if (taken) {
+      // Forgotten meanwhile (reset) or taken: nothing more to do.
+      if (taken || !this.undelivered.has(id)) {
         this.undelivered.delete(id);
         return;
       }
       const tries = (this.undelivered.get(id) ?? 0) + 1;
       this.undelivered.set(id, tries);
+      // No receiver any more (closed, or unset): it waits for the next setWebhook.
+      if (!this.webhook) return;
       const retry = setTimeout(() => {
         this.redeliveries.delete(retry);
         this.deliver(id);
