@@ -54,13 +54,20 @@ post() {
   curl -sf "$api/v1/usage" -H "Authorization: Bearer $token" -H 'content-type: application/json' -d "$1" >/dev/null
 }
 post '{"tenant_id":"acme","usage_id":"first-1","quantity":3}'
-# The README walkthrough's dead letter: the local Stripe refuses the next call with a 400.
-npm run -s stripe -- fail 1 400 >/dev/null
-post '{"tenant_id":"acme","usage_id":"oops-1","quantity":5}'
+# The README walkthrough's dead letter: the local Stripe refuses the next call with a 400, once the
+# first event has had its call (the refusal goes to whichever call comes next).
 for _ in $(seq 1 120); do
-  npm run -s cli -- dead 2>/dev/null | grep -q 'u:acme:oops-1' && break
+  npm run -s stripe -- events 2>/dev/null | grep -q 'u:acme:first-1' && break
   sleep 1
 done
+npm run -s stripe -- fail 1 400 >/dev/null
+post '{"tenant_id":"acme","usage_id":"oops-1","quantity":5}'
+dead=""
+for _ in $(seq 1 120); do
+  npm run -s cli -- dead 2>/dev/null | grep -q 'u:acme:oops-1' && { dead=1; break; }
+  sleep 1
+done
+[ -n "$dead" ] || { echo "screenshots: u:acme:oops-1 never became a dead letter" >&2; exit 1; }
 
 mkdir -p docs/img
 npx tsx scripts/screenshots.ts "$browser" "$ui" default u:acme:oops-1 docs/img

@@ -505,8 +505,8 @@ describe('a cancel under its one Idempotency-Key', () => {
 });
 
 describe('asynchronous error reports', () => {
-  /** Answers each delivery 200, or the statuses of `refusals` first, one each. */
-  async function webhookReceiver(refusals: number[] = []): Promise<{ url: string; received: { body: string; signature: string }[] }> {
+  /** Answers each delivery 200, or the statuses of `refusals` first, one each; `delayMs` late. */
+  async function webhookReceiver(refusals: number[] = [], delayMs = 0): Promise<{ url: string; received: { body: string; signature: string }[] }> {
     const received: { body: string; signature: string }[] = [];
     const receiver = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
@@ -514,7 +514,7 @@ describe('asynchronous error reports', () => {
       req.on('end', () => {
         received.push({ body: Buffer.concat(chunks).toString('utf8'), signature: String(req.headers['stripe-signature']) });
         res.statusCode = refusals.shift() ?? 200;
-        res.end('ok');
+        setTimeout(() => res.end('ok'), delayMs);
       });
     });
     await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
@@ -592,6 +592,21 @@ describe('asynchronous error reports', () => {
     expect(new Set(receiver.received.map((r) => (JSON.parse(r.body) as { id: string }).id)).size).toBe(1);
     await sleep(2_500);
     expect(receiver.received).toHaveLength(2);
+  });
+
+  it('forgets, on reset, a report whose delivery was under way: no redelivery, no entry in the delivery log', async () => {
+    const receiver = await webhookReceiver([503], 300);
+    const server = await startStripe({ webhook: { url: receiver.url, secret: 'whsec_reset' } });
+    server.asyncErrorNext(1, 'meter_event_customer_not_found');
+    await clientFor(server).billing.meterEvents.create(usage('reset-1', 1));
+    const flushed = server.flushAsyncErrors();
+    for (let i = 0; i < 100 && receiver.received.length === 0; i++) await sleep(10);
+    server.reset();
+    await flushed;
+    expect(server.webhookDeliveries()).toEqual([]);
+    expect(server.snapshot().undeliveredReports).toEqual([]);
+    await sleep(1_500);
+    expect(receiver.received).toHaveLength(1);
   });
 
   it('keeps the reports no receiver took in its snapshot, and delivers them from the next instance', async () => {
@@ -672,11 +687,19 @@ describe('customers, meters and the control API', () => {
     const failed = await failureOf(stripe.billing.meterEvents.create({ event_name: 'tokens', payload: { stripe_customer_id: 'cus_ctl', value: '2' } }));
     expect(failed.statusCode).toBe(502);
     await stripe.billing.meterEvents.create({ event_name: 'tokens', identifier: 'ctl-1', payload: { stripe_customer_id: 'cus_ctl', value: '2' } });
+    // A fault it does not know is refused, not taken without effect.
+    const unknown = await post('/_local/faults', { refuseCustomer: 'cus_ctl' });
+    expect(unknown.status).toBe(400);
+    expect(await unknown.text()).toContain('unknown fault refuseCustomer');
+    expect((await post('/_local/faults', { refuseCustomers: { cus_ctl: { status: 400, code: 'resource_missing' } } })).status).toBe(200);
+    expect(server.faultState().refusedCustomers).toEqual([{ customer: 'cus_ctl', status: 400 }]);
+    expect(await failureOf(stripe.billing.meterEvents.create({ event_name: 'tokens', payload: { stripe_customer_id: 'cus_ctl', value: '2' } }))).toMatchObject({ statusCode: 400, code: 'resource_missing' });
+    server.admitCustomer('cus_ctl');
 
     const events = (await (await fetch(`${server.url}/_local/events`)).json()) as { identifier: string }[];
     expect(events.map((e) => e.identifier)).toEqual(['ctl-1']);
     const requests = (await (await fetch(`${server.url}/_local/requests`)).json()) as { status: number }[];
-    expect(requests.map((r) => r.status)).toEqual([502, 200]);
+    expect(requests.map((r) => r.status)).toEqual([502, 200, 400]);
 
     const advanced = (await (await post('/_local/clock', { advanceMs: DAY })).json()) as { now: number };
     expect(advanced.now).toBeGreaterThan(Date.now() + DAY - 60_000);

@@ -115,7 +115,12 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
   }
 }
 
+const FAULTS = ['failNext', 'latencyMs', 'dropAfterRecord', 'garbleNext', 'refuseForSeconds', 'asyncErrorNext', 'refuseCustomers'];
+
 function parseFaults(body: Record<string, unknown>): FaultRequest {
+  // A fault it does not know would otherwise be taken without effect: refused, naming them all.
+  const unknown = Object.keys(body).filter((key) => !FAULTS.includes(key));
+  if (unknown.length > 0) throw new BadRequest(`unknown fault ${unknown.join(', ')} (known: ${FAULTS.join(', ')})`);
   const faults: FaultRequest = {};
   if (body.failNext !== undefined) {
     const failNext = requireObject(body, 'failNext');
@@ -137,6 +142,15 @@ function parseFaults(body: Record<string, unknown>): FaultRequest {
       code: requireString(asyncErrorNext, 'code'),
       message: optionalString(asyncErrorNext, 'message'),
     };
+  }
+  if (body.refuseCustomers !== undefined) {
+    const refusals = requireObject(body, 'refuseCustomers');
+    faults.refuseCustomers = Object.fromEntries(
+      Object.keys(refusals).map((customer) => {
+        const refusal = requireObject(refusals, customer);
+        return [customer, { status: requireNumber(refusal, 'status'), code: optionalString(refusal, 'code'), message: optionalString(refusal, 'message') }];
+      }),
+    );
   }
   return faults;
 }

@@ -75,6 +75,8 @@ export class ErrorReporter {
   private readonly redeliveries = new Set<NodeJS.Timeout>();
   private deliveryLog: WebhookDelivery[] = [];
   private readonly inFlight = new Map<string, Promise<void>>();
+  /** Counted up by reset(): a delivery begun before it leaves no trace after it. */
+  private generation = 0;
 
   private readonly now: () => number;
   private webhook: WebhookTarget | undefined;
@@ -150,6 +152,7 @@ export class ErrorReporter {
   }
 
   reset(): void {
+    this.generation++;
     this.stopTimers();
     this.pending = [];
     this.published = [];
@@ -180,9 +183,12 @@ export class ErrorReporter {
     const webhook = this.webhook;
     const event = this.event(id);
     if (!webhook || !event || this.inFlight.has(id) || !this.undelivered.has(id)) return;
-    const delivery = this.post(event, webhook).then((taken) => {
-      // Forgotten meanwhile (reset) or taken: nothing more to do.
-      if (taken || !this.undelivered.has(id)) {
+    const generation = this.generation;
+    const delivery = this.post(event, webhook).then((outcome) => {
+      // Forgotten meanwhile (reset): no trace of it.
+      if (generation !== this.generation) return;
+      this.deliveryLog.push(outcome);
+      if (outcome.status !== undefined && outcome.status >= 200 && outcome.status < 300) {
         this.undelivered.delete(id);
         return;
       }
@@ -201,8 +207,8 @@ export class ErrorReporter {
     void delivery.finally(() => this.inFlight.delete(id));
   }
 
-  /** Whether the receiver took it (2xx). */
-  private async post(event: ErrorReportEvent, webhook: WebhookTarget): Promise<boolean> {
+  /** One POST of the report's thin notification, and what came of it. */
+  private async post(event: ErrorReportEvent, webhook: WebhookTarget): Promise<WebhookDelivery> {
     const body = JSON.stringify(thinNotification(event));
     try {
       const response = await fetch(webhook.url, {
@@ -216,11 +222,9 @@ export class ErrorReporter {
         signal: AbortSignal.timeout(DELIVERY_TIMEOUT_MS),
       });
       await response.arrayBuffer();
-      this.deliveryLog.push({ eventId: event.id, status: response.status });
-      return response.ok;
+      return { eventId: event.id, status: response.status };
     } catch (error) {
-      this.deliveryLog.push({ eventId: event.id, error: error instanceof Error ? error.message : String(error) });
-      return false;
+      return { eventId: event.id, error: error instanceof Error ? error.message : String(error) };
     }
   }
 }

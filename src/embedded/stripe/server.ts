@@ -377,13 +377,14 @@ export class LocalStripe implements ControlTarget {
   }
 
   applyFaults(request: FaultRequest): void {
-    const { failNext, latencyMs, dropAfterRecord, garbleNext, refuseForSeconds, asyncErrorNext } = request;
+    const { failNext, latencyMs, dropAfterRecord, garbleNext, refuseForSeconds, asyncErrorNext, refuseCustomers } = request;
     if (failNext) this.failNext(failNext.count, failNext.status, failNext);
     if (latencyMs !== undefined) this.setLatency(latencyMs);
     if (dropAfterRecord !== undefined) this.dropAfterRecord(dropAfterRecord);
     if (garbleNext !== undefined) this.garbleNext(garbleNext);
     if (refuseForSeconds !== undefined) this.refuseFor(refuseForSeconds);
     if (asyncErrorNext) this.asyncErrorNext(asyncErrorNext.count, asyncErrorNext.code, asyncErrorNext.message);
+    for (const [customer, { status, ...opts }] of Object.entries(refuseCustomers ?? {})) this.refuseCustomer(customer, status, opts);
   }
 
   /** The account and the recorded events, to start a later instance from (LocalStripeState). */

@@ -192,5 +192,7 @@ export interface FaultRequest {
   dropAfterRecord?: number;
   garbleNext?: number;
   refuseForSeconds?: number;
+  /** Customers every meter-event call naming them is refused for, as LocalStripeOptions.refuseCustomers. */
+  refuseCustomers?: Record<string, { status: number } & FailNextOptions>;
   asyncErrorNext?: { count: number; code: string; message?: string };
 }
