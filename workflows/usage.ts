@@ -342,7 +342,6 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       if (result.outcome === 'already_sent' && (result.status === 'rejected_async' || result.status === 'cancelled')) {
         // Stripe rejected it (an error report) or an operator cancelled it while this run waited: it
         // ends listed as that, not as one more delivered event.
-        state.status = result.status;
         upsertSearchAttributes([
           { key: OutboxStatusKey, value: result.status },
           { key: OutboxErrorKey, value: null },
