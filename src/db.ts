@@ -330,10 +330,7 @@ export async function applyMigrations(
 const MIGRATION_LOCK_WAIT_MS = 1_000;
 const LOCK_NOT_AVAILABLE = '55P03';
 
-/**
- * Says what a migration waits for: at once, then about every 10 s while it still waits (a little
- * less is let through: a caller asking on a 10 s timer must not be skipped every other time).
- */
+/** Says what a migration waits for: at once, then every 10 s while it still waits (however often asked). */
 class WaitReporter {
   private last = 0;
   private readonly onWait: ((message: string) => void) | undefined;
@@ -347,15 +344,15 @@ class WaitReporter {
   }
 
   async say(message: () => Promise<string>): Promise<void> {
-    if (!this.onWait || Date.now() - this.last < 9_000) return;
+    if (!this.onWait || Date.now() - this.last < 10_000) return;
     this.last = Date.now();
     this.onWait(await message().catch((err: unknown) => `waiting (${(err as Error).message})`));
   }
 }
 
 /**
- * Runs `statement` on `client`, and every 10 s while it runs says what it waits for, asked over a
- * second connection: CREATE INDEX CONCURRENTLY waits for every transaction that may write the
+ * Runs `statement` on `client`, and while it runs says what it waits for (`waiting` decides how
+ * often: a look every second), asked over a second connection: CREATE INDEX CONCURRENTLY waits for every transaction that may write the
  * table (an application's long one that recorded usage, a dump's snapshot), without a word.
  */
 async function runSaying(client: pg.Client, statement: string, waiting: WaitReporter, say: (blockers: string) => string, watcher: () => pg.Client): Promise<void> {
@@ -377,7 +374,7 @@ async function runSaying(client: pg.Client, statement: string, waiting: WaitRepo
     const watching = side;
     await waiting.say(async () => say(await blockingSessions(watching, pid)));
   };
-  const timer = setInterval(() => void look().catch(() => undefined), 10_000);
+  const timer = setInterval(() => void look().catch(() => undefined), 1_000);
   try {
     await client.query(statement);
   } finally {
