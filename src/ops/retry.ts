@@ -46,7 +46,7 @@ import {
   type OperatorRow,
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
-import { closedRunMessage, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { closedRunMessage, isOpenRun, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
@@ -332,7 +332,7 @@ export class DeadLetterRetrier {
       // signalling it would act on that deployment's event, not ours. (A closed one is reopened on
       // our queue, for our row.)
       const ours = this.deps.config.temporal.taskQueue;
-      if (described.status.name === 'RUNNING' && described.taskQueue !== ours) {
+      if (isOpenRun(described.status.name) && described.taskQueue !== ours) {
         const message = closedRunMessage(key, { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, taskQueue: described.taskQueue }, row.status);
         return done('refused', `${message} (this command uses task queue ${JSON.stringify(ours)}: if that run is ours, set TEMPORAL_TASK_QUEUE as the workers have it)`);
       }

@@ -250,6 +250,11 @@ export function closedRunMessage(key: string, run: Extract<StartOutcome, { kind:
   );
 }
 
+/** Whether a run in this status may still act (and so is in the way of another deployment's retry). */
+export function isOpenRun(status: WorkflowExecutionStatusName): status is Exclude<WorkflowExecutionStatusName, ClosedRunStatus> {
+  return status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN';
+}
+
 /**
  * The key's latest run, as `describe` sees it: RUNNING, closed (how and when), gone, or on another
  * task queue than `taskQueue` (another deployment's: its state says nothing of our row).
@@ -258,7 +263,7 @@ export async function describeRun(client: Client, key: string, taskQueue: string
   try {
     const d = await client.workflow.getHandle(key).describe();
     const status = d.status.name;
-    const open = status === 'RUNNING' || status === 'PAUSED' || status === 'UNSPECIFIED' || status === 'UNKNOWN';
+    const open = isOpenRun(status);
     // Only an open run on another queue is in the way; a closed one, wherever it ran, is closed:
     // `retry` starts ours beside it, and the operator is told how and where it closed.
     const elsewhere = d.taskQueue !== taskQueue ? { taskQueue: d.taskQueue } : undefined;
