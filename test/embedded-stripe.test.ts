@@ -748,7 +748,7 @@ describe('customers, meters and the control API', () => {
     server.refuseFor(60);
     server.refuseCustomer(CUSTOMER, 400);
     expect(await cli('status')).toMatch(
-      /faults: every connection refused for [\d.]+ s more; every meter-event call answered 50 ms late; the next 3 meter-event calls answer 503; every meter-event call for cus_test_1 answers 400/,
+      /faults: every connection refused for [\d.]+ s more; every meter-event call answered 50 ms late; the next 3 meter-event calls answer 503; every v1 meter-event call for cus_test_1 answers 400/,
     );
     expect(await cli('heal')).toMatch(/^healed: no outage, no latency, no queued failures \(ended: .*the next 3 meter-event calls answer 503.*cus_test_1 answers 400\)/);
     expect(server.faultState()).toEqual({ refusingForMs: 0, latencyMs: 0, failNext: [], dropAfterRecord: 0, garbleNext: 0, asyncErrorNext: [], refusedCustomers: [] });

@@ -149,7 +149,7 @@ function describeFaults(f: FaultState): string[] {
     f.dropAfterRecord > 0 && `the next ${calls(f.dropAfterRecord)} recorded, then their connection dropped`,
     f.garbleNext > 0 && `the next ${calls(f.garbleNext)} answered with a malformed body`,
     ...f.asyncErrorNext.map((q) => `the next ${q.count} accepted event(s) reported failed later (${q.code})`),
-    ...f.refusedCustomers.map((r) => `every meter-event call for ${r.customer} answers ${r.status}`),
+    ...f.refusedCustomers.map((r) => `every v1 meter-event call for ${r.customer} answers ${r.status}`),
   ].filter((s): s is string => typeof s === 'string');
 }
 

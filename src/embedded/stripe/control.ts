@@ -115,7 +115,15 @@ async function dispatch(target: ControlTarget, route: string, query: URLSearchPa
   }
 }
 
-const FAULTS = ['failNext', 'latencyMs', 'dropAfterRecord', 'garbleNext', 'refuseForSeconds', 'asyncErrorNext', 'refuseCustomers'];
+const FAULTS = Object.keys({
+  failNext: true,
+  latencyMs: true,
+  dropAfterRecord: true,
+  garbleNext: true,
+  refuseForSeconds: true,
+  asyncErrorNext: true,
+  refuseCustomers: true,
+} satisfies Record<keyof FaultRequest, true>);
 
 function parseFaults(body: Record<string, unknown>): FaultRequest {
   // A fault it does not know would otherwise be taken without effect: refused, naming them all.

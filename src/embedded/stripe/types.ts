@@ -182,7 +182,7 @@ export interface FaultState {
   dropAfterRecord: number;
   garbleNext: number;
   asyncErrorNext: { count: number; code: string }[];
-  /** Customers every meter-event call naming them is refused for, with the status. */
+  /** Customers every v1 meter-event call naming them is refused for, with the status (the stream is not refused). */
   refusedCustomers: { customer: string; status: number }[];
 }
 
