@@ -402,13 +402,14 @@ async function loadLocalStripeState(file: string, log: Logger): Promise<LocalStr
 function keepLocalStripeState(server: LocalStripe, file: string, log: Logger): { stop(): Promise<void> } {
   let saved = '';
   const save = async () => {
+    if (server.stateMark === saved) return;
     const snapshot = server.snapshot();
-    const signature = `${snapshot.events.length}/${snapshot.customers.length}/${snapshot.meters.length}/${snapshot.errorReports?.length}/${snapshot.undeliveredReports?.join()}`;
-    if (signature === saved) return;
+    // After the snapshot: taking it publishes the failures still waiting for their report.
+    const mark = server.stateMark;
     const tmp = `${file}.tmp`;
     await writeFile(tmp, JSON.stringify(snapshot), { mode: 0o600 });
     await rename(tmp, file);
-    saved = signature;
+    saved = mark;
   };
   let saving = Promise.resolve();
   const timer = setInterval(() => {

@@ -139,6 +139,11 @@ export class ErrorReporter {
     return this.deliveryLog.map((d) => ({ ...d }));
   }
 
+  /** Changes whenever state() would, or a failure waits for its report. */
+  get mark(): string {
+    return `${this.pending.length}/${this.published.length}/${this.undelivered.size}`;
+  }
+
   /** Every report, oldest first, and the ids of those no receiver took yet (LocalStripeState). */
   state(): { reports: ErrorReportEvent[]; undelivered: string[] } {
     return { reports: [...this.published], undelivered: [...this.undelivered.keys()] };

@@ -395,9 +395,9 @@ export class LocalStripe implements ControlTarget {
     return { version: 1, customers: this.catalog.listCustomers(), meters: this.catalog.listMeters(), events: this.ledger.all(), errorReports: reports, undeliveredReports: undelivered };
   }
 
-  /** Recorded events so far (cheap: for deciding whether a snapshot is due). */
-  get eventCount(): number {
-    return this.ledger.count;
+  /** Changes whenever the snapshot would (cheap: for deciding whether one is due). */
+  get stateMark(): string {
+    return `${this.ledger.count}/${this.catalog.listCustomers().length}/${this.catalog.listMeters().length}/${this.reporter.mark}`;
   }
 
   /**
