@@ -16,7 +16,7 @@ import { CamelCasePlugin, Kysely, PostgresDialect, sql as kyselySql } from 'kyse
 import pg from 'pg';
 import postgres from 'postgres';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { InvalidUsageError, NotATransactionError, recordUsage, UnknownTenantError, UnreadableRowsError, UsageError, type TransactionClient } from '../src/index.js';
+import { InvalidUsageError, NotATransactionError, recordUsage, UnknownTenantError, UnreadableRowsError, UsageError, withoutPreparedStatements, type TransactionClient } from '../src/index.js';
 import { fromDrizzle } from '../src/outbox/adapters/drizzle.js';
 import { fromKnex } from '../src/outbox/adapters/knex.js';
 import { fromKysely } from '../src/outbox/adapters/kysely.js';
@@ -251,8 +251,13 @@ it("rows renamed past reading (a plugin that upper-cases columns): recordUsage s
   }
 });
 
-it('a pool or an ORM instance instead of its transaction is refused before any statement: each statement on it would commit on its own', async () => {
+it('a pool, an idle client or an ORM instance instead of its transaction is refused before any statement: each statement on it would commit on its own', async () => {
   const pool = new pg.Pool({ connectionString: t.db.url, max: 1 });
+  const idle = new pg.Client({ connectionString: t.db.url });
+  const committed = new pg.Client({ connectionString: t.db.url });
+  await Promise.all([idle.connect(), committed.connect()]);
+  await committed.query('BEGIN');
+  await committed.query('COMMIT');
   const kysely = new Kysely<never>({ dialect: new PostgresDialect({ pool }) });
   const knex = knexFactory({ client: 'pg', connection: t.db.url, pool: { min: 0, max: 1 } });
   const postgresJs = postgres(t.db.url, { max: 1 });
@@ -261,6 +266,10 @@ it('a pool or an ORM instance instead of its transaction is refused before any s
   try {
     const refusals: [string, () => Promise<unknown>][] = [
       ['a pg.Pool', () => recordUsage(pool, { tenantId: 'acme', usageId, quantity: 1 })],
+      ['a pg.Pool', async () => recordUsage(withoutPreparedStatements(pool), { tenantId: 'acme', usageId, quantity: 1 })],
+      ['a client outside a transaction', () => recordUsage(idle, { tenantId: 'acme', usageId, quantity: 1 })],
+      ['a client outside a transaction', () => recordUsage(committed, { tenantId: 'acme', usageId, quantity: 1 })],
+      ['a client outside a transaction', async () => recordUsage(withoutPreparedStatements(idle), { tenantId: 'acme', usageId, quantity: 1 })],
       ['a Kysely instance', async () => fromKysely(kysely)],
       ['a Drizzle database', async () => fromDrizzle(drizzle(pool))],
       ['a Drizzle database', async () => fromDrizzle(drizzlePostgresJs(postgresJs))],
@@ -273,7 +282,15 @@ it('a pool or an ORM instance instead of its transaction is refused before any s
       expect((err as Error).message, given).toContain(`was given ${given}`);
     }
     expect(await eventsFor(usageId)).toBe(0);
+    // A BEGIN sent but not awaited yet is on its way: the client is taken as in its transaction.
+    const begun = idle.query('BEGIN');
+    await recordUsage(idle, { tenantId: 'acme', usageId, quantity: 1 });
+    await begun;
+    await idle.query('ROLLBACK');
+    expect(await eventsFor(usageId)).toBe(0);
   } finally {
+    await idle.end();
+    await committed.end();
     await client.$disconnect();
     await postgresJs.end();
     await knex.destroy();

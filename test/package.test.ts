@@ -282,7 +282,9 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
   import { recordUsage } from 'billing-outbox';
   const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
   await client.connect();
+  await client.query('BEGIN');
   const { entry } = await recordUsage(client, { usageId: process.env.USAGE_ID, tenantId: 'acme', quantity: 2, occurredAt: new Date(Date.now() - 60_000) });
+  await client.query('COMMIT');
   await client.end();
   console.log(entry.idempotencyKey);
   `,

@@ -12,9 +12,12 @@
  * which a transaction pooler keeps on one server connection. The Kysely, Drizzle, Knex and Prisma
  * adapters never name statements and need none of this.
  */
+import { refuseOutsideTransaction } from '../enqueue.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
+/** Throws NotATransactionError for a pool or an idle client, as recordUsage would: the wrapper hides what it wraps. */
 export function withoutPreparedStatements(client: TransactionClient): TransactionClient {
+  refuseOutsideTransaction(client);
   return {
     query: ({ text, values }) => client.query({ text, values }),
   };
