@@ -655,15 +655,16 @@ describe('GET /health', () => {
     expect(write.headers['retry-after']).toBe('5');
   });
 
-  it('503 naming Temporal when it does not answer, and not_configured without a client', async () => {
+  it('200 naming Temporal when it does not answer (usage is still taken: it waits in the outbox), and not_configured without a client', async () => {
     const away = temporalHealthConnection({ ...config.temporal, address: '127.0.0.1:1' });
     const noTemporal = buildApi({ config, db: t.pool, log, temporal: away, healthTimeoutMs: 1_000 });
     extraApps.push(noTemporal);
     noTemporal.addHook('onClose', () => away.close());
     const res = await noTemporal.inject({ method: 'GET', url: '/health' });
-    expect(res.statusCode).toBe(503);
-    expect(res.json()).toMatchObject({ status: 'unavailable', postgres: 'ok' });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toMatchObject({ status: 'ok', postgres: 'ok' });
     expect(['error', 'timeout']).toContain(res.json().temporal);
+    expect((await post(usage(), writer, {}, noTemporal)).statusCode).toBe(201);
 
     const without = buildApi({ config, db: t.pool, log });
     extraApps.push(without);
