@@ -167,6 +167,16 @@ it('refuses to run embedded PostgreSQL or Temporal when NODE_ENV=production, bef
   expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^DATABASE_URL: is required when NODE_ENV=production/), expect.stringMatching(/^TEMPORAL_ADDRESS: is required/)]);
 });
 
+it("refuses NODE_ENV=production without a Stripe key, before starting anything: the local Stripe would take the real outbox's usage", async () => {
+  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-prod-'));
+  dirs.push(dataDir);
+  const config = loadConfig({ NODE_ENV: 'production', DATABASE_URL: 'postgres://app@db.internal:5432/app', TEMPORAL_ADDRESS: 'temporal.internal:7233', LOG_LEVEL: 'silent' });
+  const err = await startStack(config, { dataDir }).catch((e: unknown) => e);
+  expect(err).toBeInstanceOf(ConfigError);
+  expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^STRIPE_API_KEY: is required when NODE_ENV=production/)]);
+  expect(await readdir(dataDir)).toEqual([]);
+});
+
 it('refuses a live Stripe key outside NODE_ENV=production, before starting anything; production may use one', async () => {
   const dataDir = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-live-'));
   dirs.push(dataDir);

@@ -5,7 +5,7 @@
  * - no DATABASE_URL      → embedded PostgreSQL with its data under `<dataDir>/pg`
  * - no TEMPORAL_ADDRESS  → a file-backed Temporal dev server (`<dataDir>/temporal.db`) with its Web UI
  * - no STRIPE_API_KEY    → the local Stripe-compatible server (nothing is billed), with the demo
- *                          customers seeded on both sides
+ *                          customers seeded on both sides; refused in NODE_ENV=production
  * - a live STRIPE_API_KEY → refused outside NODE_ENV=production (refuseUnfitConfig)
  * then it migrates and runs a worker (relays + usage workflows) and the HTTP API, sharing one
  * metrics registry. `stop()` undoes all of it, newest first.
@@ -122,7 +122,7 @@ const LIVE_KEY = /^(sk|rk)_live_/;
  * Throws a ConfigError before anything starts when this configuration must not run as the stack:
  *
  * - Embedded services are for a developer's machine (a local PostgreSQL, a single-node Temporal on
- *   SQLite): in production they must be named.
+ *   SQLite, the local Stripe-compatible server): in production they must be named.
  * - Outside production, a live Stripe key is refused. `npm start` and the CLI read `.env` in the
  *   checkout, the very file a deployment's settings used to be copied to: a developer starting the
  *   stack there would report synthetic or local usage to live Stripe, billed to real customers.
@@ -138,6 +138,9 @@ export function refuseUnfitConfig(config: Config): void {
   if (config.production) {
     if (!config.databaseUrl) problems.push('DATABASE_URL: is required when NODE_ENV=production (npm start does not run an embedded PostgreSQL in production)');
     if (!config.temporal.address) problems.push('TEMPORAL_ADDRESS: is required when NODE_ENV=production (npm start does not run an embedded Temporal dev server in production)');
+    if (config.stripe.apiKey === undefined && config.stripe.isRealStripe) {
+      problems.push("STRIPE_API_KEY: is required when NODE_ENV=production (npm start's local Stripe-compatible server bills nothing: the outbox's usage would be delivered to it, never to Stripe)");
+    }
   } else if (config.stripe.apiKey && LIVE_KEY.test(config.stripe.apiKey)) {
     problems.push(
       'STRIPE_API_KEY: is a live key, which the local stack never uses: live Stripe bills real customers. ' +
