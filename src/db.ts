@@ -384,16 +384,33 @@ async function runSaying(client: pg.Client, statement: string, waiting: WaitRepo
   }
 }
 
+/**
+ * A session as a DBA would find it: its pid, application, since when its transaction is open, its
+ * state and its statement's first word. Never the statement's text, which may hold the application's
+ * literals (a token, a customer's data) and goes to the application's log.
+ */
+const SESSION_COLUMNS = `a.pid, a.application_name AS app, a.xact_start AS since, a.state, upper((regexp_match(a.query, '^\\s*([A-Za-z]+)'))[1]) AS command`;
+interface SessionRow {
+  pid: number;
+  app: string;
+  since: Date | null;
+  state: string | null;
+  command: string | null;
+}
+function describeSession(r: SessionRow): string {
+  return `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}, ${r.state ?? 'state unknown'}, last statement ${r.command ?? '?'})`;
+}
+
 /** The sessions `pid` waits for, oldest transaction first. */
 async function blockingSessions(client: pg.Client, pid: number): Promise<string> {
-  const { rows } = await client.query<{ pid: number; app: string; since: Date | null; query: string }>(
-    `SELECT a.pid, a.application_name AS app, a.xact_start AS since, left(a.query, 80) AS query
+  const { rows } = await client.query<SessionRow>(
+    `SELECT ${SESSION_COLUMNS}
        FROM pg_stat_activity a WHERE a.pid = ANY (pg_blocking_pids($1::int))
       ORDER BY since NULLS LAST LIMIT 3`,
     [pid],
   );
   if (rows.length === 0) return 'waiting for no session (building)';
-  return `waiting for ${rows.map((r) => `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}: ${JSON.stringify(r.query)})`).join(', ')} to end`;
+  return `waiting for ${rows.map(describeSession).join(', ')} to end`;
 }
 
 /** Who holds the migration lock, as pg_stat_activity knows them. */
@@ -409,15 +426,15 @@ async function lockHolder(client: pg.Client): Promise<string> {
 
 /** The sessions holding locks on the schema's tables, oldest transaction first (what a DBA would end). */
 async function tableLockHolders(client: pg.Client, schemaName: string): Promise<string> {
-  const { rows } = await client.query<{ pid: number; app: string; since: Date | null; query: string }>(
-    `SELECT DISTINCT a.pid, a.application_name AS app, a.xact_start AS since, left(a.query, 80) AS query
+  const { rows } = await client.query<SessionRow>(
+    `SELECT DISTINCT ${SESSION_COLUMNS}
        FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stat_activity a ON a.pid = l.pid
       WHERE l.granted AND n.nspname = $1::text AND a.pid <> pg_backend_pid()
       ORDER BY since NULLS LAST LIMIT 3`,
     [schemaName],
   );
   if (rows.length === 0) return 'held by sessions that have just let go';
-  return `held by ${rows.map((r) => `pid ${r.pid} (${r.app || 'no application_name'}, in a transaction since ${r.since?.toISOString() ?? '?'}: ${JSON.stringify(r.query)})`).join(', ')}`;
+  return `held by ${rows.map(describeSession).join(', ')}`;
 }
 
 /** The migrations of `folder` (this version's: MIGRATIONS_DIR), in order. */
