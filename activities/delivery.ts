@@ -275,6 +275,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       await pacer.keepPace(slotAt, t.lateToleranceMs, (ms) => ctx.sleep(ms));
       await sender.send(meterEvent(key, ready));
     } catch (err) {
+      // The pace statement failed on our own PostgreSQL: nothing was sent. Not the event's
+      // failure: deferred without spending an attempt (deliverUsage), as on v2.
+      if (ourDatabaseFailed(err)) throw err;
       // No answer: Stripe may still be on it, unless the connection never existed (refused, host
       // not found), when nothing was sent and the next delivery of the lease may go at once.
       if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
@@ -301,11 +304,16 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     } catch (err) {
       // The batch's request never left: our own PostgreSQL failed its pace statement. Not the
       // event's failure: deferred without spending an attempt (deliverUsage), as on v1.
-      if (!(err instanceof Stripe.errors.StripeError) && isDatabaseUnavailable(err)) throw err;
+      if (ourDatabaseFailed(err)) throw err;
       return failed(key, ready.row, err, accepted);
     }
     const attempts = acknowledged(key, 'accepted', await accepted(), ready.row);
     return { outcome: 'accepted', attempts };
+  }
+
+  /** A failure of our own PostgreSQL around a call (its pace statement), not Stripe's answer. */
+  function ourDatabaseFailed(err: unknown): boolean {
+    return !(err instanceof Stripe.errors.StripeError) && isDatabaseUnavailable(err);
   }
 
   /**

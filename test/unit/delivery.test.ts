@@ -133,6 +133,14 @@ describe('v1: under the (customer, meter) lease', () => {
     }
   });
 
+  it("its pace statement failing on our PostgreSQL (too many connections): nothing sent, deferred as database_unavailable, no attempt spent, nothing recorded as the event's error", async () => {
+    const { deps, store, pacer, sent } = parts();
+    pacer.keepPace.mockRejectedValueOnce(Object.assign(new Error('sorry, too many clients already'), { code: '53300' }));
+    expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable' });
+    expect(store.recordAttemptError).not.toHaveBeenCalled();
+    expect(sent).toEqual([]);
+  });
+
   it('a new lease holder for every execution, even of the same attempt number', async () => {
     const { deps, lease } = parts();
     await deliver(deps, { attempt: 1 });
@@ -333,6 +341,7 @@ describe('v2: the meter event stream', () => {
   });
 
   it("its batch's pace statement failing on our PostgreSQL (too many connections): deferred as database_unavailable, no attempt spent, nothing recorded as the event's error", async () => {
+
     const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(Object.assign(new Error('sorry, too many clients already'), { code: '53300' })) });
     expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable' });
     expect(store.recordAttemptError).not.toHaveBeenCalled();
