@@ -322,6 +322,31 @@ describe('a row whose run has closed', () => {
     expect(eventsFor(key)).toHaveLength(1);
   });
 
+  it("terminated, its row restored with no attempt (a backup older than them): the run's start bounds its first attempt; past the resend window retry is refused, within it the row keeps that start", async () => {
+    const key = await inFlightDuringOutage(7);
+    try {
+      await client.workflow.getHandle(key).terminate('operator terminated it from the Web UI');
+      await waitFor('the run to be terminated', async () => (await client.workflow.getHandle(key).describe()).status.name === 'TERMINATED');
+      expect((await sweep()).closed).toBe(1);
+    } finally {
+      stripe.heal();
+    }
+    await db.pool.query('UPDATE outbox SET first_attempted_at = NULL, attempt_count = 0 WHERE idempotency_key = $1', [key]);
+    const { runId, startTime } = await client.workflow.getHandle(key).describe();
+    // A day later: its attempts may have reached Stripe, whose dedup has lapsed since: not resent unforced.
+    const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 24 * 3_600_000 });
+    const refused = await aDayLater.retryKey(key, { force: false, requestedBy: 'test' });
+    expect(refused).toMatchObject({ outcome: 'refused', message: expect.stringContaining('its row records no attempt, but its workflow run (TERMINATED') });
+    expect(refused.message).toContain('billing-outbox reconcile');
+    expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
+    expect((await row(key)).status).toBe('dead');
+
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    expect((await row(key)).first_attempted_at?.getTime()).toBe(startTime.getTime());
+  });
+
   it('put back to pending after its run completed: dead (workflow_closed, completed), not dispatched; retry resends under the same identifier, one event', async () => {
     const key = await enqueue(3);
     await waitStatus(key, 'sent');

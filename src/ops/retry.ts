@@ -324,6 +324,7 @@ export class DeadLetterRetrier {
     const handle = client.workflow.getHandle(key);
     let status: WorkflowExecutionStatusName | 'NOT_FOUND';
     let closedAt: Date | undefined;
+    let startedAt: Date | undefined;
     /** The run's task queue when it is not ours (it closed there): how it closed says nothing of our row. */
     let elsewhere: string | undefined;
     try {
@@ -338,6 +339,7 @@ export class DeadLetterRetrier {
       }
       status = described.status.name;
       closedAt = described.closeTime;
+      startedAt = described.startTime;
       if (described.taskQueue !== ours) elsewhere = described.taskQueue;
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
@@ -386,10 +388,24 @@ export class DeadLetterRetrier {
     if (status !== 'NOT_FOUND' && !REOPENABLE.has(status)) {
       return done('failed', `its workflow is ${status}; not reopening it`);
     }
+    if (status !== 'NOT_FOUND' && row.first_attempted_at === null && startedAt) {
+      // The row records no attempt, yet its run (failed, terminated, cancelled) may have made some
+      // that reached Stripe: a row put back from a backup older than them. The run's start bounds
+      // its first attempt, so the resend window is counted from there, and kept on the row.
+      const bounded = { ...row, first_attempted_at: startedAt };
+      const withinWindow = withinResendWindow(bounded, now);
+      if (!withinWindow && !opts.force) {
+        return done('refused', `its row records no attempt, but its workflow run (${status}, started ${startedAt.toISOString()}) may have made some: ${windowRefusal(bounded, now)}`);
+      }
+      return this.reopen(row, status, withinWindow, opts, startedAt);
+    }
     return this.reopen(row, status, fresh, opts);
   }
 
-  /** `reachedStripeBy`: the event reached Stripe by then (its run completed): see reopenDeadLetter. */
+  /**
+   * `reachedStripeBy`: the event may have reached Stripe by then (its run completed then, or
+   * started then and may have made attempts the row does not record): see reopenDeadLetter.
+   */
   private async reopen(row: OperatorRow, was: string, fresh: boolean, opts: RetryOptions, reachedStripeBy?: Date): Promise<RetryResult> {
     const key = row.idempotency_key;
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
