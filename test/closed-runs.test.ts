@@ -165,6 +165,33 @@ it('retry --all-dead with Temporal away stops after a few dead letters in a row 
   expect(rows[0].n).toBe(20);
 });
 
+it("retry whose start's answer is lost after the server started the run: the row goes on with that run (not dead again), billed once", async () => {
+  const key = await withTransaction(db.pool, async (c) => {
+    const { entry } = await recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 2 });
+    await c.query(`UPDATE outbox SET status = 'dead', last_error_code = 'http_500', last_error_message = 'x', dead_at = now() WHERE idempotency_key = $1`, [entry.idempotencyKey]);
+    return entry.idempotencyKey;
+  });
+  // The start reaches the server; its answer does not reach us.
+  const losing = new TemporalClient({
+    connection: pipeline.connection,
+    interceptors: {
+      workflow: [
+        {
+          async start(input, next) {
+            await next(input);
+            throw new Error('14 UNAVAILABLE: the connection was reset before the answer arrived');
+          },
+        },
+      ],
+    },
+  });
+  const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: losing, config, now: Date.now });
+  expect(await lost.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+  expect((await row(key)).status).not.toBe('dead');
+  await waitStatus(key, 'sent');
+  expect(eventsFor(key)).toHaveLength(1);
+});
+
 describe('a sweep pass', () => {
   /** `n` rows dispatched long ago with no run at all, written as such in one transaction (no relay sees them pending). */
   async function dispatchedWithoutRuns(n: number): Promise<string[]> {

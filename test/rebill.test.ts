@@ -5,7 +5,7 @@
  * it into `sent` by "already exists", and `billing-outbox rebill` bills it once under a new
  * identifier (never twice: one revision however many operators rebill at once; a sent row refused).
  */
-import type { Client } from '@temporalio/client';
+import { Client as TemporalClient, type Client } from '@temporalio/client';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -226,6 +226,28 @@ describe('an event Stripe rejected after accepting it', () => {
     const again = await rebillEvent(deps, key, { actor: 'carol' });
     expect(again.outcome).toBe('refused');
     expect((await row(key)).identifier_revision).toBe(1);
+  });
+
+  it("a rebill whose start's answer is lost after the server started the run stands: the row goes on with that run, billed once under the new identifier", async () => {
+    const key = await rejectedAfterSent(6);
+    // The start reaches the server; its answer does not reach us.
+    const losing = new TemporalClient({
+      connection: pipeline.connection,
+      interceptors: {
+        workflow: [
+          {
+            async start(input, next) {
+              await next(input);
+              throw new Error('14 UNAVAILABLE: the connection was reset before the answer arrived');
+            },
+          },
+        ],
+      },
+    });
+    const deps = { db: db.pool, schema: schemaFor(), client: losing, config, now: Date.now };
+    expect(await rebillEvent(deps, key, { actor: 'alice' })).toMatchObject({ outcome: 'rebilled' });
+    expect(await waitStatus(key, 'sent')).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}` });
+    expect(counted(`r1:${key}`)).toHaveLength(1);
   });
 
   it("a retry signalled to a rejected dead letter's workflow by hand (Web UI, temporal CLI) sends nothing and leaves it rejected", async () => {

@@ -30,7 +30,7 @@ import { scrub } from '../log.js';
 import { stripeIdentifierFor } from '../outbox/keys.js';
 import { findRebillCandidate, rebillRejected, recordOperatorAction, restoreRejected, type RebillCandidateRow } from '../outbox/sql/operator.js';
 import { tooOldToSend } from '../stripe/rules.js';
-import { unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
@@ -185,7 +185,10 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
       usageWorkflowStartOptions({ ...row, idempotency_key: key, tenant_id: moved.tenant_id }, config, { reusePolicy: 'ALLOW_DUPLICATE' }),
     );
   } catch (err) {
-    return restore(err);
+    // A run open under the key now (the one before it was closed) is this start's, its answer
+    // lost: the rebill stands, and the row stays with the run that delivers it (put back to
+    // rejected_async, the run would find it so and the operator be told it failed).
+    if (!(await openRunNow(client, key))) return restore(err);
   }
   return done('rebilled', `${why}; started a new run to deliver it as ${identifier}${await unpolledWarning(client, config.temporal)}`, next);
 

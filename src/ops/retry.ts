@@ -46,7 +46,7 @@ import {
   type OperatorRow,
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
-import { closedRunMessage, isOpenRun, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { closedRunMessage, isOpenRun, openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
@@ -427,11 +427,15 @@ export class DeadLetterRetrier {
       if (firstAttemptedAt !== undefined) options.args = [{ ...options.args[0], firstAttemptedAt }];
       await client.workflow.start('usageWorkflow', options);
     } catch (err) {
-      const restored = await restoreDeadLetter(db, schema, key, reopened.previous_dead_at);
-      return done(
-        'failed',
-        `could not start a new workflow run: ${scrub((err as Error).message)}; ${restored ? 'the row is dead again' : 'the row has moved on meanwhile'}`,
-      );
+      // A run open under the key now (the one before it was closed) is this start's, its answer
+      // lost, or another operator's retry's: the row goes on with it.
+      if (!(await openRunNow(client, key))) {
+        const restored = await restoreDeadLetter(db, schema, key, reopened.previous_dead_at);
+        return done(
+          'failed',
+          `could not start a new workflow run: ${scrub((err as Error).message)}; ${restored ? 'the row is dead again' : 'the row has moved on meanwhile'}`,
+        );
+      }
     }
     const how = `reopened: its workflow was ${was === 'NOT_FOUND' ? 'gone (past retention)' : was}; started a new run`;
     const result = done('reopened', `${fresh ? how : `${how}, forced past the 24 h identifier window`}${await this.taskQueueWarning()}`);

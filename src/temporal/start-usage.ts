@@ -256,6 +256,19 @@ export function isOpenRun(status: WorkflowExecutionStatusName): status is Exclud
 }
 
 /**
+ * Whether an open run has the key now (false when Temporal cannot say). An operator's start that
+ * failed asks it: the answer may have been lost after the server started the run, and a row put
+ * back as it was would then be called dead (or rejected) while that run delivers it.
+ */
+export async function openRunNow(client: Client, key: string): Promise<boolean> {
+  try {
+    return isOpenRun((await client.workflow.getHandle(key).describe()).status.name);
+  } catch {
+    return false;
+  }
+}
+
+/**
  * The key's latest run, as `describe` sees it: RUNNING, closed (how and when), gone, or on another
  * task queue than `taskQueue` (another deployment's: its state says nothing of our row).
  */
