@@ -4,8 +4,10 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { OutboxNotifier } from '../src/outbox/notifier.js';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { handOffLease, leaseId, tryLease } from '../src/outbox/sql/lease.js';
+import { MeterLease } from '../src/stripe/meter-lease.js';
 import { addCustomer, createTestDb, type TestDb } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -107,4 +109,32 @@ it('a tenant remapped to another customer: the lease of the old pair is not held
   const begun = await begin();
   expect(begun.leaseHeld).toBe(true);
   expect(begun.row?.stripe_customer_id).toBe('cus_after');
+});
+
+it("a waiter whose earlier hand-off lapsed (the lease another's since) waits for its own turn, not for the old hand-off again on every wake", async () => {
+  await db.pool.query('DELETE FROM meter_leases; DELETE FROM meter_lease_waiters');
+  const notifier = new OutboxNotifier(db.url);
+  notifier.start();
+  try {
+    const meterLease = new MeterLease(db.pool, schemaFor(), { leaseMs: 30_000, leaseWaitMs: 3_000, leasePollMs: 200, waiterTtlMs: 5_000, handOffMs: 5_000, unansweredHoldMs: 30_000 }, notifier);
+    const ctx = { cancellationSignal: new AbortController().signal, sleep: (ms: number) => new Promise<void>((r) => setTimeout(r, ms)), heartbeat: () => undefined };
+    // Handed to `late` once, as this process heard (the hand-off's notification long past); the
+    // hand-off lapsed, and `other` holds the lease now.
+    notifier.handOff(lease, 'late');
+    expect((await take('lease:3', 'other')).outcome).toBe('acquired');
+    // Woken by others' traffic on the lease meanwhile (a waiter joining, a notification).
+    const wakes = setInterval(() => notifier.wake(lease), 100);
+    try {
+      expect(await meterLease.wait('lease:2', 'late', ctx, 1_500)).toBe('gave_up');
+    } finally {
+      clearInterval(wakes);
+    }
+    // Handed to it for real while it waits: taken at once.
+    const waiting = meterLease.wait('lease:2', 'late', ctx, 3_000);
+    await new Promise((r) => setTimeout(r, 300));
+    meterLease.handedOff(await handOffLease(db.pool, schemaFor(), 'other', 5_000));
+    expect(await waiting).toBe('acquired');
+  } finally {
+    await notifier.close();
+  }
 });

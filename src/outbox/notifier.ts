@@ -40,7 +40,7 @@ export class OutboxNotifier {
   private seq = new Map<string, number>();
   private counter = 0;
   private floor = 0;
-  private readonly handedTo_ = new Map<string, string>();
+  private readonly handedTo_ = new Map<string, { holder: string; at: number }>();
   private closed = false;
   private reconnectDelayMs = 100;
   private connecting: Promise<void> | undefined;
@@ -142,13 +142,19 @@ export class OutboxNotifier {
    * one it was handed to learns it from `handedTo` without asking PostgreSQL.
    */
   handOff(lease: string, holder: string | undefined): void {
-    if (holder) this.handedTo_.set(lease, holder);
     this.wake(lease);
+    // Stamped with the wake's mark: a waiter asks only for hand-offs heard since its own mark.
+    if (holder) this.handedTo_.set(lease, { holder, at: this.mark(lease) });
   }
 
-  /** Who `lease` was last handed to, as far as this process has heard. */
-  handedTo(lease: string): string | undefined {
-    return this.handedTo_.get(lease);
+  /**
+   * Who `lease` was handed to after `since` (a `mark(lease)`), as far as this process has heard. An
+   * older hand-off is not news: handed to a waiter that then lost it (it lapsed before its attempt
+   * began), the lease may be another's since, and every later wake would hand it back the same.
+   */
+  handedTo(lease: string, since: number): string | undefined {
+    const last = this.handedTo_.get(lease);
+    return last && last.at > since ? last.holder : undefined;
   }
 
   /** Wakes the waiters of `topic` now: a notification, or a hand-off within this process. */

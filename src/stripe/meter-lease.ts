@@ -119,7 +119,10 @@ export class MeterLease implements Lease {
         if (left <= 0) break;
         if (notifier) await notifier.wait(left, stop, mark, lease);
         else await ctx.sleep(left);
-        if (notifier?.handedTo(lease) === holder) return 'acquired';
+        // Only a hand-off heard during this wait: one heard before it (handed to us, lapsed before
+        // our attempt began, the lease another's since) would be taken for ours on every wake, each
+        // a wasted attempt until the attempt's time ran out.
+        if (notifier && mark !== undefined && notifier.handedTo(lease, mark) === holder) return 'acquired';
         mark = notifier?.mark(lease);
       }
       ctx.heartbeat();
