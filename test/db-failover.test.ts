@@ -20,6 +20,8 @@ import { randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import type pg from 'pg';
 import { afterAll, expect, inject, it, onTestFinished } from 'vitest';
+import { operatorPool } from '../src/cli/context.js';
+import { runCli } from '../src/cli/run.js';
 import { freePort } from '../src/embedded/postgres.js';
 import { BEGIN_SHORT, createPool, IDLE_IN_TRANSACTION_MS, withTransaction } from '../src/db.js';
 import { beginClaim, claimBatch } from '../src/outbox/sql/relay.js';
@@ -122,6 +124,26 @@ it.each(['v1', 'v2'])('a running worker (%s) whose PostgreSQL connections go sil
   await waitFor('the worker to exit after SIGTERM', async () => worker.child.exitCode !== null, 30_000);
   expect(await exited).toEqual([0, null]);
 }, 300_000);
+
+it('an operator command on a connection a failover left silent fails in time, saying why, instead of waiting for TCP to give up', async () => {
+  const proxy = await failingOver(t.db.url);
+  // Its statements given up on after 2 s (2 minutes by default).
+  const config = { ...t.config, timings: { ...t.config.timings, maintenanceAnswerMs: 2_000 } };
+  const pool = operatorPool(proxy.url, config);
+  try {
+    const out: string[] = [];
+    const err: string[] = [];
+    const ctx = { config, db: async () => pool, temporal: async () => t.client, out: { write: (s: string) => out.push(s) }, err: { write: (s: string) => err.push(s) } };
+    expect(await runCli(['status', '--json'], ctx)).toBe(0);
+    proxy.failOver();
+    const started = Date.now();
+    expect(await runCli(['status', '--json'], ctx)).not.toBe(0);
+    expect(Date.now() - started).toBeLessThan(15_000);
+    expect(err.join('')).toMatch(/timeout/i);
+  } finally {
+    await pool.end();
+  }
+}, 60_000);
 
 it("the worker's maintenance on a silent connection gives up in time and goes on: a run terminated after the failover still turns its row dead", async () => {
   const proxy = await failingOver(t.db.url);

@@ -10,7 +10,7 @@ import { userInfo } from 'node:os';
 import { createInterface } from 'node:readline/promises';
 import type pg from 'pg';
 import { ConfigError, loadConfig, type Config } from '../config.js';
-import { createPool } from '../db.js';
+import { operatorPool } from '../cli/context.js';
 import { runCli } from '../cli/run.js';
 import { defaultDataDir, halfSetBesideStack, loadDotEnv, readRunningStack } from '../embedded/local-files.js';
 import { exitCodeOf } from './run-main.js';
@@ -126,7 +126,7 @@ async function main(): Promise<number> {
             'DATABASE_URL: is not set, and no `npm start` is running here to take it from (.data/endpoints.json); it names the billing-outbox PostgreSQL database (postgres://user:password@host:5432/db)',
           ]);
         }
-        pool ??= createPool(config.databaseUrl, 4);
+        pool ??= operatorPool(config.databaseUrl, config);
         return pool;
       },
       async temporal() {

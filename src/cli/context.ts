@@ -6,7 +6,18 @@
 import { webUiLinks } from '../temporal/web-ui.js';
 import type { Client } from '@temporalio/client';
 import type { Config } from '../config.js';
+import { createPool } from '../db.js';
 import type pg from 'pg';
+
+/**
+ * The operator commands' database pool. Each statement is answered within `maintenanceAnswerMs`
+ * (2 minutes; the worker's maintenance has the same) or fails as PostgreSQL away: on a connection a
+ * failover left silent, a command (a script's `status --json`, a `retry --all-dead --yes`) would
+ * otherwise wait for TCP to give up, two hours by default. Opening a connection takes at most 10 s.
+ */
+export function operatorPool(databaseUrl: string, config: Pick<Config, 'timings'>): pg.Pool {
+  return createPool(databaseUrl, 4, { answerMs: config.timings.maintenanceAnswerMs });
+}
 
 export interface Output {
   write(chunk: string): unknown;
