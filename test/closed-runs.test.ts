@@ -27,7 +27,7 @@ import { deliveredLateNotice } from '../activities/index.js';
 import { beginAttempt, undoAttempt } from '../src/outbox/sql/delivery.js';
 import { reopenDeadLetter } from '../src/outbox/sql/operator.js';
 import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, startsAnswerLost, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 let db: TestDb;
@@ -171,21 +171,7 @@ it("retry whose start's answer is lost after the server started the run: the row
     await c.query(`UPDATE outbox SET status = 'dead', last_error_code = 'http_500', last_error_message = 'x', dead_at = now() WHERE idempotency_key = $1`, [entry.idempotencyKey]);
     return entry.idempotencyKey;
   });
-  // The start reaches the server; its answer does not reach us.
-  const losing = new TemporalClient({
-    connection: pipeline.connection,
-    interceptors: {
-      workflow: [
-        {
-          async start(input, next) {
-            await next(input);
-            throw new Error('14 UNAVAILABLE: the connection was reset before the answer arrived');
-          },
-        },
-      ],
-    },
-  });
-  const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: losing, config, now: Date.now });
+  const lost = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client: startsAnswerLost(client.connection), config, now: Date.now });
   expect(await lost.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
   expect((await row(key)).status).not.toBe('dead');
   await waitStatus(key, 'sent');

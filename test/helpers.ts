@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { inject } from 'vitest';
-import { Connection, type Client } from '@temporalio/client';
+import { Client as TemporalClient, Connection, type Client } from '@temporalio/client';
 import { msToTs } from '@temporalio/common/lib/time.js';
 import { temporal } from '@temporalio/proto';
 import { bundleWorkflowCode, type NativeConnection } from '@temporalio/worker';
@@ -140,6 +140,23 @@ export function tracingWorkflowBundle(): Promise<{ code: string }> {
   const logger = { trace: noop, debug: noop, info: noop, log: noop, warn: noop, error: console.error };
   tracingBundle ??= bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger, workflowInterceptorModules: [workflowTracingModule()] }).then(({ code }) => ({ code }));
   return tracingBundle;
+}
+
+/** A Temporal client whose workflow starts reach the server and whose answers do not reach us. */
+export function startsAnswerLost(connection: Client['connection']): Client {
+  return new TemporalClient({
+    connection,
+    interceptors: {
+      workflow: [
+        {
+          async start(input, next) {
+            await next(input);
+            throw new Error('14 UNAVAILABLE: the connection was reset before the answer arrived');
+          },
+        },
+      ],
+    },
+  });
 }
 
 export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 30_000, everyMs = 100): Promise<T> {

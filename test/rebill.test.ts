@@ -5,7 +5,7 @@
  * it into `sent` by "already exists", and `billing-outbox rebill` bills it once under a new
  * identifier (never twice: one revision however many operators rebill at once; a sent row refused).
  */
-import { Client as TemporalClient, type Client } from '@temporalio/client';
+import type { Client } from '@temporalio/client';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -24,7 +24,7 @@ import { beginAttempt, markDelivered, markSentAndHandOff } from '../src/outbox/s
 import { markRejectedAsync } from '../src/outbox/sql/error-reports.js';
 import { rebillRejected } from '../src/outbox/sql/operator.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
-import { addCustomer, createTestDb, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, startsAnswerLost, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const SECRET = `whsec_${randomBytes(16).toString('hex')}`;
@@ -230,21 +230,7 @@ describe('an event Stripe rejected after accepting it', () => {
 
   it("a rebill whose start's answer is lost after the server started the run stands: the row goes on with that run, billed once under the new identifier", async () => {
     const key = await rejectedAfterSent(6);
-    // The start reaches the server; its answer does not reach us.
-    const losing = new TemporalClient({
-      connection: pipeline.connection,
-      interceptors: {
-        workflow: [
-          {
-            async start(input, next) {
-              await next(input);
-              throw new Error('14 UNAVAILABLE: the connection was reset before the answer arrived');
-            },
-          },
-        ],
-      },
-    });
-    const deps = { db: db.pool, schema: schemaFor(), client: losing, config, now: Date.now };
+    const deps = { db: db.pool, schema: schemaFor(), client: startsAnswerLost(client.connection), config, now: Date.now };
     expect(await rebillEvent(deps, key, { actor: 'alice' })).toMatchObject({ outcome: 'rebilled' });
     expect(await waitStatus(key, 'sent')).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}` });
     expect(counted(`r1:${key}`)).toHaveLength(1);
