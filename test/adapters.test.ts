@@ -287,6 +287,11 @@ it('a pool, an idle client or an ORM instance instead of its transaction is refu
     await recordUsage(idle, { tenantId: 'acme', usageId, quantity: 1 });
     await begun;
     await idle.query('ROLLBACK');
+    // Wrapped before its BEGIN (as importUsage does): each statement is judged when it is sent.
+    const unprepared = withoutPreparedStatements(committed);
+    await committed.query('BEGIN');
+    await recordUsage(unprepared, { tenantId: 'acme', usageId, quantity: 1 });
+    await committed.query('ROLLBACK');
     expect(await eventsFor(usageId)).toBe(0);
   } finally {
     await idle.end();

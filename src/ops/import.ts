@@ -331,8 +331,8 @@ async function recordBatch(
   opts: { dryRun: boolean; preparedStatements: boolean },
 ): Promise<('recorded' | 'already' | UsageError)[]> {
   const pooled = await pool.connect();
-  const client = opts.preparedStatements ? pooled : withoutPreparedStatements(pooled);
   try {
+    const client = opts.preparedStatements ? pooled : withoutPreparedStatements(pooled);
     await pooled.query('BEGIN');
     const sendable = batch.filter((p) => p.tooOld === undefined);
     const inserted = new Map(

@@ -15,10 +15,16 @@
 import { refuseOutsideTransaction } from '../enqueue.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
-/** Throws NotATransactionError for a pool or an idle client, as recordUsage would: the wrapper hides what it wraps. */
+/**
+ * Each statement through it is refused (NotATransactionError) when what it wraps is a pool or a
+ * client outside a transaction, as recordUsage would refuse them: the wrapper hides what it wraps.
+ * Checked per statement, not when wrapped: a client may be wrapped before its BEGIN.
+ */
 export function withoutPreparedStatements(client: TransactionClient): TransactionClient {
-  refuseOutsideTransaction(client);
   return {
-    query: ({ text, values }) => client.query({ text, values }),
+    query: async ({ text, values }) => {
+      refuseOutsideTransaction(client);
+      return client.query({ text, values });
+    },
   };
 }
