@@ -226,18 +226,22 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
     globals: Object.getOwnPropertyNames(globalThis),
     listeners: ['SIGTERM', 'SIGINT', 'SIGHUP', 'exit', 'beforeExit', 'uncaughtException', 'unhandledRejection', 'warning'].map((e) => process.listenerCount(e)).join(),
     env: Object.keys(process.env).sort().join(),
+    // Timers and handles left behind, once what was under way has settled.
     resources: process.getActiveResourcesInfo().sort().join(),
     parsers: [20, 1082, 1114, 1184, 1700].map((oid) => String(pg.types.getTypeParser(oid)('2020-01-01'))).join(),
   });
   const changes = [];
+  const settled = () => new Promise((resolve) => setTimeout(resolve, 200));
+  await settled();
   let before = state();
   for (const entry of ['billing-outbox', 'billing-outbox/worker']) {
     await import(entry);
+    await settled();
     const after = state();
     changes.push({
       entry,
       globals: after.globals.filter((g) => !before.globals.includes(g)),
-      others: ['listeners', 'env', 'resources', 'parsers'].filter((k) => after[k] !== before[k]),
+      others: ['listeners', 'env', 'resources', 'parsers'].filter((k) => after[k] !== before[k]).map((k) => k + ': ' + before[k] + ' -> ' + after[k]),
     });
     before = after;
   }
