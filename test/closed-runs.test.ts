@@ -371,8 +371,8 @@ describe('a row whose run has closed', () => {
     expect(dead.last_error_code).toBe(TemporalErrorCodes.workflowClosed);
     expect(dead.last_error_message).toMatch(/^its workflow run completed, yet the row was not delivered/);
 
-    // A day later, with no first attempt on the row (a backup from before it): the run's close is
-    // the only clock left, and a resend past Stripe's dedup could bill twice: refused, unforced.
+    // A day later, with no first attempt on the row (a backup from before it): the run is the only
+    // clock left, and a resend past Stripe's dedup could bill twice: refused, unforced.
     await db.pool.query('UPDATE outbox SET first_attempted_at = NULL WHERE idempotency_key = $1', [key]);
     const { runId } = await client.workflow.getHandle(key).describe();
     const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 24 * 3_600_000 });
@@ -380,14 +380,39 @@ describe('a row whose run has closed', () => {
     expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
     expect((await row(key)).status).toBe('dead');
 
-    const { closeTime } = await client.workflow.getHandle(key).describe();
+    const { startTime } = await client.workflow.getHandle(key).describe();
     expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
     await waitStatus(key, 'sent');
     // Stripe already had it: the resend was told "already exists", which is delivered.
     expect(eventsFor(key)).toHaveLength(1);
-    // The run's close is kept as the row's first attempt: PostgreSQL's resend guard counts the
-    // window from there by its own clock, whatever the clock of the operator's machine said.
-    expect((await row(key)).first_attempted_at?.getTime()).toBe(closeTime!.getTime());
+    // The run's start (its first attempt came after it) is kept as the row's first attempt:
+    // PostgreSQL's resend guard counts the window from there by its own clock, whatever the clock of
+    // the operator's machine said.
+    expect((await row(key)).first_attempted_at?.getTime()).toBe(startTime.getTime());
+  });
+
+  it("restored with no attempt, its latest run one that was told of an earlier first attempt (a retry's, or continued as new): the window counts from that attempt, not the run's start", async () => {
+    const key = await enqueue(2);
+    await waitStatus(key, 'sent');
+    await waitFor('the run to complete', async () => (await client.workflow.getHandle(key).describe()).status.name === 'COMPLETED');
+    // A later run of the key, told the event was first attempted 23.5 h ago; it finds the row sent.
+    const firstAttemptedAt = Date.now() - 23.5 * 3_600_000;
+    await client.workflow.execute('usageWorkflow', {
+      taskQueue: config.temporal.taskQueue,
+      workflowId: key,
+      workflowIdReusePolicy: 'ALLOW_DUPLICATE',
+      args: [{ key, tenantId: 'acme', retry: config.retry, firstAttemptedAt }],
+    });
+    await db.pool.query(`UPDATE outbox SET status = 'dead', sent_at = NULL, first_attempted_at = NULL, last_error_code = $2, dead_at = now() WHERE idempotency_key = $1`, [
+      key,
+      TemporalErrorCodes.workflowClosed,
+    ]);
+    // An hour from now the run's start is well inside the window; the first attempt it was told of is not.
+    const anHourLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 3_600_000 });
+    const refused = await anHourLater.retryKey(key, { force: false, requestedBy: 'test' });
+    expect(refused).toMatchObject({ outcome: 'refused', message: expect.stringContaining('reconcile first') });
+    expect(refused.message).toContain(`may have reached Stripe from ${new Date(firstAttemptedAt).toISOString()}`);
+    expect((await row(key)).status).toBe('dead');
   });
 
   it("reopened after its run completed, a row restored with no attempt keeps the run's close as its first attempt, even when the new run's attempt is taken back", async () => {

@@ -188,7 +188,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
     // A run open under the key now (the one before it was closed) is this start's, its answer
     // lost: the rebill stands, and the row stays with the run that delivers it (put back to
     // rejected_async, the run would find it so and the operator be told it failed).
-    if (!(await openRunNow(client, key))) return restore(err);
+    if (!(await openRunNow(client, key, config.temporal.taskQueue))) return restore(err);
   }
   return done('rebilled', `${why}; started a new run to deliver it as ${identifier}${await unpolledWarning(client, config.temporal)}`, next);
 

@@ -46,7 +46,7 @@ import {
   type OperatorRow,
 } from '../outbox/sql/operator.js';
 import { DELIVERED } from '../outbox/statuses.js';
-import { closedRunMessage, isOpenRun, openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
+import { closedRunMessage, firstAttemptBound, isOpenRun, openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
 import { IDENTIFIER_WINDOW_MS, inHours, SAFE_RESEND_WINDOW_MS, tooOldToSend } from '../stripe/rules.js';
 import { formatDuration } from '../duration.js';
@@ -373,13 +373,15 @@ export class DeadLetterRetrier {
       // Found by the relay or the closed-run sweep: the row was put back (by hand, or a database
       // restored from an older backup) after its run delivered it. A resend under the same
       // identifier is told "already exists" by Stripe while its dedup still holds, which marks the
-      // row delivered: safe within the resend window counted from the run's close (the event
-      // reached Stripe before it), and only forced after that.
+      // row delivered: safe within the resend window counted from when the event may first have
+      // reached Stripe (the run's close at the latest; with no attempt on the row, its run's first
+      // attempt as firstAttemptBound finds it), and only forced after that.
       if (current.last_error_code === TemporalErrorCodes.workflowClosed && closedAt) {
-        if (opts.force || now - closedAt.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, closedAt);
+        const from = row.first_attempted_at === null && startedAt ? await firstAttemptBound(handle, startedAt) : closedAt;
+        if (opts.force || now - from.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, from);
         return done(
           'refused',
-          `its workflow completed at ${closedAt.toISOString()} (Temporal recorded it as delivered), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window: ` +
+          `its workflow completed at ${closedAt.toISOString()} (Temporal recorded it as delivered; it may have reached Stripe from ${from.toISOString()}), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window: ` +
             'reconcile first (billing-outbox reconcile); retry with --force only if Stripe does not have it',
         );
       }
@@ -390,14 +392,15 @@ export class DeadLetterRetrier {
     }
     if (status !== 'NOT_FOUND' && row.first_attempted_at === null && startedAt) {
       // The row records no attempt, yet its run (failed, terminated, cancelled) may have made some
-      // that reached Stripe: a row put back from a backup older than them. The run's start bounds
-      // its first attempt, so the resend window is counted from there, and kept on the row.
-      const bounded = { ...row, first_attempted_at: startedAt };
+      // that reached Stripe: a row put back from a backup older than them. The resend window is
+      // counted from the earliest they may have been (firstAttemptBound), and kept on the row.
+      const from = await firstAttemptBound(handle, startedAt);
+      const bounded = { ...row, first_attempted_at: from };
       const withinWindow = withinResendWindow(bounded, now);
       if (!withinWindow && !opts.force) {
         return done('refused', `its row records no attempt, but its workflow run (${status}, started ${startedAt.toISOString()}) may have made some: ${windowRefusal(bounded, now)}`);
       }
-      return this.reopen(row, status, withinWindow, opts, startedAt);
+      return this.reopen(row, status, withinWindow, opts, from);
     }
     return this.reopen(row, status, fresh, opts);
   }
@@ -429,7 +432,7 @@ export class DeadLetterRetrier {
     } catch (err) {
       // A run open under the key now (the one before it was closed) is this start's, its answer
       // lost, or another operator's retry's: the row goes on with it.
-      if (!(await openRunNow(client, key))) {
+      if (!(await openRunNow(client, key, config.temporal.taskQueue))) {
         const restored = await restoreDeadLetter(db, schema, key, reopened.previous_dead_at);
         return done(
           'failed',

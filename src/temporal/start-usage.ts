@@ -4,7 +4,8 @@
  * attributes are decided in one place.
  */
 import { createHash } from 'node:crypto';
-import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName, type WorkflowHandle } from '@temporalio/client';
+import { defaultPayloadConverter } from '@temporalio/common';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
 import { DEFERRALS_PER_RUN, markdownText, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
@@ -256,13 +257,30 @@ export function isOpenRun(status: WorkflowExecutionStatusName): status is Exclud
 }
 
 /**
- * Whether an open run has the key now (false when Temporal cannot say). An operator's start that
- * failed asks it: the answer may have been lost after the server started the run, and a row put
- * back as it was would then be called dead (or rejected) while that run delivers it.
+ * The earliest moment the key's latest run (closed) may have reached Stripe from: when the event was
+ * first attempted as the run was told (a run continued as new, or started by an operator's retry,
+ * carries it in its input), else the run's start. For a row that records no attempt (restored from
+ * a backup older than them): the run's close, or its start when an earlier run began, would count
+ * Stripe's 24 h dedup from too late. Throws when the run's history cannot be read.
  */
-export async function openRunNow(client: Client, key: string): Promise<boolean> {
+export async function firstAttemptBound(handle: WorkflowHandle, startTime: Date): Promise<Date> {
+  const history = await handle.fetchHistory();
+  const payload = history.events?.[0]?.workflowExecutionStartedEventAttributes?.input?.payloads?.[0];
+  const input = payload ? defaultPayloadConverter.fromPayload<Partial<UsageWorkflowInput> | undefined>(payload) : undefined;
+  const told = input?.firstAttemptedAt;
+  return typeof told === 'number' && told < startTime.getTime() ? new Date(told) : startTime;
+}
+
+/**
+ * Whether an open run on `taskQueue` (ours) has the key now (false when Temporal cannot say). An
+ * operator's start that failed asks it: the answer may have been lost after the server started the
+ * run, and a row put back as it was would then be called dead (or rejected) while that run delivers
+ * it. Another deployment's run under the key is not ours.
+ */
+export async function openRunNow(client: Client, key: string, taskQueue: string): Promise<boolean> {
   try {
-    return isOpenRun((await client.workflow.getHandle(key).describe()).status.name);
+    const described = await client.workflow.getHandle(key).describe();
+    return isOpenRun(described.status.name) && described.taskQueue === taskQueue;
   } catch {
     return false;
   }
