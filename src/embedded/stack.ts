@@ -21,7 +21,7 @@ import type Stripe from 'stripe';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
 import { WEBHOOK_PATH } from '../api/webhooks.js';
 import { ConfigError, type ApiToken, type Config } from '../config.js';
-import { createPool, migrate, redactUrl } from '../db.js';
+import { answeredWithin, createPool, migrate, redactUrl, withPgTypes } from '../db.js';
 import { stopLeftovers } from './leftovers.js';
 import { describePortHolder, localUrl } from './ports.js';
 import { EmbeddedPostgresError, freePort, startEmbeddedPostgres } from './postgres.js';
@@ -273,7 +273,8 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     await migrate(databaseUrl, { schema: config.databaseSchema, onWait: (message) => log.warn(message) });
     const pool = createPool(databaseUrl, 10, { waitMs: config.timings.statementAnswerMs });
     onStop('database pool', () => pool.end());
-    const metrics = createMetrics(undefined, { db: pool, schema: schemaFor(config.databaseSchema), temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
+    // The scrape's counts are maintenance, as in a worker: never waited on for good.
+    const metrics = createMetrics(undefined, { db: answeredWithin(pool, config.timings.maintenanceAnswerMs), schema: schemaFor(config.databaseSchema), temporalSdkUrl: `http://${sdkMetricsAddress}/metrics` });
 
     let temporalAddress = config.temporal.address;
     let temporalUi: string | undefined;
@@ -360,7 +361,10 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
     // Stopped first (steps run in reverse): no new usage is taken while the worker drains.
     const temporalHealth = temporalHealthConnection({ ...config.temporal, address: temporalAddress });
     onStop('health connection', () => temporalHealth.close());
-    const api = buildApi({ config, db: pool, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
+    // Each of the API's statements answered within statementAnswerMs, as the standalone API's pool
+    // gives them (its own pool is the worker's here, whose maintenance takes longer).
+    const apiDb = withPgTypes(pool, { answerMs: config.timings.statementAnswerMs });
+    const api = buildApi({ config, db: apiDb, log, temporal: temporalHealth, metrics, meters: new MeterCatalog(stripe) });
     await api.listen({ host: config.api.host, port: await portOr(config.api.port, 'HTTP API', log) });
     onStop('API', () => api.close());
     const apiUrl = localUrl(config.api.host, (api.server.address() as net.AddressInfo).port);
