@@ -18,7 +18,7 @@ import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeadMark, DeliveryStore, Marked } from '../src/outbox/sql/delivery.js';
 import { isAtStripe } from '../src/outbox/statuses.js';
-import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe } from '../src/stripe/errors.js';
+import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe, StreamSessionError } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
 import type { SlotPacer } from '../src/stripe/rate-limit.js';
@@ -305,6 +305,12 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // The batch's request never left: our own PostgreSQL failed its pace statement. Not the
       // event's failure: deferred without spending an attempt (deliverUsage), as on v1.
       if (ourDatabaseFailed(err)) throw err;
+      // Nor for want of a session: the attempt is taken back (no 23 h window started by a call
+      // never made), and Temporal tries again, or the key's refusal holds it.
+      if (err instanceof StreamSessionError) {
+        await undoIfCounted(key, ready.row);
+        return failed(key, ready.row, err, accepted, { takenBack: true });
+      }
       return failed(key, ready.row, err, accepted);
     }
     const attempts = acknowledged(key, 'accepted', await accepted(), ready.row);

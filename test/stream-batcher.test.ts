@@ -12,6 +12,7 @@ import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/ser
 import { createMetrics } from '../src/metrics.js';
 import type { MeterEvent } from '../src/stripe/meters.js';
 import { MeterEventStream, stripeStream, type MeterEventStreamOptions, type StreamStripe } from '../src/stripe/stream.js';
+import { StreamSessionError } from '../src/stripe/errors.js';
 
 const CUSTOMER = 'cus_batcher';
 const MINUTE = 60_000;
@@ -154,7 +155,7 @@ describe('sessions', () => {
     expect(outcomes.length).toBeGreaterThan(100);
     expect(sessionCalls).toBeGreaterThanOrEqual(4);
     expect(sessionCalls).toBeLessThanOrEqual(14);
-    expect(settled.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    expect(settled.every((o) => o instanceof StreamSessionError && o.cause instanceof Stripe.errors.StripeAPIError)).toBe(true);
     expect(sent).toEqual([]);
 
     // The service back: the next session request (after at most one more wait) works, and events flow.
@@ -268,7 +269,7 @@ describe('one event that fails every request it is in', () => {
       'the batch',
       Promise.all(Array.from({ length: 10 }, (_, i) => stream.send(event(`pre-${i}`)).then(() => 'sent', (err: unknown) => err))),
     );
-    expect(outcomes.every((o) => o instanceof Stripe.errors.StripeAPIError)).toBe(true);
+    expect(outcomes.every((o) => o instanceof StreamSessionError && o.cause instanceof Stripe.errors.StripeAPIError)).toBe(true);
     expect([sessionCalls, paceCalls, stream.requests]).toEqual([1, 1, 0]);
   });
 
@@ -311,9 +312,10 @@ describe('one event that fails every request it is in', () => {
     const outcomes = await within(5_000, 'the batch', Promise.all(Array.from({ length: 4 }, (_, i) => stream.send(event(`rolled-${i}`)).then(() => 'sent', (err: unknown) => err))));
     expect(outcomes.map((o) => o?.constructor.name)).toEqual(Array(4).fill('StripeConnectionError'));
 
-    // Events no request of which went out take the key's refusal: nothing was sent.
+    // Events no request of which went out take the key's refusal (no session for them): nothing was sent.
     const fresh = await within(5_000, 'the next batch', stream.send(event('fresh')).then(() => 'sent', (err: unknown) => err));
-    expect(fresh).toBeInstanceOf(Stripe.errors.StripeAuthenticationError);
+    expect(fresh).toBeInstanceOf(StreamSessionError);
+    expect((fresh as StreamSessionError).cause).toBeInstanceOf(Stripe.errors.StripeAuthenticationError);
   });
 
   it('a plain outage (every request fails): at most three requests per batch, every event takes the error', async () => {

@@ -16,6 +16,11 @@ import Stripe from 'stripe';
  *   get the same answer, so delivery holds (without spending attempts) and raises the alarm until
  *   the key works again.
  * - `rejected`: any other 4xx. Sending it again cannot succeed; dead-letter it at once.
+ *
+ * A v2 stream request that could not be made for want of a session (StreamSessionError) is classed
+ * by its cause, except that a refusal is `retryable` (code `stream_session_failed`): it is about the
+ * session request (the stream not enabled for the account, a base URL without the route), not the
+ * events, none of which was sent.
  */
 export type FailureClass =
   | { kind: 'delivered' }
@@ -44,7 +49,19 @@ const TIMESTAMP_IN_FUTURE = 'timestamp_in_future';
  */
 export const CREDENTIALS_REFUSED = 'stripe_credentials_refused';
 
+/** No session for the v2 stream: the request was never made. `cause`: why the session could not be had. */
+export class StreamSessionError extends Error {
+  constructor(cause: unknown) {
+    super(`no meter event stream session, so nothing was sent: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = 'StreamSessionError';
+  }
+}
+
 export function classifyStripeError(err: unknown): FailureClass {
+  if (err instanceof StreamSessionError) {
+    const failure = classifyStripeError(err.cause);
+    return failure.kind === 'rejected' || failure.kind === 'delivered' ? { kind: 'retryable', code: 'stream_session_failed', message: err.message } : failure;
+  }
   if (!(err instanceof Stripe.errors.StripeError)) {
     const message = err instanceof Error ? err.message : String(err);
     return { kind: 'retryable', code: 'unexpected_error', message };

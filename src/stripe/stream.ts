@@ -43,7 +43,7 @@ import { performance } from 'node:perf_hooks';
 import Stripe from 'stripe';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
-import { classifyStripeError } from './errors.js';
+import { classifyStripeError, StreamSessionError } from './errors.js';
 import { meterEventPayload, type MeterEvent } from './meters.js';
 import { MAX_STREAM_BATCH, STREAM_SESSION_TTL_MS } from './rules.js';
 import type { MeterEventSender } from './sender.js';
@@ -305,7 +305,7 @@ export class MeterEventStream implements MeterEventSender {
       try {
         held = await this.currentSession();
       } catch (err) {
-        return { err };
+        return { err: new StreamSessionError(err) };
       }
       const { pending, session } = held;
       const startedAt = performance.now();
@@ -422,7 +422,10 @@ export class MeterEventStream implements MeterEventSender {
  * sent the event, and its window must stand, or a resend after a long key outage could bill twice.
  */
 function rejectWith(w: Waiting, err: unknown): void {
-  w.reject(w.mayHaveReached !== undefined && classifyStripeError(err).kind === 'credentials' ? w.mayHaveReached : err);
+  // A failure that says nothing was sent (a refused key, no session) does not hide an earlier
+  // request of the event that may have reached Stripe: the event fails with that one.
+  const nothingSent = classifyStripeError(err).kind === 'credentials' || err instanceof StreamSessionError;
+  w.reject(w.mayHaveReached !== undefined && nothingSent ? w.mayHaveReached : err);
 }
 
 /** Stripe answered the request itself with a 400: one of its events is malformed. */

@@ -7,6 +7,7 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import Stripe from 'stripe';
+import { StreamSessionError } from '../../src/stripe/errors.js';
 import { describe, expect, it, vi } from 'vitest';
 import { createDeliveryActivities, type DeliveryDeps } from '../../activities/delivery.js';
 import { resolveTimings } from '../../src/config.js';
@@ -345,6 +346,14 @@ describe('v2: the meter event stream', () => {
     const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(Object.assign(new Error('sorry, too many clients already'), { code: '53300' })) });
     expect(await deliver(deps)).toMatchObject({ outcome: 'deferred', reason: 'database_unavailable' });
     expect(store.recordAttemptError).not.toHaveBeenCalled();
+  });
+
+  it('no session for the stream (the session request refused: the stream not enabled, a base URL without it): nothing sent, the attempt taken back, retried with the reason on the row', async () => {
+    const refused = new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', statusCode: 400, message: 'Meter event streams are not enabled for this account.' } as never);
+    const { deps, store } = parts({ api: 'v2', send: async () => Promise.reject(new StreamSessionError(refused)) });
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false, details: ['stream_session_failed'] });
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'stream_session_failed', expect.stringContaining('not enabled for this account'), { refused: false });
   });
 
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {

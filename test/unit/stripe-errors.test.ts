@@ -1,7 +1,7 @@
 /** How each Stripe failure is treated, pure: built as the `stripe` package builds its errors. */
 import Stripe from 'stripe';
 import { describe, expect, it } from 'vitest';
-import { classifyStripeError, neverReachedStripe, parseRetryAfter } from '../../src/stripe/errors.js';
+import { classifyStripeError, neverReachedStripe, parseRetryAfter, StreamSessionError } from '../../src/stripe/errors.js';
 
 type Raw = { message: string; statusCode?: number; code?: string; headers?: Record<string, string> };
 const invalid = (raw: Raw) => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', ...raw } as never);
@@ -10,6 +10,20 @@ const rate = (raw: Raw) => new Stripe.errors.StripeRateLimitError({ type: 'rate_
 const DUP = 'An event already exists with identifier u:acme:1.';
 
 describe('classifyStripeError', () => {
+  it("no v2 stream session: a refusal of the session request is retryable (it says nothing of the events, none sent); a refused key, a 429 or a 5xx is classed as it is", () => {
+    const session = (err: unknown) => classifyStripeError(new StreamSessionError(err));
+    expect(session(invalid({ message: 'Meter event streams are not enabled for this account.', statusCode: 400 }))).toEqual({
+      kind: 'retryable',
+      code: 'stream_session_failed',
+      message: 'no meter event stream session, so nothing was sent: Meter event streams are not enabled for this account.',
+    });
+    expect(session(invalid({ message: 'Unrecognized request URL', statusCode: 404 })).kind).toBe('retryable');
+    expect(session(invalid({ message: DUP, statusCode: 400 })).kind).toBe('retryable');
+    expect(session(new Stripe.errors.StripeAuthenticationError({ message: 'Invalid API Key', statusCode: 401 } as never))).toMatchObject({ kind: 'credentials', code: 'http_401' });
+    expect(session(rate({ message: 'slow down', statusCode: 429 }))).toMatchObject({ kind: 'rate_limited' });
+    expect(session(api({ message: 'down', statusCode: 503 }))).toEqual({ kind: 'retryable', code: 'http_503', message: 'down' });
+  });
+
   it("Stripe's duplicate-identifier 400 is delivered (an earlier attempt got through)", () => {
     expect(classifyStripeError(invalid({ message: DUP, statusCode: 400 }))).toEqual({ kind: 'delivered' });
   });
