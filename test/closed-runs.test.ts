@@ -391,6 +391,16 @@ describe('a row whose run has closed', () => {
     expect((await row(key)).first_attempted_at?.getTime()).toBe(startTime.getTime());
   });
 
+  it('a dead letter that never reached Stripe (no meter: no attempt), its run closed after its wait: retry reopens it unforced days later, its run no bound', async () => {
+    const key = (await withTransaction(db.pool, (c) => recordUsage(c, { usageId: randomUUID(), tenantId: 'acme', quantity: 1, eventName: 'no_such_meter' }))).entry.idempotencyKey;
+    const dead = await waitStatus(key, 'dead');
+    expect(dead).toMatchObject({ last_error_code: 'no_meter', first_attempted_at: null });
+    // Its dead-letter wait over (DEAD_LETTER_OPEN_DAYS), as a terminated run is.
+    await client.workflow.getHandle(key).terminate('its dead-letter wait is over');
+    const aWeekLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 8 * 24 * 3_600_000 });
+    expect(await aWeekLater.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+  });
+
   it("restored with no attempt, its latest run one that was told of an earlier first attempt (a retry's, or continued as new): the window counts from that attempt, not the run's start", async () => {
     const key = await enqueue(2);
     await waitStatus(key, 'sent');

@@ -325,6 +325,7 @@ export class DeadLetterRetrier {
     let status: WorkflowExecutionStatusName | 'NOT_FOUND';
     let closedAt: Date | undefined;
     let startedAt: Date | undefined;
+    let runId: string | undefined;
     /** The run's task queue when it is not ours (it closed there): how it closed says nothing of our row. */
     let elsewhere: string | undefined;
     try {
@@ -340,6 +341,7 @@ export class DeadLetterRetrier {
       status = described.status.name;
       closedAt = described.closeTime;
       startedAt = described.startTime;
+      runId = described.runId;
       if (described.taskQueue !== ours) elsewhere = described.taskQueue;
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
@@ -377,7 +379,8 @@ export class DeadLetterRetrier {
       // reached Stripe (the run's close at the latest; with no attempt on the row, its run's first
       // attempt as firstAttemptBound finds it), and only forced after that.
       if (current.last_error_code === TemporalErrorCodes.workflowClosed && closedAt) {
-        const from = row.first_attempted_at === null && startedAt ? await firstAttemptBound(handle, startedAt) : closedAt;
+        const from = row.first_attempted_at === null && startedAt && runId ? await this.attemptBound(key, runId, startedAt, opts.force) : closedAt;
+        if (typeof from === 'string') return done('failed', from);
         if (opts.force || now - from.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, from);
         return done(
           'refused',
@@ -390,11 +393,14 @@ export class DeadLetterRetrier {
     if (status !== 'NOT_FOUND' && !REOPENABLE.has(status)) {
       return done('failed', `its workflow is ${status}; not reopening it`);
     }
-    if (status !== 'NOT_FOUND' && row.first_attempted_at === null && startedAt) {
+    if (status !== 'NOT_FOUND' && row.first_attempted_at === null && row.last_error_code === TemporalErrorCodes.workflowClosed && startedAt && runId) {
       // The row records no attempt, yet its run (failed, terminated, cancelled) may have made some
-      // that reached Stripe: a row put back from a backup older than them. The resend window is
-      // counted from the earliest they may have been (firstAttemptBound), and kept on the row.
-      const from = await firstAttemptBound(handle, startedAt);
+      // that reached Stripe: a row put back from a backup older than them, found dead because its
+      // run had closed (workflow_closed). The resend window is counted from the earliest they may
+      // have been (firstAttemptBound), and kept on the row. (A dead letter that died with its own
+      // code and no attempt, its run closed after its wait, never reached Stripe: not bounded.)
+      const from = await this.attemptBound(key, runId, startedAt, opts.force);
+      if (typeof from === 'string') return done('failed', from);
       const bounded = { ...row, first_attempted_at: from };
       const withinWindow = withinResendWindow(bounded, now);
       if (!withinWindow && !opts.force) {
@@ -447,6 +453,19 @@ export class DeadLetterRetrier {
     const answer = await this.awaitOutcome(key, opts.wait.timeoutMs).catch((err: unknown) => new Error(scrub((err as Error).message)));
     if (answer instanceof Error) return { ...result, message: `${result.message}; its outcome is unknown: ${answer.message}` };
     return { ...result, message: `${result.message}; ${describeAnswer(answer)}`, ...(answer ? { answer } : {}) };
+  }
+
+  /**
+   * firstAttemptBound, or why it could not be had. Forced, the bound only goes on the row: the
+   * run's start stands in when its history cannot be read.
+   */
+  private async attemptBound(key: string, runId: string, startedAt: Date, force: boolean): Promise<Date | string> {
+    try {
+      return await firstAttemptBound(this.deps.client, key, runId, startedAt);
+    } catch (err) {
+      if (force) return startedAt;
+      return `could not read its workflow run's history, which bounds when an attempt the row does not record may have reached Stripe: ${scrub((err as Error).message)}; the row stays dead (try again, or reconcile and retry with --force)`;
+    }
   }
 
   /** unpolledWarning, asked once per command. */

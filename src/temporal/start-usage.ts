@@ -4,7 +4,7 @@
  * attributes are decided in one place.
  */
 import { createHash } from 'node:crypto';
-import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName, type WorkflowHandle } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Client, type WorkflowExecutionStatusName } from '@temporalio/client';
 import { defaultPayloadConverter } from '@temporalio/common';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
@@ -257,15 +257,20 @@ export function isOpenRun(status: WorkflowExecutionStatusName): status is Exclud
 }
 
 /**
- * The earliest moment the key's latest run (closed) may have reached Stripe from: when the event was
+ * The earliest moment the key's run `runId` (closed) may have reached Stripe from: when the event was
  * first attempted as the run was told (a run continued as new, or started by an operator's retry,
  * carries it in its input), else the run's start. For a row that records no attempt (restored from
  * a backup older than them): the run's close, or its start when an earlier run began, would count
- * Stripe's 24 h dedup from too late. Throws when the run's history cannot be read.
+ * Stripe's 24 h dedup from too late. Reads the run's first history event only; throws when it
+ * cannot be read.
  */
-export async function firstAttemptBound(handle: WorkflowHandle, startTime: Date): Promise<Date> {
-  const history = await handle.fetchHistory();
-  const payload = history.events?.[0]?.workflowExecutionStartedEventAttributes?.input?.payloads?.[0];
+export async function firstAttemptBound(client: Client, key: string, runId: string, startTime: Date): Promise<Date> {
+  const { history } = await client.workflowService.getWorkflowExecutionHistory({
+    namespace: client.options.namespace,
+    execution: { workflowId: key, runId },
+    maximumPageSize: 1,
+  });
+  const payload = history?.events?.[0]?.workflowExecutionStartedEventAttributes?.input?.payloads?.[0];
   const input = payload ? defaultPayloadConverter.fromPayload<Partial<UsageWorkflowInput> | undefined>(payload) : undefined;
   const told = input?.firstAttemptedAt;
   return typeof told === 'number' && told < startTime.getTime() ? new Date(told) : startTime;
