@@ -226,8 +226,9 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
     globals: Object.getOwnPropertyNames(globalThis),
     listeners: ['SIGTERM', 'SIGINT', 'SIGHUP', 'exit', 'beforeExit', 'uncaughtException', 'unhandledRejection', 'warning'].map((e) => process.listenerCount(e)).join(),
     env: Object.keys(process.env).sort().join(),
-    // Timers and handles left behind, once what was under way has settled.
-    resources: process.getActiveResourcesInfo().sort().join(),
+    // Timers and handles left behind, once what was under way has settled; not the process's own
+    // stdio (pipes or terminals, made on first use: a logger's import may be that use).
+    resources: process.getActiveResourcesInfo().filter((r) => !['PipeWrap', 'TTYWrap', 'CloseReq'].includes(r)).sort().join(),
     parsers: [20, 1082, 1114, 1184, 1700].map((oid) => String(pg.types.getTypeParser(oid)('2020-01-01'))).join(),
   });
   const changes = [];
