@@ -283,12 +283,8 @@ export async function firstAttemptBound(client: Client, key: string, runId: stri
  * it. Another deployment's run under the key is not ours.
  */
 export async function openRunNow(client: Client, key: string, taskQueue: string): Promise<boolean> {
-  try {
-    const described = await client.workflow.getHandle(key).describe();
-    return isOpenRun(described.status.name) && described.taskQueue === taskQueue;
-  } catch {
-    return false;
-  }
+  const run = await describeRun(client, key, taskQueue).catch(() => undefined);
+  return run?.kind === 'running';
 }
 
 /**
