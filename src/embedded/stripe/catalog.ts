@@ -69,6 +69,11 @@ export class Catalog {
     return this.customers.get(id);
   }
 
+  /** How many customers and meters there are (cheap: for LocalStripe.stateMark). */
+  get counts(): string {
+    return `${this.customers.size}/${this.meters.size}`;
+  }
+
   listCustomers(): CustomerObject[] {
     // Stripe lists newest first.
     return [...this.customers.values()].reverse();

@@ -397,7 +397,7 @@ export class LocalStripe implements ControlTarget {
 
   /** Changes whenever the snapshot would (cheap: for deciding whether one is due). */
   get stateMark(): string {
-    return `${this.ledger.count}/${this.catalog.listCustomers().length}/${this.catalog.listMeters().length}/${this.reporter.mark}`;
+    return `${this.ledger.count}/${this.catalog.counts}/${this.reporter.mark}`;
   }
 
   /**
