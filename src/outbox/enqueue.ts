@@ -2,7 +2,7 @@
  * The only thing billing-outbox does on the application's request path: record a usage and queue
  * its meter event, in the caller's own transaction, with no network call.
  */
-import { InvalidUsageError, NotATransactionError, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
+import { InvalidUsageError, refuseOutsideTransaction, UnknownTenantError, UsageConflictError, UsageError, type OutboxEntry } from './errors.js';
 import { activeTraceParent } from '../tracing.js';
 import { idempotencyKeyFor } from './keys.js';
 import { findEntryByKey, findRecordedUsages, insertUsage, type CallerEntryRow, type RecordedUsage, type TransactionClient } from './sql/enqueue.js';
@@ -99,24 +99,6 @@ export async function recordUsage(
   const entry = toEntry(found);
   if (!sameUsage(entry, usage)) throw new UsageConflictError(usage.usageId, entry, differences(entry, usage));
   return { entry, created: false };
-}
-
-/**
- * Throws NotATransactionError for what cannot be the caller's open transaction, where each statement
- * commits by itself: a node-postgres Pool (or one shaped like it), or a node-postgres client that is
- * outside a transaction (no BEGIN yet, or its COMMIT or ROLLBACK already done). The client's state is
- * the one its server last reported, so it is read only while nothing is queued on it: a BEGIN sent
- * but not awaited is still on its way. pg-native and other clients are taken at their word.
- */
-export function refuseOutsideTransaction(client: object): void {
-  const pool = client as { totalCount?: unknown; idleCount?: unknown; connect?: unknown };
-  if (typeof pool.totalCount === 'number' && typeof pool.idleCount === 'number' && typeof pool.connect === 'function') {
-    throw new NotATransactionError('a pg.Pool', 'pool.connect(), BEGIN, then this client (or withTransaction(pool, …))');
-  }
-  const pgClient = client as { getTransactionStatus?: unknown; readyForQuery?: unknown };
-  if (typeof pgClient.getTransactionStatus === 'function' && pgClient.readyForQuery === true && pgClient.getTransactionStatus() === 'I') {
-    throw new NotATransactionError('a client outside a transaction (no BEGIN, or after its COMMIT or ROLLBACK)', 'the client after BEGIN (or withTransaction(pool, …))');
-  }
 }
 
 /**

@@ -97,3 +97,21 @@ export class NotATransactionError extends TypeError {
     this.name = 'NotATransactionError';
   }
 }
+
+/**
+ * Throws NotATransactionError for what cannot be the caller's open transaction, where each statement
+ * commits by itself: a node-postgres Pool (or one shaped like it), or a node-postgres client that is
+ * outside a transaction (no BEGIN yet, or its COMMIT or ROLLBACK already done). The client's state is
+ * the one its server last reported, so it is read only while nothing is queued on it: a BEGIN sent
+ * but not awaited is still on its way. pg-native and other clients are taken at their word.
+ */
+export function refuseOutsideTransaction(client: object): void {
+  const pool = client as { totalCount?: unknown; idleCount?: unknown; connect?: unknown };
+  if (typeof pool.totalCount === 'number' && typeof pool.idleCount === 'number' && typeof pool.connect === 'function') {
+    throw new NotATransactionError('a pg.Pool', 'pool.connect(), BEGIN, then this client (or withTransaction(pool, …))');
+  }
+  const pgClient = client as { getTransactionStatus?: unknown; readyForQuery?: unknown };
+  if (typeof pgClient.getTransactionStatus === 'function' && pgClient.readyForQuery === true && pgClient.getTransactionStatus() === 'I') {
+    throw new NotATransactionError('a client outside a transaction (no BEGIN, or after its COMMIT or ROLLBACK)', 'the client after BEGIN (or withTransaction(pool, …))');
+  }
+}

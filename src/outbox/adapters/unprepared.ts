@@ -12,7 +12,7 @@
  * which a transaction pooler keeps on one server connection. The Kysely, Drizzle, Knex and Prisma
  * adapters never name statements and need none of this.
  */
-import { refuseOutsideTransaction } from '../enqueue.js';
+import { refuseOutsideTransaction } from '../errors.js';
 import type { TransactionClient } from '../sql/enqueue.js';
 
 /**
