@@ -706,8 +706,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'completed-run-resent-past-window',
     guarantee: 'No double bill: a dead letter whose run completed (a row put back, a database restored) is reopened unforced only within 23 h of when it may first have reached Stripe, the run the only clock left when the row has no first attempt',
-    find: '        if (opts.force || now - from.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, from);',
-    replace: '        if (true) return this.reopen(row, status, fresh, opts, from);',
+    find: '        if (withinWindow || opts.force) return this.reopen(row, status, fresh && withinWindow, opts, from);',
+    replace: '        if (true) return this.reopen(row, status, fresh && withinWindow, opts, from);',
     test: 'test/closed-runs.test.ts',
     name: 'put back to pending after its run completed',
   },

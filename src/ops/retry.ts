@@ -368,6 +368,17 @@ export class DeadLetterRetrier {
     if (elsewhere !== undefined && status !== 'NOT_FOUND' && (status === 'COMPLETED' || REOPENABLE.has(status))) {
       return this.reopen(row, `${status} on task queue ${JSON.stringify(elsewhere)}, not this deployment's`, fresh, opts);
     }
+    // A row found dead because its run closed (workflow_closed: put back by hand, or a database
+    // restored from an older backup) that records no attempt, yet whose run may have made some
+    // that reached Stripe: the earliest they may have been (firstAttemptBound) stands in for its
+    // first attempt, counts the resend window and is kept on the row. (A dead letter that died
+    // with its own code and no attempt, its run closed after its wait, never reached Stripe.)
+    let mayHaveReached: Date | undefined;
+    if (status !== 'NOT_FOUND' && row.first_attempted_at === null && row.last_error_code === TemporalErrorCodes.workflowClosed && startedAt && runId) {
+      const bound = await this.attemptBound(key, runId, startedAt, opts.force);
+      if (typeof bound === 'string') return done('failed', bound);
+      mayHaveReached = bound;
+    }
     if (status === 'COMPLETED') {
       // Another operator may have reopened and delivered it since the row was read.
       const current = await findOperatorRow(this.deps.db, this.deps.schema, key);
@@ -376,12 +387,11 @@ export class DeadLetterRetrier {
       // restored from an older backup) after its run delivered it. A resend under the same
       // identifier is told "already exists" by Stripe while its dedup still holds, which marks the
       // row delivered: safe within the resend window counted from when the event may first have
-      // reached Stripe (the run's close at the latest; with no attempt on the row, its run's first
-      // attempt as firstAttemptBound finds it), and only forced after that.
+      // reached Stripe (the run's close at the latest, or mayHaveReached), and only forced after that.
       if (current.last_error_code === TemporalErrorCodes.workflowClosed && closedAt) {
-        const from = row.first_attempted_at === null && startedAt && runId ? await this.attemptBound(key, runId, startedAt, opts.force) : closedAt;
-        if (typeof from === 'string') return done('failed', from);
-        if (opts.force || now - from.getTime() <= SAFE_RESEND_WINDOW_MS) return this.reopen(row, status, fresh, opts, from);
+        const from = mayHaveReached ?? closedAt;
+        const withinWindow = withinResendWindow({ first_attempted_at: from }, now);
+        if (withinWindow || opts.force) return this.reopen(row, status, fresh && withinWindow, opts, from);
         return done(
           'refused',
           `its workflow completed at ${closedAt.toISOString()} (Temporal recorded it as delivered; it may have reached Stripe from ${from.toISOString()}), past the ${hours(SAFE_RESEND_WINDOW_MS)} safe resend window: ` +
@@ -393,20 +403,13 @@ export class DeadLetterRetrier {
     if (status !== 'NOT_FOUND' && !REOPENABLE.has(status)) {
       return done('failed', `its workflow is ${status}; not reopening it`);
     }
-    if (status !== 'NOT_FOUND' && row.first_attempted_at === null && row.last_error_code === TemporalErrorCodes.workflowClosed && startedAt && runId) {
-      // The row records no attempt, yet its run (failed, terminated, cancelled) may have made some
-      // that reached Stripe: a row put back from a backup older than them, found dead because its
-      // run had closed (workflow_closed). The resend window is counted from the earliest they may
-      // have been (firstAttemptBound), and kept on the row. (A dead letter that died with its own
-      // code and no attempt, its run closed after its wait, never reached Stripe: not bounded.)
-      const from = await this.attemptBound(key, runId, startedAt, opts.force);
-      if (typeof from === 'string') return done('failed', from);
-      const bounded = { ...row, first_attempted_at: from };
+    if (mayHaveReached) {
+      const bounded = { ...row, first_attempted_at: mayHaveReached };
       const withinWindow = withinResendWindow(bounded, now);
       if (!withinWindow && !opts.force) {
-        return done('refused', `its row records no attempt, but its workflow run (${status}, started ${startedAt.toISOString()}) may have made some: ${windowRefusal(bounded, now)}`);
+        return done('refused', `its row records no attempt, but its workflow run (${status}, started ${startedAt!.toISOString()}) may have made some: ${windowRefusal(bounded, now)}`);
       }
-      return this.reopen(row, status, withinWindow, opts, from);
+      return this.reopen(row, status, withinWindow, opts, mayHaveReached);
     }
     return this.reopen(row, status, fresh, opts);
   }
