@@ -13,7 +13,8 @@ import type pg from 'pg';
  * The operator commands' database pool. Each statement is answered within `maintenanceAnswerMs`
  * (2 minutes; the worker's maintenance has the same) or fails as PostgreSQL away: on a connection a
  * failover left silent, a command (a script's `status --json`, a `retry --all-dead --yes`) would
- * otherwise wait for TCP to give up, two hours by default. Opening a connection takes at most 10 s.
+ * otherwise wait for TCP to give up, two hours by default. Opening a connection takes at most
+ * CONNECT_WAIT_MS (10 s), as on every pool createPool makes.
  */
 export function operatorPool(databaseUrl: string, config: Pick<Config, 'timings'>): pg.Pool {
   return createPool(databaseUrl, 4, { answerMs: config.timings.maintenanceAnswerMs });

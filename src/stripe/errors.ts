@@ -60,6 +60,7 @@ export class StreamSessionError extends Error {
 export function classifyStripeError(err: unknown): FailureClass {
   if (err instanceof StreamSessionError) {
     const failure = classifyStripeError(err.cause);
+    // Not even Stripe's duplicate answer means delivered here: no event was in the request.
     return failure.kind === 'rejected' || failure.kind === 'delivered' ? { kind: 'retryable', code: 'stream_session_failed', message: err.message } : failure;
   }
   if (!(err instanceof Stripe.errors.StripeError)) {
