@@ -17,7 +17,7 @@ import type { Config } from '../src/config.js';
 import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeadMark, DeliveryStore, Marked } from '../src/outbox/sql/delivery.js';
-import { isAtStripe } from '../src/outbox/statuses.js';
+import { isAtStripe, isUnbilled } from '../src/outbox/statuses.js';
 import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe, StreamSessionError } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
@@ -97,9 +97,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * Counted once the row is marked delivered, timed from its commit. `marked` null: the row was not
    * the attempt's to mark any more (rebilled under a new identifier revision, rejected by Stripe's
    * later validation, cancelled): Stripe's answer is about the identifier this attempt sent, so it
-   * is logged, not counted. Returns the attempts to report.
+   * is logged, not counted, and a row rejected or cancelled meanwhile is said, for the run to end
+   * listed as that rather than as one more delivered event.
    */
-  const acknowledged = (key: string, outcome: string, { attempts: marked, first }: Marked, row: AttemptRow): number => {
+  const acknowledged = async (key: string, outcome: 'sent' | 'accepted' | 'duplicate', { attempts: marked, first }: Marked, row: AttemptRow): Promise<DeliveryResult> => {
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
     if (marked === null) {
       log.warn('meter event acknowledged by Stripe, but the row moved on meanwhile and was left as it is', {
@@ -108,7 +109,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         identifier: row.identifier,
         identifierRevision: row.identifier_revision,
       });
-      return row.attempt_count;
+      // Only read on this rare path; unreadable (our database away), the run ends as before.
+      const now = await store.findRow(key).catch(() => undefined);
+      if (now && isUnbilled(now.status)) return { outcome: 'already_sent', attempts: row.attempt_count, status: now.status };
+      return { outcome, attempts: row.attempt_count };
     }
     log.info('meter event acknowledged by Stripe', { idempotencyKey: key, outcome, attempts: marked });
     // Once per event: another attempt's mark of a row already delivered is not a second event.
@@ -116,7 +120,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       metrics?.eventsSent.inc();
       metrics?.commitToAck.observe(Math.max(0, Date.now() - row.created_at.getTime()) / 1000);
     }
-    return marked;
+    return { outcome, attempts: marked };
   };
 
   return {
@@ -283,8 +287,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
       return failed(key, ready.row, err, sent);
     }
-    const attempts = acknowledged(key, 'sent', await sent(), ready.row);
-    return { outcome: 'sent', attempts };
+    return acknowledged(key, 'sent', await sent(), ready.row);
   }
 
   /**
@@ -313,8 +316,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       }
       return failed(key, ready.row, err, accepted);
     }
-    const attempts = acknowledged(key, 'accepted', await accepted(), ready.row);
-    return { outcome: 'accepted', attempts };
+    return acknowledged(key, 'accepted', await accepted(), ready.row);
   }
 
   /** A failure of our own PostgreSQL around a call (its pace statement), not Stripe's answer. */
@@ -394,8 +396,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     if (failure.kind === 'delivered') {
       const marked = await delivered();
       metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
-      const attempts = acknowledged(key, 'duplicate', marked, row);
-      return { outcome: 'duplicate', attempts };
+      return acknowledged(key, 'duplicate', marked, row);
     }
     if (failure.kind === 'credentials') {
       // The deployment's key, not the event: Stripe did nothing with the call, so it is taken back

@@ -39,6 +39,10 @@ export const UNSETTLED = ['pending', 'claimed', 'dispatched', 'dead'] as const s
 /** Settled without being billed: rejected by Stripe's later validation, or cancelled by an operator. */
 export const UNBILLED = ['rejected_async', 'cancelled'] as const satisfies readonly OutboxStatus[];
 
+export function isUnbilled(status: OutboxStatus): status is (typeof UNBILLED)[number] {
+  return (UNBILLED as readonly string[]).includes(status);
+}
+
 export function isOutboxStatus(value: string): value is OutboxStatus {
   return (OUTBOX_STATUSES as readonly string[]).includes(value);
 }

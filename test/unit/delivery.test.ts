@@ -111,6 +111,24 @@ describe('v1: under the (customer, meter) lease', () => {
     }
   });
 
+  it('a row rejected by an error report or cancelled while its call was at Stripe: the attempt says so, for the run to end listed as that', async () => {
+    for (const api of ['v1', 'v2'] as const) {
+      for (const status of ['rejected_async', 'cancelled'] as const) {
+        const { deps, store } = parts({ api });
+        store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, first: false, handOffs: [] });
+        store.markDelivered.mockResolvedValueOnce({ attempts: null, first: false });
+        store.findRow.mockResolvedValueOnce({ status, first_attempted_at: new Date() } as never);
+        expect(await deliver(deps)).toEqual({ outcome: 'already_sent', attempts: 1, status });
+      }
+      // The row unreadable then (our database away): the call's answer stands.
+      const away = parts({ api });
+      away.store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, first: false, handOffs: [] });
+      away.store.markDelivered.mockResolvedValueOnce({ attempts: null, first: false });
+      away.store.findRow.mockRejectedValueOnce(new Error('connection terminated'));
+      expect(await deliver(away.deps)).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 1 });
+    }
+  });
+
   it('counts an event once: the mark of a row another attempt already made delivered (v2: a timed-out attempt and its retry in one request) is not a second event', async () => {
     for (const api of ['v1', 'v2'] as const) {
       const { deps, store } = parts({ api });
