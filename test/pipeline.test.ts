@@ -4,6 +4,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
+import { recordErrorReport } from '../src/ops/error-reports.js';
 import { startUsageWorkflow, usageWorkflowStartOptions } from '../src/temporal/start-usage.js';
 import { reopenSignal, stateQuery } from '../workflows/shared.js';
 import { refusedForGood, usePipeline, waitFor } from './hooks.js';
@@ -137,6 +138,33 @@ describe('the core pipeline', () => {
     const acme: string[] = [];
     for await (const wf of t.client.workflow.list({ query: sentQuery })) acme.push(wf.workflowId);
     expect(acme).not.toContain(key);
+  });
+
+  it("a row Stripe's error report rejects while its call is still at Stripe: the run ends listed rejected_async, not as one more delivered event", async () => {
+    // Stripe records the event at once and answers 2 s later: the report lands in between.
+    t.stripe.setLatency(2_000);
+    let key: string;
+    try {
+      key = await enqueue('acme', 6);
+      await waitFor('its call to be at Stripe', async () => (t.stripe.callsInFlight() > 0 && eventsFor(key).length > 0) || undefined, 30_000, 20);
+      const report = {
+        eventId: `evt_${randomUUID()}`,
+        type: 'v1.billing.meter.error_report_triggered',
+        meterId: null,
+        errorCount: 1,
+        errorTypes: [{ code: 'meter_event_no_customer_defined', errorCount: 1, samples: [{ identifier: key, message: 'no such customer' }] }],
+        validationStart: null,
+        validationEnd: null,
+      };
+      expect((await recordErrorReport(t.pool, t.schema, report, {})).marked).toEqual([key]);
+    } finally {
+      t.stripe.setLatency(0);
+    }
+    const handle = t.client.workflow.getHandle(key);
+    expect(await handle.result()).toMatchObject({ status: 'rejected_async' });
+    expect((await handle.describe()).searchAttributes.OutboxStatus).toEqual(['rejected_async']);
+    expect((await row(key)).status).toBe('rejected_async');
+    expect(eventsFor(key)).toHaveLength(1);
   });
 
   it('never starts a second run for an event: duplicate start is refused, running or closed', async () => {
