@@ -7,6 +7,7 @@ import net, { type AddressInfo } from 'node:net';
 import type { LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
+import { HEALTH_FRESH_MS } from '../src/api/health.js';
 import type { ApiToken, Config } from '../src/config.js';
 import { BEGIN_SHORT, createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
@@ -623,6 +624,30 @@ describe('GET /health', () => {
     const res = await app.inject({ method: 'GET', url: '/health' });
     expect(res.statusCode).toBe(200);
     expect(res.json()).toEqual({ status: 'ok', postgres: 'ok', temporal: 'ok' });
+  });
+
+  it('runs one probe at a time, however many ask: a flood of unauthenticated requests queues one statement in the pool usage is written through, not one each', async () => {
+    let probes = 0;
+    const counting = new Proxy(t.pool, {
+      get(target, prop) {
+        const value = Reflect.get(target, prop, target) as unknown;
+        if (prop !== 'query' || typeof value !== 'function') return typeof value === 'function' ? value.bind(target) : value;
+        return (...args: Parameters<typeof target.query>) => {
+          const statement = args[0] as string | { text: string };
+          if ((typeof statement === 'string' ? statement : statement.text).includes('pg_is_in_recovery')) probes++;
+          return (target.query as (...a: unknown[]) => unknown)(...args);
+        };
+      },
+    });
+    const shared = buildApi({ config, db: counting, log, temporal, healthTimeoutMs: 2_000 });
+    extraApps.push(shared);
+    const answers = await Promise.all(Array.from({ length: 200 }, () => shared.inject({ method: 'GET', url: '/health' })));
+    expect(answers.map((a) => a.statusCode)).toEqual(answers.map(() => 200));
+    expect(probes).toBe(1);
+    // Answered again, fresh, once the answer has aged.
+    await new Promise((r) => setTimeout(r, HEALTH_FRESH_MS + 50));
+    expect((await shared.inject({ method: 'GET', url: '/health' })).statusCode).toBe(200);
+    expect(probes).toBe(2);
   });
 
   it('503 naming PostgreSQL when the database is away; usage is then refused with 503, not 500', async () => {

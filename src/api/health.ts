@@ -81,6 +81,33 @@ async function writable(db: Queryable): Promise<void> {
   if (rows[0]?.read_only) throw new Error('PostgreSQL is read-only (a standby, or default_transaction_read_only is on): usage cannot be recorded');
 }
 
+/** How long one probe's answer serves the requests that follow it. */
+export const HEALTH_FRESH_MS = 1_000;
+
+/**
+ * /health is unauthenticated: however many requests ask at once, one probe runs at a time, and its
+ * answer serves every request within `freshMs` of it. Otherwise each request would queue a
+ * statement in the pool usage is written through (and a call to Temporal), and a flood of them would
+ * starve ingestion, then report itself unhealthy, and a probe abandoned at its deadline would leave
+ * its statement queued behind it.
+ */
+export function oneProbeAtATime<T>(probeNow: () => Promise<T>, freshMs = HEALTH_FRESH_MS): () => Promise<T> {
+  let running: Promise<T> | undefined;
+  let last: { at: number; answer: T } | undefined;
+  return () => {
+    if (last && Date.now() - last.at < freshMs) return Promise.resolve(last.answer);
+    running ??= probeNow()
+      .then((answer) => {
+        last = { at: Date.now(), answer };
+        return answer;
+      })
+      .finally(() => {
+        running = undefined;
+      });
+    return running;
+  };
+}
+
 export async function checkHealth(
   deps: { db: Queryable; temporal?: TemporalHealth | undefined; log: Pick<Logger, 'warn'> },
   timeoutMs: number,

@@ -20,7 +20,7 @@ import type { MeterCatalog } from '../stripe/meters.js';
 import { authenticate, requireScope, TokenVerifier } from './auth.js';
 import { ApiError, errorHandler } from './errors.js';
 import { useStrictJson } from './json-body.js';
-import { checkHealth, type TemporalHealth } from './health.js';
+import { checkHealth, oneProbeAtATime, type TemporalHealth } from './health.js';
 
 export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
@@ -159,8 +159,9 @@ export function buildApi(deps: ApiDeps) {
   });
   registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
 
-  app.get('/health', { config: { public: true } }, async (request, reply) => {
-    const body = await checkHealth({ db: deps.db, temporal: deps.temporal, log: request.log }, healthTimeoutMs);
+  const health = oneProbeAtATime(() => checkHealth({ db: deps.db, temporal: deps.temporal, log: app.log }, healthTimeoutMs));
+  app.get('/health', { config: { public: true } }, async (_request, reply) => {
+    const body = await health();
     return reply.code(body.status === 'ok' ? 200 : 503).send(body);
   });
 

@@ -11,7 +11,7 @@ import { Registry } from 'prom-client';
 import type Stripe from 'stripe';
 import { createActivities } from '../../activities/index.js';
 import { RELAY_CALLS_PER_RUN, relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
-import { checkHealth, temporalHealthConnection, type ProbeResult, type TemporalHealth } from '../api/health.js';
+import { checkHealth, oneProbeAtATime, temporalHealthConnection, type ProbeResult, type TemporalHealth } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
 import { answeredWithin, createPool, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
@@ -476,11 +476,13 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       closers.push(() => ours.close());
       healthConnection = ours;
     }
+    // Its /health is unauthenticated, on the pool deliveries and claims use: one probe at a time.
+    const probe = oneProbeAtATime(() => checkHealth({ db: pool, temporal: healthConnection, log: log ?? { warn: () => undefined } }, opts.healthTimeoutMs ?? 2_000));
     const handle: WorkerHandle = {
       taskQueue: config.temporal.taskQueue,
       url: undefined,
       async health() {
-        const probed = await checkHealth({ db: pool, temporal: healthConnection, log: log ?? { warn: () => undefined } }, opts.healthTimeoutMs ?? 2_000);
+        const probed = await probe();
         const { postgres } = probed;
         const temporal = probed.temporal === 'not_configured' ? 'error' : probed.temporal;
         return { status: state === 'running' && postgres === 'ok' ? 'ok' : 'unavailable', worker: state, postgres, temporal, taskQueue: config.temporal.taskQueue };
