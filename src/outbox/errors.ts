@@ -103,7 +103,8 @@ export class NotATransactionError extends TypeError {
  * commits by itself: a node-postgres Pool (or one shaped like it), or a node-postgres client that is
  * outside a transaction (no BEGIN yet, or its COMMIT or ROLLBACK already done). The client's state is
  * the one its server last reported, so it is read only while nothing is queued on it: a BEGIN sent
- * but not awaited is still on its way. pg-native and other clients are taken at their word.
+ * but not awaited is still on its way (node-postgres 8.21 and later report it: the peer range asks
+ * for them). pg-native and other clients are taken at their word.
  */
 export function refuseOutsideTransaction(client: object): void {
   const pool = client as { totalCount?: unknown; idleCount?: unknown; connect?: unknown };
