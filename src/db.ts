@@ -579,6 +579,18 @@ export const OPENS_WITHOUT_LIMIT =
   "the application's pool has no connectionTimeoutMillis: a connection opened just as PostgreSQL fails over waits for good, and so does what waits on it (a request, a delivery); give the pool one (billing-outbox's own pools take 10 s)";
 
 /**
+ * Whether nobody listens to an application's pool's 'error' events. An idle connection PostgreSQL
+ * ends (a restart, a failover, an idle timeout on a proxy) errors, the pool re-emits it, and an
+ * event emitter's 'error' with no listener ends the process: the worker or the route would not
+ * ride the outage out, the application would exit. Its listener is the application's to add.
+ */
+export function hearsNoErrors(pool: pg.Pool): boolean {
+  return pool.listenerCount('error') === 0;
+}
+export const HEARS_NO_ERRORS =
+  "the application's pool has no 'error' listener: when PostgreSQL restarts or fails over, an idle connection's error is re-emitted by the pool with nobody listening, and Node ends the process; add one (pool.on('error', (err) => log it)) before passing the pool";
+
+/**
  * The client of our pools: opening its connection takes at most CONNECT_WAIT_MS, and a connection
  * the pool lets go (idle too long, failed, or the pool ended) is ended politely, and destroyed if
  * the server has not closed it CLOSE_WAIT_MS later. (Given to the client, not the pool: the pool's

@@ -15,7 +15,7 @@ import type { FastifyInstance, FastifyPluginAsync } from 'fastify';
 import type pg from 'pg';
 import { ingestion } from './api/ingestion.js';
 import { ConfigError, loadConfig, type ApiToken } from './config.js';
-import { OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes } from './db.js';
+import { HEARS_NO_ERRORS, hearsNoErrors, OPENS_WITHOUT_LIMIT, opensWithoutLimit, withPgTypes } from './db.js';
 import { createStripeClient, requireStripeKey } from './stripe/client.js';
 import { MeterCatalog } from './stripe/meters.js';
 
@@ -100,6 +100,7 @@ function resolve(opts: BillingOutboxPluginOptions) {
 export const billingOutbox: FastifyPluginAsync<BillingOutboxPluginOptions> = async (scope: FastifyInstance, opts: BillingOutboxPluginOptions) => {
   const resolved = resolve(opts);
   if (opensWithoutLimit(opts.pool)) scope.log.warn(OPENS_WITHOUT_LIMIT);
+  if (hearsNoErrors(opts.pool)) scope.log.warn(HEARS_NO_ERRORS);
   await ingestion(scope, resolved);
 };
 

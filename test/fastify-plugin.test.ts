@@ -206,17 +206,21 @@ it("with the stripe option, refuses usage for a meter Stripe does not have at th
   }
 });
 
-it("warns, once at registration, when the application's pool opens connections without a time limit", async () => {
-  const warnings = async (options: pg.PoolConfig) => {
+it("warns, once at registration, when the application's pool opens connections without a time limit, and when nobody hears its errors", async () => {
+  const warnings = async (options: pg.PoolConfig, about = 'connectionTimeoutMillis', heard = true) => {
     const lines: string[] = [];
     const appPool = new pg.Pool({ connectionString: t.db.url, ...options });
+    if (heard) appPool.on('error', () => undefined);
     const server = Fastify({ logger: { level: 'warn', stream: { write: (line: string) => void lines.push(line) } } });
     await server.register(billingOutbox, { prefix: '/billing', pool: appPool, tokens: [writer] });
     await server.ready();
     await server.close();
     await appPool.end();
-    return lines.filter((l) => l.includes('connectionTimeoutMillis'));
+    return lines.filter((l) => l.includes(about));
   };
   expect(await warnings({})).toHaveLength(1);
   expect(await warnings({ connectionTimeoutMillis: 10_000 })).toEqual([]);
+  // An idle connection's error, re-emitted by a pool nobody listens to, would end the process.
+  expect(await warnings({ connectionTimeoutMillis: 10_000 }, "no 'error' listener", false)).toHaveLength(1);
+  expect(await warnings({ connectionTimeoutMillis: 10_000 }, "no 'error' listener")).toEqual([]);
 });

@@ -78,6 +78,8 @@ describe('createWorker', () => {
     const { worker, running } = await started(options(pool, { http: { port: 0 }, log }));
     // The pool opens connections without a time limit (as pg's default): its owner is told.
     expect(warnings.filter((w) => w.includes('connectionTimeoutMillis'))).toHaveLength(1);
+    // Nor does anybody listen to its 'error' events (an idle connection's error would end the process).
+    expect(warnings.filter((w) => w.includes("no 'error' listener"))).toHaveLength(1);
     const key = await t.enqueue('acme', 7);
     await t.waitStatus(key, 'sent');
     expect(t.eventsFor(key)).toHaveLength(1);

@@ -13,7 +13,7 @@ import { createActivities } from '../../activities/index.js';
 import { RELAY_CALLS_PER_RUN, relayWorkflowId, type RelayWorkflowInput } from '../../workflows/shared.js';
 import { checkHealth, oneProbeAtATime, temporalHealthConnection, type ProbeResult, type TemporalHealth } from '../api/health.js';
 import { ConfigError, type Config } from '../config.js';
-import { answeredWithin, createPool, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
+import { answeredWithin, createPool, HEARS_NO_ERRORS, hearsNoErrors, isDatabaseUnavailable, migrate, OPENS_WITHOUT_LIMIT, opensWithoutLimit, pendingMigrations, withPgTypes, type Queryable } from '../db.js';
 import type { Logger } from '../log.js';
 import { waitUnlessAborted } from '../wait.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../metrics.js';
@@ -438,6 +438,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
       pool = withPgTypes(opts.pool, { waitMs: config.timings.statementAnswerMs });
       listenWith = opts.pool.options;
       if (opensWithoutLimit(opts.pool)) log?.warn(OPENS_WITHOUT_LIMIT);
+      if (hearsNoErrors(opts.pool)) log?.warn(HEARS_NO_ERRORS);
     } else {
       if (!config.databaseUrl) throw new ConfigError(['database: neither a pool nor a PostgreSQL URL was given']);
       // A delivery waits for a connection no longer than for a statement's answer: past that the
