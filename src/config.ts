@@ -58,7 +58,9 @@ const apiToken = z.object({
 export type ApiToken = z.infer<typeof apiToken>;
 
 const schema = z.object({
-  NODE_ENV: z.enum(['development', 'production', 'test']).default('development'),
+  // An application's own value (`staging`, `prod`) is not refused: anything but development or test
+  // is taken as production, with production's refusals of unsafe settings (see `production` below).
+  NODE_ENV: z.string().trim().default('development'),
   DATABASE_URL: z
     .string()
     .trim()
@@ -184,7 +186,7 @@ const schema = z.object({
   RECONCILE_LAG_MS: int(600_000, 86_400_000).default(3_600_000),
   DATA_DIR: z.string().trim().min(1).optional(),
   TEMPORAL_CLI_PATH: z.string().trim().min(1).optional(),
-  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  LOG_LEVEL: z.preprocess((v) => (typeof v === 'string' ? v.trim().toLowerCase() : v), z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])).default('info'),
   // OpenTelemetry's own names: a collector's setup for other services works for this one too.
   OTEL_EXPORTER_OTLP_ENDPOINT: z
     .string()
@@ -591,7 +593,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 
   const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS);
   return {
-    production: c.NODE_ENV === 'production',
+    production: !['development', 'test', ''].includes(c.NODE_ENV.toLowerCase()),
     databaseUrl: c.DATABASE_URL,
     databaseSchema: c.DATABASE_SCHEMA,
     temporal: {

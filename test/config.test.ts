@@ -179,6 +179,17 @@ describe('configuration', () => {
     expect(err!.message).not.toContain('hunter2');
   });
 
+  it("takes an application's own NODE_ENV and LOG_LEVEL spellings: staging is production, INFO is info", () => {
+    for (const env of ['staging', 'prod', 'Production']) {
+      expect(problems({ NODE_ENV: env }), env).toEqual([]);
+      expect(loadConfig({ NODE_ENV: env }).production, env).toBe(true);
+    }
+    for (const env of ['development', 'test', 'Test']) expect(loadConfig({ NODE_ENV: env }).production, env).toBe(false);
+    expect(loadConfig({ LOG_LEVEL: 'INFO' }).logLevel).toBe('info');
+    expect(loadConfig({ LOG_LEVEL: ' Warn ' }).logLevel).toBe('warn');
+    expect(problems({ LOG_LEVEL: 'verbose' })).toEqual([expect.stringMatching(/^LOG_LEVEL: /)]);
+  });
+
   it('leaves STRIPE_API_KEY to what calls Stripe: migrate and the operator commands run without it in production', () => {
     expect(problems({ NODE_ENV: 'production' })).toEqual([]);
     const config = loadConfig({ NODE_ENV: 'production' });
