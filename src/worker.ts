@@ -41,6 +41,11 @@ export interface WorkerTemporalOptions {
   /** A Temporal Cloud API key. */
   apiKey?: string;
   /**
+   * A file holding the Temporal Cloud API key instead (a mounted secret): read again while the
+   * worker runs, so a key rotated in it is taken up with no restart (as TEMPORAL_API_KEY_FILE).
+   */
+  apiKeyFile?: string;
+  /**
    * A connection the application made (certificates from memory, its own settings): used as is,
    * never closed by the worker; `address`, `tls` and `apiKey` must then be left out.
    */
@@ -49,8 +54,13 @@ export interface WorkerTemporalOptions {
 
 /** Where usage goes: Stripe, or a Stripe-compatible server (`apiBase`, test keys only). */
 export interface WorkerStripeOptions {
-  /** sk_… or rk_…; required for Stripe itself. */
+  /** sk_… or rk_…; required for Stripe itself (or `apiKeyFile`). */
   apiKey?: string;
+  /**
+   * A file holding the key instead (a mounted secret): read again while the worker runs, so a key
+   * rolled in it is taken up with no restart (as STRIPE_API_KEY_FILE).
+   */
+  apiKeyFile?: string;
   /** Default https://api.stripe.com. */
   apiBase?: string;
   /** v1: one call per event (default); v2: the meter event stream, in batches. */
@@ -129,10 +139,11 @@ export interface CreateWorkerOptions {
 }
 
 // Each option stands for one variable of src/config.ts: the same check, default and range.
-const TEMPORAL_VARIABLES = { address: 'TEMPORAL_ADDRESS', namespace: 'TEMPORAL_NAMESPACE', apiKey: 'TEMPORAL_API_KEY' } as const;
+const TEMPORAL_VARIABLES = { address: 'TEMPORAL_ADDRESS', namespace: 'TEMPORAL_NAMESPACE', apiKey: 'TEMPORAL_API_KEY', apiKeyFile: 'TEMPORAL_API_KEY_FILE' } as const;
 const TLS_VARIABLES = { caFile: 'TEMPORAL_TLS_CA_FILE', certFile: 'TEMPORAL_TLS_CERT_FILE', keyFile: 'TEMPORAL_TLS_KEY_FILE', serverName: 'TEMPORAL_TLS_SERVER_NAME' } as const;
 const STRIPE_VARIABLES = {
   apiKey: 'STRIPE_API_KEY',
+  apiKeyFile: 'STRIPE_API_KEY_FILE',
   apiBase: 'STRIPE_API_BASE',
   meterApi: 'STRIPE_METER_API',
   meterEventName: 'STRIPE_METER_EVENT_NAME',
@@ -221,7 +232,7 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   take('stripe', stripe, STRIPE_VARIABLES);
   take('temporal', options.temporal, TEMPORAL_VARIABLES);
   if (temporal.connection !== undefined) {
-    for (const key of ['address', 'tls', 'apiKey'] as const) {
+    for (const key of ['address', 'tls', 'apiKey', 'apiKeyFile'] as const) {
       if (temporal[key] !== undefined) problems.push(`temporal.${key}: is set with temporal.connection (the connection already says how to reach Temporal)`);
     }
   }
@@ -255,7 +266,7 @@ export function workerConfig(options: CreateWorkerOptions): Config {
   // Stripe itself needs a key, as the worker command says (src/cli/commands/worker.ts). Blank
   // counts as not given, as in the configuration: an empty apiBase is Stripe itself.
   const given = (v: unknown) => typeof v === 'string' && v.trim() !== '';
-  if (!given(stripe?.apiKey) && (!given(stripe?.apiBase) || isStripeItself(String(stripe?.apiBase)))) {
+  if (!given(stripe?.apiKey) && !given(stripe?.apiKeyFile) && (!given(stripe?.apiBase) || isStripeItself(String(stripe?.apiBase)))) {
     problems.push('stripe.apiKey: is required to report usage to Stripe (or give stripe.apiBase, a Stripe-compatible server)');
   }
   // Every problem at once: ours, then loadConfig's in the options' words.

@@ -5,6 +5,9 @@
  */
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import net from 'node:net';
 import { Client, Connection } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
@@ -12,6 +15,7 @@ import pg from 'pg';
 import { afterAll, afterEach, describe, expect, inject, it } from 'vitest';
 import { ConfigError } from '../src/config.js';
 import { migrate, pendingMigrations } from '../src/db.js';
+import { KEY_FILE_RECHECK_MS } from '../src/key-file.js';
 import { createLogger } from '../src/log.js';
 import { createWorker, type CreateWorkerOptions, type WorkerHandle } from '../src/worker.js';
 import { freePort } from '../src/embedded/postgres.js';
@@ -95,6 +99,32 @@ describe('createWorker', () => {
     const { rows } = await pool.query<{ big: unknown }>('SELECT 9007199254740993::bigint AS big');
     expect(rows[0]!.big).toBe('9007199254740993');
     await expect(fetch(`${worker.url}/health`)).rejects.toThrow();
+  });
+
+  it('with stripe.apiKeyFile (a mounted secret): a key rolled in the file is taken up while it runs, with no restart', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'worker-api-key-'));
+    const file = path.join(dir, 'stripe-api-key');
+    writeFileSync(file, 'sk_test_embedded_before\n');
+    t.stripe.rollApiKey('sk_test_embedded_before');
+    try {
+      const { worker, running } = await started(options(t.db.url, { stripe: { apiKeyFile: file, apiBase: t.stripe.url, unansweredHoldMs: 300 } }));
+      const before = await t.enqueue('acme', 1);
+      await t.waitStatus(before, 'sent');
+      // Rolled in the file, then the old key expired at Stripe: the worker reads the file again
+      // (at most every KEY_FILE_RECHECK_MS) and sends the new one.
+      writeFileSync(file, 'sk_test_embedded_after\n');
+      await new Promise((resolve) => setTimeout(resolve, KEY_FILE_RECHECK_MS + 500));
+      t.stripe.rollApiKey('sk_test_embedded_after');
+      const after = await t.enqueue('acme', 2);
+      const sent = await t.waitStatus(after, 'sent');
+      expect(sent.attempt_count).toBe(1);
+      expect(t.eventsFor(after)).toHaveLength(1);
+      await worker.shutdown();
+      await running;
+    } finally {
+      t.stripe.rollApiKey(undefined);
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('on a URL: delivers, then ends its own pool at shutdown', async () => {
