@@ -17,7 +17,7 @@ import type { Config } from '../src/config.js';
 import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeadMark, DeliveryStore, Marked } from '../src/outbox/sql/delivery.js';
-import { isAtStripe, isUnbilled } from '../src/outbox/statuses.js';
+import { isAtStripe, isUnbilled, type OutboxStatus } from '../src/outbox/statuses.js';
 import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe, StreamSessionError } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
@@ -173,6 +173,11 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
      */
     async markDead(input: { key: string; code: string; message: string }): Promise<DeadMark> {
       return store.markRowDead(input.key, input.code, input.message);
+    },
+
+    /** What the row is now (null: no row), for a dead letter's run told its row changed. */
+    async readRowStatus(key: string): Promise<OutboxStatus | null> {
+      return (await store.findRow(key))?.status ?? null;
     },
 
     /** An operator's retry reopened the dead letter in its open run: the row is back in flight. */

@@ -270,7 +270,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'dead-letter-never-waits',
     guarantee: 'At-least-once: after the final failure the row is dead and its workflow waits for a retry signal',
-    find: '    await condition(() => requested !== undefined, input.retry.deadLetterOpenMs);\n',
+    find: '      await condition(() => requested !== undefined || rowChanged, left);\n',
     replace: '\n',
     test: 'test/workflows.test.ts',
     name: 'runs the retry policy out',

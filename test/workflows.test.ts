@@ -18,7 +18,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { DeliveryActivities, DeliveryResult } from '../activities/delivery.js';
 import { PROJECT_ROOT } from '../src/embedded/temporal.js';
-import { ErrorTypes, OutboxErrorKey, OutboxStatusKey, RELAY_CALLS_PER_RUN, reopenSignal, retryUpdate, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type RelayWorkflowInput, type UsageWorkflowInput } from '../workflows/shared.js';
+import { ErrorTypes, OutboxErrorKey, OutboxStatusKey, RELAY_CALLS_PER_RUN, reopenSignal, retryUpdate, rowChangedSignal, SEARCH_ATTRIBUTES, stateQuery, TemporalErrorCodes, type DeliverInput, type RelayWorkflowInput, type UsageWorkflowInput } from '../workflows/shared.js';
 
 let env: TestWorkflowEnvironment;
 
@@ -174,6 +174,55 @@ it('runs the retry policy out, then the event is dead and waits for a retry sign
     expect(closed.status.name).toBe('FAILED');
     const failure = await handle.result().catch((e: unknown) => e as { cause?: { message?: string; type?: string } });
     expect(failure).toMatchObject({ cause: { type: 'DeadLetterClosed', message: expect.stringMatching(/not retried within 168 h/) } });
+  });
+});
+
+it("a dead letter told its row changed (Stripe's error report rejected it) reads the row and ends as it is; told while the row is still dead, it waits on, and its deadline stands", async () => {
+  let rowStatus: 'dead' | 'rejected_async' = 'dead';
+  const reads: string[] = [];
+  const { calls, activities } = fakeActivities(async () => {
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  activities.readRowStatus = async (key) => {
+    reads.push(key);
+    return rowStatus;
+  };
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('the dead letter', async () => (await handle.query(stateQuery)).status === 'dead' && calls.dead.length === 1);
+    // Told while the row is still dead (a report that named it, then nothing changed): it waits on.
+    await handle.signal(rowChangedSignal);
+    await waitFor('the row read', async () => reads.length === 1);
+    await env.sleep('1 day');
+    expect((await handle.describe()).status.name).toBe('RUNNING');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead', lastError: { code: 'resource_missing' } });
+    // Rejected by Stripe's error report: the run ends listed as that, before its dead-letter deadline.
+    rowStatus = 'rejected_async';
+    await handle.signal(rowChangedSignal);
+    await expect(handle.result()).resolves.toMatchObject({ status: 'rejected_async', lastError: null });
+    expect(reads).toHaveLength(2);
+    expect(calls.deliver).toHaveLength(1);
+    expect(calls.retrying).toBe(0);
+    const attributes = (await handle.describe()).typedSearchAttributes;
+    expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['rejected_async', undefined]);
+  });
+});
+
+it('a dead letter told its row changed, with the row still dead, closes at its own deadline, not a wait longer', async () => {
+  const { activities } = fakeActivities(async () => {
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  activities.readRowStatus = async () => 'dead';
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await waitFor('the dead letter', async () => (await handle.query(stateQuery)).status === 'dead');
+    await env.sleep('3 days');
+    await handle.signal(rowChangedSignal);
+    await env.sleep('3 days');
+    expect((await handle.describe()).status.name).toBe('RUNNING');
+    // Seven days from its death, as without the signal (not seven from the signal).
+    await env.sleep('25 hours');
+    expect((await handle.describe()).status.name).toBe('FAILED');
   });
 });
 

@@ -177,6 +177,12 @@ export const reopenSignal = defineSignal<[ReopenRequest?]>('retry');
 export const retryUpdate = defineUpdate<UsageState, [ReopenRequest]>('retry');
 export const stateQuery = defineQuery<UsageState>('state');
 /**
+ * The event's row changed outside its run: sent to a dead letter's open run when Stripe's error
+ * report made its row `rejected_async` (src/api/webhooks.ts). The run reads its row again, and ends
+ * with it if it is no longer dead, instead of showing a dead letter to retry until it closes.
+ */
+export const rowChangedSignal = defineSignal('rowChanged');
+/**
  * The failure type of a `retry` Update its validator refused; its first detail says why (a
  * RetryRefusal), its message says it to a person.
  */

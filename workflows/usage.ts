@@ -31,6 +31,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { DeliveryActivities } from '../activities/delivery.js';
+import type { OutboxStatus } from '../src/outbox/statuses.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import {
   codeSpan,
@@ -43,6 +44,7 @@ import {
   reopenSignal,
   RETRY_REFUSED,
   retryUpdate,
+  rowChangedSignal,
   shellWord,
   stateQuery,
   TemporalErrorCodes,
@@ -171,6 +173,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
   } as const;
   const { markDead } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: 'Mark the outbox row dead' });
   const { markReopened } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: "Reopen the outbox row for an operator's retry" });
+  const { readRowStatus } = proxyActivities<DeliveryActivities>({ ...bookkeeping, summary: 'Read the outbox row: it changed outside this run' });
 
   // What the Web UI shows as this run's current details (kept in memory, served by a query: no history).
   const show = (lines: string[]) => setCurrentDetails(lines.join('\n\n'));
@@ -185,7 +188,12 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
   let begun = 0;
   let settled = 0;
   let continuing = false;
+  // Told while a dead letter that its row changed outside the run (Stripe's error report): read again.
+  let rowChanged = false;
   setHandler(stateQuery, () => state);
+  setHandler(rowChangedSignal, () => {
+    if (state.status === 'dead') rowChanged = true;
+  });
   setHandler(reopenSignal, (request?: ReopenRequest) => {
     // Only a dead letter can be retried; a retry sent while the event is in flight means nothing.
     if (state.status === 'dead') requested = readReopenRequest(request);
@@ -222,23 +230,32 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
 
   /**
    * Waits for an operator's retry signal, or takes the one that arrived since the event died. A dead
-   * letter's run waits at most `deadLetterOpenMs`, then closes (undefined): the row stays dead, and
+   * letter's run waits at most `deadLetterOpenMs`, then closes: the row stays dead, and
    * `billing-outbox retry` reopens it with a new run, so open runs cannot pile up without bound.
+   * Told its row changed meanwhile, it reads the row, and ends with it once it is no longer dead.
    */
-  const nextReopen = async (): Promise<ReopenRequest | undefined> => {
-    await condition(() => requested !== undefined, input.retry.deadLetterOpenMs);
+  const nextReopen = async (): Promise<{ kind: 'reopen'; request: ReopenRequest } | { kind: 'closed' } | { kind: 'settled'; status: OutboxStatus }> => {
+    const closesAt = Date.now() + input.retry.deadLetterOpenMs;
+    for (let left = input.retry.deadLetterOpenMs; left > 0; left = closesAt - Date.now()) {
+      await condition(() => requested !== undefined || rowChanged, left);
+      if (requested !== undefined || !rowChanged) break;
+      rowChanged = false;
+      const now = await readRowStatus(input.key);
+      // A retry that came while the row was read goes first: its delivery finds what the row is.
+      if (now !== null && now !== 'dead' && requested === undefined) return { kind: 'settled', status: now };
+    }
     // Judged by the request, not by how the wait ended: a signal that arrives in the same workflow
     // task as the deadline is taken (the CLI said it signalled), not dropped with the run. Which of
     // the two settles `condition` first is the SDK's order of the task's jobs (today: signals before
     // timers, so the wait says true); this line does not depend on it. workflows.test.ts puts both
     // in one task and checks the retry happens.
-    if (requested === undefined) return undefined;
+    if (requested === undefined) return { kind: 'closed' };
     const request = requested ?? {};
     requested = undefined;
     if (request.newIdentifier === true) firstAttemptedAt = undefined;
     // In flight from here, in memory (the upsert follows the row): a second retry is refused at once.
     state.status = 'dispatched';
-    return request;
+    return { kind: 'reopen', request };
   };
 
   // How long this delivery has waited on Stripe's 429s since Stripe last answered otherwise,
@@ -403,8 +420,20 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       ]);
       settled = delivery;
     }
-    const reopen = await nextReopen();
-    if (!reopen) {
+    const next = await nextReopen();
+    if (next.kind === 'settled') {
+      // Not a dead letter any more (Stripe's error report rejected it, say): the run ends as the
+      // row is, listed as that, not as a dead letter waiting for a retry with nothing to do.
+      state.status = next.status;
+      state.lastError = null;
+      upsertSearchAttributes([
+        { key: OutboxStatusKey, value: next.status },
+        { key: OutboxErrorKey, value: null },
+      ]);
+      await condition(allHandlersFinished);
+      return state;
+    }
+    if (next.kind === 'closed') {
       // Nobody retried it in time: the run ends (as Failed, so no list counts it as delivered), the
       // row stays dead, and the CLI reopens it if it is ever retried.
       throw ApplicationFailure.create({
@@ -414,6 +443,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         nonRetryable: true,
       });
     }
+    const reopen = next.request;
     force = reopen.force === true;
     row.dead = false;
     // A new delivery: its attempts and 429s are counted afresh.
