@@ -9,7 +9,7 @@ import type { Client } from '@temporalio/client';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { buildApi, type Api } from '../src/api/index.js';
+import { buildApi, temporalHealthConnection, type Api } from '../src/api/index.js';
 import { WEBHOOK_PATH } from '../src/api/webhooks.js';
 import { runCli } from '../src/cli/run.js';
 import type { Config } from '../src/config.js';
@@ -23,7 +23,7 @@ import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt, markDelivered, markSentAndHandOff } from '../src/outbox/sql/delivery.js';
 import { markRejectedAsync } from '../src/outbox/sql/error-reports.js';
 import { rebillRejected } from '../src/outbox/sql/operator.js';
-import { reopenSignal, stateQuery } from '../workflows/shared.js';
+import { OutboxErrorKey, OutboxStatusKey, reopenSignal, stateQuery } from '../workflows/shared.js';
 import { addCustomer, createTestDb, startsAnswerLost, startTestPipeline, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
@@ -105,7 +105,7 @@ const delivered = new Set<string>();
  * POSTed to the API's route as Stripe sends it (the thin notification, signed), whenever the test
  * says (Stripe's report comes minutes after the call). Returns the route's answers.
  */
-async function deliverReports(): Promise<{ statusCode: number; body: Record<string, unknown> }[]> {
+async function deliverReports(target: Api = api): Promise<{ statusCode: number; body: Record<string, unknown> }[]> {
   await stripe.flushAsyncErrors();
   const res = await fetch(`${stripe.url}/v2/core/events`, { headers: { authorization: 'Bearer sk_test_rebill' } });
   const events = ((await res.json()) as { data: ErrorReportEvent[] }).data.filter((e) => !delivered.has(e.id)).reverse();
@@ -114,7 +114,7 @@ async function deliverReports(): Promise<{ statusCode: number; body: Record<stri
     delivered.add(event.id);
     const { data: _data, ...thin } = event as unknown as Record<string, unknown>;
     const body = JSON.stringify(thin);
-    const r = await api.inject({
+    const r = await target.inject({
       method: 'POST',
       url: WEBHOOK_PATH,
       headers: { 'content-type': 'application/json; charset=utf-8', 'stripe-signature': signatureHeader(body, SECRET) },
@@ -189,6 +189,40 @@ describe('an event Stripe rejected after accepting it', () => {
     expect(requestsFor(key)).toHaveLength(requestsBefore);
     expect((await actionsFor(key)).map((a) => `${a.action}:${a.outcome}`)).toEqual(['retry:refused', 'rebill:rebilled']);
     expect((await actionsFor(key))[1]!.detail).toContain(`identifier ${key} → r1:${key}`);
+  });
+
+  it("the report tells the dead letter's open run, which ends listed rejected_async instead of offering a retry; rebill then bills it once with a new run", async () => {
+    // The API as deployed: with its Temporal connection (its health probe's), over which it tells runs.
+    const temporal = temporalHealthConnection(config.temporal);
+    const telling = buildApi({ config, db: db.pool, log: createLogger('silent'), temporal });
+    await telling.ready();
+    try {
+      stripe.asyncErrorNext(1, CODE);
+      stripe.dropAfterRecord(2);
+      const key = await enqueue(5);
+      await waitFor('Stripe to record attempt 1', async () => stripe.requests().some((r) => r.identifier === key && r.dropped));
+      stripe.failNext(config.retry.maximumAttempts, 503);
+      await waitStatus(key, 'dead');
+      const handle = client.workflow.getHandle(key);
+      await waitFor('the dead letter run', async () => (await handle.query(stateQuery)).status === 'dead');
+
+      expect(await deliverReports(telling)).toEqual([{ statusCode: 200, body: expect.objectContaining({ marked: 1 }) }]);
+      // Told after the answer: the run reads its row and ends as it is, before its dead-letter deadline.
+      await expect(handle.result()).resolves.toMatchObject({ status: 'rejected_async', lastError: null });
+      const attributes = (await handle.describe()).typedSearchAttributes;
+      expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['rejected_async', undefined]);
+      expect(await row(key)).toMatchObject({ status: 'rejected_async', last_error_code: CODE });
+
+      stripe.heal();
+      const rebill = await cli(['rebill', key, '--json']);
+      expect(rebill.code).toBe(0);
+      await waitStatus(key, 'sent');
+      expect(counted(`r1:${key}`)).toHaveLength(1);
+      expect(counted(key)).toHaveLength(0);
+    } finally {
+      await telling.close();
+      await temporal.close();
+    }
   });
 
   it('two operators rebilling at once make one new revision and one delivery; a report on the old identifier leaves it alone', async () => {

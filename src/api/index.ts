@@ -25,7 +25,7 @@ import { checkHealth, oneProbeAtATime, type TemporalHealth } from './health.js';
 export { temporalHealthConnection } from './health.js';
 import { RequestLogController } from './request-log.js';
 import { ingestion, STRICT_AJV } from './ingestion.js';
-import { registerWebhookRoutes, type WebhookStripe } from './webhooks.js';
+import { registerWebhookRoutes, rowChangedTeller, type WebhookStripe } from './webhooks.js';
 import { TURN_WAIT_MS } from './usage.js';
 import { schemaFor } from '../outbox/sql/schema.js';
 
@@ -157,7 +157,14 @@ export function buildApi(deps: ApiDeps) {
     // socket is dropped would run for nobody.
     turnWaitMs: deps.turnWaitMs ?? Math.min(TURN_WAIT_MS, Math.floor(deps.config.api.requestTimeoutMs / 2)),
   });
-  registerWebhookRoutes(app, { db: deps.db, schema, config: deps.config.stripe, metrics, ...(deps.stripe ? { stripe: deps.stripe } : {}) });
+  registerWebhookRoutes(app, {
+    db: deps.db,
+    schema,
+    config: deps.config.stripe,
+    metrics,
+    ...(deps.stripe ? { stripe: deps.stripe } : {}),
+    ...(deps.temporal ? { tellRun: rowChangedTeller(deps.temporal) } : {}),
+  });
 
   const health = oneProbeAtATime(() => checkHealth({ db: deps.db, temporal: deps.temporal, log: app.log }, healthTimeoutMs));
   app.get('/health', { config: { public: true } }, async (_request, reply) => {

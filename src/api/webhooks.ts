@@ -15,7 +15,8 @@
  * No bearer token (Stripe cannot send one): the signature is the authentication. The route has its
  * own raw-body parser, registered in an encapsulated scope so every other route keeps JSON only.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import Stripe from 'stripe';
 import type { Config } from '../config.js';
@@ -27,6 +28,8 @@ import { createStripeClient } from '../stripe/client.js';
 import { classifyStripeError } from '../stripe/errors.js';
 import { WEBHOOK_SECRET_PATTERN } from '../stripe/rules.js';
 import { ApiError } from './errors.js';
+import type { TemporalHealth } from './health.js';
+import { rowChangedSignal } from '../../workflows/shared.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
 export const WEBHOOK_PATH = '/v1/stripe/webhooks';
@@ -57,6 +60,11 @@ export interface WebhookDeps {
   /** Defaults to a client built from `config` (the local server's or Stripe's). */
   stripe?: WebhookStripe;
   metrics?: Partial<Pick<Metrics, 'asyncRejections' | 'stripeErrors'>>;
+  /**
+   * Tells a dead letter's open run that Stripe's report rejected its row (rowChangedSignal), so the
+   * Web UI stops offering a retry. Best effort: the row is the record; unset, no run is told.
+   */
+  tellRun?: (key: string) => Promise<void>;
 }
 
 const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
@@ -110,6 +118,38 @@ function webhookSecret(config: Config['stripe'], log: KeyLog): () => string | un
     refuse: (secret) => (WEBHOOK_SECRET_PATTERN.test(secret) ? undefined : 'does not hold a webhook signing secret (whsec_…)'),
     onNews: newsOn(log, file, { what: 'Stripe webhook secret', noun: 'secret', variable: 'STRIPE_WEBHOOK_SECRET_FILE' }),
   });
+}
+
+/** How long telling one run may take. */
+const TELL_RUN_MS = 5_000;
+
+/**
+ * rowChangedSignal to an event's run, over the API's own lazy Temporal connection (its health
+ * probe's: no retries, so a Temporal away costs one try within TELL_RUN_MS).
+ */
+export function rowChangedTeller(temporal: TemporalHealth): (key: string) => Promise<void> {
+  return async (key) => {
+    await temporal.withDeadline(Date.now() + TELL_RUN_MS, () =>
+      temporal.workflowService.signalWorkflowExecution({
+        namespace: temporal.namespace,
+        workflowExecution: { workflowId: key },
+        signalName: rowChangedSignal.name,
+        identity: 'billing-outbox api (Stripe error report)',
+        requestId: randomUUID(),
+      }),
+    );
+  };
+}
+
+/**
+ * Tells each dead letter's run, one at a time, after the answer: Stripe waits for no one. A run
+ * that cannot be told (closed since, Temporal away) keeps showing a dead letter until it closes;
+ * `retry` then refuses the row and says to rebill, as for any rejected row.
+ */
+async function tellRuns(tell: (key: string) => Promise<void>, keys: string[], log: Pick<FastifyBaseLogger, 'info'>): Promise<void> {
+  for (const key of keys) {
+    await tell(key).catch((err: unknown) => log.info({ idempotencyKey: key, error: scrub(String(err)) }, "a rejected dead letter's run was not told: it shows a dead letter until it closes"));
+  }
 }
 
 export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): void {
@@ -224,6 +264,7 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
             `${outcome.unmatched} not matched to a row. Stripe names only a sample of the failed events, so more events than those ` +
             'named may be affected: reconcile the period (billing-outbox reconcile).',
         );
+        if (deps.tellRun && outcome.markedDead.length > 0) void tellRuns(deps.tellRun, outcome.markedDead, log);
       } else {
         log.info('Stripe error report redelivered: already processed');
       }

@@ -34,6 +34,8 @@ export interface ErrorReportOutcome {
   matched: number;
   /** Keys of the rows moved from `sent`, `accepted`, `dispatched` or `dead` to `rejected_async`. */
   marked: string[];
+  /** Those of them that were dead letters: their runs may be open, waiting for a retry (rowChangedSignal). */
+  markedDead: string[];
   /** Named rows in another status (not yet sent, already rejected, cancelled, or `superseded`: an identifier a rebill replaced): left as they were. */
   notSent: { key: string; status: string }[];
   /** Sample identifiers that are not in our outbox. */
@@ -67,6 +69,7 @@ export async function recordErrorReport(db: pg.Pool, schema: Schema, report: Err
       errorCount: report.errorCount,
       matched: 0,
       marked: [],
+      markedDead: [],
       notSent: [],
       unknown: [],
       unmatched: 0,
@@ -78,7 +81,10 @@ export async function recordErrorReport(db: pg.Pool, schema: Schema, report: Err
     const outcome: ErrorReportOutcome = { ...none, duplicate: false };
     for (const r of results) {
       if (r.status_before === null || r.key === null) outcome.unknown.push(r.identifier);
-      else if (r.marked) outcome.marked.push(r.key);
+      else if (r.marked) {
+        outcome.marked.push(r.key);
+        if (r.status_before === 'dead') outcome.markedDead.push(r.key);
+      }
       else outcome.notSent.push({ key: r.key, status: r.status_before });
     }
     outcome.matched = outcome.marked.length + outcome.notSent.length;
