@@ -57,10 +57,14 @@ const apiToken = z.object({
 });
 export type ApiToken = z.infer<typeof apiToken>;
 
+/** NODE_ENV values that mean production (its refusals of unsafe settings apply), and those that do not. */
+const PRODUCTION_ENVS = ['production', 'prod', 'staging'] as const;
+const OTHER_ENVS = ['development', 'dev', 'local', 'test'] as const;
+
 const schema = z.object({
-  // An application's own value (`staging`, `prod`) is not refused: anything but development or test
-  // is taken as production, with production's refusals of unsafe settings (see `production` below).
-  NODE_ENV: z.string().trim().default('development'),
+  // An application's own spellings are taken (`staging` is production, `dev` is not); any other
+  // value is refused rather than guessed: production decides which unsafe settings are refused.
+  NODE_ENV: z.preprocess((v) => (typeof v === 'string' ? v.trim().toLowerCase() : v), z.enum([...PRODUCTION_ENVS, ...OTHER_ENVS])).default('development'),
   DATABASE_URL: z
     .string()
     .trim()
@@ -593,7 +597,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 
   const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS);
   return {
-    production: !['development', 'test', ''].includes(c.NODE_ENV.toLowerCase()),
+    production: (PRODUCTION_ENVS as readonly string[]).includes(c.NODE_ENV),
     databaseUrl: c.DATABASE_URL,
     databaseSchema: c.DATABASE_SCHEMA,
     temporal: {

@@ -179,12 +179,14 @@ describe('configuration', () => {
     expect(err!.message).not.toContain('hunter2');
   });
 
-  it("takes an application's own NODE_ENV and LOG_LEVEL spellings: staging is production, INFO is info", () => {
+  it("takes an application's own NODE_ENV and LOG_LEVEL spellings: staging is production, dev is not, INFO is info; anything else is refused, not guessed", () => {
     for (const env of ['staging', 'prod', 'Production']) {
       expect(problems({ NODE_ENV: env }), env).toEqual([]);
       expect(loadConfig({ NODE_ENV: env }).production, env).toBe(true);
     }
-    for (const env of ['development', 'test', 'Test']) expect(loadConfig({ NODE_ENV: env }).production, env).toBe(false);
+    for (const env of ['development', 'dev', 'local', 'test', 'Test']) expect(loadConfig({ NODE_ENV: env }).production, env).toBe(false);
+    // Guessed either way, an unknown value would switch production's refusals on or off unasked.
+    expect(problems({ NODE_ENV: 'qa-2' })).toEqual([expect.stringMatching(/^NODE_ENV: /)]);
     expect(loadConfig({ LOG_LEVEL: 'INFO' }).logLevel).toBe('info');
     expect(loadConfig({ LOG_LEVEL: ' Warn ' }).logLevel).toBe('warn');
     expect(problems({ LOG_LEVEL: 'verbose' })).toEqual([expect.stringMatching(/^LOG_LEVEL: /)]);

@@ -136,10 +136,10 @@ const LIVE_KEY = /^(sk|rk)_live_/;
 export function refuseUnfitConfig(config: Config): void {
   const problems: string[] = [];
   if (config.production) {
-    if (!config.databaseUrl) problems.push('DATABASE_URL: is required when NODE_ENV=production (npm start does not run an embedded PostgreSQL in production)');
-    if (!config.temporal.address) problems.push('TEMPORAL_ADDRESS: is required when NODE_ENV=production (npm start does not run an embedded Temporal dev server in production)');
+    if (!config.databaseUrl) problems.push('DATABASE_URL: is required in production (NODE_ENV production, prod or staging; npm start does not run an embedded PostgreSQL in production)');
+    if (!config.temporal.address) problems.push('TEMPORAL_ADDRESS: is required in production (NODE_ENV production, prod or staging; npm start does not run an embedded Temporal dev server in production)');
     if (config.stripe.apiKey === undefined && config.stripe.isRealStripe) {
-      problems.push("STRIPE_API_KEY: is required when NODE_ENV=production (npm start's local Stripe-compatible server bills nothing: the outbox's usage would be delivered to it, never to Stripe)");
+      problems.push("STRIPE_API_KEY: is required in production (NODE_ENV production, prod or staging; npm start's local Stripe-compatible server bills nothing: the outbox's usage would be delivered to it, never to Stripe)");
     }
   } else if (config.stripe.apiKey && LIVE_KEY.test(config.stripe.apiKey)) {
     problems.push(
