@@ -208,7 +208,9 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
       if (typeof eventId !== 'string' || !EVENT_ID.test(eventId)) {
         throw new ApiError(400, 'invalid_event', 'the event id is not a Stripe event id');
       }
-      const log = request.log.child({ stripeEventId: eventId, stripeEventType: notification.type });
+      // The account the event is about when it is not the key's own (`context`: an organization's
+      // destination names each account, ours too): said with each line, and processed all the same.
+      const log = request.log.child({ stripeEventId: eventId, stripeEventType: notification.type, ...(notification.context ? { stripeContext: String(notification.context) } : {}) });
       if (!ERROR_REPORT_EVENT_TYPES.has(notification.type)) {
         log.info('Stripe event ignored: not an error report');
         return reply.code(200).send({ received: true, eventId, handled: false });
