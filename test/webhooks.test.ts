@@ -407,20 +407,6 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(res.json().error.code).toBe('invalid_event');
   });
 
-  it("ignores a connected account's error report (an event destination including connected accounts): its identifiers are not ours, and no row of ours changes", async () => {
-    const { keys, events } = await reportedFailures('meter_event_invalid_value', 1);
-    const before = await Promise.all(keys.map((k) => row(k)));
-    const theirs = JSON.stringify({ ...JSON.parse(thinBody(events[0]!)), context: 'acct_1ConnectedAccount' });
-    const res = await deliver(theirs, signatureHeader(theirs, SECRET));
-    expect(res.statusCode).toBe(200);
-    expect(res.json()).toMatchObject({ received: true, handled: false });
-    expect(await Promise.all(keys.map((k) => row(k)))).toEqual(before);
-    // The account's own report of the same failures is taken.
-    const ours = thinBody(events[0]!);
-    expect((await deliver(ours, signatureHeader(ours, SECRET))).json()).toMatchObject({ handled: true });
-    for (const key of keys) expect((await row(key)).status).toBe('rejected_async');
-  });
-
   it('acknowledges other Stripe events without acting on them, and keeps JSON parsing on the other routes', async () => {
     const body = JSON.stringify({ id: `evt_${randomUUID()}`, object: 'v2.core.event', type: 'v1.billing.meter.created', created: new Date().toISOString() });
     const res = await deliver(body, signatureHeader(body, SECRET));

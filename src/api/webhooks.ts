@@ -215,13 +215,6 @@ export function registerWebhookRoutes(app: FastifyInstance, deps: WebhookDeps): 
         log.info('Stripe event ignored: not an error report');
         return reply.code(200).send({ received: true, eventId, handled: false });
       }
-      // An event destination that includes connected accounts sends their error reports too, each
-      // with its account as `context`. Their identifiers are not ours: matched against our rows,
-      // one that happened to spell a key of ours would mark a billed event of ours rejected.
-      if (notification.context) {
-        log.info({ stripeContext: String(notification.context) }, "Stripe error report ignored: a connected account's, not this account's");
-        return reply.code(200).send({ received: true, eventId, handled: false });
-      }
       if (await errorReportProcessed(deps.db, deps.schema, eventId)) {
         log.info('Stripe error report redelivered: already processed');
         return reply.code(200).send({ received: true, eventId, handled: true, duplicate: true });
