@@ -407,6 +407,15 @@ describe('POST /v1/stripe/webhooks', () => {
     expect(res.json().error.code).toBe('invalid_event');
   });
 
+  it("processes a report that names its account (an organization's event destination sends this account's events with their account as context)", async () => {
+    const { keys, events } = await reportedFailures('meter_event_invalid_value', 1);
+    const named = JSON.stringify({ ...JSON.parse(thinBody(events[0]!)), context: 'acct_1OurOwnAccount' });
+    const res = await deliver(named, signatureHeader(named, SECRET));
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toMatchObject({ received: true, handled: true, marked: keys.length });
+    for (const key of keys) expect((await row(key)).status).toBe('rejected_async');
+  });
+
   it('acknowledges other Stripe events without acting on them, and keeps JSON parsing on the other routes', async () => {
     const body = JSON.stringify({ id: `evt_${randomUUID()}`, object: 'v2.core.event', type: 'v1.billing.meter.created', created: new Date().toISOString() });
     const res = await deliver(body, signatureHeader(body, SECRET));
