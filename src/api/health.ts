@@ -95,10 +95,11 @@ export function oneProbeAtATime<T>(probeNow: () => Promise<T>, freshMs = HEALTH_
   let running: Promise<T> | undefined;
   let last: { at: number; answer: T } | undefined;
   return () => {
-    if (last && Date.now() - last.at < freshMs) return Promise.resolve(last.answer);
+    // By the monotonic clock: the wall clock stepped back (NTP, a VM resumed) would freeze the answer.
+    if (last && performance.now() - last.at < freshMs) return Promise.resolve(last.answer);
     running ??= probeNow()
       .then((answer) => {
-        last = { at: Date.now(), answer };
+        last = { at: performance.now(), answer };
         return answer;
       })
       .finally(() => {
