@@ -47,7 +47,7 @@ export interface WorkerTemporalOptions {
   apiKeyFile?: string;
   /**
    * A connection the application made (certificates from memory, its own settings): used as is,
-   * never closed by the worker; `address`, `tls` and `apiKey` must then be left out.
+   * never closed by the worker; `address`, `tls`, `apiKey` and `apiKeyFile` must then be left out.
    */
   connection?: NativeConnection;
 }
@@ -275,7 +275,12 @@ export function workerConfig(options: CreateWorkerOptions): Config {
     config = loadConfig(env);
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
-    problems.push(...err.problems.map((p) => p.replace(VARIABLE, (v) => OPTION_OF.get(v) ?? v)));
+    // A key read from a file is the file's option to name (its content is what is wrong).
+    const fromFile = new Map<string, string>([
+      ...(given(stripe?.apiKeyFile) ? [['STRIPE_API_KEY', 'stripe.apiKeyFile'] as const] : []),
+      ...(given(temporal.apiKeyFile) ? [['TEMPORAL_API_KEY', 'temporal.apiKeyFile'] as const] : []),
+    ]);
+    problems.push(...err.problems.map((p) => p.replace(VARIABLE, (v) => fromFile.get(v) ?? OPTION_OF.get(v) ?? v)));
   }
   if (problems.length > 0 || !config) throw new ConfigError(problems);
   return config;

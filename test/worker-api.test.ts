@@ -257,6 +257,20 @@ describe('createWorker', () => {
     await expect(
       createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { tls: { certFile: '/nonexistent/client.pem' } } }),
     ).rejects.toThrow(/temporal\.tls\.certFile: mTLS needs both temporal\.tls\.certFile and temporal\.tls\.keyFile/);
+    // A key read from a file: a problem with it names the file's option, not apiKey.
+    const keys = mkdtempSync(path.join(tmpdir(), 'worker-api-bad-key-'));
+    try {
+      const notAKey = path.join(keys, 'stripe-api-key');
+      writeFileSync(notAKey, 'not-a-stripe-key\n');
+      await expect(createWorker({ database: t.db.url, stripe: { apiKeyFile: notAKey }, taskQueue: 'q' })).rejects.toThrow(/stripe\.apiKeyFile: /);
+      const cloudKey = path.join(keys, 'temporal-api-key');
+      writeFileSync(cloudKey, 'cloud-key\n');
+      const plain = createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { apiKeyFile: cloudKey, tls: false } });
+      await expect(plain).rejects.toThrow(/temporal\.apiKeyFile: /);
+      await expect(plain).rejects.not.toThrow(/temporal\.apiKey: /);
+    } finally {
+      rmSync(keys, { recursive: true, force: true });
+    }
     // What the worker sets itself: another task queue would have it poll away from its own relays.
     const polled = createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, taskQueue: 'a', workerOptions: { taskQueue: 'b', namespace: 'other' } });
     await expect(polled).rejects.toThrow(/workerOptions\.taskQueue: is set by the worker itself; use the option taskQueue/);
