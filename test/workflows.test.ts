@@ -178,7 +178,7 @@ it('runs the retry policy out, then the event is dead and waits for a retry sign
 });
 
 it("a dead letter told its row changed (Stripe's error report rejected it) reads the row and ends as it is; told while the row is still dead, it waits on, and its deadline stands", async () => {
-  let rowStatus: 'dead' | 'rejected_async' = 'dead';
+  let rowStatus: 'dead' | 'dispatched' | 'rejected_async' = 'dead';
   const reads: string[] = [];
   const { calls, activities } = fakeActivities(async () => {
     throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
@@ -196,11 +196,17 @@ it("a dead letter told its row changed (Stripe's error report rejected it) reads
     await env.sleep('1 day');
     expect((await handle.describe()).status.name).toBe('RUNNING');
     expect(await handle.query(stateQuery)).toMatchObject({ status: 'dead', lastError: { code: 'resource_missing' } });
+    // Put back in flight (a rebill about to signal this run): not at Stripe, not this run's to close.
+    rowStatus = 'dispatched';
+    await handle.signal(rowChangedSignal);
+    await waitFor('the row read again', async () => reads.length === 2);
+    await env.sleep('1 hour');
+    expect((await handle.describe()).status.name).toBe('RUNNING');
     // Rejected by Stripe's error report: the run ends listed as that, before its dead-letter deadline.
     rowStatus = 'rejected_async';
     await handle.signal(rowChangedSignal);
     await expect(handle.result()).resolves.toMatchObject({ status: 'rejected_async', lastError: null });
-    expect(reads).toHaveLength(2);
+    expect(reads).toHaveLength(3);
     expect(calls.deliver).toHaveLength(1);
     expect(calls.retrying).toBe(0);
     const attributes = (await handle.describe()).typedSearchAttributes;

@@ -31,7 +31,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { DeliveryActivities } from '../activities/delivery.js';
-import type { OutboxStatus } from '../src/outbox/statuses.js';
+import { isAtStripe, type OutboxStatus } from '../src/outbox/statuses.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import {
   codeSpan,
@@ -241,8 +241,10 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       if (requested !== undefined || !rowChanged) break;
       rowChanged = false;
       const now = await readRowStatus(input.key);
-      // A retry that came while the row was read goes first: its delivery finds what the row is.
-      if (now !== null && now !== 'dead' && requested === undefined) return { kind: 'settled', status: now };
+      // Only a row at Stripe ends the run (sent, accepted, rejected_async, cancelled): one put back in
+      // flight (a rebill about to signal this run) is not this run's to close. A retry that came
+      // while the row was read goes first: its delivery finds what the row is.
+      if (now !== null && isAtStripe(now) && requested === undefined) return { kind: 'settled', status: now };
     }
     // Judged by the request, not by how the wait ended: a signal that arrives in the same workflow
     // task as the deadline is taken (the CLI said it signalled), not dropped with the run. Which of
@@ -252,6 +254,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     if (requested === undefined) return { kind: 'closed' };
     const request = requested ?? {};
     requested = undefined;
+    rowChanged = false;
     if (request.newIdentifier === true) firstAttemptedAt = undefined;
     // In flight from here, in memory (the upsert follows the row): a second retry is refused at once.
     state.status = 'dispatched';
