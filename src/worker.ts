@@ -277,8 +277,8 @@ export function workerConfig(options: CreateWorkerOptions): Config {
     if (!(err instanceof ConfigError)) throw err;
     // A key read from a file is the file's option to name (its content is what is wrong).
     const fromFile = new Map<string, string>([
-      ...(given(stripe?.apiKeyFile) ? [['STRIPE_API_KEY', 'stripe.apiKeyFile'] as const] : []),
-      ...(given(temporal.apiKeyFile) ? [['TEMPORAL_API_KEY', 'temporal.apiKeyFile'] as const] : []),
+      ...(given(stripe?.apiKeyFile) && !given(stripe?.apiKey) ? [['STRIPE_API_KEY', 'stripe.apiKeyFile'] as const] : []),
+      ...(given(temporal.apiKeyFile) && !given(temporal.apiKey) ? [['TEMPORAL_API_KEY', 'temporal.apiKeyFile'] as const] : []),
     ]);
     problems.push(...err.problems.map((p) => p.replace(VARIABLE, (v) => fromFile.get(v) ?? OPTION_OF.get(v) ?? v)));
   }

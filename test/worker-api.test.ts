@@ -263,6 +263,10 @@ describe('createWorker', () => {
       const notAKey = path.join(keys, 'stripe-api-key');
       writeFileSync(notAKey, 'not-a-stripe-key\n');
       await expect(createWorker({ database: t.db.url, stripe: { apiKeyFile: notAKey }, taskQueue: 'q' })).rejects.toThrow(/stripe\.apiKeyFile: /);
+      // Both given: named as the two options they are.
+      await expect(createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x', apiKeyFile: notAKey }, taskQueue: 'q' })).rejects.toThrow(
+        /stripe\.apiKeyFile: stripe\.apiKey is set too/,
+      );
       const cloudKey = path.join(keys, 'temporal-api-key');
       writeFileSync(cloudKey, 'cloud-key\n');
       const plain = createWorker({ database: t.db.url, stripe: { apiKey: 'sk_test_x' }, temporal: { apiKeyFile: cloudKey, tls: false } });
