@@ -45,8 +45,8 @@ export interface DeliveryDeps {
   metrics?: DeliveryMetrics;
   /**
    * Tells the event's run that the event was delivered after its attempt had timed out (its
-   * `retry` signal): a run that has made the row dead meanwhile finds it at Stripe and ends
-   * delivered. Without it, such a run shows a dead letter until it closes.
+   * `rowChanged` signal): a run that has made the row dead meanwhile reads it, finds it at Stripe
+   * and ends delivered. Without it, such a run shows a dead letter until it closes.
    */
   tellRunDeliveredLate?: (key: string) => Promise<void>;
 }

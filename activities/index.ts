@@ -20,15 +20,15 @@ import { meterEventsV1, tracedSender, type MeterEventSender } from '../src/strip
 import { createDeliveryActivities } from './delivery.js';
 import { createReconcileActivities } from './reconcile.js';
 import { createRelayActivities, type RelayDeps } from './relay.js';
-import { reopenSignal } from '../workflows/shared.js';
+import { rowChangedSignal } from '../workflows/shared.js';
 
 /**
- * How a delivery answered after its attempt timed out tells the event's run: its `retry` signal,
- * asked by billing-outbox. A run that is a dead letter reopens, finds the row at Stripe and ends
- * delivered; a run still delivering ignores it.
+ * How a delivery answered after its attempt timed out tells the event's run: its row changed
+ * (`rowChanged`). A run that is a dead letter reads its row, finds it at Stripe and ends delivered,
+ * listed as the row is; a run still delivering ignores it (its next attempt finds the row at Stripe).
  */
 export function deliveredLateNotice(client: Pick<Client, 'workflow'>): (key: string) => Promise<void> {
-  return (key) => client.workflow.getHandle(key).signal(reopenSignal, { requestedBy: 'billing-outbox (delivered after its attempt timed out)' });
+  return (key) => client.workflow.getHandle(key).signal(rowChangedSignal);
 }
 
 export interface ActivityDeps extends Omit<RelayDeps, 'config' | 'metrics'> {

@@ -498,6 +498,9 @@ describe('a row whose run has closed', () => {
     await waitFor('the run to complete', async () => (await handle.describe()).status.name === 'COMPLETED', 30_000);
     expect(await handle.result()).toMatchObject({ status: 'sent' });
     expect((await row(key)).status).toBe('sent');
+    // Listed as the row is, not as the dead letter (nor a retry in flight) it was.
+    const attributes = (await handle.describe()).typedSearchAttributes;
+    expect([attributes.get(OutboxStatusKey), attributes.get(OutboxErrorKey)]).toEqual(['sent', undefined]);
   });
 
   it("cancelled while its attempt's worker is gone (the attempt ends timed out, the server having waited for it): marked workflow_cancelled, not a delivery failure", async () => {

@@ -178,8 +178,9 @@ export const retryUpdate = defineUpdate<UsageState, [ReopenRequest]>('retry');
 export const stateQuery = defineQuery<UsageState>('state');
 /**
  * The event's row changed outside its run: sent to a dead letter's open run when Stripe's error
- * report made its row `rejected_async` (src/api/webhooks.ts). The run reads its row again, and ends
- * with it if it is no longer dead, instead of showing a dead letter to retry until it closes.
+ * report made its row `rejected_async` (src/api/webhooks.ts), or when an attempt the run had given
+ * up on delivered after all (activities/index.ts `deliveredLateNotice`). The run reads its row
+ * again, and ends with it once it is at Stripe, instead of showing a dead letter until it closes.
  */
 export const rowChangedSignal = defineSignal('rowChanged');
 /**
