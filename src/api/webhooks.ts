@@ -143,14 +143,16 @@ export function rowChangedTeller(temporal: TemporalHealth): (key: string) => Pro
 
 /**
  * Tells each dead letter's run, one at a time, after the answer: Stripe waits for no one. A run
- * that cannot be told (closed since, Temporal away) keeps showing a dead letter until it closes;
- * `retry` then refuses the row and says to rebill, as for any rejected row.
+ * that cannot be told (Temporal away, credentials that may not signal) keeps showing a dead letter
+ * until it closes; `retry` then refuses the row and says to rebill, as for any rejected row.
  */
 async function tellRuns(tell: (key: string) => Promise<void>, keys: string[], log: Pick<FastifyBaseLogger, 'info' | 'warn'>): Promise<void> {
   for (const key of keys) {
     await tell(key).catch((err: unknown) => {
-      // gRPC NOT_FOUND: the run has closed (its dead-letter wait ended): nothing shows it as waiting.
-      if ((err as { code?: unknown }).code === 5) return log.info({ idempotencyKey: key }, "a rejected dead letter's run has closed: nothing to tell");
+      // The run has closed (its dead-letter wait ended): nothing shows it as waiting. Only that
+      // NOT_FOUND: another (a namespace or a run this API cannot see) is a warning like the rest.
+      const closed = (err as { code?: unknown }).code === 5 && /already completed/i.test(String((err as { message?: unknown }).message));
+      if (closed) return log.info({ idempotencyKey: key }, "a rejected dead letter's run has closed: nothing to tell");
       log.warn(
         { idempotencyKey: key, error: scrub(String(err)) },
         "a rejected dead letter's open run was not told (Temporal away, or the API's Temporal credentials may not signal): the Web UI shows it as a dead letter until it closes; the row is rejected_async",
