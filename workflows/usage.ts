@@ -31,7 +31,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { DeliveryActivities } from '../activities/delivery.js';
-import { isAtStripe, type OutboxStatus } from '../src/outbox/statuses.js';
+import { isAtStripe, isUnbilled, type OutboxStatus } from '../src/outbox/statuses.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import {
   codeSpan,
@@ -261,6 +261,18 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     return { kind: 'reopen', request };
   };
 
+  /** Ends the run listed as its row is (at Stripe after all), once the handlers under way are done. */
+  const endListedAs = async (status: OutboxStatus): Promise<UsageState> => {
+    state.status = status;
+    state.lastError = null;
+    upsertSearchAttributes([
+      { key: OutboxStatusKey, value: status },
+      { key: OutboxErrorKey, value: null },
+    ]);
+    await condition(allHandlersFinished);
+    return state;
+  };
+
   // How long this delivery has waited on Stripe's 429s since Stripe last answered otherwise,
   // whatever run we are in.
   let rateLimitedMs = input.rateLimitedMs ?? 0;
@@ -359,7 +371,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       state.status = result.outcome === 'accepted' ? 'accepted' : 'sent';
       // Found at Stripe by an earlier attempt's answer: as the row says (v2: accepted).
       if (result.outcome === 'already_sent' && result.status) state.status = result.status;
-      if (result.outcome === 'already_sent' && (result.status === 'rejected_async' || result.status === 'cancelled')) {
+      if (result.outcome === 'already_sent' && result.status && isUnbilled(result.status)) {
         // Stripe rejected it (an error report) or an operator cancelled it while this run waited: it
         // ends listed as that, not as one more delivered event.
         upsertSearchAttributes([
@@ -394,18 +406,11 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         // Not dead after all: an earlier try whose attempt timed out had its call answered since,
         // and the row is at Stripe (or an error report or a cancel came first). The run ends with
         // the row, not as a dead letter waiting a week for a retry that has nothing to do.
-        state.status = dead.atStripe;
         state.attempts = dead.attempts;
-        state.lastError = null;
-        upsertSearchAttributes([
-          { key: OutboxStatusKey, value: dead.atStripe },
-          { key: OutboxErrorKey, value: null },
-        ]);
         // A retry Update accepted meanwhile (the run said dead) waits for the next delivery: there
         // is none to make, and its answer is this state.
         settled = begun + 1;
-        await condition(allHandlersFinished);
-        return state;
+        return endListedAs(dead.atStripe);
       }
       row.dead = true;
       state.attempts = dead.attempts;
@@ -427,14 +432,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     if (next.kind === 'settled') {
       // Not a dead letter any more (Stripe's error report rejected it, say): the run ends as the
       // row is, listed as that, not as a dead letter waiting for a retry with nothing to do.
-      state.status = next.status;
-      state.lastError = null;
-      upsertSearchAttributes([
-        { key: OutboxStatusKey, value: next.status },
-        { key: OutboxErrorKey, value: null },
-      ]);
-      await condition(allHandlersFinished);
-      return state;
+      return endListedAs(next.status);
     }
     if (next.kind === 'closed') {
       // Nobody retried it in time: the run ends (as Failed, so no list counts it as delivered), the
