@@ -30,6 +30,7 @@ import { WEBHOOK_SECRET_PATTERN } from '../stripe/rules.js';
 import { ApiError } from './errors.js';
 import type { TemporalHealth } from './health.js';
 import { rowChangedSignal } from '../../workflows/shared.js';
+import { GRPC_NOT_FOUND, grpcCode } from '../temporal/start-usage.js';
 import type { Schema } from '../outbox/sql/schema.js';
 
 export const WEBHOOK_PATH = '/v1/stripe/webhooks';
@@ -151,7 +152,7 @@ async function tellRuns(tell: (key: string) => Promise<void>, keys: string[], lo
     await tell(key).catch((err: unknown) => {
       // The run has closed (its dead-letter wait ended): nothing shows it as waiting. Only that
       // NOT_FOUND: another (a namespace or a run this API cannot see) is a warning like the rest.
-      const closed = (err as { code?: unknown }).code === 5 && /already completed/i.test(String((err as { message?: unknown }).message));
+      const closed = grpcCode(err) === GRPC_NOT_FOUND && /already completed/i.test(String((err as { message?: unknown }).message));
       if (closed) return log.info({ idempotencyKey: key }, "a rejected dead letter's run has closed: nothing to tell");
       log.warn(
         { idempotencyKey: key, error: scrub(String(err)) },

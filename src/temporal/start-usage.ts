@@ -149,6 +149,9 @@ const REFUSED_FOR_GOOD: ReadonlyMap<number, string> = new Map([
   [11, 'OUT_OF_RANGE'],
 ]);
 
+/** gRPC NOT_FOUND: the workflow (or the namespace) is not there, or the run has already closed. */
+export const GRPC_NOT_FOUND = 5;
+
 /** The gRPC status code of a failed call, from the error or its causes (the SDK wraps it in ServiceError). */
 export function grpcCode(err: unknown): number | undefined {
   for (const e of causes(err)) {
