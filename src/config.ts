@@ -58,7 +58,7 @@ const apiToken = z.object({
 export type ApiToken = z.infer<typeof apiToken>;
 
 /** NODE_ENV values that mean production (its refusals of unsafe settings apply), and those that do not. */
-const PRODUCTION_ENVS = ['production', 'prod', 'staging'] as const;
+export const PRODUCTION_ENVS = ['production', 'prod', 'staging'] as const;
 const OTHER_ENVS = ['development', 'dev', 'local', 'test'] as const;
 
 const schema = z.object({

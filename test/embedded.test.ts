@@ -164,7 +164,7 @@ it('refuses to run embedded PostgreSQL or Temporal when NODE_ENV=production, bef
   const config = loadConfig({ NODE_ENV: 'production', STRIPE_API_KEY: 'sk_test_production_refusal', LOG_LEVEL: 'silent' });
   const err = await startStack(config, { dataDir: await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-prod-')) }).catch((e: unknown) => e);
   expect(err).toBeInstanceOf(ConfigError);
-  expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^DATABASE_URL: is required in production \(NODE_ENV production, prod or staging/), expect.stringMatching(/^TEMPORAL_ADDRESS: is required/)]);
+  expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^DATABASE_URL: is required in production \(NODE_ENV production, prod, staging/), expect.stringMatching(/^TEMPORAL_ADDRESS: is required/)]);
 });
 
 it("refuses NODE_ENV=production without a Stripe key, before starting anything: the local Stripe would take the real outbox's usage", async () => {
@@ -173,7 +173,7 @@ it("refuses NODE_ENV=production without a Stripe key, before starting anything: 
   const config = loadConfig({ NODE_ENV: 'production', DATABASE_URL: 'postgres://app@db.internal:5432/app', TEMPORAL_ADDRESS: 'temporal.internal:7233', LOG_LEVEL: 'silent' });
   const err = await startStack(config, { dataDir }).catch((e: unknown) => e);
   expect(err).toBeInstanceOf(ConfigError);
-  expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^STRIPE_API_KEY: is required in production \(NODE_ENV production, prod or staging/)]);
+  expect((err as ConfigError).problems).toEqual([expect.stringMatching(/^STRIPE_API_KEY: is required in production \(NODE_ENV production, prod, staging/)]);
   expect(await readdir(dataDir)).toEqual([]);
 });
 

@@ -20,7 +20,7 @@ import type pg from 'pg';
 import type Stripe from 'stripe';
 import { buildApi, temporalHealthConnection } from '../api/index.js';
 import { WEBHOOK_PATH } from '../api/webhooks.js';
-import { ConfigError, type ApiToken, type Config } from '../config.js';
+import { ConfigError, PRODUCTION_ENVS, type ApiToken, type Config } from '../config.js';
 import { answeredWithin, createPool, migrate, redactUrl, withPgTypes } from '../db.js';
 import { stopLeftovers } from './leftovers.js';
 import { describePortHolder, localUrl } from './ports.js';
@@ -36,6 +36,9 @@ import { installTemporalRuntime, sdkLogLevel } from '../temporal/runtime.js';
 import { connectTemporal, startWorker } from '../temporal/worker.js';
 import { ensureReconcileScheduleOrWarn } from '../temporal/reconcile-schedule.js';
 import { schemaFor } from '../outbox/sql/schema.js';
+
+/** How the refusals below say what production is (the NODE_ENV values that mean it). */
+const IN_PRODUCTION = `in production (NODE_ENV ${PRODUCTION_ENVS.join(', ')}`;
 
 /** Tenants the embedded defaults come with (tenant → Stripe customer), so events flow without set-up. */
 export const DEMO_CUSTOMERS: Readonly<Record<string, string>> = {
@@ -136,10 +139,10 @@ const LIVE_KEY = /^(sk|rk)_live_/;
 export function refuseUnfitConfig(config: Config): void {
   const problems: string[] = [];
   if (config.production) {
-    if (!config.databaseUrl) problems.push('DATABASE_URL: is required in production (NODE_ENV production, prod or staging; npm start does not run an embedded PostgreSQL in production)');
-    if (!config.temporal.address) problems.push('TEMPORAL_ADDRESS: is required in production (NODE_ENV production, prod or staging; npm start does not run an embedded Temporal dev server in production)');
+    if (!config.databaseUrl) problems.push(`DATABASE_URL: is required ${IN_PRODUCTION}; npm start does not run an embedded PostgreSQL in production)`);
+    if (!config.temporal.address) problems.push(`TEMPORAL_ADDRESS: is required ${IN_PRODUCTION}; npm start does not run an embedded Temporal dev server in production)`);
     if (config.stripe.apiKey === undefined && config.stripe.isRealStripe) {
-      problems.push("STRIPE_API_KEY: is required in production (NODE_ENV production, prod or staging; npm start's local Stripe-compatible server bills nothing: the outbox's usage would be delivered to it, never to Stripe)");
+      problems.push(`STRIPE_API_KEY: is required ${IN_PRODUCTION}; npm start's local Stripe-compatible server bills nothing: the outbox's usage would be delivered to it, never to Stripe)`);
     }
   } else if (config.stripe.apiKey && LIVE_KEY.test(config.stripe.apiKey)) {
     problems.push(
