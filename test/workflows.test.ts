@@ -545,9 +545,16 @@ it("judges a retry by the row's resend window: a dead letter no try of which rea
     mapped = false;
     rowWindow = Date.now() - 2 * 86_400_000;
     const old = await start(taskQueue);
-    await waitFor('dead', async () => (await old.query(stateQuery)).status === 'dead');
-    await expect(old.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).rejects.toMatchObject({ cause: { type: 'RetryRefused', details: ['window'] } });
-    await old.terminate('test over');
+    try {
+      // Dead with its dead mark done (its attempts counted): the run knows the row's window only then.
+      await waitFor('dead and marked', async () => {
+        const state = await old.query(stateQuery);
+        return state.status === 'dead' && state.attempts > 0;
+      });
+      await expect(old.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).rejects.toMatchObject({ cause: { type: 'RetryRefused', details: ['window'] } });
+    } finally {
+      await old.terminate('test over');
+    }
   });
 });
 
