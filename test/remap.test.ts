@@ -54,6 +54,8 @@ it('remapped mid-backlog: each event billed once, to the new customer from the r
   // Each call takes a while, so the lane's deliveries queue for the lease behind it, and the remap
   // below commits while the first call is still under way (600 ms: room for a busy CPU's delays).
   t.stripe.setLatency(600);
+  // The whole hours the events fall in, from before the first was recorded (the test may cross an hour).
+  const firstHour = Math.floor(Date.now() / 3_600_000) * 3_600_000;
   const keys = await t.backlog('movers', 8);
   await waitFor('the first call to be in flight', async () => t.stripe.callsInFlight() > 0 || undefined);
   // Remapped while one call holds cus_before's lease and the others wait for it.
@@ -78,8 +80,8 @@ it('remapped mid-backlog: each event billed once, to the new customer from the r
 
   // Reconciled afterwards, each event is compared with the customer Stripe counted it under, not
   // the tenant's mapping of today: both customers match, and nothing is drift.
-  const hour = Math.floor(Date.now() / 3_600_000) * 3_600_000;
-  const run = await runCliWithoutTemporal(['reconcile', '--from', new Date(hour).toISOString(), '--to', new Date(hour + 3_600_000).toISOString(), '--tenant', 'movers', '--json'], t.config, t.db);
+  const lastHour = Math.floor(Date.now() / 3_600_000) * 3_600_000;
+  const run = await runCliWithoutTemporal(['reconcile', '--from', new Date(firstHour).toISOString(), '--to', new Date(lastHour + 3_600_000).toISOString(), '--tenant', 'movers', '--json'], t.config, t.db);
   const report = JSON.parse(run.out) as { match: boolean; groups: { stripeCustomerId: string; ours: number; stripe: number; tenantIds: string[] }[] };
   const billedTo = (customer: string) =>
     keys.map((k) => t.eventsFor(k)[0]!.payload).filter((p) => p.stripe_customer_id === customer).reduce((n, p) => n + Number(p.value), 0);
