@@ -357,7 +357,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       found = existing ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at } : { begun: false, exists: false, key };
     }
     // By Stripe's clock where the sender knows it (v2), else by ours (v1: Stripe's refusal says so, and is retried).
-    const check = maySendNow(found, Date.now() + (sender.clockSkewMs ?? 0));
+    const skewMs = (await sender.clockSkewMs?.()) ?? 0;
+    const check = maySendNow(found, Date.now() + skewMs);
     if (check.verdict === 'refuse' || check.verdict === 'wait') {
       // No call is made: the attempt is taken back, so a refusal for a missing customer or meter,
       // or a wait for the clock, neither counts nor starts the 23 h resend window.

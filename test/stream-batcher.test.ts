@@ -102,7 +102,7 @@ describe('sessions', () => {
     expect(server.events()).toHaveLength(10);
     expect(server.sessionsIssued()).toBe(1);
     // Stripe's clock minus ours: 14 minutes behind, within the request's round trip.
-    expect(Math.abs(stream.clockSkewMs! + skew)).toBeLessThan(5_000);
+    expect(Math.abs((await stream.clockSkewMs())! + skew)).toBeLessThan(5_000);
     const gauge = (await metrics.stripeClockSkew.get()).values[0]?.value;
     expect(Math.round(gauge!)).toBe(-840);
     expect(warn).toHaveBeenCalledTimes(1);
@@ -121,6 +121,25 @@ describe('sessions', () => {
     await within(5_000, 'close', close.send(event('close-1')));
     expect(quiet).not.toHaveBeenCalled();
     expect(server.sessionsIssued()).toBe(2);
+  });
+
+  it('asked for the skew before any event was sent: one session measures it, and the first request uses that session', async () => {
+    const server = await startStripe();
+    const stream = batcher(server, { now: () => Date.now() - 70 * MINUTE });
+    const skew = await within(5_000, 'skew', stream.clockSkewMs());
+    expect(Math.abs(skew! - 70 * MINUTE)).toBeLessThan(5_000);
+    expect(await stream.clockSkewMs()).toBe(skew);
+    await within(5_000, 'send', stream.send(event('measured-1')));
+    expect(server.sessionsIssued()).toBe(1);
+    expect(stream.sessionRequests).toBe(1);
+  });
+
+  it('asked for the skew while no session can be had: undefined, and the send that follows says why', async () => {
+    const server = await startStripe();
+    server.refuseFor(60);
+    const stream = batcher(server);
+    expect(await within(5_000, 'skew', stream.clockSkewMs())).toBeUndefined();
+    await expect(within(15_000, 'send', stream.send(event('refused-1')))).rejects.toThrow();
   });
 
   it('session requests that fail are backed off (exponential, bounded), shared by every caller; success resets it', async () => {

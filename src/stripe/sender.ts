@@ -21,11 +21,12 @@ export interface MeterEventSender {
   /** Resolves when Stripe took the event; rejects with Stripe's error, for the caller to classify. */
   send(event: MeterEvent): Promise<void>;
   /**
-   * Stripe's clock minus this worker's (ms), where the sender has measured it (v2: by each session's
-   * created time); undefined before. Stripe judges an event's timestamp by its own clock, and the v2
-   * stream drops one outside its window without a word: the send check reads the time as Stripe will.
+   * Stripe's clock minus this worker's (ms), where the sender measures it (v2: by each session's
+   * created time, the first session opened to measure it); undefined where it cannot. Stripe judges
+   * an event's timestamp by its own clock, and the v2 stream drops one outside its window without a
+   * word: the send check reads the time as Stripe will.
    */
-  readonly clockSkewMs?: number | undefined;
+  clockSkewMs?(): Promise<number | undefined>;
 }
 
 /** v1: one call per event. */
@@ -43,9 +44,7 @@ export function tracedSender(sender: MeterEventSender, keyOf: () => string | und
   return {
     api: sender.api,
     // Read through: the stream measures it anew at each session.
-    get clockSkewMs() {
-      return sender.clockSkewMs;
-    },
+    ...(sender.clockSkewMs ? { clockSkewMs: () => sender.clockSkewMs!() } : {}),
     send(event) {
       const key = keyOf();
       return tracer().startActiveSpan(

@@ -158,7 +158,7 @@ export class MeterEventStream implements MeterEventSender {
   /** Most requests pacing or in flight at once so far. */
   peakInFlight = 0;
   /** Stripe's clock minus ours (ms), as of the last session; undefined before the first. */
-  clockSkewMs: number | undefined;
+  private skewMs: number | undefined;
 
   private readonly stripe: StreamStripe;
   private readonly opts: MeterEventStreamOptions;
@@ -168,6 +168,17 @@ export class MeterEventStream implements MeterEventSender {
   ) {
     this.stripe = stripe;
     this.opts = opts;
+  }
+
+  /**
+   * Stripe's clock minus ours (ms), as of the last session. Before the first, a session is opened to
+   * measure it (the next request uses it): events judged on an unmeasured clock before any was sent
+   * would be held back, refused, or sent outside Stripe's window. Undefined when no session can be
+   * had now (the request that follows fails, and says why).
+   */
+  async clockSkewMs(): Promise<number | undefined> {
+    if (this.skewMs === undefined) await this.currentSession().catch(() => undefined);
+    return this.skewMs;
   }
 
   /** Sends `event` in a coming request; settles with that request's outcome. */
@@ -391,7 +402,7 @@ export class MeterEventStream implements MeterEventSender {
   }
 
   private observeSkew(skewMs: number): void {
-    this.clockSkewMs = skewMs;
+    this.skewMs = skewMs;
     this.opts.metrics?.stripeClockSkew.set(skewMs / 1000);
     if (Math.abs(skewMs) >= CLOCK_SKEW_WARN_MS && !this.skewWarned) {
       this.skewWarned = true;

@@ -63,7 +63,7 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
   };
   const sender: MeterEventSender = {
     api: opts.api ?? 'v1',
-    clockSkewMs: opts.clockSkewMs,
+    ...(opts.clockSkewMs === undefined ? {} : { clockSkewMs: async () => opts.clockSkewMs }),
     send: async (e) => {
       sent.push(e);
       await opts.send?.(e);
