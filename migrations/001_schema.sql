@@ -244,3 +244,14 @@ CREATE TABLE rate_limits (
 -- `stripe_calls`: every meter-event call. `dispatch`: how fast relays hand events to Temporal, so
 -- a backlog waits in the outbox (cheap) rather than as thousands of waiting workflows.
 INSERT INTO rate_limits (bucket) VALUES ('stripe_calls'), ('dispatch');
+
+-- Which deployment of billing-outbox this schema is: one row, named at random when migrated. Workers
+-- put it on the relay workflows they start (a memo), and refuse a task queue whose relays another
+-- deployment started: two deployments on one Temporal namespace and task queue would each run the
+-- other's events against their own database (src/temporal/worker.ts, ensureRelays).
+CREATE TABLE deployment (
+  only_row   boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  id         text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO deployment (id) VALUES (gen_random_uuid()::text);

@@ -12,9 +12,10 @@ import { withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { reconcileScheduleId } from '../src/temporal/reconcile-schedule.js';
+import { connectTemporal } from '../src/temporal/connection.js';
 import { startWorker, type WorkerDeps } from '../src/temporal/worker.js';
 import { relayWorkflowId } from '../workflows/shared.js';
-import { workflowBundle } from './helpers.js';
+import { createTestDb, workflowBundle } from './helpers.js';
 import { usePipeline, waitFor } from './hooks.js';
 
 const t = usePipeline({ customers: { acme: 'cus_acme' }, stripe: { meters: ['api_requests'] }, env: { RELAY_COUNT: '2' }, worker: false });
@@ -119,5 +120,47 @@ it('a reconcile schedule deleted by hand is created again, and one paused is lef
     for await (const wf of t.client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
       await t.client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
     }
+  }
+}, 120_000);
+
+it("a second deployment (another database) on this task queue is refused before it polls; one that starts while this one's relays are closed is said by the keeper", async () => {
+  const errors: { workflowId?: string; msg: string }[] = [];
+  const log = { warn: () => undefined, info: () => undefined, debug: () => undefined, error: (fields: object, msg: string) => errors.push({ ...fields, msg }) };
+  const config = { ...t.config, temporal: { ...t.config.temporal, taskQueue: `shared-${randomUUID()}` } };
+  const ours = (await t.pool.query<{ id: string }>('SELECT id FROM billing_outbox.deployment')).rows[0]!.id;
+  const other = await createTestDb();
+  const otherDeps = { databaseUrl: other.url, pool: other.pool };
+  const worker = await startKept(config, log);
+  try {
+    const refused = startKept(config, log, otherDeps);
+    await expect(refused).rejects.toThrow(`TEMPORAL_TASK_QUEUE "${config.temporal.taskQueue}" in the namespace "${config.temporal.namespace}" is another billing-outbox deployment's`);
+    await expect(refused).rejects.toThrow(`started for the deployment ${ours}`);
+    // The relays are still this deployment's, and still running.
+    const relay = t.client.workflow.getHandle(relayWorkflowId(config.temporal.taskQueue, 0));
+    expect((await relay.describe()).memo).toEqual({ billingOutboxDeployment: ours });
+
+    // Closed by an operator, then the other deployment starts first and takes the task queue: this one's keeper says so.
+    const relays = [relay, t.client.workflow.getHandle(relayWorkflowId(config.temporal.taskQueue, 1))];
+    const runs = await Promise.all(relays.map(async (h) => (await h.describe()).runId));
+    await Promise.all(relays.map((h) => h.terminate('an operator terminated every running workflow')));
+    await waitFor('relays closed', async () => (await Promise.all(relays.map(async (h, i) => (await t.client.workflow.getHandle(h.workflowId, runs[i]).describe()).status.name))).every((s) => s !== 'RUNNING'), 30_000);
+    // Its own connection: one connection polls a task queue with one worker.
+    const own = await connectTemporal(config.temporal);
+    try {
+      const intruder = await startKept(config, { warn: () => undefined, info: () => undefined, debug: () => undefined, error: () => undefined }, { ...otherDeps, connection: own.connection, client: own.client, relayCheckEveryMs: 60_000 });
+      try {
+        await waitFor('the keeper said it', async () => errors.some((e) => e.workflowId === relay.workflowId && e.msg.startsWith("a relay workflow of this task queue is another deployment's")), 30_000);
+      } finally {
+        await intruder.shutdown();
+      }
+    } finally {
+      await own.close?.();
+    }
+  } finally {
+    await worker.shutdown();
+    for await (const wf of t.client.workflow.list({ query: `TaskQueue = "${config.temporal.taskQueue}" AND ExecutionStatus = "Running"` })) {
+      await t.client.workflow.getHandle(wf.workflowId).terminate('test finished').catch(() => undefined);
+    }
+    await other.drop();
   }
 }, 120_000);

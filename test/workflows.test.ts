@@ -745,11 +745,15 @@ it("a relay continues as new after the calls per run its input names (set by its
     },
   };
   await withWorker(activities, async (taskQueue) => {
-    const handle = await env.client.workflow.start('relayWorkflow', { taskQueue, workflowId: `relay-${randomUUID()}`, args: [{ relayId: 'r', callsPerRun: 3 } satisfies RelayWorkflowInput] });
+    const memo = { billingOutboxDeployment: 'deployment-a' };
+    const handle = await env.client.workflow.start('relayWorkflow', { taskQueue, workflowId: `relay-${randomUUID()}`, memo, args: [{ relayId: 'r', callsPerRun: 3 } satisfies RelayWorkflowInput] });
     await waitFor('a second run', async () => new Set(runs).size >= 2 && runs.length >= 5);
     // Three calls in the first run, then the next run's.
     expect(new Set(runs.slice(0, 3)).size).toBe(1);
     expect(runs[3]).not.toBe(runs[0]);
+    // The next run still says whose relay it is (workers refuse a task queue another deployment's relays hold).
+    const next = await env.client.workflow.getHandle(handle.workflowId, runs[3]).describe();
+    expect(next.memo).toEqual(memo);
     await handle.terminate('test over');
   });
   expect(RELAY_CALLS_PER_RUN).toBeGreaterThan(3);

@@ -3,7 +3,7 @@
  * Several run at once (RELAY_COUNT), each with a fixed id, started idempotently by every worker (at
  * boot, and again whenever one is found closed: src/temporal/worker.ts).
  */
-import { continueAsNew, proxyActivities, workflowInfo } from '@temporalio/workflow';
+import { makeContinueAsNewFunc, proxyActivities, workflowInfo } from '@temporalio/workflow';
 import type { RelayActivities } from '../activities/relay.js';
 import { RELAY_CALLS_PER_RUN, type RelayWorkflowInput } from './shared.js';
 
@@ -19,6 +19,6 @@ export async function relayWorkflow(input: RelayWorkflowInput): Promise<never> {
   for (let i = 0; i < callsPerRun && !workflowInfo().continueAsNewSuggested; i++) {
     await relayOutbox(input.relayId);
   }
-  // The next run takes this release's figure.
-  return continueAsNew<typeof relayWorkflow>({ ...input, callsPerRun: RELAY_CALLS_PER_RUN });
+  // The next run takes this release's figure, and keeps the memo saying whose relay it is.
+  return makeContinueAsNewFunc<typeof relayWorkflow>({ memo: workflowInfo().memo ?? {} })({ ...input, callsPerRun: RELAY_CALLS_PER_RUN });
 }

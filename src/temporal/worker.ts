@@ -56,6 +56,8 @@ export interface WorkerDeps {
    * with RECONCILE_SCHEDULE=on, the schedule it ensured at start).
    */
   keepReconcileSchedule?: boolean;
+  /** This schema's deployment id (readDeployment), when already read; otherwise read at start. */
+  deployment?: string;
   /** The sweep for dispatched rows whose run has closed (src/ops/closed-runs.ts); defaults below. */
   closedRunSweep?: Partial<ClosedRunSweepOptions>;
   /**
@@ -91,6 +93,9 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const { config, pool, stripe, client } = deps;
   // Without them every usage start would be refused: refused here instead, saying what to create.
   await checkSearchAttributes(deps.connection, config.temporal.namespace, deps.log);
+  // Before polling: a task queue another deployment serves is refused before any of its tasks is taken.
+  const deployment = deps.deployment ?? (await readDeployment(pool, config.databaseSchema));
+  await ensureRelays(client, config, deployment);
   const stopping = new AbortController();
   const schema = schemaFor(config.databaseSchema);
   const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
@@ -146,7 +151,7 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   const maintenanceDb = answeredWithin(pool, config.timings.maintenanceAnswerMs);
   const pruner = startPruner(deps, maintenanceDb, stopping.signal);
   const sweeper = startClosedRunSweep(deps, maintenanceDb, stopping.signal);
-  const relayKeeper = keepRelaysRunning(deps, deps.relayCheckEveryMs ?? RELAY_CHECK_EVERY_MS, stopping.signal);
+  const relayKeeper = keepRelaysRunning(deps, deployment, deps.relayCheckEveryMs ?? RELAY_CHECK_EVERY_MS, stopping.signal);
   const done = worker.run().finally(async () => {
     // However the worker ended (shutdown or a crash), the pruner's, the sweep's and the relays'
     // keeper's loops end with it.
@@ -157,15 +162,6 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   // started, the reconcile schedule ensured, an old worker draining after a reconnect) must not
   // also be an unhandled rejection, which ends the process, the application's in library mode.
   done.catch(() => undefined);
-  try {
-    await ensureRelays(client, config);
-  } catch (err) {
-    // Not started after all: the worker already polling is stopped, not left running unowned.
-    stopping.abort();
-    if (worker.getState() === 'RUNNING') worker.shutdown();
-    await done.catch(() => undefined);
-    throw err;
-  }
   deps.log?.info(
     { taskQueue: config.temporal.taskQueue, relays: config.relay.count, stripeCallsPerSecond: config.stripe.rateLimitPerSecond },
     'worker started',
@@ -246,16 +242,52 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
   }
 }
 
-/** Starts the relay workflows unless they are already running. Every worker calls this at boot (then keepRelaysRunning). */
-export async function ensureRelays(client: Client, config: Config): Promise<void> {
-  await Promise.all(Array.from({ length: config.relay.count }, (_, i) => startRelay(client, config, i)));
+/** The relay workflows' memo field naming the deployment (its schema's `deployment` row) that started them. */
+export const RELAY_DEPLOYMENT_MEMO = 'billingOutboxDeployment';
+
+/** This schema's deployment id (migrations/001_schema.sql), put on the relays it starts. */
+export async function readDeployment(db: Queryable, schemaName: string): Promise<string> {
+  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schemaFor(schemaName).deployment}`);
+  if (!rows[0]) throw new Error(`database schema ${schemaName}: its deployment row is missing; migrate it again (billing-outbox migrate)`);
+  return rows[0].id;
 }
 
-function startRelay(client: Client, config: Config, index: number) {
+/**
+ * Starts the relay workflows unless they are already running, and refuses a task queue whose relays
+ * another deployment started. Every worker calls this at boot, before it polls (then keepRelaysRunning).
+ */
+export async function ensureRelays(client: Client, config: Config, deployment: string): Promise<void> {
+  await Promise.all(
+    Array.from({ length: config.relay.count }, async (_, i) => {
+      // Already running: the start answers with that run, whose memo says whose it is.
+      const handle = await startRelay(client, config, i, deployment);
+      const owner = (await handle.describe()).memo?.[RELAY_DEPLOYMENT_MEMO];
+      if (owner !== deployment) throw anotherDeployment(config, handle.workflowId, owner, deployment);
+    }),
+  );
+}
+
+/**
+ * Two deployments (two databases, or two schemas) on one namespace and task queue would each poll
+ * the other's tasks: a usage run executed against a database without its row, a relay claiming
+ * from whichever database its worker has.
+ */
+function anotherDeployment(config: Config, workflowId: string, owner: unknown, deployment: string): ConfigError {
+  const { taskQueue, namespace } = config.temporal;
+  return new ConfigError([
+    `TEMPORAL_TASK_QUEUE ${JSON.stringify(taskQueue)} in the namespace ${JSON.stringify(namespace)} is another billing-outbox deployment's: ` +
+      `its relay ${workflowId} was started for the deployment ${typeof owner === 'string' ? owner : '(none named)'}, and this database schema (${config.databaseSchema}) is ${deployment}. ` +
+      'Deployments sharing a task queue would run each other\'s events against the wrong database: give each its own TEMPORAL_NAMESPACE (or TEMPORAL_TASK_QUEUE). ' +
+      `If that deployment is gone (its database recreated), terminate its relays (\`temporal workflow terminate --workflow-id ${workflowId}\`, one per relay) and start again`,
+  ]);
+}
+
+function startRelay(client: Client, config: Config, index: number, deployment: string) {
   return client.workflow.start('relayWorkflow', {
     workflowId: relayWorkflowId(config.temporal.taskQueue, index),
     taskQueue: config.temporal.taskQueue,
     args: [{ relayId: `relay-${index}`, callsPerRun: RELAY_CALLS_PER_RUN } satisfies RelayWorkflowInput],
+    memo: { [RELAY_DEPLOYMENT_MEMO]: deployment },
     workflowIdConflictPolicy: WorkflowIdConflictPolicy.USE_EXISTING,
   });
 }
@@ -268,15 +300,21 @@ function startRelay(client: Client, config: Config, index: number) {
 export async function restartClosedRelays(
   client: Client,
   config: Config,
+  deployment: string,
   signal?: AbortSignal,
-): Promise<{ restarted: { workflowId: string; was: string }[]; paused: string[] }> {
+): Promise<{ restarted: { workflowId: string; was: string }[]; paused: string[]; foreign: { workflowId: string; owner: unknown }[] }> {
   const restarted: { workflowId: string; was: string }[] = [];
   const paused: string[] = [];
+  const foreign: { workflowId: string; owner: unknown }[] = [];
   for (let i = 0; i < config.relay.count && !signal?.aborted; i++) {
     const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
     let was: string;
     try {
-      was = (await client.workflow.getHandle(workflowId).describe()).status.name;
+      const described = await client.workflow.getHandle(workflowId).describe();
+      was = described.status.name;
+      const owner = described.memo?.[RELAY_DEPLOYMENT_MEMO];
+      // Started by another deployment while this one's was closed: said, never taken over.
+      if ((was === 'RUNNING' || was === 'PAUSED') && owner !== deployment) foreign.push({ workflowId, owner });
     } catch (err) {
       if (!(err instanceof WorkflowNotFoundError)) throw err;
       was = 'NOT_FOUND';
@@ -286,10 +324,10 @@ export async function restartClosedRelays(
       paused.push(workflowId);
       continue;
     }
-    await startRelay(client, config, i);
+    await startRelay(client, config, i, deployment);
     restarted.push({ workflowId, was });
   }
-  return { restarted, paused };
+  return { restarted, paused, foreign };
 }
 
 /**
@@ -298,15 +336,21 @@ export async function restartClosedRelays(
  * until a worker restarted. With `keepReconcileSchedule`, the reconcile schedule likewise: one
  * deleted stopped reconciliation, unsaid, until a worker restarted.
  */
-async function keepRelaysRunning(deps: WorkerDeps, everyMs: number, signal: AbortSignal): Promise<void> {
+async function keepRelaysRunning(deps: WorkerDeps, deployment: string, everyMs: number, signal: AbortSignal): Promise<void> {
   // Said once a pause, not at every look.
   let pausedBefore = new Set<string>();
   while (!signal.aborted) {
     await waitUnlessAborted(everyMs, signal);
     if (signal.aborted) return;
     try {
-      const { restarted, paused } = await restartClosedRelays(deps.client, deps.config, signal);
+      const { restarted, paused, foreign } = await restartClosedRelays(deps.client, deps.config, deployment, signal);
       for (const { workflowId, was } of restarted) deps.log?.warn({ workflowId, was }, 'a relay workflow was not running; started it again');
+      for (const { workflowId, owner } of foreign) {
+        deps.log?.error(
+          { workflowId, deployment: owner, ours: deployment, taskQueue: deps.config.temporal.taskQueue },
+          "a relay workflow of this task queue is another deployment's: two deployments share it and run each other's events; give each its own TEMPORAL_NAMESPACE (or TEMPORAL_TASK_QUEUE)",
+        );
+      }
       for (const workflowId of paused) {
         if (!pausedBefore.has(workflowId)) deps.log?.warn({ workflowId }, 'a relay workflow is paused (by an operator, in Temporal): it claims nothing until it is unpaused');
       }
@@ -492,6 +536,8 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
         runPromise ??= (async () => {
           if (state !== 'starting') throw new Error(`the worker cannot run: it is ${state}`);
           try {
+            // PostgreSQL away as it runs (not migrated here): waited for like Temporal below.
+            const deployment = await untilReachable('PostgreSQL', () => readDeployment(answeredWithin(pool, config.timings.statementAnswerMs), config.databaseSchema), { ...reach, unreachable: postgresUnreachable });
             const start = (on = temporal) =>
               startWorker({
                 config,
@@ -506,6 +552,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
                 workerOptions: opts.workerOptions,
                 tracing,
                 keepReconcileSchedule: config.reconcile.schedule,
+                deployment,
               });
             // Temporal going away after the connection was made and before the worker polls
             // (Worker.create asks about the namespace, then the relays are started) fails the

@@ -42,6 +42,8 @@ export interface Schema {
   readonly meterLeaseWaiters: string;
   readonly stripeErrorReports: string;
   readonly rateLimits: string;
+  /** Its one row: which deployment this schema is (the relays' memo). */
+  readonly deployment: string;
   /** The schema's lease hand-off function (migrations/001_schema.sql), qualified like the tables. */
   readonly meterLeaseHandOff: string;
   /** New outbox rows committed, or a lane with room again (the schema's insert trigger sends it too). */
@@ -76,6 +78,7 @@ export function schemaFor(name: string = DEFAULT_SCHEMA): Schema {
     meterLeaseWaiters: table('meter_lease_waiters'),
     stripeErrorReports: table('stripe_error_reports'),
     rateLimits: table('rate_limits'),
+    deployment: table('deployment'),
     meterLeaseHandOff: table('meter_lease_hand_off'),
     outboxChannel: `${name}:outbox`,
     leaseChannel: `${name}:lease`,
