@@ -237,9 +237,13 @@ CREATE TABLE stripe_error_reports (
 
 -- The account-wide pace of Stripe work, shared by every worker: per bucket, the time of the next
 -- free slot (a virtual-scheduling / GCRA limiter). See src/stripe/rate-limit.ts (its statement: src/outbox/sql/pace.ts).
+-- `written_at`: the clock when next_slot was last moved. PostgreSQL's clock stepped back since (a
+-- host corrected by NTP, a failover to a host that was ahead) leaves next_slot that far in the
+-- future; the queue it held is counted from written_at instead, not waited out for the whole step.
 CREATE TABLE rate_limits (
-  bucket    text PRIMARY KEY,
-  next_slot timestamptz NOT NULL DEFAULT now()
+  bucket     text PRIMARY KEY,
+  next_slot  timestamptz NOT NULL DEFAULT now(),
+  written_at timestamptz NOT NULL DEFAULT now()
 );
 -- `stripe_calls`: every meter-event call. `dispatch`: how fast relays hand events to Temporal, so
 -- a backlog waits in the outbox (cheap) rather than as thousands of waiting workflows.

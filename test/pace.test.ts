@@ -47,3 +47,19 @@ it('gives concurrent reservations from eight connections eight distinct slots', 
   // Eight slots taken, one interval each: the bucket moved on by exactly eight intervals.
   expect(end.getTime() - start.getTime()).toBe(racers * 100);
 });
+
+it("PostgreSQL's clock stepped back two hours: the queue the bucket held is kept, not the step (every tenant's calls would wait it out)", async () => {
+  // As written while the clock was two hours ahead: a queue of 300 ms then.
+  await t.pool.query(
+    `UPDATE rate_limits SET written_at = now() + interval '2 hours', next_slot = now() + interval '2 hours' + interval '300 milliseconds' WHERE bucket = 'stripe_calls'`,
+  );
+  const first = await reserveSlots(pool, t.schema, { bucket: 'stripe_calls', count: 1, perSecond: 10, maxWaitMs: 1_000 });
+  expect(first.granted).toBe(1);
+  expect(first.waitMs).toBeGreaterThan(200);
+  expect(first.waitMs).toBeLessThanOrEqual(300);
+  // Written again on today's clock: the next one queues behind it, one interval later.
+  const next = await reserveSlots(pool, t.schema, { bucket: 'stripe_calls', count: 1, perSecond: 10, maxWaitMs: 1_000 });
+  expect(next.granted).toBe(1);
+  expect(next.waitMs).toBeGreaterThan(first.waitMs);
+  expect(next.waitMs).toBeLessThanOrEqual(first.waitMs + 100);
+});

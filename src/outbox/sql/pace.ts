@@ -32,8 +32,10 @@ export async function reserveSlots(
   const { rows } = await db.query<{ granted: number; wait_ms: number; span_end_ms: number }>({
     // Named: prepared once per connection, parsed and planned once, not on every event.
     name: schema.statementName('reserve-slots'),
+    // A next_slot written on a clock since stepped back keeps only the queue it had then
+    // (next_slot − written_at), from now: otherwise every reservation of every tenant would wait the step out.
     text: `WITH cur AS (
-       SELECT GREATEST(next_slot, clock_timestamp()) AS slot, clock_timestamp() AS now
+       SELECT GREATEST(next_slot - GREATEST(written_at - clock_timestamp(), interval '0'), clock_timestamp()) AS slot, clock_timestamp() AS now
          FROM ${schema.rateLimits} WHERE bucket = $1::text FOR UPDATE
      ), grant_ AS (
        SELECT slot, now,
@@ -43,7 +45,7 @@ export async function reserveSlots(
               END AS granted
          FROM cur
      ), moved AS (
-       UPDATE ${schema.rateLimits} r SET next_slot = g.slot + g.granted * $3::int * interval '1 microsecond'
+       UPDATE ${schema.rateLimits} r SET next_slot = g.slot + g.granted * $3::int * interval '1 microsecond', written_at = g.now
          FROM grant_ g WHERE r.bucket = $1::text
        RETURNING r.next_slot
      )
