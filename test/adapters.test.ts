@@ -251,6 +251,28 @@ it("rows renamed past reading (a plugin that upper-cases columns): recordUsage s
   }
 });
 
+it('answered with the rows alone (not `{ rows }`: a driver like pg-promise, a Knex postProcessResponse): recordUsage says it could not read them, not a TypeError', async () => {
+  const client = await t.pool.connect();
+  try {
+    await client.query('BEGIN');
+    const bare = { query: async (statement: { text: string; values: unknown[] }) => (await client.query(statement)).rows } as unknown as TransactionClient;
+    const err = await recordUsage(bare, { tenantId: 'acme', usageId: randomUUID(), quantity: 1 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(UnreadableRowsError);
+    expect((err as Error).message).toContain('columns: known, id, key');
+    // A Knex transaction whose postProcessResponse answers the rows: read as rows.
+    const knex = knexFactory({ client: 'pg', connection: t.db.url, pool: { min: 0, max: 1 }, postProcessResponse: (result: { rows?: unknown }) => result?.rows ?? result });
+    try {
+      const recorded = await knex.transaction((trx) => recordUsage(fromKnex(trx), { tenantId: 'acme', usageId: randomUUID(), quantity: 1 }));
+      expect(recorded.created).toBe(true);
+    } finally {
+      await knex.destroy();
+    }
+  } finally {
+    await client.query('ROLLBACK');
+    client.release();
+  }
+});
+
 it('a pool, an idle client or an ORM instance instead of its transaction is refused before any statement: each statement on it would commit on its own', async () => {
   const pool = new pg.Pool({ connectionString: t.db.url, max: 1 });
   const idle = new pg.Client({ connectionString: t.db.url });

@@ -23,8 +23,9 @@ export function fromKnex(db: Pick<Knex, 'raw'>): TransactionClient {
         bindings.push(values[Number(n) - 1] as Knex.RawBinding);
         return '?';
       });
-      const result = (await db.raw(positional, bindings)) as { rows: unknown[] };
-      return { rows: result.rows };
+      // The driver's result, or its rows alone where a postProcessResponse answers them.
+      const result = (await db.raw(positional, bindings)) as { rows: unknown[] } | unknown[];
+      return { rows: Array.isArray(result) ? result : result.rows };
     },
   };
 }

@@ -16,6 +16,18 @@ export interface TransactionClient {
   query(statement: { text: string; values: unknown[]; name?: string }): Promise<{ rows: unknown[] }>;
 }
 
+/**
+ * `statement`'s rows, on the caller's transaction. An answer not shaped as node-postgres's
+ * (`{ rows: [...] }`: a driver or ORM plugin that answers the rows alone, or something else) is
+ * UnreadableRowsError: the statement has run, and the transaction must be rolled back.
+ */
+export async function callerRows<Row>(db: TransactionClient, statement: { text: string; values: unknown[]; name?: string }): Promise<Row[]> {
+  const answer: unknown = await db.query(statement);
+  const rows = (answer as { rows?: unknown } | null | undefined)?.rows;
+  if (!Array.isArray(rows)) throw new UnreadableRowsError(Array.isArray(answer) ? answer[0] : answer);
+  return rows as Row[];
+}
+
 export interface EntryRow {
   id: number;
   idempotency_key: string;
@@ -70,7 +82,7 @@ export async function insertUsage(
   schema: Schema,
   usage: { usageId: string; tenantId: string; eventName: string; quantity: number; occurredAt: Date | null; key: string; traceParent?: string | undefined },
 ): Promise<{ tenantKnown: boolean; row: CallerEntryRow | undefined }> {
-  const { rows } = (await db.query({
+  const rows = await callerRows<Partial<CallerEntryRow> & { known?: unknown }>(db, {
     // Named: prepared once per connection of the application's pool, parsed and planned once.
     name: schema.statementName('record-usage'),
     text: `WITH tenant AS (
@@ -90,7 +102,7 @@ export async function insertUsage(
      SELECT EXISTS (SELECT 1 FROM tenant) AS known, q.*
      FROM (SELECT 1) AS one LEFT JOIN queued q ON true`,
     values: [usage.usageId, usage.tenantId, usage.eventName, usage.quantity, usage.occurredAt, usage.key, usage.traceParent ?? null],
-  })) as { rows: (Partial<CallerEntryRow> & { known?: unknown })[] };
+  });
   const row = rows[0];
   if (typeof row?.known !== 'boolean') throw new UnreadableRowsError(row);
   return { tenantKnown: row.known, row: row.id == null ? undefined : (row as CallerEntryRow) };
@@ -98,10 +110,10 @@ export async function insertUsage(
 
 /** The outbox entry of one tenant's usage, by its key (derived from the tenant and the usage id). */
 export async function findEntryByKey(db: TransactionClient, schema: Schema, tenantId: string, key: string): Promise<CallerEntryRow | undefined> {
-  const { rows } = (await db.query({
+  const rows = await callerRows<CallerEntryRow>(db, {
     text: `SELECT ${entryColumns()} FROM ${schema.outbox} WHERE idempotency_key = $2::text AND tenant_id = $1::text`,
     values: [tenantId, key],
-  })) as { rows: CallerEntryRow[] };
+  });
   return rows[0];
 }
 
@@ -121,12 +133,12 @@ export interface RecordedUsage {
 export async function findRecordedUsages(db: TransactionClient, schema: Schema, pairs: readonly { tenantId: string; usageId: string }[]): Promise<RecordedUsage[]> {
   // One-word names and UTC text, as entryColumns: the caller's ORM may rename keys (camelCase) or
   // read timestamps in its own way.
-  const { rows } = (await db.query({
+  const rows = await callerRows<{ tenant: string; id: string; event: string; quantity: string; occurred: string }>(db, {
     text: `SELECT u.tenant_id AS tenant, u.id, u.event_name AS event, u.quantity::text AS quantity,
             to_char(u.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred
      FROM ${schema.usageLogs} u
      JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, id) ON u.tenant_id = k.tenant_id AND u.id = k.id`,
     values: [pairs.map((p) => p.tenantId), pairs.map((p) => p.usageId)],
-  })) as { rows: { tenant: string; id: string; event: string; quantity: string; occurred: string }[] };
+  });
   return rows.map((r) => ({ tenantId: r.tenant, usageId: r.id, eventName: r.event, quantity: Number(r.quantity), occurredAt: new Date(r.occurred) }));
 }

@@ -3,7 +3,7 @@
  * the import opens. The request path's own statement (enqueue.ts) is left as it is: one usage, in
  * the caller's transaction. One named function per statement; values travel as typed arrays.
  */
-import { entryColumns, type CallerEntryRow, type TransactionClient } from './enqueue.js';
+import { callerRows, entryColumns, type CallerEntryRow, type TransactionClient } from './enqueue.js';
 import type { Schema } from './schema.js';
 
 export interface ImportedUsage {
@@ -36,7 +36,7 @@ export interface InsertedUsage {
  * million lines the round trips are the import's whole cost (docs/performance.md has the figure).
  */
 export async function insertUsages(db: TransactionClient, schema: Schema, usages: readonly ImportedUsage[]): Promise<InsertedUsage[]> {
-  const { rows } = (await db.query({
+  const rows = await callerRows<{ tenant_known: boolean; inserted: boolean }>(db, {
     name: schema.statementName('import-usages'),
     text: `WITH input AS (
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::timestamptz[], $6::text[]) WITH ORDINALITY
@@ -70,18 +70,18 @@ export async function insertUsages(db: TransactionClient, schema: Schema, usages
       usages.map((u) => u.occurredAt),
       usages.map((u) => u.key),
     ],
-  })) as { rows: { tenant_known: boolean; inserted: boolean }[] };
+  });
   return rows.map((r) => ({ tenantKnown: r.tenant_known, inserted: r.inserted }));
 }
 
 /** The outbox entries of the given (tenant, key) pairs that exist, in no particular order. */
 export async function findEntriesByKeys(db: TransactionClient, schema: Schema, pairs: readonly { tenantId: string; key: string }[]): Promise<CallerEntryRow[]> {
-  const { rows } = (await db.query({
+  const rows = await callerRows<CallerEntryRow>(db, {
     text: `SELECT ${entryColumns('o.')}
      FROM ${schema.outbox} o
      JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, idempotency_key)
        ON o.idempotency_key = k.idempotency_key AND o.tenant_id = k.tenant_id`,
     values: [pairs.map((p) => p.tenantId), pairs.map((p) => p.key)],
-  })) as { rows: CallerEntryRow[] };
+  });
   return rows;
 }
