@@ -6,7 +6,7 @@
  * latency, not queueing; interleaved in rounds so that drift of the machine hits both alike.
  */
 import { randomUUID } from 'node:crypto';
-import { withTransaction } from '../src/db.js';
+import { createPool, withTransaction } from '../src/db.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { freshDatabase, pct, type Report, type Services } from './harness.js';
 
@@ -36,6 +36,7 @@ export async function requestPath(services: Services, report: Report, opts: { ev
         outbox.push(performance.now() - t0);
       }
     }
+    await concurrently(db.url, runId, report);
   } finally {
     await db.pool.end();
   }
@@ -52,3 +53,57 @@ export async function requestPath(services: Services, report: Report, opts: { ev
 }
 
 const round3 = (x: number) => Math.round(x * 1000) / 1000;
+
+/**
+ * The same transactions from WRITERS connections at once, for WRITER_SECONDS each: commits per
+ * second and latency, bare, with recordUsage, and with recordUsage on a session that sets
+ * `billing_outbox.notify = off` (a transaction that sent a NOTIFY commits under a lock every such
+ * commit of the server takes in turn; the others share their WAL flushes).
+ */
+const WRITERS = 16;
+const WRITER_SECONDS = 10;
+
+async function concurrently(url: string, runId: string, report: Report): Promise<void> {
+  const shapes: { name: string; notify: boolean; record: boolean }[] = [
+    { name: `${WRITERS} at once: BEGIN; INSERT usage; COMMIT`, notify: true, record: false },
+    { name: `${WRITERS} at once: … recordUsage; COMMIT (NOTIFY)`, notify: true, record: true },
+    { name: `${WRITERS} at once: … recordUsage; COMMIT (billing_outbox.notify = off)`, notify: false, record: true },
+  ];
+  for (const shape of shapes) {
+    // As the benchmark's own pool: the application's table is found in our schema.
+    const withPath = new URL(url);
+    withPath.searchParams.set('options', '-c search_path=billing_outbox');
+    const pool = createPool(withPath.toString(), WRITERS);
+    if (!shape.notify) pool.on('connect', (c) => void c.query(`SET billing_outbox.notify = off`));
+    const ms: number[] = [];
+    const until = performance.now() + WRITER_SECONDS * 1000;
+    const started = performance.now();
+    let n = 0;
+    try {
+      await Promise.all(
+        Array.from({ length: WRITERS }, async () => {
+          while (performance.now() < until) {
+            const i = n++;
+            const id = `${runId}-${shape.record ? (shape.notify ? 'n' : 'q') : 'b'}${i}`;
+            const t0 = performance.now();
+            await withTransaction(pool, async (c) => {
+              await c.query('INSERT INTO app_usage (id, tenant_id, quantity) VALUES ($1, $2, $3)', [id, `t${(i % 10) + 1}`, 1]);
+              if (shape.record) await recordUsage(c, { usageId: id, tenantId: `t${(i % 10) + 1}`, quantity: 1 });
+            });
+            ms.push(performance.now() - t0);
+          }
+        }),
+      );
+    } finally {
+      await pool.end();
+    }
+    const sorted = [...ms].sort((a, b) => a - b);
+    report.rows.push({
+      transaction: shape.name,
+      count: ms.length,
+      perSecond: Math.round(ms.length / ((performance.now() - started) / 1000)),
+      p50Ms: round3(pct(sorted, 50)),
+      p99Ms: round3(pct(sorted, 99)),
+    });
+  }
+}

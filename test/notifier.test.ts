@@ -153,3 +153,32 @@ it('closed while it connects: the connection it was making is ended, not left li
   expect(notifier.listening).toBe(false);
   expect(await listeners()).toBe(0);
 });
+
+it('the outbox insert trigger notifies the schema channel at commit, unless the session set billing_outbox.notify = off', async () => {
+  const listener = await t.pool.connect();
+  const heard: string[] = [];
+  listener.on('notification', (n) => heard.push(n.payload ?? ''));
+  const channel = schemaFor().outboxChannel;
+  await listener.query(`LISTEN "${channel}"`);
+  const insert = (c: { query: (text: string, values: unknown[]) => Promise<unknown> }, id: string) =>
+    c.query(`INSERT INTO outbox (tenant_id, usage_id, event_name, quantity, occurred_at, idempotency_key) VALUES ('acme', $1, 'api_requests', 1, now(), 'u:acme:' || $1)`, [id]);
+  await t.pool.query(`INSERT INTO billing_customers VALUES ('acme', 'cus_acme') ON CONFLICT DO NOTHING`);
+  const writer = await t.pool.connect();
+  try {
+    // Delivered in commit order: quiet insert, a marker, a notifying insert (the trigger's payload is empty).
+    await writer.query('BEGIN');
+    await writer.query(`SET LOCAL billing_outbox.notify = off`);
+    await insert(writer, `quiet-${Date.now()}`);
+    await writer.query('COMMIT');
+    await writer.query('SELECT pg_notify($1, $2)', [channel, 'marker']);
+    await writer.query('BEGIN');
+    await insert(writer, `loud-${Date.now()}`);
+    await writer.query('COMMIT');
+    await waitFor('the notifying commit heard', async () => heard.length >= 2, 5_000);
+    expect(heard).toEqual(['marker', '']);
+  } finally {
+    await listener.query('UNLISTEN *');
+    listener.release();
+    writer.release();
+  }
+});
