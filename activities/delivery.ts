@@ -356,8 +356,18 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       const existing = await store.findRow(key);
       found = existing ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at } : { begun: false, exists: false, key };
     }
-    // By Stripe's clock where the sender knows it (v2), else by ours (v1: Stripe's refusal says so, and is retried).
-    const skewMs = (await sender.clockSkewMs?.()) ?? 0;
+    // By Stripe's clock where the sender measures it (v2), else by ours (v1: Stripe's refusal says
+    // so, and is retried). Not measurable now (no stream session to be had): failed as the call
+    // would have, the attempt taken back; never judged on an unmeasured clock.
+    let skewMs = 0;
+    if (row && sender.clockSkewMs) {
+      try {
+        skewMs = await sender.clockSkewMs();
+      } catch (err) {
+        await undoIfCounted(key, row);
+        return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
+      }
+    }
     const check = maySendNow(found, Date.now() + skewMs);
     if (check.verdict === 'refuse' || check.verdict === 'wait') {
       // No call is made: the attempt is taken back, so a refusal for a missing customer or meter,

@@ -22,11 +22,11 @@ export interface MeterEventSender {
   send(event: MeterEvent): Promise<void>;
   /**
    * Stripe's clock minus this worker's (ms), where the sender measures it (v2: by each session's
-   * created time, the first session opened to measure it); undefined where it cannot. Stripe judges
-   * an event's timestamp by its own clock, and the v2 stream drops one outside its window without a
-   * word: the send check reads the time as Stripe will.
+   * created time, the first session opened to measure it; rejects as a send would when none can
+   * be opened). Stripe judges an event's timestamp by its own clock, and the v2 stream drops one
+   * outside its window without a word: the send check reads the time as Stripe will.
    */
-  clockSkewMs?(): Promise<number | undefined>;
+  clockSkewMs?(): Promise<number>;
 }
 
 /** v1: one call per event. */

@@ -173,12 +173,18 @@ export class MeterEventStream implements MeterEventSender {
   /**
    * Stripe's clock minus ours (ms), as of the last session. Before the first, a session is opened to
    * measure it (the next request uses it): events judged on an unmeasured clock before any was sent
-   * would be held back, refused, or sent outside Stripe's window. Undefined when no session can be
-   * had now (the request that follows fails, and says why).
+   * would be held back, refused, or sent outside Stripe's window. No session to be had now: its
+   * failure, as a request would have met it (StreamSessionError).
    */
-  async clockSkewMs(): Promise<number | undefined> {
-    if (this.skewMs === undefined) await this.currentSession().catch(() => undefined);
-    return this.skewMs;
+  async clockSkewMs(): Promise<number> {
+    if (this.skewMs === undefined) {
+      try {
+        await this.currentSession();
+      } catch (err) {
+        throw new StreamSessionError(err);
+      }
+    }
+    return this.skewMs ?? 0;
   }
 
   /** Sends `event` in a coming request; settles with that request's outcome. */

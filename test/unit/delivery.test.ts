@@ -63,7 +63,7 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
   };
   const sender: MeterEventSender = {
     api: opts.api ?? 'v1',
-    ...(opts.clockSkewMs === undefined ? {} : { clockSkewMs: async () => opts.clockSkewMs }),
+    ...(opts.clockSkewMs === undefined ? {} : { clockSkewMs: async () => opts.clockSkewMs! }),
     send: async (e) => {
       sent.push(e);
       await opts.send?.(e);
@@ -372,6 +372,19 @@ describe('v2: the meter event stream', () => {
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false, details: ['stream_session_failed'] });
     expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
     expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'stream_session_failed', expect.stringContaining('not enabled for this account'), { refused: false });
+  });
+
+  it("Stripe's clock not measurable before the first event (no session to be had): the time is not judged on ours, nothing sent, the attempt taken back with the reason, no second session asked for", async () => {
+    // 69 minutes ahead of this worker's clock: judged on it, the event would be dead as timestamp_in_future.
+    const { deps, store, sent } = parts({ api: 'v2', row: row({ occurred_at: new Date(Date.now() + 69 * 60_000) }) });
+    const refused = new Stripe.errors.StripeAPIError({ type: 'api_error', statusCode: 503, message: 'session service unavailable' } as never);
+    const measure = vi.fn(async (): Promise<number> => Promise.reject(new StreamSessionError(refused)));
+    deps.sender = { ...deps.sender, clockSkewMs: measure };
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false, details: ['http_503'] });
+    expect(measure).toHaveBeenCalledTimes(1);
+    expect(sent).toEqual([]);
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', expect.stringContaining('session service unavailable'), { refused: false });
   });
 
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {
