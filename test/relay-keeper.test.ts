@@ -6,6 +6,7 @@
  * is created again (a paused one is left paused).
  */
 import { randomUUID } from 'node:crypto';
+import { WorkflowNotFoundError } from '@temporalio/client';
 import { expect, it } from 'vitest';
 import type { Config } from '../src/config.js';
 import { withTransaction } from '../src/db.js';
@@ -132,9 +133,11 @@ it("a second deployment (another database) on this task queue is refused before 
   const otherDeps = { databaseUrl: other.url, pool: other.pool };
   const worker = await startKept(config, log);
   try {
-    const refused = startKept(config, log, otherDeps);
+    // With a relay more than this deployment runs: refused before it starts any.
+    const refused = startKept({ ...config, relay: { ...config.relay, count: 3 } }, log, otherDeps);
     await expect(refused).rejects.toThrow(`TEMPORAL_TASK_QUEUE "${config.temporal.taskQueue}" in the namespace "${config.temporal.namespace}" is another billing-outbox deployment's`);
     await expect(refused).rejects.toThrow(`started for the deployment ${ours}`);
+    await expect(t.client.workflow.getHandle(relayWorkflowId(config.temporal.taskQueue, 2)).describe()).rejects.toBeInstanceOf(WorkflowNotFoundError);
     // The relays are still this deployment's, and still running.
     const relay = t.client.workflow.getHandle(relayWorkflowId(config.temporal.taskQueue, 0));
     expect((await relay.describe()).memo).toEqual({ billingOutboxDeployment: ours });

@@ -247,8 +247,12 @@ export const RELAY_DEPLOYMENT_MEMO = 'billingOutboxDeployment';
 
 /** This schema's deployment id (migrations/001_schema.sql), put on the relays it starts. */
 export async function readDeployment(db: Queryable, schemaName: string): Promise<string> {
-  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schemaFor(schemaName).deployment}`);
-  if (!rows[0]) throw new Error(`database schema ${schemaName}: its deployment row is missing; migrate it again (billing-outbox migrate)`);
+  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schemaFor(schemaName).deployment}`).catch((err: unknown) => {
+    // 42P01: no such table. A schema made by an unreleased build's 001_schema.sql, which lacked it.
+    if ((err as { code?: unknown }).code !== '42P01') throw err;
+    throw new ConfigError([`database schema ${schemaName}: made by an earlier build of billing-outbox's 001_schema.sql (it has no deployment table): drop the schema (or delete .data/ for npm start's stack) and migrate again`]);
+  });
+  if (!rows[0]) throw new ConfigError([`database schema ${schemaName}: its deployment row is missing; it is written once, when the schema is migrated: restore it from a backup or migrate a fresh schema`]);
   return rows[0].id;
 }
 
@@ -257,15 +261,38 @@ export async function readDeployment(db: Queryable, schemaName: string): Promise
  * another deployment started. Every worker calls this at boot, before it polls (then keepRelaysRunning).
  */
 export async function ensureRelays(client: Client, config: Config, deployment: string): Promise<void> {
+  const indexes = Array.from({ length: config.relay.count }, (_, i) => i);
+  // Every relay looked at before any is started: a deployment refused here starts none (run by the
+  // other deployment's workers, they would hold the queue against it later).
+  for (const i of indexes) {
+    const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
+    const relay = await relayState(client, workflowId);
+    if (isOpen(relay.status) && relay.owner !== deployment) throw anotherDeployment(config, workflowId, relay.owner, deployment);
+  }
   await Promise.all(
-    Array.from({ length: config.relay.count }, async (_, i) => {
-      // Already running: the start answers with that run, whose memo says whose it is.
+    indexes.map(async (i) => {
+      // Started by another deployment since the look (both starting at once): the start answers
+      // with that run, whose memo says whose it is.
       const handle = await startRelay(client, config, i, deployment);
       const owner = (await handle.describe()).memo?.[RELAY_DEPLOYMENT_MEMO];
       if (owner !== deployment) throw anotherDeployment(config, handle.workflowId, owner, deployment);
     }),
   );
 }
+
+/** The relay's latest run: its status (NOT_FOUND: none) and the deployment its memo names. */
+async function relayState(client: Client, workflowId: string): Promise<{ status: string; owner: unknown }> {
+  try {
+    const described = await client.workflow.getHandle(workflowId).describe();
+    return { status: described.status.name, owner: described.memo?.[RELAY_DEPLOYMENT_MEMO] };
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) return { status: 'NOT_FOUND', owner: undefined };
+    throw err;
+  }
+}
+
+/** Running, or paused by an operator: a run that holds its relay's place. */
+const isOpen = (status: string) => status === 'RUNNING' || status === 'PAUSED';
 
 /**
  * Two deployments (two databases, or two schemas) on one namespace and task queue would each poll
@@ -308,24 +335,15 @@ export async function restartClosedRelays(
   const foreign: { workflowId: string; owner: unknown }[] = [];
   for (let i = 0; i < config.relay.count && !signal?.aborted; i++) {
     const workflowId = relayWorkflowId(config.temporal.taskQueue, i);
-    let was: string;
-    try {
-      const described = await client.workflow.getHandle(workflowId).describe();
-      was = described.status.name;
-      const owner = described.memo?.[RELAY_DEPLOYMENT_MEMO];
+    const relay = await relayState(client, workflowId);
+    if (isOpen(relay.status)) {
       // Started by another deployment while this one's was closed: said, never taken over.
-      if ((was === 'RUNNING' || was === 'PAUSED') && owner !== deployment) foreign.push({ workflowId, owner });
-    } catch (err) {
-      if (!(err instanceof WorkflowNotFoundError)) throw err;
-      was = 'NOT_FOUND';
-    }
-    if (was === 'RUNNING') continue;
-    if (was === 'PAUSED') {
-      paused.push(workflowId);
+      if (relay.owner !== deployment) foreign.push({ workflowId, owner: relay.owner });
+      if (relay.status === 'PAUSED') paused.push(workflowId);
       continue;
     }
     await startRelay(client, config, i, deployment);
-    restarted.push({ workflowId, was });
+    restarted.push({ workflowId, was: relay.status });
   }
   return { restarted, paused, foreign };
 }
@@ -431,7 +449,7 @@ export interface LaunchOptions {
  * A worker told not to migrate (the application migrates in its own pipeline) refuses to start on a
  * schema behind its version, naming what is missing: its statements name every migration's columns,
  * and on an older schema each delivery would fail until its event was dead. PostgreSQL not reachable
- * yet: not checked here (the worker starts and waits for it, as it does without this check).
+ * yet: not checked here (run() waits for it, up to STARTUP_WAIT_MS, to read the schema's deployment).
  */
 async function refuseUnmigrated(pool: Queryable, schema: string, answerMs: number): Promise<void> {
   let missing: string[];
