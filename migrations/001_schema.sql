@@ -118,12 +118,12 @@ CREATE INDEX outbox_dead_idx ON outbox (id) WHERE status = 'dead';
 -- schema's own (src/outbox/sql/schema.ts `outboxChannel`), so that deployments in other schemas of
 -- the database are not woken. It names no table, so it needs no search_path of its own.
 -- A transaction that notified commits under a lock every such commit of the database server takes
--- in turn: at many concurrent commits, `billing_outbox.notify = off` (ALTER ROLE … SET, or
--- ALTER DATABASE … SET) leaves the application's commits out of it, and the relays find their
--- events by polling (RELAY_POLL_INTERVAL_MS). See docs/performance.md, "Request path".
+-- in turn: at many concurrent commits, the setting `billing_outbox.notify = off` on the
+-- application's connections leaves their commits out of it, and the relays find their events by
+-- polling (RELAY_POLL_INTERVAL_MS). See the README, "How it works", and docs/performance.md row 1b.
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF current_setting('billing_outbox.notify', true) IS DISTINCT FROM 'off' THEN
+  IF lower(coalesce(current_setting('billing_outbox.notify', true), '')) NOT IN ('off', 'false', '0', 'no') THEN
     PERFORM pg_notify(TG_TABLE_SCHEMA || ':outbox', '');
   END IF;
   RETURN NULL;

@@ -191,7 +191,7 @@ describe.each(drivers)('%s', (_name, make) => {
         return recordUsage(c, { tenantId: 'acme', usageId, quantity: 4, occurredAt: at });
       })
       .catch((e: unknown) => e);
-    expect(again).toMatchObject({ code: 'usage_conflict', message: expect.stringContaining('was recorded before, with these values') });
+    expect(again).toMatchObject({ code: 'already_recorded', message: expect.stringContaining('was recorded before, with these values') });
   });
 
   it('a rollback leaves none', async () => {
@@ -258,7 +258,7 @@ it('answered with the rows alone (not `{ rows }`: a driver like pg-promise, a Kn
     const bare = { query: async (statement: { text: string; values: unknown[] }) => (await client.query(statement)).rows } as unknown as TransactionClient;
     const err = await recordUsage(bare, { tenantId: 'acme', usageId: randomUUID(), quantity: 1 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(UnreadableRowsError);
-    expect((err as Error).message).toContain('columns: known, id, key');
+    expect((err as Error).message).toContain("the client answered the rows alone (first row's columns: known, id, key");
     // A Knex transaction whose postProcessResponse answers the rows: read as rows.
     const knex = knexFactory({ client: 'pg', connection: t.db.url, pool: { min: 0, max: 1 }, postProcessResponse: (result: { rows?: unknown }) => result?.rows ?? result });
     try {

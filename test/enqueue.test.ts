@@ -98,7 +98,7 @@ describe('recordUsage', () => {
     vi.useFakeTimers({ toFake: ['Date'], now: Date.now() + 40 * 86_400_000 });
     try {
       await expect(withTransaction(t.pool, (c) => recordUsage(c, input))).rejects.toMatchObject({
-        code: 'usage_conflict',
+        code: 'already_recorded',
         field: 'usageId',
         message: expect.stringMatching(/was recorded before, with these values; its outbox entry was delivered and pruned/),
       });

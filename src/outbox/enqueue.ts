@@ -121,8 +121,10 @@ export function prunedUsageError(usage: ValidUsage, recorded: RecordedUsage | un
     return new UsageError('usage_conflict', `usage ${id} was recorded before; its outbox entry is gone (delivered and pruned after OUTBOX_RETENTION_DAYS) or not visible to this transaction`, 'usageId');
   }
   const differ = differences(recorded, usage);
+  // The same values: a replay of work done long ago, which the caller may take as done
+  // (`already_recorded`); other values: a reused id (`usage_conflict`).
   return new UsageError(
-    'usage_conflict',
+    differ.length > 0 ? 'usage_conflict' : 'already_recorded',
     `usage ${id} was recorded before${differ.length > 0 ? ` with different values: ${differ.join(', ')}` : ', with these values'}; ` +
       'its outbox entry was delivered and pruned after OUTBOX_RETENTION_DAYS: nothing was added',
     'usageId',

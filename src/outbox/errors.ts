@@ -77,10 +77,13 @@ export class UsageConflictError extends UsageError {
  * transaction must be rolled back.
  */
 export class UnreadableRowsError extends Error {
-  constructor(row: unknown) {
-    const columns = row && typeof row === 'object' ? Object.keys(row).join(', ') : String(row);
+  /** `answer`: the answer as the driver gave it, or its first row when the rows were read. */
+  constructor(answer: unknown, kind: 'row' | 'rows alone' = 'row') {
+    const columns = answer && typeof answer === 'object' ? Object.keys(answer).join(', ') : String(answer);
     super(
-      `recordUsage could not read the database's answer (columns: ${columns}); a plugin of your ORM renames or converts result rows: roll this transaction back and pass recordUsage a transaction without that plugin`,
+      kind === 'rows alone'
+        ? `recordUsage could not read the database's answer: the client answered the rows alone (first row's columns: ${columns}), where node-postgres answers { rows }: roll this transaction back and pass an object whose query(statement) answers { rows } (e.g. { query: async (s) => ({ rows: await t.query(s.text, s.values) }) })`
+        : `recordUsage could not read the database's answer (columns: ${columns}); a plugin of your ORM renames or converts result rows: roll this transaction back and pass recordUsage a transaction without that plugin`,
     );
     this.name = 'UnreadableRowsError';
   }

@@ -143,9 +143,12 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
       ? checkText('defaultEventName', defaultEventName, MAX_EVENT_NAME_LENGTH)
       : checkText('eventName', input.eventName, MAX_EVENT_NAME_LENGTH);
   const { quantity } = input;
-  if (typeof quantity !== 'number' || !Number.isInteger(quantity) || quantity < 1) {
-    throw new InvalidUsageError('quantity', 'must be a positive integer');
+  if (typeof quantity !== 'number') {
+    // A bigint (Prisma's BigInt), numeric text (node-postgres's bigint and sum()), a Decimal: named, not taken for a bad value.
+    const given = quantity === null || quantity === undefined ? String(quantity) : typeof quantity === 'object' ? `an object (${(quantity as object).constructor?.name ?? 'Object'})` : `a ${typeof quantity}`;
+    throw new InvalidUsageError('quantity', `must be a positive integer, as a number (given ${given}): convert it with Number() first`);
   }
+  if (!Number.isInteger(quantity) || quantity < 1) throw new InvalidUsageError('quantity', 'must be a positive integer');
   if (quantity > MAX_VALUE) throw new InvalidUsageError('quantity', `must be at most ${MAX_VALUE} (Stripe accepts 15 digits)`);
   let occurredAt: Date | null = null;
   if (input.occurredAt !== undefined) {
