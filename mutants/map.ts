@@ -520,8 +520,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'relays-not-kept',
     guarantee: 'Nothing stuck silently: a relay workflow terminated or cancelled is started again by the workers',
-    find: '    if (was === \'RUNNING\') continue;',
-    replace: '    if (was !== \'NEVER\') continue;',
+    find: '    if (isOpen(relay.status)) {',
+    replace: '    if (relay.status !== \'NEVER\') {',
     test: 'test/relay-keeper.test.ts',
     name: 'started again',
   },
