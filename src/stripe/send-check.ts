@@ -49,6 +49,13 @@ export type SendVerdict =
 export const SEND_MARGIN_MS = 60_000;
 
 /**
+ * The 35-day edge is judged as of five minutes on: an event the v2 stream holds longer than its
+ * attempt (a session renewed and the request sent again, 20 s each, after a 40 s attempt gave up)
+ * still leaves inside Stripe's window, which the stream would otherwise drop without a word.
+ */
+export const PAST_SEND_MARGIN_MS = 5 * 60_000;
+
+/**
  * The furthest ahead of the recording machine's clock a usage is taken at enqueue: as far as the
  * send check waits for (64 minutes). A machine whose clock runs a few minutes fast records usage
  * Stripe would take once the time comes; refusing it would lose it.
@@ -81,7 +88,8 @@ export function maySendNow(found: AttemptFound, now: number): SendVerdict {
   // outside the window silently and later (v1 at least answers), so one sent at its edge was lost.
   const ahead = found.occurredAt.getTime() - now - (MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS);
   if (ahead > 0 && ahead <= MAX_AHEAD_WAIT_MS) return { verdict: 'wait', waitMs: ahead };
-  const outside = timestampProblem(found.occurredAt, now + SEND_MARGIN_MS);
+  // An event ahead has been waited for above: here only the past edge, or far ahead, is refused.
+  const outside = timestampProblem(found.occurredAt, now + PAST_SEND_MARGIN_MS);
   if (outside) return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', ...outside, record: true, metricClass: 'unsafe' } };
   return { verdict: 'send', stripeCustomerId: found.stripeCustomerId };
 }

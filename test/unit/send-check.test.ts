@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { AT_STRIPE, OUTBOX_STATUSES, type OutboxStatus } from '../../src/outbox/statuses.js';
 import { MAX_EVENT_AGE_MS, MAX_EVENT_FUTURE_MS } from '../../src/stripe/rules.js';
-import { MAX_AHEAD_WAIT_MS, maySendNow, noMeterRefusal, SEND_MARGIN_MS, type AttemptFound } from '../../src/stripe/send-check.js';
+import { MAX_AHEAD_WAIT_MS, maySendNow, noMeterRefusal, PAST_SEND_MARGIN_MS, SEND_MARGIN_MS, type AttemptFound } from '../../src/stripe/send-check.js';
 
 const NOW = Date.parse('2026-12-03T10:00:00Z');
 const begun = (over: Partial<Extract<AttemptFound, { begun: true }>> = {}): AttemptFound => ({
@@ -52,9 +52,9 @@ describe('maySendNow', () => {
     }
   });
 
-  it("Stripe's 35-day window, as of a minute on (SEND_MARGIN_MS: when Stripe may receive it): that old is sent, a millisecond more is refused", () => {
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS) }), NOW).verdict).toBe('send');
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS - 1) }), NOW)).toMatchObject({
+  it("Stripe's 35-day window, as of five minutes on (PAST_SEND_MARGIN_MS: by when Stripe has it, a v2 request held past its attempt included): that old is sent, a millisecond more is refused", () => {
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS) }), NOW).verdict).toBe('send');
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS - 1) }), NOW)).toMatchObject({
       verdict: 'refuse',
       refusal: { errorType: 'unsafeToSend', code: 'timestamp_too_far_in_past', record: true, metricClass: 'unsafe' },
     });
