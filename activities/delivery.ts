@@ -23,7 +23,7 @@ import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-l
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
 import type { SlotPacer } from '../src/stripe/rate-limit.js';
 import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
-import { maySendNow, noMeterRefusal, type AttemptFound, type Refusal } from '../src/stripe/send-check.js';
+import { maySendNow, noMeterRefusal, PAST_SEND_MARGIN_MS, SEND_MARGIN_MS, type AttemptFound, type Refusal } from '../src/stripe/send-check.js';
 import type { MeterEventSender } from '../src/stripe/sender.js';
 import { ErrorTypes, type DeferralReason, type DeliverInput, type DeliveryResult } from '../workflows/shared.js';
 
@@ -360,7 +360,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     // so, and is retried). Not measurable now (no stream session to be had): failed as the call
     // would have, the attempt taken back; never judged on an unmeasured clock.
     let skewMs = 0;
-    if (row && sender.clockSkewMs) {
+    // Only where the time is judged: a row already at Stripe, or without its customer, is decided without it.
+    if (row && sender.clockSkewMs && !isAtStripe(row.status) && row.stripe_customer_id) {
       try {
         skewMs = await sender.clockSkewMs();
       } catch (err) {
@@ -368,7 +369,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
       }
     }
-    const check = maySendNow(found, Date.now() + skewMs);
+    const check = maySendNow(found, Date.now() + skewMs, sender.api === 'v2' ? PAST_SEND_MARGIN_MS : SEND_MARGIN_MS);
     if (check.verdict === 'refuse' || check.verdict === 'wait') {
       // No call is made: the attempt is taken back, so a refusal for a missing customer or meter,
       // or a wait for the clock, neither counts nor starts the 23 h resend window.

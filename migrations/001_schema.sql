@@ -118,8 +118,8 @@ CREATE INDEX outbox_dead_idx ON outbox (id) WHERE status = 'dead';
 -- schema's own (src/outbox/sql/schema.ts `outboxChannel`), so that deployments in other schemas of
 -- the database are not woken. It names no table, so it needs no search_path of its own.
 -- A transaction that notified commits under a lock every such commit of the database server takes
--- in turn: at many concurrent commits, the setting `billing_outbox.notify = off` on the
--- application's connections leaves their commits out of it, and the relays find their events by
+-- in turn: at many concurrent commits, the setting `billing_outbox.notify = off` in the
+-- application's transactions (SET LOCAL) leaves their commits out of it, and the relays find their events by
 -- polling (RELAY_POLL_INTERVAL_MS). See the README, "How it works", and docs/performance.md row 1b.
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

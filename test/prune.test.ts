@@ -92,7 +92,7 @@ it('workers prune on their timer and count it; a pruned usage id is still refuse
     expect((await metrics.prunedRows.get()).values[0]!.value).toBeGreaterThanOrEqual(1);
 
     const again = await withTransaction(t.pool, (c) => recordUsage(c, { tenantId: 'acme', usageId, quantity: 2 })).catch((e: unknown) => e);
-    expect(again).toMatchObject({ code: 'usage_conflict' });
+    expect(again).toMatchObject({ code: 'already_recorded' });
     expect(String((again as Error).message)).toContain('pruned after OUTBOX_RETENTION_DAYS');
     expect(await present([entry.idempotencyKey])).toEqual([]);
     expect(stripe.events().filter((e) => e.identifier === entry.idempotencyKey)).toHaveLength(1);

@@ -49,9 +49,10 @@ export type SendVerdict =
 export const SEND_MARGIN_MS = 60_000;
 
 /**
- * The 35-day edge is judged as of five minutes on: an event the v2 stream holds longer than its
+ * v2: the 35-day edge is judged as of five minutes on: an event the stream holds longer than its
  * attempt (a session renewed and the request sent again, 20 s each, after a 40 s attempt gave up)
- * still leaves inside Stripe's window, which the stream would otherwise drop without a word.
+ * still leaves inside Stripe's window, which the stream would otherwise drop without a word. v1
+ * keeps SEND_MARGIN_MS: Stripe answers a call out of its window at once.
  */
 export const PAST_SEND_MARGIN_MS = 5 * 60_000;
 
@@ -67,7 +68,7 @@ export const MAX_RECORDED_AHEAD_MS = MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS + MAX_
  * not already at Stripe, mapped to a customer, and inside Stripe's timestamp window at `now`;
  * an event ahead of that window by clock skew (up to MAX_AHEAD_WAIT_MS) is waited for.
  */
-export function maySendNow(found: AttemptFound, now: number): SendVerdict {
+export function maySendNow(found: AttemptFound, now: number, pastMarginMs = SEND_MARGIN_MS): SendVerdict {
   if (!found.begun) {
     if (!found.exists) {
       return { verdict: 'refuse', refusal: { errorType: 'missing', code: 'outbox_row_missing', message: `no outbox row with key ${found.key}`, record: false } };
@@ -89,7 +90,7 @@ export function maySendNow(found: AttemptFound, now: number): SendVerdict {
   const ahead = found.occurredAt.getTime() - now - (MAX_EVENT_FUTURE_MS - SEND_MARGIN_MS);
   if (ahead > 0 && ahead <= MAX_AHEAD_WAIT_MS) return { verdict: 'wait', waitMs: ahead };
   // An event ahead has been waited for above: here only the past edge, or far ahead, is refused.
-  const outside = timestampProblem(found.occurredAt, now + PAST_SEND_MARGIN_MS);
+  const outside = timestampProblem(found.occurredAt, now + pastMarginMs);
   if (outside) return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', ...outside, record: true, metricClass: 'unsafe' } };
   return { verdict: 'send', stripeCustomerId: found.stripeCustomerId };
 }

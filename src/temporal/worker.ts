@@ -247,10 +247,16 @@ export const RELAY_DEPLOYMENT_MEMO = 'billingOutboxDeployment';
 
 /** This schema's deployment id (migrations/001_schema.sql), put on the relays it starts. */
 export async function readDeployment(db: Queryable, schemaName: string): Promise<string> {
-  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schemaFor(schemaName).deployment}`).catch((err: unknown) => {
-    // 42P01: no such table. A schema made by an unreleased build's 001_schema.sql, which lacked it.
+  const schema = schemaFor(schemaName);
+  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schema.deployment}`).catch(async (err: unknown) => {
+    // 42P01: no such table. Never migrated, or made by an unreleased build's 001_schema.sql, which lacked it.
     if ((err as { code?: unknown }).code !== '42P01') throw err;
-    throw new ConfigError([`database schema ${schemaName}: made by an earlier build of billing-outbox's 001_schema.sql (it has no deployment table): drop the schema (or delete .data/ for npm start's stack) and migrate again`]);
+    const migrated = (await db.query<{ ok: boolean }>('SELECT to_regclass($1::text) IS NOT NULL AS ok', [schema.outbox])).rows[0]?.ok;
+    throw new ConfigError([
+      migrated
+        ? `database schema ${schemaName}: made by an earlier build of billing-outbox's 001_schema.sql (it has no deployment table): drop the schema (or delete .data/ for npm start's stack) and migrate again`
+        : `database schema ${schemaName}: not migrated; run \`billing-outbox migrate\` (or migrate(url, { schema })) first, or let the worker migrate (migrate: true)`,
+    ]);
   });
   if (!rows[0]) throw new ConfigError([`database schema ${schemaName}: its deployment row is missing; it is written once, when the schema is migrated: restore it from a backup or migrate a fresh schema`]);
   return rows[0].id;

@@ -385,6 +385,12 @@ describe('v2: the meter event stream', () => {
     expect(sent).toEqual([]);
     expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
     expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', expect.stringContaining('session service unavailable'), { refused: false });
+    // A row already at Stripe is decided without the time: not held back by a session it does not need.
+    const atStripe = parts({ api: 'v2', row: row({ status: 'accepted' }) });
+    const unneeded = vi.fn(async (): Promise<number> => Promise.reject(new StreamSessionError(refused)));
+    atStripe.deps.sender = { ...atStripe.deps.sender, clockSkewMs: unneeded };
+    expect(await deliver(atStripe.deps)).toMatchObject({ outcome: 'already_sent' });
+    expect(unneeded).not.toHaveBeenCalled();
   });
 
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {

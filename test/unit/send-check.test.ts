@@ -52,9 +52,14 @@ describe('maySendNow', () => {
     }
   });
 
-  it("Stripe's 35-day window, as of five minutes on (PAST_SEND_MARGIN_MS: by when Stripe has it, a v2 request held past its attempt included): that old is sent, a millisecond more is refused", () => {
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS) }), NOW).verdict).toBe('send');
-    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS - 1) }), NOW)).toMatchObject({
+  it("Stripe's 35-day window, as of a minute on (SEND_MARGIN_MS: when Stripe may receive it; v2 five, PAST_SEND_MARGIN_MS, a request held past its attempt included): that old is sent, a millisecond more is refused", () => {
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS) }), NOW).verdict).toBe('send');
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS) }), NOW, PAST_SEND_MARGIN_MS).verdict).toBe('send');
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + PAST_SEND_MARGIN_MS - 1) }), NOW, PAST_SEND_MARGIN_MS)).toMatchObject({
+      verdict: 'refuse',
+      refusal: { errorType: 'unsafeToSend', code: 'timestamp_too_far_in_past', record: true, metricClass: 'unsafe' },
+    });
+    expect(maySendNow(begun({ occurredAt: new Date(NOW - MAX_EVENT_AGE_MS + SEND_MARGIN_MS - 1) }), NOW)).toMatchObject({
       verdict: 'refuse',
       refusal: { errorType: 'unsafeToSend', code: 'timestamp_too_far_in_past', record: true, metricClass: 'unsafe' },
     });

@@ -24,7 +24,7 @@ export interface TransactionClient {
 export async function callerRows<Row>(db: TransactionClient, statement: { text: string; values: unknown[]; name?: string }): Promise<Row[]> {
   const answer: unknown = await db.query(statement);
   const rows = (answer as { rows?: unknown } | null | undefined)?.rows;
-  if (!Array.isArray(rows)) throw Array.isArray(answer) ? new UnreadableRowsError(answer[0], 'rows alone') : new UnreadableRowsError(answer);
+  if (!Array.isArray(rows)) throw Array.isArray(answer) ? new UnreadableRowsError(answer[0] ?? {}, 'rows alone') : new UnreadableRowsError(answer);
   return rows as Row[];
 }
 
