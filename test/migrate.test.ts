@@ -239,7 +239,11 @@ it("a migration that cannot lock the outbox (a long transaction reads it) lets t
 it("an index built CONCURRENTLY waiting for an application's open transaction that recorded usage says within seconds whom it waits for", async () => {
   await withDatabase(async (url) => {
     const pool = createPool(withSearchPath(url, schemaFor().name), 2);
-    const app = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
+    // The application's own session lifts the statement limit at connection (a SET run under the
+    // database's 1 ms limit could itself be cancelled on a busy machine).
+    const appUrl = new URL(url);
+    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0`);
+    const app = new pg.Client({ connectionString: appUrl.toString() });
     await app.connect();
     try {
       await mapTenant(pool, schemaFor(), 'acme', 'cus_acme', 'test');
@@ -294,14 +298,17 @@ it("runs past the application's own time limits (a pool's statement_timeout, the
     await pool.end();
     const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
     await admin.connect();
-    const app = new pg.Client({ connectionString: withSearchPath(url, schemaFor().name) });
+    // The application's own session lifts the statement limit at connection (a SET run under the
+    // database's 1 ms limit could itself be cancelled on a busy machine).
+    const appUrl = new URL(url);
+    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0`);
+    const app = new pg.Client({ connectionString: appUrl.toString() });
     try {
       // Limits meant for requests, on every session of the database from now on.
       await admin.query(`ALTER DATABASE ${db} SET lock_timeout = '1ms'`);
       await admin.query(`ALTER DATABASE ${db} SET statement_timeout = '1ms'`);
       // An application's transaction that recorded usage: the index build waits for it a moment.
       await app.connect();
-      await app.query('SET statement_timeout = 0');
       await app.query('BEGIN');
       await recordUsage(app, { usageId: 'open-1', tenantId: 'acme', quantity: 1 });
       const ending = new Promise((resolve) => setTimeout(resolve, 300)).then(() => app.query('COMMIT'));
