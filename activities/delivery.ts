@@ -238,7 +238,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
     // Our place in the account-wide pace, reserved while the attempt begins: both are on the path
     // between one call of a (customer, meter) and the next.
-    const leaseFrom = Date.now();
+    // Intervals on the monotonic clock: a wall clock stepped back would hide a lapsed lease.
+    const leaseFrom = performance.now();
     progress.begun = true;
     const [slot, begun] = await Promise.all([
       pacer.take(),
@@ -262,14 +263,14 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       await undoIfCounted(key, row);
       return deferred('paced', Math.max(100, slot.waitMs - t.maxPacingWaitMs / 2) + Math.floor(Math.random() * t.rateLimitJitterMs), 0);
     }
-    const slotAt = Date.now() + slot.waitMs;
+    const slotAt = performance.now() + slot.waitMs;
     if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
     const ready = await readyToSend(key, row);
     if ('outcome' in ready) return ready;
     // The lease must outlast the call (and the pace's wait before it). If this process stalled since
     // it was extended (a long GC pause, a starved CPU) it is renewed, checked still ours; a lapsed
     // one is never called on: the attempt is undone and the delivery queues again.
-    if (leased && Date.now() + t.callTimeoutMs > leaseFrom + t.leaseMs - t.leaseRenewSlackMs && !(await lease.renew(holder))) {
+    if (leased && performance.now() + t.callTimeoutMs > leaseFrom + t.leaseMs - t.leaseRenewSlackMs && !(await lease.renew(holder))) {
       await undoIfCounted(key, row);
       return 'lease_lost';
     }

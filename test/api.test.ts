@@ -452,7 +452,7 @@ describe('at the door', () => {
         await new Promise((r) => setTimeout(r, takesMs(++checks)));
         return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
       },
-      missingSince: () => false,
+      missingWithin: () => false,
     });
   };
   it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {

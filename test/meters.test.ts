@@ -1,6 +1,6 @@
 /** The meter catalog against the local Stripe-compatible server, through the real `stripe` client. */
 import type Stripe from 'stripe';
-import { afterAll, beforeAll, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it, vi } from 'vitest';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
@@ -65,4 +65,23 @@ it('asks Stripe again after a minute: a meter replaced by one with other payload
   now += 2_000;
   expect(await catalog.keysFor('replaced_later')).toMatchObject({ customerKey: 'account', valueKey: 'units' });
   expect(listCalls).toBe(before + 1);
+});
+
+it("ages its cache on a monotonic clock: the wall clock stepped back an hour does not keep a replaced meter's keys for that hour", async () => {
+  // Both clocks the test's own (the calls to Stripe still real).
+  vi.useFakeTimers({ toFake: ['Date', 'performance'] });
+  try {
+    const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 0 });
+    local.addMeter('stepped_back');
+    expect(await catalog.keysFor('stepped_back')).toMatchObject({ customerKey: 'stripe_customer_id', valueKey: 'value' });
+    local.replaceMeter('stepped_back', { customerKey: 'account', valueKey: 'units' });
+    // NTP steps the wall clock back an hour, then a minute and a bit passes.
+    vi.setSystemTime(Date.now() - 3_600_000);
+    vi.advanceTimersByTime(61_000);
+    const before = listCalls;
+    expect(await catalog.keysFor('stepped_back')).toMatchObject({ customerKey: 'account', valueKey: 'units' });
+    expect(listCalls).toBe(before + 1);
+  } finally {
+    vi.useRealTimers();
+  }
 });

@@ -75,11 +75,11 @@ const METER_CHECK_TIMEOUT_MS = 1_000;
  * cannot be asked (away, slow), the usage is let in: the worker checks again before sending, and
  * refusing usage because Stripe is down would lose it.
  */
-async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'missingSince'>, eventName: string): Promise<boolean> {
+async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'missingWithin'>, eventName: string): Promise<boolean> {
   // Stripe said so within the last second: that stands. Asking again would wait for the catalog's
   // pace (a read a second at most), past this timeout: a burst of one misspelt name would be let
   // in unchecked after its first request was refused, and die later as no_meter.
-  if (meters.missingSince(eventName, Date.now() - METER_CHECK_TIMEOUT_MS)) return true;
+  if (meters.missingWithin(eventName, METER_CHECK_TIMEOUT_MS)) return true;
   let timer: NodeJS.Timeout | undefined;
   const unknown = new Promise<'unknown'>((resolve) => (timer = setTimeout(() => resolve('unknown'), METER_CHECK_TIMEOUT_MS)));
   try {

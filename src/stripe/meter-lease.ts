@@ -94,7 +94,8 @@ export class MeterLease implements Lease {
    */
   async wait(key: string, holder: string, ctx: WaitContext, maxWaitMs = this.timings.leaseWaitMs): Promise<LeaseWait> {
     const { db, schema, notifier, timings } = this;
-    const until = Date.now() + maxWaitMs;
+    // On the monotonic clock: a wall clock stepped back would stretch the wait past the attempt's time.
+    const until = performance.now() + maxWaitMs;
     const stop = this.stopping ? AbortSignal.any([ctx.cancellationSignal, this.stopping]) : ctx.cancellationSignal;
     const opts = { key, holder, leaseMs: timings.leaseMs, waitTtlMs: timings.waiterTtlMs };
     // The lease is known after the first try; from then on each try is preceded by the mark of the
@@ -112,10 +113,10 @@ export class MeterLease implements Lease {
       }
       // Waits to be handed the lease by its holder (no query: the hand-off names us), at most until
       // our place needs refreshing or a lapsed lease may need taking.
-      const pollAt = Date.now() + timings.leasePollMs;
+      const pollAt = performance.now() + timings.leasePollMs;
       for (;;) {
-        if (stop.aborted || Date.now() >= until) return 'gave_up';
-        const left = Math.min(pollAt, until) - Date.now();
+        if (stop.aborted || performance.now() >= until) return 'gave_up';
+        const left = Math.min(pollAt, until) - performance.now();
         if (left <= 0) break;
         if (notifier) await notifier.wait(left, stop, mark, lease);
         else await ctx.sleep(left);

@@ -90,8 +90,9 @@ export class MeterCatalog {
     this.opts = opts;
   }
 
+  /** A monotonic clock (ms): ages and "read after" are differences of it, never moved by a wall clock stepped back. */
   private now(): number {
-    return (this.opts.now ?? Date.now)();
+    return this.opts.now ? this.opts.now() : performance.now();
   }
 
   /** The keys of the active meter for `eventName`; undefined when Stripe has no active meter for it. */
@@ -104,11 +105,11 @@ export class MeterCatalog {
   }
 
   /**
-   * Whether the last read of the meter list, started at or after `since`, found no active meter
-   * for `eventName`: a miss that recent, said without asking Stripe again.
+   * Whether the last read of the meter list, started within the last `withinMs`, found no active
+   * meter for `eventName`: a miss that recent, said without asking Stripe again.
    */
-  missingSince(eventName: string, since: number): boolean {
-    return this.loadedFrom >= since && !this.byName.has(eventName);
+  missingWithin(eventName: string, withinMs: number): boolean {
+    return this.loadedFrom >= this.now() - withinMs && !this.byName.has(eventName);
   }
 
   /** Waits for a read of the meter list that started at or after `askedAt` (starting one if needed). */

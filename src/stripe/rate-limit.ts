@@ -59,9 +59,10 @@ export class SlotPacer {
    * bunched with others that were late too: a burst over the account limit although every slot was
    * paced. Past `toleranceMs` (at least one interval) late, it takes a new place in the pace instead
    * and waits for it. A little lateness bunches a few calls, well within the headroom under Stripe's limit.
+   * `slotAt` is on the monotonic clock (`performance.now()`).
    */
   async keepPace(slotAt: number, toleranceMs: number, sleep: (ms: number) => Promise<void>): Promise<void> {
-    if (Date.now() - slotAt <= Math.max(1_000 / this.opts.perSecond, toleranceMs)) return;
+    if (performance.now() - slotAt <= Math.max(1_000 / this.opts.perSecond, toleranceMs)) return;
     const again = await reserveSlots(this.db, this.schema, { bucket: this.opts.bucket, count: 1, perSecond: this.opts.perSecond });
     if (again.waitMs > 0) await sleep(again.waitMs);
   }
