@@ -239,10 +239,10 @@ it("a migration that cannot lock the outbox (a long transaction reads it) lets t
 it("an index built CONCURRENTLY waiting for an application's open transaction that recorded usage says within seconds whom it waits for", async () => {
   await withDatabase(async (url) => {
     const pool = createPool(withSearchPath(url, schemaFor().name), 2);
-    // The application's own session lifts the statement limit at connection (a SET run under the
-    // database's 1 ms limit could itself be cancelled on a busy machine).
+    // The application's own session lifts the limits at connection (a SET run under the database's
+    // 1 ms limit could itself be cancelled on a busy machine, and its COMMIT waits its turn to notify).
     const appUrl = new URL(url);
-    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0`);
+    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0 -c lock_timeout=0`);
     const app = new pg.Client({ connectionString: appUrl.toString() });
     await app.connect();
     try {
@@ -298,10 +298,10 @@ it("runs past the application's own time limits (a pool's statement_timeout, the
     await pool.end();
     const admin = new pg.Client({ connectionString: inject('adminDatabaseUrl') });
     await admin.connect();
-    // The application's own session lifts the statement limit at connection (a SET run under the
-    // database's 1 ms limit could itself be cancelled on a busy machine).
+    // The application's own session lifts the limits at connection (a SET run under the database's
+    // 1 ms limit could itself be cancelled on a busy machine, and its COMMIT waits its turn to notify).
     const appUrl = new URL(url);
-    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0`);
+    appUrl.searchParams.set('options', `-c search_path=${schemaFor().name} -c statement_timeout=0 -c lock_timeout=0`);
     const app = new pg.Client({ connectionString: appUrl.toString() });
     try {
       // Limits meant for requests, on every session of the database from now on.
