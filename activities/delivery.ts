@@ -242,7 +242,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const leaseFrom = performance.now();
     progress.begun = true;
     const [slot, begun] = await Promise.all([
-      pacer.take(),
+      // When its slot falls, counted from the pace's answer: time the attempt's statement takes after it is lateness.
+      pacer.take().then((s) => ({ ...s, at: performance.now() + s.waitMs })),
       store.beginAttempt(key, {
         workflowId,
         safeWindowMs: SAFE_RESEND_WINDOW_MS,
@@ -263,8 +264,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       await undoIfCounted(key, row);
       return deferred('paced', Math.max(100, slot.waitMs - t.maxPacingWaitMs / 2) + Math.floor(Math.random() * t.rateLimitJitterMs), 0);
     }
-    const slotAt = performance.now() + slot.waitMs;
-    if (slot.waitMs > 0) await ctx.sleep(slot.waitMs);
+    const slotAt = slot.at;
+    const untilSlot = slotAt - performance.now();
+    if (untilSlot > 0) await ctx.sleep(untilSlot);
     const ready = await readyToSend(key, row);
     if ('outcome' in ready) return ready;
     // The lease must outlast the call (and the pace's wait before it). If this process stalled since

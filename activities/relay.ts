@@ -186,13 +186,14 @@ export function createRelayActivities(deps: RelayDeps) {
       const totals: RelayResult = { claimed: 0, started: 0, alreadyStarted: 0, failedToStart: 0, refused: 0, closedRuns: 0 };
       const signals = [ctx.cancellationSignal, ...(deps.stopping ? [deps.stopping] : [])];
       const stop = AbortSignal.any(signals);
-      const until = Date.now() + runForMs;
+      // On the monotonic clock: a wall clock stepped back would run the call past its activity timeout.
+      const until = performance.now() + runForMs;
       // This call's claim size, adjusted after each batch it starts (nextClaimLimit); an empty claim
       // leaves it as it is.
       let limit = batchLimit;
       let fastestMs = Infinity;
       notifier.start();
-      while (!stop.aborted && Date.now() < until) {
+      while (!stop.aborted && performance.now() < until) {
         const mark = notifier.mark();
         const { claimed: n, paceMs, startMs } = await relayBatch(claimedBy, totals, limit);
         const full = n === limit;
@@ -206,7 +207,7 @@ export function createRelayActivities(deps: RelayDeps) {
           ctx.heartbeat(totals);
         }
         if (!full) {
-          const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - Date.now()));
+          const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - performance.now()));
           await notifier.wait(idleMs, stop, mark);
           // Under load (work found, but lanes full), every finished delivery wakes the relay: a
           // moment's wait lets one claim take the several lanes that free up meanwhile instead of

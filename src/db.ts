@@ -671,11 +671,11 @@ export class ConnectWaitError extends Error {
 }
 
 /**
- * A client of `pool` by `deadline` (epoch ms), or ConnectWaitError. One that comes free later goes
+ * A client of `pool` by `deadline` (`performance.now()` ms), or ConnectWaitError. One that comes free later goes
  * straight back to the pool: the caller has moved on.
  */
 export async function connectBy(pool: pg.Pool, deadline: number): Promise<pg.PoolClient> {
-  const waitMs = Math.max(0, deadline - Date.now());
+  const waitMs = Math.max(0, deadline - performance.now());
   const pending = pool.connect();
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new ConnectWaitError(waitMs)), waitMs)));
@@ -705,7 +705,7 @@ export class RolledBackError extends Error {
  * Runs `fn` inside BEGIN/COMMIT on a pooled client, rolling back if it throws. A COMMIT that
  * PostgreSQL answers with ROLLBACK (the transaction was aborted) throws RolledBackError. `short`: a
  * transaction of a few quick statements, ended by PostgreSQL if its client goes silent in the
- * middle of it (IDLE_IN_TRANSACTION_MS). `connectBy`: the client must be had by then (epoch ms).
+ * middle of it (IDLE_IN_TRANSACTION_MS). `connectBy`: the client must be had by then (`performance.now()` ms).
  */
 export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>, opts: { short?: boolean; connectBy?: number } = {}): Promise<T> {
   const client = opts.connectBy === undefined ? await pool.connect() : await connectBy(pool, opts.connectBy);

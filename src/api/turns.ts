@@ -31,7 +31,7 @@ export class TenantTurns {
   }
 
   /**
-   * Waits for the tenant's turn, until `deadline` (epoch ms) at most (then ConnectWaitError);
+   * Waits for the tenant's turn, until `deadline` (`performance.now()` ms) at most (then ConnectWaitError);
    * returns the release, to call once the request is done with the database.
    */
   async enter(tenant: string, deadline: number): Promise<() => void> {
@@ -39,7 +39,7 @@ export class TenantTurns {
       this.active++;
       return this.releaser();
     }
-    const waitMs = Math.max(0, deadline - Date.now());
+    const waitMs = Math.max(0, deadline - performance.now());
     await new Promise<void>((resolve, reject) => {
       const queue = this.waiting.get(tenant) ?? [];
       if (queue.length === 0) this.waiting.set(tenant, queue);
@@ -82,7 +82,7 @@ export class TenantTurns {
       this.waiting.delete(tenant);
       if (queue.length > 0) this.waiting.set(tenant, queue);
       clearTimeout(waiter.timer);
-      if (waiter.deadline - Date.now() < MIN_TURN_MS) {
+      if (waiter.deadline - performance.now() < MIN_TURN_MS) {
         waiter.refuse();
         continue;
       }

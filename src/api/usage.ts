@@ -133,7 +133,7 @@ export function registerUsageRoutes(
       // this span's context. A no-op span unless the process registered an OpenTelemetry SDK.
       const { entry, created } = await inRequestSpan('POST /v1/usage', request.headers, key, async (span) => {
         // A connection by the deadline, in the tenant's turn, or 503 (ConnectWaitError).
-        const connectBy = Date.now() + (deps.turnWaitMs ?? TURN_WAIT_MS);
+        const connectBy = performance.now() + (deps.turnWaitMs ?? TURN_WAIT_MS);
         const release = await turns.enter(body.tenant_id, connectBy);
         try {
           const recorded = await withTransaction(
