@@ -264,8 +264,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       await undoIfCounted(key, row);
       return deferred('paced', Math.max(100, slot.waitMs - t.maxPacingWaitMs / 2) + Math.floor(Math.random() * t.rateLimitJitterMs), 0);
     }
-    const slotAt = slot.at;
-    const untilSlot = slotAt - performance.now();
+    const untilSlot = slot.at - performance.now();
     if (untilSlot > 0) await ctx.sleep(untilSlot);
     const ready = await readyToSend(key, row);
     if ('outcome' in ready) return ready;
@@ -284,7 +283,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       return marked;
     };
     try {
-      await pacer.keepPace(slotAt, t.lateToleranceMs, (ms) => ctx.sleep(ms));
+      await pacer.keepPace(slot.at, t.lateToleranceMs, (ms) => ctx.sleep(ms));
       await sender.send(meterEvent(key, ready));
     } catch (err) {
       // The pace statement failed on our own PostgreSQL: nothing was sent. Not the event's
@@ -368,8 +367,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       try {
         skewMs = await sender.clockSkewMs();
       } catch (err) {
-        await undoIfCounted(key, row);
-        return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
+        return failedBeforeTheCall(key, row, err);
       }
     }
     const check = maySendNow(found, Date.now() + skewMs, sender.api === 'v2' ? PAST_SEND_MARGIN_MS : SEND_MARGIN_MS);
@@ -390,14 +388,19 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     try {
       keys = await meters.keysFor(row.event_name);
     } catch (err) {
-      await undoIfCounted(key, row);
-      return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
+      return failedBeforeTheCall(key, row, err);
     }
     if (!keys) {
       await undoIfCounted(key, row);
       return refuse(key, noMeterRefusal(row.event_name));
     }
     return { row, customer: check.stripeCustomerId, keys };
+  }
+
+  /** A call to Stripe made before the meter event's (the meter list, a stream session) failed: classified as one, the attempt taken back. */
+  async function failedBeforeTheCall(key: string, row: AttemptRow, err: unknown): Promise<DeliveryResult> {
+    await undoIfCounted(key, row);
+    return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
   }
 
   async function refuse(key: string, r: Refusal): Promise<never> {

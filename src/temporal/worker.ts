@@ -579,7 +579,7 @@ export async function launchWorker(config: Config, opts: LaunchOptions): Promise
                 deployment,
               });
             // Temporal going away after the connection was made and before the worker polls
-            // (Worker.create asks about the namespace, then the relays are started) fails the
+            // (the relays are looked at and started, then Worker.create asks about the namespace) fails the
             // start. The SDK keeps a failed Worker.create's registration on its connection, so
             // with a connection of our own the start is tried again on a new one, waited for
             // like the first (STARTUP_WAIT_MS); the application's connection is its to mend.
