@@ -16,7 +16,7 @@ import type { RelayMetrics } from '../src/metrics.js';
 import type { OutboxNotifier } from '../src/outbox/notifier.js';
 import { claimBatch, markClaimDead, markDispatched, recordStartFailure, type ClaimedRow } from '../src/outbox/sql/relay.js';
 import { reserveSlots } from '../src/outbox/sql/pace.js';
-import { LaneWindow } from '../src/outbox/lane-window.js';
+import { LaneWindow, type Lane } from '../src/outbox/lane-window.js';
 import { MAX_STREAM_BATCH } from '../src/stripe/rules.js';
 import { closedRunMessage, startUsageWorkflow, StartRefusedError, type StartOutcome } from '../src/temporal/start-usage.js';
 import { TemporalErrorCodes } from '../workflows/shared.js';
@@ -37,6 +37,8 @@ export interface RelayDeps {
   metrics?: RelayMetrics;
   /** The lane window this process's relays share; by default one at LANE_MAX_IN_FLIGHT. */
   laneWindow?: LaneWindow;
+  /** The most lanes one claim looks at; LANES_PER_CLAIM by default. */
+  lanesPerClaim?: number;
 }
 
 /** An idle relay heartbeats at least this often, well inside its heartbeat timeout. */
@@ -108,6 +110,10 @@ export function createRelayActivities(deps: RelayDeps) {
   // What each lane may have in flight now, shared by this process's relays: all of laneMax unless
   // a busy lane's load is slowing quiet lanes (LaneWindow).
   const laneWindow = deps.laneWindow ?? new LaneWindow(laneMax);
+  // Where this process's last claim stopped among the lanes waiting (a claim looks at up to
+  // LANES_PER_CLAIM lanes after it: claimStatement), shared by its relays and kept across their
+  // calls: their claims go round every lane waiting, however many.
+  let stoppedAt: Lane | null = null;
   deps.metrics?.laneWindow.set(laneWindow.size);
   deps.metrics?.lanePause.set(0);
 
@@ -119,7 +125,18 @@ export function createRelayActivities(deps: RelayDeps) {
   async function relayBatch(claimedBy: string, totals: RelayResult, limit: number): Promise<{ claimed: number; paceMs: number; startMs: number }> {
     const claimId = randomUUID();
     const endTimer = deps.metrics?.claimDuration.startTimer();
-    const rows = await claimBatch(deps.db, schema, { limit, claimedBy, claimId, claimTimeoutMs: config.relay.claimTimeoutMs, laneMax: laneWindow.size, paused: laneWindow.paused(performance.now()), answerMs });
+    const { rows, next } = await claimBatch(deps.db, schema, {
+      limit,
+      claimedBy,
+      claimId,
+      claimTimeoutMs: config.relay.claimTimeoutMs,
+      laneMax: laneWindow.size,
+      paused: laneWindow.paused(performance.now()),
+      answerMs,
+      after: stoppedAt,
+      lanesPerClaim: deps.lanesPerClaim,
+    });
+    stoppedAt = next;
     endTimer?.();
     if (rows.length > 0) deps.metrics?.claimBatchSize.observe(rows.length);
     if (rows.length === 0) return { claimed: 0, paceMs: 0, startMs: 0 };
@@ -193,10 +210,15 @@ export function createRelayActivities(deps: RelayDeps) {
       let limit = batchLimit;
       let fastestMs = Infinity;
       notifier.start();
+      // Whether a claim since the relay last waited has looked from the first lane waiting.
+      let fromFirstLane = false;
       while (!stop.aborted && performance.now() < until) {
         const mark = notifier.mark();
+        fromFirstLane ||= stoppedAt === null;
         const { claimed: n, paceMs, startMs } = await relayBatch(claimedBy, totals, limit);
-        const full = n === limit;
+        // Claims again at once while lanes it has not looked at since it last waited may have room:
+        // a full batch, lanes after where it stopped, or lanes before where it started.
+        const again = n === limit || stoppedAt !== null || !fromFirstLane;
         if (n > 0) {
           fastestMs = Math.min(fastestMs, startMs);
           limit = nextClaimLimit(n, startMs, batchLimit, fastestMs);
@@ -206,7 +228,8 @@ export function createRelayActivities(deps: RelayDeps) {
           await waitUnlessAborted(Math.min(left, MAX_IDLE_WAIT_MS), stop);
           ctx.heartbeat(totals);
         }
-        if (!full) {
+        if (!again) {
+          fromFirstLane = false;
           const idleMs = Math.min(config.relay.pollIntervalMs, MAX_IDLE_WAIT_MS, Math.max(0, until - performance.now()));
           await notifier.wait(idleMs, stop, mark);
           // Under load (work found, but lanes full), every finished delivery wakes the relay: a

@@ -4,6 +4,8 @@
  *   others, written after the flood (the others' events are the newest).
  * - Many tenants waiting, as after an outage: 2,000 tenants with 150 rows each, interleaved; then
  *   the same with 99 of each tenant's rows in flight (dispatched), as while that backlog drains.
+ * - Very many lanes waiting: 100,000 tenants with 3 rows each, as after an outage at a deployment
+ *   with that many customers (`--only-lanes` runs this one alone).
  * For each mode, as the relay calls claimBatch (batch 100; LANE_MAX_IN_FLIGHT as each API's
  * default: 4 for v1, 100 for v2): EXPLAIN (ANALYZE, BUFFERS) of the statement claimStatement sends,
  * rolled back so that both modes see the same table, the rows its scans of the outbox read, and
@@ -29,6 +31,9 @@ const BATCH = 100;
 const MANY_TENANTS = 2_000;
 const MANY_ROWS = 150;
 const IN_FLIGHT_EACH = STREAM_LANE_MAX_IN_FLIGHT - 1;
+const MOST_LANES = 100_000;
+const MOST_LANES_ROWS = 3;
+const onlyLanes = process.argv.includes('--only-lanes');
 
 /** Every row the plan's scans of the outbox produced or threw away, over all their loops. */
 function rowsRead(node: Record<string, unknown>): number {
@@ -54,7 +59,8 @@ async function explainBoth(pool: Pool, scenario: string, describe: (rows: { tena
       await client.query('ROLLBACK');
       await client.query('BEGIN');
       const t0 = performance.now();
-      const { rows } = await client.query<{ tenant_id: string }>(sent!.text, sent!.values);
+      // The rows taken (the statement answers one row of nulls, with where it stopped, when it takes none).
+      const rows = (await client.query<{ id: string | null; tenant_id: string }>(sent!.text, sent!.values)).rows.filter((r) => r.id !== null);
       const ms = performance.now() - t0;
       await client.query('ROLLBACK');
       await client.query('BEGIN');
@@ -85,8 +91,28 @@ try {
   try {
     await pool.query(
       `INSERT INTO billing_customers SELECT 'flood', 'cus_flood' UNION ALL SELECT 'other' || g, 'cus_other_' || g FROM generate_series(1, $1::int) g`,
-      [Math.max(OTHERS, MANY_TENANTS)],
+      [Math.max(OTHERS, MANY_TENANTS, MOST_LANES)],
     );
+    if (!onlyLanes) await smallerBacklogs(pool);
+    // Very many lanes waiting: the claim's cost is bounded by the lanes it looks at, not by those waiting.
+    await pool.query('TRUNCATE outbox');
+    await pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'other' || t, 'api_requests', 1, now(), 'lanes-' || r || '-' || t, r || '-' || t
+         FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
+      [MOST_LANES, MOST_LANES_ROWS],
+    );
+    await pool.query('VACUUM ANALYZE outbox');
+    await explainBoth(pool, `${MOST_LANES.toLocaleString('en')} tenants with ${MOST_LANES_ROWS} rows each`, (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`);
+  } finally {
+    await pool.end();
+  }
+} finally {
+  await server.stop();
+  await rm(tmp, { recursive: true, force: true });
+}
+
+async function smallerBacklogs(pool: Pool): Promise<void> {
     // One tenant's flood, then one row each of 50 others (the newest rows).
     await pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
@@ -129,10 +155,4 @@ try {
       `${MANY_TENANTS.toLocaleString('en')} tenants with ${IN_FLIGHT_EACH} rows each in flight and ${MANY_ROWS - IN_FLIGHT_EACH} waiting`,
       (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`,
     );
-  } finally {
-    await pool.end();
-  }
-} finally {
-  await server.stop();
-  await rm(tmp, { recursive: true, force: true });
 }

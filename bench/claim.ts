@@ -43,7 +43,7 @@ export async function claim(services: Services, report: Report, opts: { sentRows
         const t0 = performance.now();
         const { rows } = await client.query(sent!.text, sent!.values);
         ms.push(performance.now() - t0);
-        claimed = rows.length;
+        claimed = rows.filter((r) => r.id !== null).length;
         await client.query('ROLLBACK');
       }
       await client.query('BEGIN');

@@ -31,7 +31,7 @@ describe('claiming outbox rows', () => {
     await Promise.all(
       claimers.map(async (name) => {
         for (;;) {
-          const rows = await claimBatch(t.pool, t.schema, { limit: 37, claimedBy: name, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+          const rows = (await claimBatch(t.pool, t.schema, { limit: 37, claimedBy: name, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 })).rows;
           if (rows.length === 0) return;
           for (const r of rows) claimedBy.set(r.id, [...(claimedBy.get(r.id) ?? []), name]);
         }
@@ -50,7 +50,7 @@ describe('claiming outbox rows', () => {
   it('claims oldest first and leaves dispatched, sent and dead rows alone', async () => {
     await seed(3, 'order:');
     await t.pool.query(`UPDATE outbox SET status = 'dead' WHERE idempotency_key = 'order:1'`);
-    const rows = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+    const rows = (await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'x', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 })).rows;
     expect(rows.map((r) => r.idempotency_key)).toEqual(['order:2', 'order:3']);
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE idempotency_key LIKE 'order:%' AND status <> 'dead'`);
   });
@@ -58,14 +58,14 @@ describe('claiming outbox rows', () => {
   it('gives a row back once its claim times out, and the old claim can no longer mark it', async () => {
     await seed(1, 'lease:');
     const first = randomUUID();
-    const a = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'crashed', claimId: first, claimTimeoutMs: 1000, laneMax: 1_000 });
+    const a = (await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'crashed', claimId: first, claimTimeoutMs: 1000, laneMax: 1_000 })).rows;
     expect(a.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // Within the claim timeout: nobody else can take it.
-    expect(await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: randomUUID(), claimTimeoutMs: 1000, laneMax: 1_000 })).toEqual([]);
+    expect((await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: randomUUID(), claimTimeoutMs: 1000, laneMax: 1_000 })).rows).toEqual([]);
     // Time driven, not slept: the claim's deadline is moved into the past, as the clock would.
     await t.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 millisecond' WHERE idempotency_key = 'lease:1'`);
     const second = randomUUID();
-    const b = await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: second, claimTimeoutMs: 60_000, laneMax: 1_000 });
+    const b = (await claimBatch(t.pool, t.schema, { limit: 10, claimedBy: 'other', claimId: second, claimTimeoutMs: 60_000, laneMax: 1_000 })).rows;
     expect(b.map((r) => r.idempotency_key)).toEqual(['lease:1']);
     // The crashed claimer comes back late: its guarded update finds the row no longer its own.
     expect(await markDispatched(t.pool, t.schema, [a[0]!.id], first)).toBe(0);
@@ -110,7 +110,7 @@ describe('claiming outbox rows', () => {
       expect(locked.rows).toHaveLength(2);
       // A claimer that would wait fails here instead of hanging: the lock timeout makes waiting an error.
       await claimer.query(`SET lock_timeout = '2s'`);
-      const rows = await claimBatch(claimer, schemaFor(), { limit: 10, claimedBy: 'second', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+      const rows = (await claimBatch(claimer, schemaFor(), { limit: 10, claimedBy: 'second', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 })).rows;
       expect(rows.map((r) => r.idempotency_key).sort()).toEqual(['skip:3', 'skip:4']);
     } finally {
       await holder.query('ROLLBACK');
@@ -124,7 +124,7 @@ describe('claiming outbox rows', () => {
   it('keeps at most laneMax of a lane claimed or dispatched, oldest first, while other lanes flow', async () => {
     await seed(10, 'hot:', 'acme');
     await seed(3, 'other:', 'globex');
-    const claim = () => claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'r', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 2 });
+    const claim = async () => (await claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'r', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 2 })).rows;
     const keys = (rows: { idempotency_key: string }[]) => rows.map((r) => r.idempotency_key).sort();
     const first = await claim();
     expect(keys(first)).toEqual(['hot:1', 'hot:2', 'other:1', 'other:2']);
@@ -165,12 +165,12 @@ describe('claiming outbox rows', () => {
           const slowClaim = claimStatement(slow, schemaFor(), { limit: 100, claimedBy: 'slow', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
           // Its statement is running: its snapshot is taken (backend_xmin set), its scans under way.
           await waitFor('the slow claim to be running', slowActive, 10_000, 1);
-          const fast = await claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 });
+          const fast = (await claimBatch(t.pool, t.schema, { limit: 100, claimedBy: 'fast', claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 1_000 })).rows;
           raced = await slowActive();
           const slowRows = await slowClaim;
           await slow.query('COMMIT');
           expect(fast.map((r) => r.idempotency_key).sort()).toEqual(Array.from({ length: 20 }, (_, i) => `guard:${i + 1}`).sort());
-          expect(slowRows).toEqual([]);
+          expect(slowRows.rows).toEqual([]);
           const { rows } = await t.pool.query(`SELECT DISTINCT claimed_by FROM outbox WHERE idempotency_key LIKE 'guard:%'`);
           expect(rows).toEqual([{ claimed_by: 'fast' }]);
         } finally {
@@ -188,6 +188,6 @@ describe('claiming outbox rows', () => {
     const claimed = await Promise.all(
       Array.from({ length: 8 }, (_, i) => claimBatch(t.pool, t.schema, { limit: 50, claimedBy: `c${i}`, claimId: randomUUID(), claimTimeoutMs: 60_000, laneMax: 3 })),
     );
-    expect(claimed.flat().map((r) => r.idempotency_key).sort()).toEqual(['race-lane:1', 'race-lane:2', 'race-lane:3']);
+    expect(claimed.flatMap((c) => c.rows).map((r) => r.idempotency_key).sort()).toEqual(['race-lane:1', 'race-lane:2', 'race-lane:3']);
   });
 });

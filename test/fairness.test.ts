@@ -69,7 +69,7 @@ describe('a fair claim', () => {
   for (const [mode, laneMax] of [['v1', CALL_LANE_MAX_IN_FLIGHT], ['v2', STREAM_LANE_MAX_IN_FLIGHT]] as const) {
     it(`${mode}, lanes of ${laneMax}: the first claim holds every other tenant's event, whatever one tenant's backlog`, async () => {
       await flood();
-      const rows = await claimBatch(t.pool, t.schema, options(laneMax));
+      const rows = (await claimBatch(t.pool, t.schema, options(laneMax))).rows;
       const tenants = rows.map((r) => r.tenant_id);
       expect(tenants.filter((x) => x !== 'flood').sort()).toEqual([...OTHERS].sort());
       // The flood takes what the others leave: its lane's room in v1, the rest of the batch in v2.
@@ -82,15 +82,15 @@ describe('a fair claim', () => {
 
   it('the flood tenant stays within its lane limit over claims after claims', async () => {
     await flood();
-    const first = await claimBatch(t.pool, t.schema, options(4));
+    const first = (await claimBatch(t.pool, t.schema, options(4))).rows;
     expect(first.filter((r) => r.tenant_id === 'flood')).toHaveLength(4);
     // Its four are still claimed: no room, and nothing else waits.
-    expect(await claimBatch(t.pool, t.schema, options(4))).toEqual([]);
+    expect((await claimBatch(t.pool, t.schema, options(4))).rows).toEqual([]);
   });
 
   it("tells the relay which lanes were quiet and which were held back (the lane window's signals)", async () => {
     await flood();
-    const first = await claimBatch(t.pool, t.schema, options(4));
+    const first = (await claimBatch(t.pool, t.schema, options(4))).rows;
     // The others: nothing in flight, nothing more waiting. The flood: nothing in flight yet, 4,996 more.
     for (const row of first) {
       expect(row.lane_in_flight).toBe(0);
@@ -100,7 +100,7 @@ describe('a fair claim', () => {
     const done = first.filter((r) => r.tenant_id === 'flood').slice(0, 2).map((r) => r.id);
     await t.pool.query(`UPDATE outbox SET status = 'sent' WHERE id = ANY($1::bigint[])`, [done]);
     await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) VALUES ('quiet1', 'api_requests', 1, now(), $1, $1)`, [randomUUID()]);
-    const second = await claimBatch(t.pool, t.schema, options(4));
+    const second = (await claimBatch(t.pool, t.schema, options(4))).rows;
     const byTenant = Object.fromEntries(['flood', 'quiet1'].map((x) => [x, second.filter((r) => r.tenant_id === x).map((r) => [r.lane_in_flight, r.lane_held])]));
     expect(byTenant).toEqual({ flood: [[2, true], [2, true]], quiet1: [[1, false]] });
     // The batch holds a lane back too: one row of a lane of two at a batch of one.
@@ -109,18 +109,18 @@ describe('a fair claim', () => {
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) SELECT 'quiet2', 'api_requests', 1, now(), $1 || g, 'quiet-' || g FROM generate_series(1, 2) g`,
       [randomUUID()],
     );
-    const one = await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 });
+    const one = (await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 })).rows;
     expect(one.map((r) => [r.tenant_id, r.lane_in_flight, r.lane_held])).toEqual([['quiet2', 0, true]]);
-    const last = await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 });
+    const last = (await claimBatch(t.pool, t.schema, { ...options(4), limit: 1 })).rows;
     expect(last.map((r) => [r.tenant_id, r.lane_in_flight, r.lane_held])).toEqual([['quiet2', 1, false]]);
   });
 
   it('leaves a paused lane alone (the lane window below its floor) and serves the others', async () => {
     await flood();
-    const rows = await claimBatch(t.pool, t.schema, { ...options(4), paused: [{ tenantId: 'flood', eventName: 'api_requests' }, { tenantId: 'quiet1', eventName: 'other_meter' }] });
+    const rows = (await claimBatch(t.pool, t.schema, { ...options(4), paused: [{ tenantId: 'flood', eventName: 'api_requests' }, { tenantId: 'quiet1', eventName: 'other_meter' }] })).rows;
     expect(rows.map((r) => r.tenant_id).sort()).toEqual([...OTHERS].sort());
     // Unpaused, it is claimed as before.
-    expect((await claimBatch(t.pool, t.schema, options(4))).map((r) => r.tenant_id)).toEqual(['flood', 'flood', 'flood', 'flood']);
+    expect(((await claimBatch(t.pool, t.schema, options(4))).rows).map((r) => r.tenant_id)).toEqual(['flood', 'flood', 'flood', 'flood']);
   });
 
   it('reads at most a batch of any lane: the plan of the statement the relay sends, run', async () => {
@@ -146,7 +146,7 @@ describe('a fair claim', () => {
       expect(await rowsRead(options(laneMax))).toBeLessThan(1_500);
     }
     // Fifty tenants, each its oldest row, each lane holding more.
-    const rows = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
+    const rows = (await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT))).rows;
     expect(new Set(rows.map((r) => r.tenant_id)).size).toBe(50);
     expect(rows.every((r) => r.idempotency_key.split(':')[1] === '1' && r.lane_held)).toBe(true);
   });
@@ -166,20 +166,79 @@ describe('a fair claim', () => {
     // Each full lane's count reads 4 of its 40 rows in flight: 800 in all. Counting all 40 would be 8,000.
     expect((await rowsRead(options(CALL_LANE_MAX_IN_FLIGHT), 'f')) - before).toBeLessThanOrEqual(200 * CALL_LANE_MAX_IN_FLIGHT);
     // Full, they give nothing; the others' rows are claimed as before.
-    expect((await claimBatch(t.pool, t.schema, options(CALL_LANE_MAX_IN_FLIGHT))).filter((r) => r.tenant_id.startsWith('busy'))).toEqual([]);
+    expect(((await claimBatch(t.pool, t.schema, options(CALL_LANE_MAX_IN_FLIGHT))).rows).filter((r) => r.tenant_id.startsWith('busy'))).toEqual([]);
   });
 
   it("counts as waiting only the tenants with a row to claim: a lane wholly under a live lease leaves the others' share whole", async () => {
     await t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id) VALUES ('quiet1', 'api_requests', 1, now(), $1, $1)`, [randomUUID()]);
-    expect((await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), limit: 1 })).map((r) => r.tenant_id)).toEqual(['quiet1']);
+    expect(((await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), limit: 1 })).rows).map((r) => r.tenant_id)).toEqual(['quiet1']);
     await t.pool.query(
       `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
        SELECT 'flood', 'api_requests', 1, now(), $1 || ':flood:' || g, 'flood-' || g FROM generate_series(1, 500) g`,
       [randomUUID().slice(0, 8)],
     );
     // quiet1's row is claimed (its lease runs): the flood is the only tenant waiting, and takes the batch.
-    const rows = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
+    const rows = (await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT))).rows;
     expect(rows.map((r) => r.tenant_id)).toEqual(Array(50).fill('flood'));
+  });
+
+  it("takes every tenant's oldest row before any tenant's second when their rows are more than the batch", async () => {
+    // Three rows of each tenant, written tenant by tenant: by id alone, or lane by lane, the first
+    // seventeen tenants would fill the batch of 50.
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT o, 'api_requests', 1, now(), $2 || ':' || o || ':' || r, 'three-' || r FROM unnest($1::text[]) o, generate_series(1, 3) r ORDER BY o, r`,
+      [OTHERS, randomUUID().slice(0, 8)],
+    );
+    const rows = (await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT))).rows;
+    expect(rows).toHaveLength(50);
+    expect(new Set(rows.map((r) => r.tenant_id)).size).toBe(OTHERS.length);
+  });
+
+  /** `n` tenants `lane1`…`lane<n>` with `rows` claimable rows each, written interleaved. */
+  async function lanes(n: number, rows: number): Promise<void> {
+    await t.addCustomers(Object.fromEntries(Array.from({ length: n }, (_, i) => [`lane${i + 1}`, `cus_lane${i + 1}`])));
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+       SELECT 'lane' || m, 'api_requests', 1, now(), $3 || ':' || r || ':' || m, r || '-' || m
+         FROM generate_series(1, $2::int) r, generate_series(1, $1::int) m ORDER BY r, m`,
+      [n, rows, randomUUID().slice(0, 8)],
+    );
+    await t.pool.query('ANALYZE outbox');
+  }
+
+  it('looks at no more lanes than lanesPerClaim however many wait, and its claims, each after where the last stopped, go round every lane once', async () => {
+    await lanes(300, 20);
+    const opts = { ...options(CALL_LANE_MAX_IN_FLIGHT), lanesPerClaim: 40 };
+    // 40 lanes found, a few rows of each read, 50 locked and updated: about 300. All 300 lanes would be over 900.
+    expect(await rowsRead(opts)).toBeLessThan(400);
+    const claimed: string[][] = [];
+    let after: ClaimOptions['after'] = null;
+    for (;;) {
+      const claim = await claimBatch(t.pool, t.schema, { ...opts, claimId: randomUUID(), after });
+      claimed.push([...new Set(claim.rows.map((r) => r.tenant_id))]);
+      if (claim.next === null) break;
+      after = claim.next;
+    }
+    // 40 lanes a claim, each in one claim only, until the lanes run out.
+    expect(claimed.map((tenants) => tenants.length)).toEqual([40, 40, 40, 40, 40, 40, 40, 20]);
+    expect(claimed.flat().sort()).toEqual(Array.from({ length: 300 }, (_, i) => `lane${i + 1}`).sort());
+  });
+
+  it('a batch that ends within the first turn: the next claim starts after the last lane given its turn, not again at the first lanes', async () => {
+    await lanes(120, 2);
+    const first = await claimBatch(t.pool, t.schema, options(STREAM_LANE_MAX_IN_FLIGHT));
+    expect(new Set(first.rows.map((r) => r.tenant_id)).size).toBe(50);
+    expect(first.next).not.toBeNull();
+    const second = await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), after: first.next });
+    // Fifty other tenants' oldest rows, not the first fifty's second rows.
+    expect(second.rows.filter((r) => first.rows.some((f) => f.tenant_id === r.tenant_id))).toEqual([]);
+    expect(new Set(second.rows.map((r) => r.tenant_id)).size).toBe(50);
+    expect(second.rows.every((r) => r.idempotency_key.split(':')[1] === '1')).toBe(true);
+    // The last twenty lanes, then their second rows: the lanes ran out, the next claim starts at the first.
+    const third = await claimBatch(t.pool, t.schema, { ...options(STREAM_LANE_MAX_IN_FLIGHT), after: second.next });
+    expect(new Set(third.rows.map((r) => r.tenant_id)).size).toBe(20);
+    expect(third.next).toBeNull();
   });
 
   it('keeps to the lane index when the statistics say one tenant holds the whole outbox', async () => {

@@ -34,18 +34,24 @@ const CLAIM_LOCK = 727_274_002;
 
 /**
  * Claims up to `limit` rows for one relay, serving tenants in turn: each tenant's oldest claimable
- * row first, then each tenant's second oldest, and so on (ties: oldest row first). At most
+ * row first, then each tenant's second oldest, and so on (within a turn, in lane order). At most
  * `laneMax` of a lane (tenant, event name) are claimed or dispatched at once, counting what the
  * lane already has in flight: the rest of its backlog waits here, where tenants take turns, and not
  * in Temporal, whose queues and CPU every tenant shares.
  *
- * The bound: whatever the backlog of any other tenant, a tenant's oldest claimable row is in the
- * next claim of any relay whenever at most `limit` tenants have claimable rows (one turn each fits
- * in the batch). A flood of one tenant costs everyone else at most one claim's wait, not its backlog.
- * With more than `limit` tenants waiting, a claim takes the oldest row of each of the `limit`
- * tenants whose oldest rows are oldest: tenants then go by age, and a tenant's new event waits
- * behind the older rows of the others (each lane's room still holds each of them to
- * `laneMax` in flight), not behind one row of each.
+ * A claim looks at no more than `lanesPerClaim` lanes with claimable rows (LANES_PER_CLAIM), in
+ * lane order, starting after the lane where the process's last claim stopped (`after`; it answers
+ * where it stopped as `next`): its cost is bounded by that, not by how many lanes wait, and the
+ * claims go round every lane waiting. Within a turn, lanes are served in that order, so a batch
+ * that runs out within the first turn stops at a lane and the next claim starts after it.
+ *
+ * The bound: whatever the backlog of any other tenant, a tenant's oldest claimable row is in one of
+ * the next two claims of a relay (the rest of a round, then the next from the first lane) whenever
+ * at most `limit` tenants and `lanesPerClaim` lanes have claimable rows (one turn each fits in the
+ * batch). A flood of one tenant costs everyone else at most a claim or two's wait, not its backlog.
+ * With more waiting, tenants take their turns round the lanes, a batch of turns per claim: a
+ * tenant's new event waits for the round to reach its lane (at most one turn of each other lane
+ * waiting), not behind another tenant's backlog.
  *
  * Design: one statement. A recursive skip scan over `outbox_lane_idx` lists the lanes that have
  * claimable rows (one index probe per lane, whatever their backlog); for each, what it has in
@@ -56,12 +62,12 @@ const CLAIM_LOCK = 727_274_002;
  * the first `limit` by (turn, id) are locked with `FOR UPDATE SKIP LOCKED` (rows another
  * transaction holds are skipped, never waited for) and taken by an `UPDATE … RETURNING` guarded by
  * the same "still claimable" condition, so a row is only ever taken while pending or after its
- * previous claim timed out. The cost is three index probes per lane waiting (found, its in-flight
- * count, its rows) and at most (`limit` / 2 + 1)² rows read in all with one lane per tenant (T
- * tenants waiting give at most `limit` − T + 2 rows each): never the depth of a backlog, nor the
- * millions of sent rows (test/fairness.test.ts checks the rows this very statement reads;
- * bench/claim-plan.ts measures it with one tenant's 1,000,000 rows pending and with 2,000 tenants
- * waiting, docs/performance.md has the figures).
+ * previous claim timed out. The cost is three index probes per lane looked at (found, its
+ * in-flight count, its rows) and at most (`limit` / 2 + 1)² rows read in all with one lane per
+ * tenant (T tenants waiting give at most `limit` − T + 2 rows each): never the depth of a backlog,
+ * nor the number of lanes waiting, nor the millions of sent rows (test/fairness.test.ts checks the
+ * rows this very statement reads; bench/claim-plan.ts measures it with one tenant's 1,000,000 rows
+ * pending, with 2,000 tenants waiting and with 100,000; docs/performance.md has the figures).
  *
  * The lane limit needs one view of every claim: two relays counting a lane's room at the same
  * time would both fill it. So the statement runs under a transaction-scoped advisory lock, taken
@@ -83,19 +89,22 @@ const CLAIM_LOCK = 727_274_002;
  *   would shrink the share and leave the batch short): 6,301 rows, 93 ms (v2) and 75 ms (v1) with
  *   2,000 tenants; the flood's figures unchanged. Chosen. A separate probe for each lane's oldest
  *   claimable row, to count the tenants waiting, cost 2,000 probes more (v1 176 ms).
+ * - Every lane waiting looked at, tenants beyond `limit` taken by the age of their oldest rows:
+ *   100,000 lanes waiting (3 rows each) cost 1,006 ms per claim under the claim lock, 300,301 rows
+ *   read, and a slower disk or more lanes passed the 5-s answer time, when no claim succeeds again.
+ *   At most LANES_PER_CLAIM lanes from where the last claim stopped: 16.7 ms, 3,300 rows. Chosen;
+ *   the place is kept in the process (a restart starts from the first lane), not written per claim.
  * Rejected: a plain oldest-first claim (it dispatches a hot customer's whole backlog as workflows
  * polling one lease); lane by lane in the application (a round trip per lane);
  * `DISTINCT ON (tenant, event)` over the backlog (reads every pending row each claim); a counter
- * table per lane maintained on enqueue (a second write on the request path); a rotating cursor of
- * the last tenant served (a write per claim, and a state to keep across relays) for strict round
- * robin beyond `limit` tenants. No new index: `outbox_lane_idx` (tenant_id, event_name, id) is already the per-tenant
+ * table per lane maintained on enqueue (a second write on the request path). No new index: `outbox_lane_idx` (tenant_id, event_name, id) is already the per-tenant
  * order; an index led by the tenant over every row draws the skip scan onto the sent history.
  */
 export async function claimBatch(
   db: pg.Pool | pg.PoolClient,
   schema: Schema,
   opts: ClaimOptions,
-): Promise<ClaimedRow[]> {
+): Promise<Claim> {
   const client = 'release' in db ? db : await db.connect();
   // Each statement takes milliseconds (the lock: another relay's claim): one unanswered past
   // `answerMs` is a connection gone silent, dropped with the error.
@@ -104,9 +113,9 @@ export async function claimBatch(
   try {
     try {
       await beginClaim(q, schema);
-      const rows = await claimStatement(q, schema, opts);
+      const claim = await claimStatement(q, schema, opts);
       await q.query('COMMIT');
-      return rows;
+      return claim;
     } catch (err) {
       failed = err;
       if (!connectionLost(err)) await q.query('ROLLBACK').catch(() => undefined);
@@ -139,7 +148,26 @@ export interface ClaimOptions {
   paused?: Lane[];
   /** Each statement of the claim unanswered this long fails as PostgreSQL away (answeredWithin). */
   answerMs?: number;
+  /** The lane this relay's last claim stopped at (`Claim.next`): this one looks at the lanes after it. */
+  after?: Lane | null;
+  /** The most lanes one claim looks at (LANES_PER_CLAIM). */
+  lanesPerClaim?: number;
 }
+
+/** A claim's rows, and the lane the relay's next claim looks after (null: from the first lane). */
+export interface Claim {
+  rows: ClaimedRow[];
+  next: Lane | null;
+}
+
+type Nullable<T> = { [K in keyof T]: T[K] | null };
+
+/**
+ * The most lanes with claimable rows one claim looks at: what bounds its cost (three index probes
+ * each) whatever the number of lanes waiting. 100,000 lanes waiting cost about a second per claim
+ * when a claim looked at them all (bench/claim-plan.ts).
+ */
+export const LANES_PER_CLAIM = 1_000;
 
 /**
  * Whether outbox row `row` (an alias) counts against its lane's room: in flight (IN_FLIGHT, passed
@@ -151,25 +179,29 @@ export function inFlightNow(row: string, statuses: string): string {
 }
 
 /** The claim statement itself (exported for the plan test, which EXPLAINs what this sends). */
-export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimOptions): Promise<ClaimedRow[]> {
-  const { rows } = await db.query<ClaimedRow>(
+export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimOptions): Promise<Claim> {
+  const { rows } = await db.query<Nullable<ClaimedRow> & { next_tenant_id: string | null; next_event_name: string | null }>(
     `WITH RECURSIVE lanes AS (
-       -- The lanes with a claimable row: pending, or claimed under a lease that has run out.
-       (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
-         WHERE o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
+       -- The lanes with a claimable row (pending, or claimed under a lease that has run out) after
+       -- the lane this relay's last claim stopped at ($10, $11; '' before every lane), in lane
+       -- order, numbered (n), at most $12 of them.
+       (SELECT o.tenant_id, o.event_name, 1 AS n FROM ${schema.outbox} o
+         WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > ($10::text, $11::text)
+           AND (o.status = 'pending' OR o.processing_deadline < now())
          ORDER BY o.tenant_id, o.event_name LIMIT 1)
        UNION ALL
-       SELECT nxt.tenant_id, nxt.event_name
+       SELECT nxt.tenant_id, nxt.event_name, l.n + 1
          FROM lanes l, LATERAL (
            SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
             WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > (l.tenant_id, l.event_name)
               AND (o.status = 'pending' OR o.processing_deadline < now())
             ORDER BY o.tenant_id, o.event_name LIMIT 1) nxt
+        WHERE l.n < $12::int
      ), room AS (
        -- What the lane has in flight is counted on outbox_in_flight_idx, up to laneMax rows: a
        -- lane with more (a lower LANE_MAX_IN_FLIGHT since, a bulk retry) is full all the same.
        -- A lane the relay has paused ($8, $9: the lane window below its floor) has no room now.
-       SELECT l.tenant_id, l.event_name, n.in_flight,
+       SELECT l.tenant_id, l.event_name, l.n, n.in_flight,
               CASE WHEN (l.tenant_id, l.event_name) IN (SELECT * FROM unnest($8::text[], $9::text[])) THEN 0
                    ELSE $6::int - n.in_flight END AS free
          FROM lanes l, LATERAL (
@@ -186,7 +218,7 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
      ), candidates AS (
        -- One row past what the lane can give (its room, its share) is read, to tell a lane that had
        -- more (held back: a backlog) from one whose rows were all taken; that row is not claimed.
-       SELECT c.id, r.tenant_id, r.in_flight, least(r.free, s.n) AS take,
+       SELECT c.id, r.tenant_id, r.n AS lane_n, r.in_flight, least(r.free, s.n) AS take,
               row_number() OVER (PARTITION BY r.tenant_id, r.event_name ORDER BY c.id) AS nth,
               count(*) OVER (PARTITION BY r.tenant_id, r.event_name) > least(r.free, s.n) AS lane_held
          FROM room r CROSS JOIN share s, LATERAL (
@@ -200,22 +232,36 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
             AND o.status = ANY($5::text[]) AND (o.status = 'pending' OR o.processing_deadline < now())
           ORDER BY o.tenant_id, o.event_name, o.id LIMIT least(r.free, s.n) + 1) c
         WHERE r.free > 0
+     ), ranked AS (
+       SELECT c.id, c.lane_n, c.in_flight, c.lane_held, row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id) AS turn
+         FROM candidates c WHERE c.nth <= c.take
      ), turns AS (
-       -- Tenants in turn: every tenant's oldest row before any tenant's second.
-       SELECT c.id, c.in_flight, c.lane_held FROM candidates c WHERE c.nth <= c.take
-        ORDER BY row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.id), c.id LIMIT $1::int
+       -- Tenants in turn: every tenant's oldest row before any tenant's second; within a turn, in
+       -- lane order from where the last claim stopped.
+       SELECT r.id, r.lane_n, r.turn, r.in_flight, r.lane_held FROM ranked r ORDER BY r.turn, r.lane_n, r.id LIMIT $1::int
+     ), stop AS (
+       -- Where this relay's next claim starts looking: after the last lane given its first turn
+       -- when the batch ran out within the first turn; else after the last lane looked at, or from
+       -- the start when the lanes ran out before $12.
+       SELECT CASE WHEN (SELECT count(*) FROM ranked WHERE turn = 1) > $1::int THEN (SELECT max(lane_n) FROM turns WHERE turn = 1)
+                   WHEN (SELECT count(*) FROM lanes) >= $12::int THEN $12::int END AS n
+     ), next_lane AS (
+       SELECT l.tenant_id AS next_tenant_id, l.event_name AS next_event_name FROM stop s LEFT JOIN lanes l ON l.n = s.n
      ), locked AS (
        SELECT o.id, t.in_flight, t.lane_held FROM ${schema.outbox} o JOIN turns t ON t.id = o.id
         ORDER BY o.id FOR UPDATE OF o SKIP LOCKED
+     ), taken AS (
+       UPDATE ${schema.outbox} o
+          SET status = 'claimed', claimed_by = $2::text, claim_id = $3::uuid,
+              processing_deadline = clock_timestamp() + $4::int * interval '1 millisecond', updated_at = now()
+         FROM locked k
+        WHERE o.id = k.id
+          AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
+       RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent,
+                 k.in_flight AS lane_in_flight, k.lane_held
      )
-     UPDATE ${schema.outbox} o
-        SET status = 'claimed', claimed_by = $2::text, claim_id = $3::uuid,
-            processing_deadline = clock_timestamp() + $4::int * interval '1 millisecond', updated_at = now()
-       FROM locked k
-      WHERE o.id = k.id
-        AND (o.status = 'pending' OR (o.status = 'claimed' AND o.processing_deadline < now()))
-     RETURNING o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.occurred_at, o.trace_parent,
-               k.in_flight AS lane_in_flight, k.lane_held`,
+     -- The rows taken, each with where the next claim starts; one row of nulls and that when none was.
+     SELECT t.*, nl.next_tenant_id, nl.next_event_name FROM next_lane nl LEFT JOIN taken t ON true`,
     [
       opts.limit,
       opts.claimedBy,
@@ -226,9 +272,16 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
       [...IN_FLIGHT],
       (opts.paused ?? []).map((l) => l.tenantId),
       (opts.paused ?? []).map((l) => l.eventName),
+      opts.after?.tenantId ?? '',
+      opts.after?.eventName ?? '',
+      opts.lanesPerClaim ?? LANES_PER_CLAIM,
     ],
   );
-  return rows;
+  const first = rows[0];
+  return {
+    rows: rows.filter((r): r is ClaimedRow & typeof r => r.id !== null).map(({ next_tenant_id: _t, next_event_name: _e, ...row }) => row),
+    next: first?.next_tenant_id != null && first.next_event_name != null ? { tenantId: first.next_tenant_id, eventName: first.next_event_name } : null,
+  };
 }
 
 /**
