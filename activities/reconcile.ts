@@ -35,6 +35,8 @@ export function createReconcileActivities(deps: ReconcileActivityDeps) {
           // No cap on the windows: the run has only its own interval to compare (nothing narrower to
           // suggest), and what it keeps is the bounded result, not a report to print.
           maxWindows: Number.POSITIVE_INFINITY,
+          // Counts only: the bounded result lists no rows, and an outage's windows hold millions.
+          listEvents: false,
           // Each paced call is also a sign of life: a run over many customers outlasts any fixed
           // timeout. And the place to stop: an attempt cancelled (timed out, the worker shutting
           // down) went on through every pair, beside the attempt Temporal had started instead.
