@@ -143,7 +143,7 @@ CREATE TABLE operator_actions (
   at              timestamptz NOT NULL DEFAULT now(),
   -- The OS user running the CLI, or its --by option.
   actor           text NOT NULL CHECK (length(actor) BETWEEN 1 AND 200),
-  -- 'retry', 'cancel', 'rebill', 'customers.set', 'import' or 'prune' (src/outbox/sql/operator.ts).
+  -- 'retry', 'cancel', 'rebill', 'customers.set', 'import', 'prune' or 'restored' (src/outbox/sql/operator.ts).
   action          text NOT NULL,
   idempotency_key text,
   tenant_id       text,

@@ -163,6 +163,14 @@ export const MUTANTS: Mutant[] = [
     name: 'claims lane after lane',
   },
   {
+    id: 'restore-not-stamped',
+    guarantee: 'Never billed twice after a restore: an event unsettled in the backup is sent only within 23 h of it, then refused for reconcile',
+    find: 'SET first_attempted_at = $1::timestamptz, attempt_count = greatest(attempt_count, 1)',
+    replace: 'SET attempt_count = greatest(attempt_count, 1)',
+    test: 'test/cli.test.ts',
+    name: 'after a restore, an event unsettled in the backup',
+  },
+  {
     id: 'claim-reads-backlog',
     guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
     find: 'LIMIT least(r.free, s.n) + 1) c',

@@ -366,6 +366,45 @@ describe('retry', () => {
   });
 });
 
+describe('restored', () => {
+  it('after a restore, an event unsettled in the backup is stamped at its time: past 23 h it is refused for reconcile, never billed again', async () => {
+    const backupTakenAt = new Date(Date.now() - 30 * 3_600_000);
+    // What the backup held: an event a relay had claimed (its claim runs a while yet), never attempted.
+    const key = `restored:${randomUUID()}`;
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, claimed_by, claim_id, processing_deadline, created_at)
+       VALUES ('acme', 'api_requests', 3, $2::timestamptz - interval '1 hour', $1, $1, 'claimed', 'before-the-backup', gen_random_uuid(), now() + interval '1 hour', $2::timestamptz - interval '1 minute')`,
+      [key, backupTakenAt],
+    );
+    // And one recorded since the restore: not stamped, delivered as usual.
+    const since = await enqueue('acme');
+
+    expect((await cli(['restored', '--by', 'alice'])).code).toBe(2);
+    const noZone = await cli(['restored', '--backup-taken-at', '2026-12-07T03:00:00']);
+    expect(noZone.code).toBe(2);
+    expect(noZone.err).toContain('with its zone');
+    expect((await cli(['restored', '--backup-taken-at', new Date(Date.now() + 60_000).toISOString()])).code).toBe(2);
+
+    const done = await cliJson(['restored', '--backup-taken-at', backupTakenAt.toISOString(), '--by', 'alice']);
+    expect(done.code).toBe(0);
+    expect(done.json.stamped).toBeGreaterThanOrEqual(1);
+    const stamped = await row(key);
+    expect(stamped.first_attempted_at.toISOString()).toBe(backupTakenAt.toISOString());
+    expect(stamped.attempt_count).toBe(1);
+    expect((await t.pool.query(`SELECT actor, action, outcome FROM operator_actions WHERE action = 'restored'`)).rows).toContainEqual({ actor: 'alice', action: 'restored', outcome: 'stamped' });
+
+    // Its claim lapses: a relay takes it, and the attempt is refused by the resend guard.
+    await t.pool.query(`UPDATE outbox SET processing_deadline = now() - interval '1 second' WHERE idempotency_key = $1`, [key]);
+    const dead = await waitStatus(key, 'dead');
+    expect(dead.last_error_code).toBe('identifier_window_expired');
+    expect(requestsFor(key)).toHaveLength(0);
+    await waitStatus(since, 'sent');
+    expect((await row(since)).first_attempted_at.getTime()).toBeGreaterThan(backupTakenAt.getTime());
+    // Running it again stamps nothing more.
+    expect((await cliJson(['restored', '--backup-taken-at', backupTakenAt.toISOString()])).json.stamped).toBe(0);
+  });
+});
+
 describe('customers', () => {
   it('set creates and replaces a mapping (validated, recorded); list shows it', async () => {
     const tenant = `newco-${randomUUID().slice(0, 8)}`;

@@ -4,7 +4,7 @@
  * One named function per statement; values always travel as typed parameters, never as SQL text.
  */
 import type { Queryable } from '../../db.js';
-import { DELIVERED, IN_FLIGHT } from '../statuses.js';
+import { DELIVERED, IN_FLIGHT, UNSETTLED } from '../statuses.js';
 import type { Schema } from './schema.js';
 import { attemptCustomer } from './customers.js';
 import { inFlightNow } from './relay.js';
@@ -322,4 +322,33 @@ export async function findCancelCandidate(db: Queryable, schema: Schema, key: st
     [key],
   );
   return rows[0];
+}
+
+/**
+ * After a restore from a backup taken at `backupTakenAt`: every unsettled row (pending, claimed,
+ * dispatched or dead) that was in the backup and never attempted by then may have been
+ * delivered after it, and Stripe's identifier dedup lasts 24 hours. Each is stamped as first
+ * attempted at the backup's time (counted as an attempt, so that an attempt taken back never clears
+ * the stamp), and the resend guard (beginAttempt, `retry`) does the rest: sent while inside the
+ * window from there, refused past it (`identifier_window_expired`: reconcile, then `retry --force`).
+ * Rows attempted before the backup keep their earlier stamp. Recorded in operator_actions by the
+ * same statement. Returns how many rows were stamped.
+ */
+export async function stampRestored(db: Queryable, schema: Schema, backupTakenAt: Date, actor: string): Promise<number> {
+  const { rows } = await db.query<{ stamped: number }>(
+    `WITH stamped AS (
+       UPDATE ${schema.outbox}
+          SET first_attempted_at = $1::timestamptz, attempt_count = greatest(attempt_count, 1), updated_at = now()
+        WHERE status = ANY($2::text[]) AND first_attempted_at IS NULL AND created_at <= $1::timestamptz
+       RETURNING 1
+     ), audit AS (
+       INSERT INTO ${schema.operatorActions} (actor, action, forced, outcome, detail)
+       SELECT $3::text, 'restored', false, 'stamped',
+              (SELECT count(*) FROM stamped) || ' row(s) not at Stripe, created before the backup taken at ' || $4::text || ', stamped as first attempted then'
+       RETURNING 1
+     )
+     SELECT (SELECT count(*) FROM stamped)::int AS stamped FROM audit`,
+    [backupTakenAt, [...UNSETTLED], actor.slice(0, 200), backupTakenAt.toISOString()],
+  );
+  return rows[0]!.stamped;
 }
