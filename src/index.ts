@@ -8,6 +8,7 @@
 export { DEFAULT_EVENT_NAME, recordUsage, type RecordUsageOptions, type RecordUsageResult, type UsageInput } from './outbox/enqueue.js';
 export { InvalidUsageError, NotATransactionError, UnknownTenantError, UnreadableRowsError, UsageConflictError, UsageError, type OutboxEntry } from './outbox/errors.js';
 export { idempotencyKeyFor } from './outbox/keys.js';
+export { InvalidMappingError, setBillingCustomer, type BillingCustomer, type SetBillingCustomerOptions, type SetBillingCustomerResult } from './outbox/customers.js';
 export { importUsage, type ImportFormat, type ImportRefusal, type ImportSummary, type ImportUsageOptions } from './ops/import.js';
 export { withoutPreparedStatements } from './outbox/adapters/unprepared.js';
 export { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH } from './outbox/validate.js';

@@ -3,10 +3,12 @@ import pg from 'pg';
 // Through the package's public entry point, as an application imports it.
 import {
   DEFAULT_EVENT_NAME,
+  InvalidMappingError,
   InvalidUsageError,
   MAX_QUANTITY,
   recordUsage,
   RolledBackError,
+  setBillingCustomer,
   UnknownTenantError,
   idempotencyKeyFor,
   UsageConflictError,
@@ -203,6 +205,40 @@ describe('recordUsage', () => {
     expect(r.entry.quantity).toBe(MAX_QUANTITY);
     // u:acme: plus 90 characters is 98 bytes: still the readable form.
     expect(r.entry.idempotencyKey).toBe(`u:acme:${'y'.repeat(90)}`);
+  });
+});
+
+describe('setBillingCustomer: the application maps its tenants', () => {
+  it("in the signup's own transaction: rolled back, no mapping; committed, the tenant's usage is recorded; remapped, the previous customer is said; each recorded", async () => {
+    await expect(
+      withTransaction(t.pool, async (tx) => {
+        await setBillingCustomer(tx, { tenantId: 'signup', stripeCustomerId: 'cus_signup' });
+        throw new Error('the signup failed');
+      }),
+    ).rejects.toThrow('the signup failed');
+    await expect(withTransaction(t.pool, (tx) => recordUsage(tx, { tenantId: 'signup', usageId: 'u1', quantity: 1 }))).rejects.toBeInstanceOf(UnknownTenantError);
+
+    const first = await withTransaction(t.pool, (tx) => setBillingCustomer(tx, { tenantId: 'signup', stripeCustomerId: 'cus_signup' }));
+    expect(first).toEqual({ created: true, previousStripeCustomerId: null });
+    const recorded = await withTransaction(t.pool, (tx) => recordUsage(tx, { tenantId: 'signup', usageId: 'u1', quantity: 1 }));
+    expect(recorded.created).toBe(true);
+
+    // A pool works too (one statement); a remap answers what it replaced.
+    expect(await setBillingCustomer(t.pool, { tenantId: 'signup', stripeCustomerId: 'cus_signup_2' }, { by: 'billing-admin' })).toEqual({ created: false, previousStripeCustomerId: 'cus_signup' });
+    const { rows } = await t.pool.query(`SELECT actor, outcome, detail FROM operator_actions WHERE action = 'customers.set' AND tenant_id = 'signup' ORDER BY id`);
+    expect(rows).toEqual([
+      { actor: 'application', outcome: 'created', detail: '→ cus_signup' },
+      { actor: 'billing-admin', outcome: 'updated', detail: 'cus_signup → cus_signup_2' },
+    ]);
+  });
+
+  it('refuses, writing nothing, a tenant recordUsage would refuse or an id that is not a customer\'s', async () => {
+    const before = (await t.pool.query('SELECT count(*)::int AS n FROM billing_customers')).rows[0].n;
+    await expect(setBillingCustomer(t.pool, { tenantId: '', stripeCustomerId: 'cus_x' })).rejects.toBeInstanceOf(InvalidMappingError);
+    await expect(setBillingCustomer(t.pool, { tenantId: 'ok', stripeCustomerId: 'acct_123' })).rejects.toThrow(/cus_/);
+    await expect(setBillingCustomer(t.pool, { tenantId: 'ok', stripeCustomerId: 42 as unknown as string })).rejects.toBeInstanceOf(InvalidMappingError);
+    await expect(setBillingCustomer(t.pool, null as unknown as { tenantId: string; stripeCustomerId: string })).rejects.toBeInstanceOf(InvalidMappingError);
+    expect((await t.pool.query('SELECT count(*)::int AS n FROM billing_customers')).rows[0].n).toBe(before);
   });
 });
 

@@ -15,7 +15,7 @@ import { bundleWorkflowCode, type NativeConnection } from '@temporalio/worker';
 import { loadConfig, type Config } from '../src/config.js';
 import { createPool, migrate, type Queryable } from '../src/db.js';
 import type { Metrics } from '../src/metrics.js';
-import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { setBillingCustomer } from '../src/outbox/customers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { connectTemporal, startWorker, WORKFLOWS_PATH, type RunningWorker } from '../src/temporal/worker.js';
@@ -103,7 +103,7 @@ export async function temporalNamespace(opts: { searchAttributes?: boolean } = {
 
 /** One tenant → customer mapping, through the product's own statement (hooks.ts: seedCustomers for several). */
 export async function addCustomer(db: pg.Pool, tenantId: string, stripeCustomerId: string): Promise<void> {
-  await upsertBillingCustomer(db, schemaFor(), tenantId, stripeCustomerId);
+  await setBillingCustomer(db, { tenantId, stripeCustomerId }, { by: 'test' });
 }
 
 /** A config for tests: fast retries, a task queue of its own, and whatever `env` overrides. */

@@ -14,7 +14,7 @@
  *   expect(t.eventsFor(key)).toHaveLength(1);
  *
  * Data is seeded through the product's own functions (recordUsage, idempotencyKeyFor,
- * upsertBillingCustomer), never by re-deriving one of its rules here. The low-level parts the
+ * setBillingCustomer), never by re-deriving one of its rules here. The low-level parts the
  * fixture is built from (a database of its own, a test config, a worker on the shared Temporal dev
  * server, waitFor) live in ./helpers.ts.
  */
@@ -28,7 +28,7 @@ import { LocalStripe, type LocalStripeOptions } from '../src/embedded/stripe/ser
 import type { Metrics } from '../src/metrics.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { idempotencyKeyFor } from '../src/outbox/keys.js';
-import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { setBillingCustomer } from '../src/outbox/customers.js';
 import { schemaFor, type Schema } from '../src/outbox/sql/schema.js';
 import type { OutboxStatus } from '../src/outbox/statuses.js';
 import type { Tracing } from '../src/tracing.js';
@@ -61,7 +61,7 @@ export interface UsageOptions {
 
 /** Maps each tenant to its Stripe customer, as `billing-outbox customers set` does (without the audit row). */
 export async function seedCustomers(db: Queryable, customers: Customers): Promise<void> {
-  for (const [tenantId, stripeCustomerId] of Object.entries(customers)) await upsertBillingCustomer(db, schemaFor(), tenantId, stripeCustomerId);
+  for (const [tenantId, stripeCustomerId] of Object.entries(customers)) await setBillingCustomer(db, { tenantId, stripeCustomerId }, { by: 'test' });
 }
 
 /** Records one usage through recordUsage in a transaction of its own; returns its idempotency key. */

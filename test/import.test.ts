@@ -77,7 +77,7 @@ it('a jsonl file: good lines recorded under recordUsage keys, each bad line refu
   const refusals = first.err.trim().split('\n');
   expect(refusals).toHaveLength(7);
   expect(refusals[0]).toMatch(/^line 4: invalid_usage: occurred_at: must be less than 34 days 23 hours old/);
-  expect(refusals[1]).toBe('line 5: unknown_tenant: tenant "initech" has no billing customer; add one first');
+  expect(refusals[1]).toBe('line 5: unknown_tenant: tenant "initech" has no billing customer; map it first (setBillingCustomer, or billing-outbox customers set)');
   expect(refusals[2]).toBe('line 6: invalid_usage: quantity: must be an integer');
   expect(refusals[3]).toBe('line 7: invalid_usage: colour: is not a known field');
   expect(refusals[4]).toBe('line 8: malformed_line: the line is not valid JSON');
@@ -222,7 +222,7 @@ it('a progress bar on stderr only when stderr is a terminal; refusals above it, 
   expect(tty.out).toBe(`${path}: 2 line(s); 1 recorded, 0 already recorded, 1 refused\n`);
 
   const piped = await run(false);
-  expect(piped.err).toBe('line 2: unknown_tenant: tenant "nobody" has no billing customer; add one first\n');
+  expect(piped.err).toBe('line 2: unknown_tenant: tenant "nobody" has no billing customer; map it first (setBillingCustomer, or billing-outbox customers set)\n');
 });
 
 it('a usage whose outbox row was pruned is never recorded twice: the same line counts as already recorded, other values are refused', async () => {

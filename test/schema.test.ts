@@ -14,7 +14,7 @@ import type { Config } from '../src/config.js';
 import { createPool, migrate, withTransaction } from '../src/db.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
-import { upsertBillingCustomer } from '../src/outbox/sql/customers.js';
+import { setBillingCustomer } from '../src/outbox/customers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 import { createTestDb, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 
@@ -64,7 +64,7 @@ describe('beside an application with tables of the same names', () => {
   it("migrates, records in the application's transaction and delivers, leaving its tables and search_path as they were", async () => {
     // A Rails-style schema_migrations(version) in public is not ours: migrate uses its own.
     expect(await migrate(db.url)).toContain('001_schema.sql');
-    await upsertBillingCustomer(product, schemaFor(), 'acme', 'cus_app');
+    await setBillingCustomer(product, { tenantId: 'acme', stripeCustomerId: 'cus_app' }, { by: 'test' });
 
     const client = await app.connect();
     let key: string;
@@ -142,7 +142,7 @@ describe('two deployments in two schemas of one database', () => {
     for (const [i, schema] of ['bo_east', 'bo_west'].entries()) {
       await migrate(db.url, { schema });
       const customer = `cus_${schema}`;
-      await upsertBillingCustomer(product, schemaFor(schema), 'acme', customer);
+      await setBillingCustomer(product, { tenantId: 'acme', stripeCustomerId: customer }, { schema, by: 'test' });
       const stripe = await LocalStripe.start({ meters: ['api_requests'], customers: [customer] });
       const config = testConfig({
         DATABASE_SCHEMA: schema,

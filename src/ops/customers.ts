@@ -6,24 +6,10 @@
 import type pg from 'pg';
 import Stripe from 'stripe';
 import { withTransaction, type Queryable } from '../db.js';
-import { insertBillingCustomerIfAbsent, listBillingCustomers, tenantsBilledAs, upsertBillingCustomer } from '../outbox/sql/customers.js';
-import { recordOperatorAction } from '../outbox/sql/operator.js';
-import { tenantProblem } from '../outbox/validate.js';
+import { setBillingCustomer } from '../outbox/customers.js';
+import { insertBillingCustomerIfAbsent, listBillingCustomers, tenantsBilledAs } from '../outbox/sql/customers.js';
 import { scrub } from '../log.js';
 import type { Schema } from '../outbox/sql/schema.js';
-
-// Stripe's ids are `cus_` and letters, digits or underscores (test-mode and local ids have underscores).
-const CUSTOMER_ID = /^cus_[A-Za-z0-9_]{1,251}$/;
-
-/** Why this mapping cannot be stored, if it cannot: the tenant by recordUsage's rule, the id by Stripe's. */
-export function mappingProblem(tenantId: string, stripeCustomerId: string): string | undefined {
-  const tenant = tenantProblem(tenantId);
-  if (tenant) return `tenant ${tenant}`;
-  if (!CUSTOMER_ID.test(stripeCustomerId)) {
-    return `stripe_customer_id must look like cus_… (letters, digits and underscores), got ${JSON.stringify(stripeCustomerId)}`;
-  }
-  return undefined;
-}
 
 /**
  * Why Stripe's account (the key's, in its mode) cannot bill `stripeCustomerId`, if it cannot: no
@@ -62,23 +48,12 @@ export interface MappingResult {
   sharedWith: string[];
 }
 
-/** Maps (or remaps) a tenant, and records who did it, in one transaction. Validate with mappingProblem first. */
+/** Maps (or remaps) a tenant, records who did it, and says who else is billed as its customer, in one transaction. Validate with mappingProblem first. */
 export async function mapTenant(pool: pg.Pool, schema: Schema, tenantId: string, stripeCustomerId: string, actor: string): Promise<MappingResult> {
   return withTransaction(pool, async (db) => {
-    const row = await upsertBillingCustomer(db, schema, tenantId, stripeCustomerId);
-    const created = row.previous_customer_id === null;
-    const unchanged = row.previous_customer_id === stripeCustomerId;
-    await recordOperatorAction(db, schema, {
-      actor,
-      action: 'customers.set',
-      key: null,
-      tenantId,
-      forced: false,
-      outcome: created ? 'created' : unchanged ? 'unchanged' : 'updated',
-      detail: created || unchanged ? `→ ${stripeCustomerId}` : `${row.previous_customer_id} → ${stripeCustomerId}`,
-    });
+    const set = await setBillingCustomer(db, { tenantId, stripeCustomerId }, { schema: schema.name, by: actor });
     const sharedWith = await tenantsBilledAs(db, schema, stripeCustomerId, tenantId);
-    return { tenantId, stripeCustomerId, previousStripeCustomerId: row.previous_customer_id, created, sharedWith };
+    return { tenantId, stripeCustomerId, previousStripeCustomerId: set.previousStripeCustomerId, created: set.created, sharedWith };
   });
 }
 

@@ -48,7 +48,7 @@ export class InvalidUsageError extends UsageError {
 export class UnknownTenantError extends UsageError {
   readonly tenantId: string;
   constructor(tenantId: string) {
-    super('unknown_tenant', `tenant ${JSON.stringify(tenantId)} has no billing customer; add one first`, 'tenantId');
+    super('unknown_tenant', `tenant ${JSON.stringify(tenantId)} has no billing customer; map it first (setBillingCustomer, or billing-outbox customers set)`, 'tenantId');
     this.tenantId = tenantId;
     this.name = 'UnknownTenantError';
   }

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { InvalidUsageError } from '../../src/outbox/errors.js';
 import { MAX_QUANTITY, MAX_TENANT_ID_LENGTH, MAX_USAGE_ID_LENGTH, parseDateTime, tenantProblem, textProblem, tooOldProblem, validateUsage } from '../../src/outbox/validate.js';
 import { MAX_EVENT_NAME_LENGTH } from '../../src/stripe/rules.js';
-import { mappingProblem } from '../../src/ops/customers.js';
+import { mappingProblem } from '../../src/outbox/customers.js';
 
 const NOW = Date.parse('2026-12-02T12:00:00Z');
 const MIN = 60_000;

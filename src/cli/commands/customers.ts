@@ -1,6 +1,7 @@
 /** `billing-outbox customers`: which Stripe customer each tenant is billed as. */
 import { MAX_TENANT_ID_LENGTH } from '../../outbox/validate.js';
-import { listMappings, mappingProblem, mapTenant, stripeCustomerProblem } from '../../ops/customers.js';
+import { listMappings, mapTenant, stripeCustomerProblem } from '../../ops/customers.js';
+import { mappingProblem } from '../../outbox/customers.js';
 import { createStripeClient, requireStripeKey } from '../../stripe/client.js';
 import { noPositionals, parse } from '../args.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';

@@ -30,21 +30,29 @@ export interface BillingCustomerRow {
   updated_at: Date;
 }
 
-/** Maps a tenant to its Stripe customer (insert or replace); also returns the customer it replaced. */
-export async function upsertBillingCustomer(
-  db: Queryable,
-  schema: Schema,
-  tenantId: string,
-  stripeCustomerId: string,
-): Promise<BillingCustomerRow & { previous_customer_id: string | null }> {
-  const { rows } = await db.query<BillingCustomerRow & { previous_customer_id: string | null }>(
-    `WITH prev AS (SELECT stripe_customer_id FROM ${schema.billingCustomers} WHERE tenant_id = $1::text)
-     INSERT INTO ${schema.billingCustomers} (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text)
-     ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = now()
-     RETURNING tenant_id, stripe_customer_id, created_at, updated_at, (SELECT stripe_customer_id FROM prev) AS previous_customer_id`,
-    [tenantId, stripeCustomerId],
-  );
-  return rows[0]!;
+/**
+ * Maps a tenant to its Stripe customer (insert or replace) and records who did it in
+ * operator_actions, in one statement; answers the customer it replaced (null: none). A statement,
+ * not a query run here: the application runs it on its own transaction (setBillingCustomer).
+ */
+export function setBillingCustomerStatement(schema: Schema, tenantId: string, stripeCustomerId: string, actor: string): { text: string; values: unknown[] } {
+  return {
+    text: `WITH prev AS (SELECT stripe_customer_id AS customer FROM ${schema.billingCustomers} WHERE tenant_id = $1::text FOR UPDATE),
+     mapped AS (
+       INSERT INTO ${schema.billingCustomers} (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text)
+       ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = now()
+       RETURNING 1
+     ), audit AS (
+       INSERT INTO ${schema.operatorActions} (actor, action, tenant_id, forced, outcome, detail)
+       SELECT $3::text, 'customers.set', $1::text, false,
+              CASE WHEN p.customer IS NULL THEN 'created' WHEN p.customer = $2::text THEN 'unchanged' ELSE 'updated' END,
+              CASE WHEN p.customer IS NULL OR p.customer = $2::text THEN '→ ' || $2::text ELSE p.customer || ' → ' || $2::text END
+         FROM (SELECT (SELECT customer FROM prev) AS customer) p
+       RETURNING 1
+     )
+     SELECT (SELECT customer FROM prev) AS previous_customer_id FROM audit, mapped`,
+    values: [tenantId, stripeCustomerId, actor.slice(0, 200)],
+  };
 }
 
 /**
