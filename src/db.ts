@@ -233,6 +233,9 @@ export async function applyMigrations(
   folder: string,
   opts: MigrateOptions = {},
 ): Promise<string[]> {
+  if (typeof database === 'string' ? database.trim() === '' : typeof database !== 'object' || database === null) {
+    throw new TypeError(`migrate needs a PostgreSQL connection string (postgres://…) or connection settings, got ${JSON.stringify(database) ?? String(database)}: is DATABASE_URL set?`);
+  }
   const schema = schemaFor(opts.schema);
   // A URL, or an application pool's connection settings (`pool.options`): the migrator holds an
   // advisory lock on a connection of its own, never one of the application's pool.

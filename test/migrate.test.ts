@@ -119,6 +119,12 @@ it('npm run migrate without DATABASE_URL fails with a clear message', async () =
   expect(r.out).toMatch(/DATABASE_URL: is not set/);
 });
 
+it("migrate() from an application whose DATABASE_URL is unset or empty says so, not a driver's TypeError", async () => {
+  for (const missing of [undefined, '', null]) {
+    await expect(migrate(missing as unknown as string)).rejects.toThrow(/migrate needs a PostgreSQL connection string .*is DATABASE_URL set\?/);
+  }
+});
+
 it('a migration leaves recordUsage writing while it builds an index over a big outbox and adds a column', async () => {
   // MIGRATE_TEST_ROWS=1000000 for the full-size run (docs/operations.md quotes it).
   const rowCount = Number(process.env.MIGRATE_TEST_ROWS ?? 200_000);
