@@ -36,3 +36,13 @@ export async function loadPart<T>(part: string, load: () => Promise<T>): Promise
     throw name === undefined ? err : new MissingPeerError(part, name, err);
   }
 }
+
+/** loadPart for `require()`: the CommonJS entries of `billing-outbox/worker` and `/fastify`. */
+export function loadPartSync<T>(part: string, load: () => T): T {
+  try {
+    return load();
+  } catch (err) {
+    const name = missingPackage(err);
+    throw name === undefined ? err : new MissingPeerError(part, name, err);
+  }
+}

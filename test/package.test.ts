@@ -159,11 +159,16 @@ describe.concurrent('installed from the tarballs', () => {
       const library = await failed(exec(process.execPath, ['--input-type=module', '-e', "await import('billing-outbox/worker')"], { cwd: app, env }));
       expect(library.stderr).toMatch(/billing-outbox\/worker needs the package \S+, which is not installed: npm install billing-outbox-worker/);
     }
-    // From CommonJS (README, "Install it"): require takes the package; the worker is import()ed.
+    // From CommonJS (README, "Install it"): require takes the package, and the worker's parts say
+    // what to install as import() does.
     const required = await exec(process.execPath, ['--input-type=commonjs', '-e', "console.log(typeof require('billing-outbox').recordUsage)"], { cwd: app, env });
     expect(required.stdout.trim()).toBe('function');
-    const requiredWorker = await failed(exec(process.execPath, ['--input-type=commonjs', '-e', "require('billing-outbox/worker')"], { cwd: app, env }));
-    expect(requiredWorker.stderr).toContain('ERR_REQUIRE_ASYNC_MODULE');
+    if (existsSync(path.join(ROOT, 'src', 'worker.ts'))) {
+      for (const part of ['worker', 'fastify']) {
+        const requiredPart = await failed(exec(process.execPath, ['--input-type=commonjs', '-e', `require('billing-outbox/${part}')`], { cwd: app, env }));
+        expect(requiredPart.stderr).toMatch(new RegExp(`billing-outbox/${part} needs the package \\S+, which is not installed: npm install billing-outbox-worker`));
+      }
+    }
   }, 120_000);
 
   it("an application with its own stripe of another major and TypeScript compiled to CommonJS: billing-outbox and pg install beside it and type-check; the worker's install is refused, naming stripe", async () => {
@@ -262,6 +267,10 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
         expect(mainEntry).toEqual({ entry: 'billing-outbox', globals: [], others: [] });
         expect(workerEntry!.others).toEqual([]);
         expect(workerEntry!.globals.filter((g) => !DEPENDENCY_GLOBALS.has(g))).toEqual([]);
+
+        // A CommonJS application (NestJS's default) requires the worker's parts as they are.
+        const cjs = await exec(process.execPath, ['--input-type=commonjs', '-e', "console.log(typeof require('billing-outbox/worker').createWorker, typeof require('billing-outbox/fastify').billingOutbox)"], { cwd: app, env });
+        expect(cjs.stdout.trim()).toBe('function function');
 
         const migrated = await exec('npx', ['--no-install', 'billing-outbox', 'migrate'], { cwd: app, env: { ...env, DATABASE_URL: url } });
         expect(migrated.stderr).toBe('');
