@@ -143,7 +143,8 @@ CREATE TABLE operator_actions (
   at              timestamptz NOT NULL DEFAULT now(),
   -- The OS user running the CLI, or its --by option.
   actor           text NOT NULL CHECK (length(actor) BETWEEN 1 AND 200),
-  -- 'retry', 'cancel', 'rebill', 'customers.set', 'import', 'prune' or 'restored' (src/outbox/sql/operator.ts).
+  -- 'retry', 'cancel', 'rebill', 'customers.set', 'import', 'prune', 'restored', 'relays.pause' or
+  -- 'relays.resume' (src/outbox/sql/operator.ts, src/outbox/sql/relay.ts).
   action          text NOT NULL,
   idempotency_key text,
   tenant_id       text,
@@ -259,9 +260,15 @@ INSERT INTO rate_limits (bucket) VALUES ('stripe_calls'), ('dispatch');
 -- put it on the relay workflows they start (a memo), and refuse a task queue whose relays another
 -- deployment started: two deployments on one Temporal namespace and task queue would each run the
 -- other's events against their own database (src/temporal/worker.ts, ensureRelays).
+-- Its relays can be paused by an operator (`billing-outbox relays pause`): while relays_paused_at is
+-- set, every claim takes nothing (src/outbox/sql/relay.ts), new events wait as pending and those in
+-- flight go on to Stripe.
 CREATE TABLE deployment (
-  only_row   boolean PRIMARY KEY DEFAULT true CHECK (only_row),
-  id         text NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now()
+  only_row             boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+  id                   text NOT NULL,
+  created_at           timestamptz NOT NULL DEFAULT now(),
+  relays_paused_at     timestamptz,
+  relays_paused_by     text,
+  relays_paused_reason text
 );
 INSERT INTO deployment (id) VALUES (gen_random_uuid()::text);

@@ -171,6 +171,14 @@ export const MUTANTS: Mutant[] = [
     name: 'after a restore, an event unsettled in the backup',
   },
   {
+    id: 'relays-pause-ignored',
+    guarantee: 'An operator can hold dispatch without any Temporal feature: paused relays claim nothing, and status says why',
+    find: '           AND NOT EXISTS (SELECT 1 FROM ${schema.deployment} d WHERE d.relays_paused_at IS NOT NULL)\n',
+    replace: '',
+    test: 'test/cli.test.ts',
+    name: 'pause: new events wait as pending',
+  },
+  {
     id: 'claim-reads-backlog',
     guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
     find: 'LIMIT least(r.free, s.n) + 1) c',

@@ -117,8 +117,9 @@ describe('status and dead', () => {
     const status = await cliJson<Record<string, unknown>>(['status']);
     expect(status.code).toBe(0);
     expect(Object.keys(status.json).sort()).toEqual(
-      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'reconcile', 'rejectedAsyncByErrorCode', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
+      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'reconcile', 'rejectedAsyncByErrorCode', 'relaysPaused', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
     );
+    expect(status.json.relaysPaused).toBeNull();
     expect(status.json.startFailing).toBe(0);
     expect(Object.keys(status.json.counts as object).sort()).toEqual([...OUTBOX_STATUSES].sort());
     expect((status.json.counts as { dead: number }).dead).toBeGreaterThanOrEqual(1);
@@ -363,6 +364,39 @@ describe('retry', () => {
     const none = await cli(['retry', '--all-dead', '--tenant', 'nobody', '--yes']);
     expect(none.code).toBe(0);
     expect(none.out).toContain('0 matched');
+  });
+});
+
+describe('relays', () => {
+  it('pause: new events wait as pending and status says why, one already dispatched goes on to Stripe; resume sends the rest; each recorded', async () => {
+    t.stripe.setLatency(1_500);
+    let waiting: string | undefined;
+    try {
+      const inFlight = await enqueue('acme');
+      await waitFor('the event to be handed to Temporal', async () => (await row(inFlight)).status !== 'pending' && (await row(inFlight)).status !== 'claimed');
+      expect((await cli(['relays', 'pause'])).code).toBe(2);
+      const paused = await cliJson<{ paused: { by: string; reason: string } }>(['relays', 'pause', '--reason', 'switching STRIPE_METER_API', '--by', 'alice']);
+      expect(paused.json.paused).toMatchObject({ by: 'alice', reason: 'switching STRIPE_METER_API' });
+      waiting = await enqueue('acme');
+      await waitStatus(inFlight, 'sent');
+      // A negative: a relay would have claimed it in milliseconds; 1.5 s more to show it did not.
+      await new Promise((r) => setTimeout(r, 1_500));
+      expect((await row(waiting)).status).toBe('pending');
+      const status = await cliJson<{ alarms: string[]; relaysPaused: { reason: string } | null }>(['status']);
+      expect(status.json.relaysPaused?.reason).toBe('switching STRIPE_METER_API');
+      expect(status.json.alarms.some((a) => a.startsWith('relays paused since') && a.includes('alice') && a.includes('relays resume'))).toBe(true);
+    } finally {
+      t.stripe.setLatency(0);
+      const resumed = await cli(['relays', 'resume', '--by', 'bob']);
+      expect(resumed.out).toContain('relays resumed');
+    }
+    await waitStatus(waiting!, 'sent');
+    expect((await cliJson<{ paused: unknown }>(['relays'])).json.paused).toBeNull();
+    const { rows } = await t.pool.query(`SELECT actor, action, outcome FROM operator_actions WHERE action LIKE 'relays.%' ORDER BY id`);
+    expect(rows).toEqual([
+      { actor: 'alice', action: 'relays.pause', outcome: 'paused' },
+      { actor: 'bob', action: 'relays.resume', outcome: 'resumed' },
+    ]);
   });
 });
 

@@ -13,6 +13,7 @@ import { INSPECT_HELP, inspectCommand } from './commands/inspect.js';
 import { PRUNE_HELP, pruneCommand } from './commands/prune.js';
 import { REBILL_HELP, rebillCommand } from './commands/rebill.js';
 import { RECONCILE_HELP, reconcileCommand } from './commands/reconcile.js';
+import { RELAYS_HELP, relaysCommand } from './commands/relays.js';
 import { RESTORED_HELP, restoredCommand } from './commands/restored.js';
 import { RETRY_HELP, retryCommand } from './commands/retry.js';
 import { STATUS_HELP, statusCommand } from './commands/status.js';
@@ -48,6 +49,7 @@ const OPERATOR_COMMANDS: Record<string, Command> = {
   customers: { summary: 'map tenants to Stripe customers (set, list)', help: CUSTOMERS_HELP, run: customersCommand },
   import: { summary: 'record existing usage from a CSV or JSON-lines file, through the outbox', help: IMPORT_HELP, run: importCommand },
   prune: { summary: 'delete delivered rows past OUTBOX_RETENTION_DAYS (workers do it on a timer)', help: PRUNE_HELP, run: pruneCommand },
+  relays: { summary: 'pause or resume handing new events to Temporal (those in flight go on)', help: RELAYS_HELP, run: relaysCommand },
   restored: { summary: 'after restoring from a backup, before workers start: guard its unsettled events against a second bill', help: RESTORED_HELP, run: restoredCommand },
 };
 

@@ -7,6 +7,7 @@ import { ScheduleNotFoundError, WorkflowNotFoundError, type Client } from '@temp
 import type { Queryable } from '../db.js';
 import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
+import { relaysPaused, type RelaysPaused } from '../outbox/sql/relay.js';
 import { countByErrorCode, countRecentlySent, countStartFailing, statusSummary } from '../outbox/sql/status.js';
 import type { OutboxStatus } from '../outbox/statuses.js';
 import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
@@ -40,13 +41,15 @@ export interface StatusReport {
   errorReports: { received: number; lastReceivedAt: string | null; errorCount: number; matched: number; unmatched: number };
   /** Events in flight whose last attempt met an error, by its code (none: they are going well). */
   inFlightByLastError: { code: string; count: number }[];
+  /** When an operator paused the relays (`billing-outbox relays pause`), by whom and why; null while they run. */
+  relaysPaused: RelaysPaused | null;
   /** What needs a person now, one sentence each (empty: nothing). */
   alarms: string[];
 }
 
 /** The outbox's state now, by PostgreSQL's clock. */
 export async function outboxStatus(db: Queryable, schema: Schema): Promise<StatusReport> {
-  const [summary, recent, dead, rejected, reports, inFlight, startFailing] = await Promise.all([
+  const [summary, recent, dead, rejected, reports, inFlight, startFailing, paused] = await Promise.all([
     statusSummary(db, schema),
     countRecentlySent(db, schema),
     countByErrorCode(db, schema, 'dead'),
@@ -54,6 +57,7 @@ export async function outboxStatus(db: Queryable, schema: Schema): Promise<Statu
     errorReportTotals(db, schema),
     countByErrorCode(db, schema, 'dispatched'),
     countStartFailing(db, schema, TemporalErrorCodes.startFailing),
+    relaysPaused(db, schema),
   ]);
   const inFlightByLastError = inFlight.filter((r): r is { code: string; count: number } => r.code !== null);
   const alarms: string[] = [];
@@ -62,6 +66,12 @@ export async function outboxStatus(db: Queryable, schema: Schema): Promise<Statu
     alarms.push(`${held} event(s) held: Stripe refused the API key (401/403). Fix STRIPE_API_KEY (expired, rolled or missing a permission); delivery resumes by itself.`);
   }
   const waiting = summary.counts.pending + summary.counts.claimed;
+  if (paused) {
+    alarms.push(
+      `relays paused since ${paused.at.toISOString()} by ${paused.by}${paused.reason ? ` (${paused.reason})` : ''}: ${waiting} event(s) wait unsent; ` +
+        'those already dispatched go on. `billing-outbox relays resume` sends the rest.',
+    );
+  }
   return {
     counts: summary.counts,
     sentEstimated: summary.sentEstimated,
@@ -72,6 +82,7 @@ export async function outboxStatus(db: Queryable, schema: Schema): Promise<Statu
     startFailing,
     rejectedAsyncByErrorCode: rejected,
     inFlightByLastError,
+    relaysPaused: paused,
     alarms,
     errorReports: {
       received: reports.reports,

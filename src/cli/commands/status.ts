@@ -13,7 +13,7 @@ Counts of outbox rows by status, the age of the oldest event not yet handed to T
 sent in the last minute and hour, dead letters grouped by their last error code, events Stripe
 rejected after accepting them (rejected_async) grouped by Stripe's error code, and the error reports
 Stripe sent, events in flight by the error their last attempt met, and alarms first (for example
-every delivery held because Stripe refused the API key). Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
+every delivery held because Stripe refused the API key, or relays paused by an operator). Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
 that could not be tied to a row, so more events may be affected than are marked rejected_async.
 
 Options:
@@ -21,7 +21,7 @@ Options:
            sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
            deadByErrorCode: [{code, count}], startFailing, rejectedAsyncByErrorCode: [{code, count}],
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched},
-           inFlightByLastError: [{code, count}], alarms: [sentence],
+           inFlightByLastError: [{code, count}], relaysPaused: {at, by, reason} or null, alarms: [sentence],
            reconcile: {scheduleId, exists, paused, nextRunAt, lastRun, lastSuccess: {workflowId, closedAt, result}}
                       or {error} when Temporal could not be asked}
 

@@ -185,9 +185,11 @@ export async function claimStatement(db: Queryable, schema: Schema, opts: ClaimO
        -- The lanes with a claimable row (pending, or claimed under a lease that has run out) after
        -- the lane this relay's last claim stopped at ($10, $11; '' before every lane), in lane
        -- order, numbered (n), at most $12 of them.
+       -- None while an operator has paused the relays (pauseRelays).
        (SELECT o.tenant_id, o.event_name, 1 AS n FROM ${schema.outbox} o
          WHERE o.status = ANY($5::text[]) AND (o.tenant_id, o.event_name) > ($10::text, $11::text)
            AND (o.status = 'pending' OR o.processing_deadline < now())
+           AND NOT EXISTS (SELECT 1 FROM ${schema.deployment} d WHERE d.relays_paused_at IS NOT NULL)
          ORDER BY o.tenant_id, o.event_name LIMIT 1)
        UNION ALL
        SELECT nxt.tenant_id, nxt.event_name, l.n + 1
@@ -337,4 +339,57 @@ export async function recordStartFailure(db: Queryable, schema: Schema, id: numb
       WHERE id = $1::bigint AND claim_id = $2::uuid AND status = 'claimed'`,
     [id, claimId, code, message.slice(0, 1000), retryInMs],
   );
+}
+
+export interface RelaysPaused {
+  at: Date;
+  by: string;
+  reason: string;
+}
+
+/**
+ * Pauses every relay of the schema, recorded in operator_actions: from their next claim (each
+ * looks at this flag, in its statement) they take nothing. New events wait as pending; those
+ * already handed to Temporal go on to Stripe. Answers when they were paused (an earlier pause is
+ * kept, with its reason).
+ */
+export async function pauseRelays(db: Queryable, schema: Schema, by: string, reason: string): Promise<RelaysPaused> {
+  const { rows } = await db.query<{ at: Date; by: string; reason: string }>(
+    `WITH paused AS (
+       UPDATE ${schema.deployment}
+          SET relays_paused_at = COALESCE(relays_paused_at, now()), relays_paused_by = COALESCE(relays_paused_by, $1::text),
+              relays_paused_reason = COALESCE(relays_paused_reason, $2::text)
+       RETURNING relays_paused_at AS at, relays_paused_by AS by, relays_paused_reason AS reason
+     ), audit AS (
+       INSERT INTO ${schema.operatorActions} (actor, action, forced, outcome, detail) VALUES ($1::text, 'relays.pause', false, 'paused', $2::text)
+     )
+     SELECT * FROM paused`,
+    [by.slice(0, 200), reason.slice(0, 2000)],
+  );
+  return rows[0]!;
+}
+
+/** Resumes the relays paused by pauseRelays, recorded, and wakes them; answers whether they were paused. */
+export async function resumeRelays(db: Queryable, schema: Schema, by: string): Promise<boolean> {
+  const { rows } = await db.query<{ was: boolean }>(
+    `WITH before AS (SELECT relays_paused_at IS NOT NULL AS was FROM ${schema.deployment} FOR UPDATE),
+     resumed AS (
+       UPDATE ${schema.deployment} SET relays_paused_at = NULL, relays_paused_by = NULL, relays_paused_reason = NULL RETURNING 1
+     ), audit AS (
+       INSERT INTO ${schema.operatorActions} (actor, action, forced, outcome, detail)
+       SELECT $1::text, 'relays.resume', false, CASE WHEN b.was THEN 'resumed' ELSE 'unchanged' END, NULL FROM before b
+     )
+     SELECT b.was, pg_notify($2::text, '') FROM before b, resumed`,
+    [by.slice(0, 200), schema.outboxChannel],
+  );
+  return rows[0]?.was ?? false;
+}
+
+/** Whether an operator has paused the relays: when, by whom, why; null when not. */
+export async function relaysPaused(db: Queryable, schema: Schema): Promise<RelaysPaused | null> {
+  const { rows } = await db.query<{ at: Date | null; by: string | null; reason: string | null }>(
+    `SELECT relays_paused_at AS at, relays_paused_by AS by, relays_paused_reason AS reason FROM ${schema.deployment}`,
+  );
+  const r = rows[0];
+  return r?.at ? { at: r.at, by: r.by ?? '', reason: r.reason ?? '' } : null;
 }
