@@ -25,7 +25,7 @@ import { answeredWithin, createPool, migrate, redactUrl, withPgTypes } from '../
 import { stopLeftovers } from './leftovers.js';
 import { describePortHolder, localUrl } from './ports.js';
 import { EmbeddedPostgresError, freePort, startEmbeddedPostgres } from './postgres.js';
-import { PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
+import { NoTemporalCliError, PROJECT_ROOT, startTemporalDevServer, type DevServer } from './temporal.js';
 import { createLogger, type Logger } from '../log.js';
 import { createMetrics } from '../metrics.js';
 import { seedTenants } from '../ops/customers.js';
@@ -306,7 +306,7 @@ export async function startStack(configured: Config, opts: StackOptions = {}): P
       } catch (err) {
         // Another process can take a port between our check and the server's bind (two `npm start`s,
         // or the demo next to the main job): once more, on ports no one asked for.
-        if (preferred[0] !== ports.temporal && preferred[1] !== ports.temporalUi) throw err;
+        if ((preferred[0] !== ports.temporal && preferred[1] !== ports.temporalUi) || err instanceof NoTemporalCliError) throw err;
         log.warn({ err: String(err) }, 'temporal dev server did not start on its preferred ports; trying free ones');
         server = await start(await freePort(), await freePort());
       }

