@@ -212,8 +212,10 @@ export function createRelayActivities(deps: RelayDeps) {
       notifier.start();
       // Whether a claim since the relay last waited has looked from the first lane waiting.
       let fromFirstLane = false;
+      // Taken when a round of claims begins (after each wait): a notification during the round,
+      // for a lane it has already passed, wakes the wait that ends it.
+      let mark = notifier.mark();
       while (!stop.aborted && performance.now() < until) {
-        const mark = notifier.mark();
         fromFirstLane ||= stoppedAt === null;
         const { claimed: n, paceMs, startMs } = await relayBatch(claimedBy, totals, limit);
         // Claims again at once while lanes it has not looked at since it last waited may have room:
@@ -237,6 +239,7 @@ export function createRelayActivities(deps: RelayDeps) {
           // one claim per row. Idle, it claims at once (a new event's latency).
           if (n > 0) await waitUnlessAborted(COALESCE_MS, stop);
           ctx.heartbeat(totals);
+          mark = notifier.mark();
         }
       }
       return totals;

@@ -165,8 +165,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'restore-not-stamped',
     guarantee: 'Never billed twice after a restore: an event unsettled in the backup is sent only within 23 h of it, then refused for reconcile',
-    find: 'SET first_attempted_at = $1::timestamptz, attempt_count = greatest(attempt_count, 1)',
-    replace: 'SET attempt_count = greatest(attempt_count, 1)',
+    find: 'SET first_attempted_at = greatest($1::timestamptz, o.created_at), attempt_count',
+    replace: 'SET first_attempted_at = o.first_attempted_at, attempt_count',
     test: 'test/cli.test.ts',
     name: 'after a restore, an event unsettled in the backup',
   },

@@ -419,12 +419,27 @@ describe('restored', () => {
     expect(noZone.err).toContain('with its zone');
     expect((await cli(['restored', '--backup-taken-at', new Date(Date.now() + 60_000).toISOString()])).code).toBe(2);
 
-    const done = await cliJson(['restored', '--backup-taken-at', backupTakenAt.toISOString(), '--by', 'alice']);
+    // A dead letter written during the backup (a physical backup's copy, or an earlier time given
+    // when unsure): stamped at its own creation, not left out.
+    const during = `restored:${randomUUID()}`;
+    await t.pool.query(
+      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, dead_at, last_error_code, last_error_message, created_at)
+       VALUES ('acme', 'api_requests', 1, $2::timestamptz, $1, $1, 'dead', now(), 'customer_mapping_missing', 'test', $2::timestamptz + interval '1 minute')`,
+      [during, backupTakenAt],
+    );
+
+    // Deployed with STRIPE_IDENTIFIER_NAMESPACE: a copy sent after the backup went as `ns1/<key>`, and
+    // the stamp says so, or the resend would go as the bare key, which Stripe never saw.
+    const namespaced = { ...t.config, stripe: { ...t.config.stripe, identifierNamespace: 'ns1' } };
+    const done = await cli(['restored', '--backup-taken-at', backupTakenAt.toISOString(), '--by', 'alice', '--json'], { config: namespaced });
     expect(done.code).toBe(0);
-    expect(done.json.stamped).toBeGreaterThanOrEqual(1);
+    expect((JSON.parse(done.out) as { stamped: number }).stamped).toBeGreaterThanOrEqual(2);
     const stamped = await row(key);
     expect(stamped.first_attempted_at.toISOString()).toBe(backupTakenAt.toISOString());
     expect(stamped.attempt_count).toBe(1);
+    expect(stamped.stripe_identifier).toBe(`ns1/${key}`);
+    const stampedDuring = await row(during);
+    expect(stampedDuring.first_attempted_at.getTime()).toBe(backupTakenAt.getTime() + 60_000);
     expect((await t.pool.query(`SELECT actor, action, outcome FROM operator_actions WHERE action = 'restored'`)).rows).toContainEqual({ actor: 'alice', action: 'restored', outcome: 'stamped' });
 
     // Its claim lapses: a relay takes it, and the attempt is refused by the resend guard.

@@ -3,7 +3,7 @@
  * with the search attributes billing-outbox needs registered at start.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { accessSync, constants, existsSync, readFileSync, statSync } from 'node:fs';
 import { chmod } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
@@ -23,10 +23,17 @@ export function findTemporalCli(configured?: string): string | undefined {
   return onPath('temporal', process.env.PATH);
 }
 
-/** The first `name` in the folders of `pathList` (PATH's form), or undefined. */
+/** The first executable file `name` in the folders of `pathList` (PATH's form), or undefined. */
 export function onPath(name: string, pathList: string | undefined): string | undefined {
   for (const dir of (pathList ?? '').split(path.delimiter)) {
-    if (dir && existsSync(path.join(dir, name))) return path.join(dir, name);
+    if (!dir) continue;
+    const file = path.join(dir, name);
+    try {
+      accessSync(file, constants.X_OK);
+      if (statSync(file).isFile()) return file;
+    } catch {
+      // Not there, or not ours to run.
+    }
   }
   return undefined;
 }

@@ -45,6 +45,7 @@ import {
   type DeadLetterFilter,
   type OperatorRow,
 } from '../outbox/sql/operator.js';
+import { storedIdentifier } from '../outbox/sql/delivery.js';
 import { DELIVERED } from '../outbox/statuses.js';
 import { closedRunMessage, firstAttemptBound, isOpenRun, openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, RETRY_REFUSED, retryUpdate, stateQuery, TemporalErrorCodes, type RetryRefusal, type UsageState, shellWord } from '../../workflows/shared.js';
@@ -104,7 +105,7 @@ export interface RetrierDeps {
   /** The PostgreSQL schema of the tables. */
   schema: Schema;
   client: Client;
-  config: Pick<Config, 'retry' | 'temporal' | 'lanes'>;
+  config: Pick<Config, 'retry' | 'temporal' | 'lanes' | 'stripe'>;
   now: () => number;
   /** How long a bulk retry waits for room in a lane before it reports that lane's rows untried (LANE_ROOM_WAIT_MS). */
   laneRoomWaitMs?: number;
@@ -423,7 +424,7 @@ export class DeadLetterRetrier {
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     const { db, schema, client, config } = this.deps;
 
-    const reopened = await reopenDeadLetter(db, schema, key, reachedStripeBy);
+    const reopened = await reopenDeadLetter(db, schema, key, reachedStripeBy, storedIdentifier(key, 0, config.stripe.identifierNamespace));
     if (!reopened) {
       const current = await findOperatorRow(db, schema, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);

@@ -248,13 +248,16 @@ export const RELAY_DEPLOYMENT_MEMO = 'billingOutboxDeployment';
 /** This schema's deployment id (migrations/001_schema.sql), put on the relays it starts. */
 export async function readDeployment(db: Queryable, schemaName: string): Promise<string> {
   const schema = schemaFor(schemaName);
-  const { rows } = await db.query<{ id: string }>(`SELECT id FROM ${schema.deployment}`).catch(async (err: unknown) => {
-    // 42P01: no such table. Never migrated, or made by an unreleased build's 001_schema.sql, which lacked it.
-    if ((err as { code?: unknown }).code !== '42P01') throw err;
+  // The pause column too: the claim reads it, and a schema without it would fail every claim.
+  const { rows } = await db.query<{ id: string }>(`SELECT id, relays_paused_at FROM ${schema.deployment}`).catch(async (err: unknown) => {
+    // 42P01: no such table; 42703: no such column. Never migrated, or made by an unreleased build's
+    // 001_schema.sql, which lacked it.
+    const code = (err as { code?: unknown }).code;
+    if (code !== '42P01' && code !== '42703') throw err;
     const migrated = (await db.query<{ ok: boolean }>('SELECT to_regclass($1::text) IS NOT NULL AS ok', [schema.outbox])).rows[0]?.ok;
     throw new ConfigError([
       migrated
-        ? `database schema ${schemaName}: made by an earlier build of billing-outbox's 001_schema.sql (it has no deployment table): drop the schema (or delete .data/ for npm start's stack) and migrate again`
+        ? `database schema ${schemaName}: made by an earlier build of billing-outbox's 001_schema.sql (its deployment table is missing or older): drop the schema (or delete .data/ for npm start's stack) and migrate again`
         : `database schema ${schemaName}: not migrated; run \`billing-outbox migrate\` (or migrate(url, { schema })) first, or let the worker migrate (migrate: true)`,
     ]);
   });

@@ -1,5 +1,6 @@
 /** `billing-outbox rebill <key>`: deliver again, under a new identifier, an event Stripe rejected (src/ops/rebill.ts decides). */
 import { rebillEvent } from '../../ops/rebill.js';
+import { warnIfRelaysPaused } from './relays.js';
 import { parse } from '../args.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext } from '../context.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
@@ -37,6 +38,7 @@ export async function rebillCommand(args: string[], ctx: CliContext): Promise<nu
   const key = positionals[0]!;
   const actor = actorOf(values.by, ctx, REBILL_HELP);
   const [db, client] = await Promise.all([ctx.db(), ctx.temporal()]);
+  await warnIfRelaysPaused(ctx, 'rebill');
   const result = await rebillEvent({ db, schema: schemaFor(ctx.config.databaseSchema), client, config: ctx.config, now: ctx.now ?? Date.now }, key, { actor });
   const ok = result.outcome === 'rebilled' || result.outcome === 'skipped';
   if (values.json) writeJson(ctx.out, result);

@@ -54,3 +54,14 @@ export async function relaysCommand(args: string[], ctx: CliContext): Promise<nu
   }
   return EXIT_OK;
 }
+
+/** Said on standard error by the commands that send events without a relay (retry, rebill) while the relays are paused. */
+export async function warnIfRelaysPaused(ctx: CliContext, command: string): Promise<void> {
+  const paused = await relaysPaused(await ctx.db(), schemaFor(ctx.config.databaseSchema));
+  if (paused) {
+    ctx.err.write(
+      `billing-outbox: note: the relays are paused (since ${paused.at.toISOString()} by ${paused.by}: ${paused.reason}); ` +
+        `${command} does not go through them: what it reopens goes to Stripe now\n`,
+    );
+  }
+}

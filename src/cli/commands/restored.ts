@@ -1,4 +1,5 @@
 /** `billing-outbox restored --backup-taken-at T`: after restoring the outbox from a backup, before the workers start. */
+import { storedIdentifier } from '../../outbox/sql/delivery.js';
 import { stampRestored } from '../../outbox/sql/operator.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 import { SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
@@ -9,17 +10,19 @@ export const RESTORED_HELP = `Usage: billing-outbox restored --backup-taken-at T
 
 Run after restoring the outbox's database from a backup, before starting any worker. Events that
 were not yet at Stripe in the backup may have been delivered after it was taken, and Stripe
-recognises a resend of an identifier for 24 hours only. Each such row (pending, claimed, dispatched
-or dead, created before TIME, never attempted by then) is stamped as first attempted at TIME, so
-that the resend guard applies to it: sent normally until 23 hours after TIME (a copy Stripe already
-has is recognised), and past that refused, dead as identifier_window_expired, to be reconciled
-(\`billing-outbox reconcile\` over its hour) and retried with --force only if Stripe does not have
-it. Rows attempted before TIME keep their own first attempt. Each stamped row counts one attempt.
-Recorded in operator_actions. Running it again stamps nothing more.
+recognises a resend of an identifier for 24 hours only. Each unsettled row never attempted
+(pending, claimed, dispatched or dead) is stamped as first attempted at TIME, or at its creation if
+that is later, under the identifier it would have been sent with (STRIPE_IDENTIFIER_NAMESPACE as
+configured), so that the resend guard applies to it: sent normally until 23 hours after its stamp
+(a copy Stripe already has is recognised), and past that refused, dead as
+identifier_window_expired, to be reconciled (\`billing-outbox reconcile\` over its hour) and retried
+with --force only if Stripe does not have it. Rows attempted before keep their own first attempt.
+Each stamped row counts one attempt. Recorded in operator_actions. Running it again stamps nothing
+more.
 
 Options:
   --backup-taken-at TIME  when the backup began, with its time zone (2026-12-07T03:00:00Z); when
-                          unsure, an earlier time (more rows refused, none billed twice)
+                          unsure, an earlier time (more rows refused for reconcile, none billed twice)
   --by NAME               who is asking, for the audit log (default: the OS user)
   --json                  print {backupTakenAt, stamped}
 
@@ -40,12 +43,17 @@ export async function restoredCommand(args: string[], ctx: CliContext): Promise<
   const at = /(Z|[+-]\d\d:?\d\d)$/i.test(given) ? new Date(given) : new Date(Number.NaN);
   if (Number.isNaN(at.getTime())) throw new CommandLineError(`--backup-taken-at ${JSON.stringify(given)} is not an ISO 8601 time with its zone (e.g. 2026-12-07T03:00:00Z)`, RESTORED_HELP);
   if (at.getTime() > (ctx.now ?? Date.now)()) throw new CommandLineError(`--backup-taken-at ${at.toISOString()} is in the future`, RESTORED_HELP);
-  const stamped = await stampRestored(await ctx.db(), schemaFor(ctx.config.databaseSchema), at, actor);
+  const namespace = ctx.config.stripe.identifierNamespace;
+  const stamped = await stampRestored(await ctx.db(), schemaFor(ctx.config.databaseSchema), {
+    backupTakenAt: at,
+    actor,
+    identifierOf: (key) => storedIdentifier(key, 0, namespace),
+  });
   if (values.json) writeJson(ctx.out, { backupTakenAt: at.toISOString(), stamped });
   else
     ctx.out.write(
-      `stamped ${stamped} row(s) not at Stripe and created before ${at.toISOString()} as first attempted then: ` +
-        `they are sent until ${new Date(at.getTime() + SAFE_RESEND_WINDOW_MS).toISOString()}, and past it refused as identifier_window_expired for reconcile\n`,
+      `stamped ${stamped} unsettled row(s) never attempted as first attempted at ${at.toISOString()} (or at their creation, if later): ` +
+        `those created before it are sent until ${new Date(at.getTime() + SAFE_RESEND_WINDOW_MS).toISOString()}, and past it refused as identifier_window_expired for reconcile\n`,
     );
   return EXIT_OK;
 }

@@ -1,6 +1,7 @@
 /** `billing-outbox retry`: send dead letters again, one by key or all that match. */
 import { countDead, type DeadLetterFilter } from '../../ops/dead-letters.js';
 import { inHours, SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
+import { warnIfRelaysPaused } from './relays.js';
 import { parse } from '../args.js';
 import { scrub } from '../../log.js';
 import { actorOf, EXIT_FAILED, EXIT_OK, CommandLineError, writeJson, type CliContext, type Output } from '../context.js';
@@ -111,9 +112,11 @@ export async function retryCommand(args: string[], ctx: CliContext): Promise<num
     if (positionals.length !== 1) {
       throw new CommandLineError(positionals.length === 0 ? 'retry needs an event key, or --all-dead' : 'retry takes one key', RETRY_HELP);
     }
+    await warnIfRelaysPaused(ctx, 'retry');
     return retryOne(positionals[0]!, { force, requestedBy, wait, json: values.json === true }, ctx);
   }
   if (positionals.length > 0) throw new CommandLineError('give either a key or --all-dead, not both', RETRY_HELP);
+  await warnIfRelaysPaused(ctx, 'retry');
   return retryAll({ tenantId: values.tenant, errorCode: values.code }, { force, requestedBy, wait, yes: values.yes === true, json: values.json === true }, ctx);
 }
 

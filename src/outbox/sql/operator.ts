@@ -100,6 +100,8 @@ export async function reopenDeadLetter(
   schema: Schema,
   key: string,
   reachedStripeBy?: Date,
+  /** What the row stores as its identifier when first attempted now (storedIdentifier: null for the key itself). */
+  firstIdentifier: string | null = null,
 ): Promise<{ tenant_id: string; previous_dead_at: Date | null } | undefined> {
   const { rows } = await db.query<{ tenant_id: string; previous_dead_at: Date | null }>(
     `WITH prev AS (
@@ -108,6 +110,9 @@ export async function reopenDeadLetter(
      UPDATE ${schema.outbox} o
         SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
             first_attempted_at = COALESCE(o.first_attempted_at, $2::timestamptz),
+            -- Stamped here, the row is taken as first attempted under the identifier it would have had
+            -- then (beginAttempt keeps a stamped row's identifier): with STRIPE_IDENTIFIER_NAMESPACE, not the bare key.
+            stripe_identifier = CASE WHEN o.first_attempted_at IS NULL AND $2::timestamptz IS NOT NULL THEN COALESCE(o.stripe_identifier, $3::text) ELSE o.stripe_identifier END,
             -- The run that reached Stripe counts as an attempt: an attempt of the new run taken
             -- back (undoAttempt of the row's "first") must not clear the stamp.
             attempt_count = CASE WHEN o.first_attempted_at IS NULL AND $2::timestamptz IS NOT NULL THEN greatest(o.attempt_count, 1) ELSE o.attempt_count END,
@@ -115,7 +120,7 @@ export async function reopenDeadLetter(
        FROM prev
       WHERE o.id = prev.id AND o.status = 'dead'
      RETURNING o.tenant_id, prev.dead_at AS previous_dead_at`,
-    [key, reachedStripeBy ?? null],
+    [key, reachedStripeBy ?? null, firstIdentifier],
   );
   return rows[0];
 }
@@ -191,7 +196,7 @@ export async function restoreRejected(db: Queryable, schema: Schema, key: string
 
 export interface OperatorAction {
   actor: string;
-  action: 'retry' | 'customers.set' | 'cancel' | 'rebill' | 'import' | 'prune';
+  action: 'retry' | 'customers.set' | 'cancel' | 'rebill' | 'import' | 'prune' | 'restored';
   key: string | null;
   tenantId: string | null;
   forced: boolean;
@@ -326,29 +331,48 @@ export async function findCancelCandidate(db: Queryable, schema: Schema, key: st
 
 /**
  * After a restore from a backup taken at `backupTakenAt`: every unsettled row (pending, claimed,
- * dispatched or dead) that was in the backup and never attempted by then may have been
- * delivered after it, and Stripe's identifier dedup lasts 24 hours. Each is stamped as first
- * attempted at the backup's time (counted as an attempt, so that an attempt taken back never clears
- * the stamp), and the resend guard (beginAttempt, `retry`) does the rest: sent while inside the
- * window from there, refused past it (`identifier_window_expired`: reconcile, then `retry --force`).
- * Rows attempted before the backup keep their earlier stamp. Recorded in operator_actions by the
- * same statement. Returns how many rows were stamped.
+ * dispatched or dead) never attempted may have been delivered after the backup (the row's attempt
+ * was lost with it), and Stripe's identifier dedup lasts 24 hours. Each is stamped as first
+ * attempted at the backup's time, or at its own creation if later (a row written during the backup,
+ * or since), under the identifier that attempt would have used (`identifierOf`: with
+ * STRIPE_IDENTIFIER_NAMESPACE, not the bare key), and counted as an attempt (so that one taken back
+ * never clears the stamp). The resend guard (beginAttempt, `retry`) does the rest: sent while
+ * inside the window from there, refused past it (`identifier_window_expired`: reconcile, then
+ * `retry --force`). Rows attempted before keep their stamp. In batches of `batchSize` rows, each its
+ * own statement; recorded in operator_actions at the end. Returns how many rows were stamped.
  */
-export async function stampRestored(db: Queryable, schema: Schema, backupTakenAt: Date, actor: string): Promise<number> {
-  const { rows } = await db.query<{ stamped: number }>(
-    `WITH stamped AS (
-       UPDATE ${schema.outbox}
-          SET first_attempted_at = $1::timestamptz, attempt_count = greatest(attempt_count, 1), updated_at = now()
-        WHERE status = ANY($2::text[]) AND first_attempted_at IS NULL AND created_at <= $1::timestamptz
-       RETURNING 1
-     ), audit AS (
-       INSERT INTO ${schema.operatorActions} (actor, action, forced, outcome, detail)
-       SELECT $3::text, 'restored', false, 'stamped',
-              (SELECT count(*) FROM stamped) || ' row(s) not at Stripe, created before the backup taken at ' || $4::text || ', stamped as first attempted then'
-       RETURNING 1
-     )
-     SELECT (SELECT count(*) FROM stamped)::int AS stamped FROM audit`,
-    [backupTakenAt, [...UNSETTLED], actor.slice(0, 200), backupTakenAt.toISOString()],
-  );
-  return rows[0]!.stamped;
+export async function stampRestored(
+  db: Queryable,
+  schema: Schema,
+  opts: { backupTakenAt: Date; actor: string; identifierOf: (key: string) => string | null; batchSize?: number },
+): Promise<number> {
+  let stamped = 0;
+  for (let after = 0; ; ) {
+    const { rows } = await db.query<{ id: string; idempotency_key: string }>(
+      `SELECT id::text, idempotency_key FROM ${schema.outbox}
+        WHERE status = ANY($1::text[]) AND first_attempted_at IS NULL AND id > $2::bigint ORDER BY id LIMIT $3::int`,
+      [[...UNSETTLED], after, opts.batchSize ?? 5_000],
+    );
+    if (rows.length === 0) break;
+    after = Number(rows[rows.length - 1]!.id);
+    const result = await db.query(
+      `UPDATE ${schema.outbox} o
+          SET first_attempted_at = greatest($1::timestamptz, o.created_at), attempt_count = greatest(o.attempt_count, 1),
+              stripe_identifier = COALESCE(o.stripe_identifier, u.identifier), updated_at = now()
+         FROM unnest($2::bigint[], $3::text[]) AS u(id, identifier)
+        WHERE o.id = u.id AND o.status = ANY($4::text[]) AND o.first_attempted_at IS NULL`,
+      [opts.backupTakenAt, rows.map((r) => r.id), rows.map((r) => opts.identifierOf(r.idempotency_key)), [...UNSETTLED]],
+    );
+    stamped += result.rowCount ?? 0;
+  }
+  await recordOperatorAction(db, schema, {
+    actor: opts.actor,
+    action: 'restored',
+    key: null,
+    tenantId: null,
+    forced: false,
+    outcome: 'stamped',
+    detail: `${stamped} unsettled row(s) never attempted stamped as first attempted at ${opts.backupTakenAt.toISOString()} (or at their creation, if later)`,
+  });
+  return stamped;
 }
