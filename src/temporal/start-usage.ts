@@ -221,7 +221,7 @@ const CLOSED_AS: Record<ClosedRunStatus, string> = {
   TERMINATED: 'terminated',
   CONTINUED_AS_NEW: 'continued as new',
   TIMED_OUT: 'timed out',
-  NOT_FOUND: 'gone (past the namespace retention)',
+  NOT_FOUND: "gone: closed past the namespace's retention (a database restored from an older backup), deleted, Temporal's state lost or reset, or TEMPORAL_NAMESPACE changed since it started",
   OTHER_TASK_QUEUE: 'is not this deployment\'s',
 };
 
