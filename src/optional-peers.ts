@@ -5,6 +5,7 @@
  * Without them, loading one of those parts fails in Node's module resolution, naming a package the
  * application never asked for. These say what to install instead.
  */
+import { createRequire } from 'node:module';
 
 /** The package whose absence made an import fail (Node's ERR_MODULE_NOT_FOUND for a bare name), or undefined. */
 export function missingPackage(err: unknown): string | undefined {
@@ -13,15 +14,37 @@ export function missingPackage(err: unknown): string | undefined {
   return /Cannot find package '([^']+)'/.exec(e.message)?.[1];
 }
 
+/** Whether billing-outbox-worker is installed where billing-outbox finds its packages. */
+function workerPackageInstalled(): boolean {
+  try {
+    createRequire(import.meta.url).resolve('billing-outbox-worker/package.json');
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** What to do about `packageName` missing; `workerInstalled`: billing-outbox-worker is there, its peers left out. */
+export function missingPeerMessage(part: string, packageName: string, workerInstalled: boolean): string {
+  if (!workerInstalled) {
+    return (
+      `${part} needs the package ${packageName}, which is not installed: npm install billing-outbox-worker ` +
+      "(it brings the dependencies of billing-outbox's worker, HTTP API and command)"
+    );
+  }
+  return (
+    `${part} needs the package ${packageName}, which is not installed although billing-outbox-worker is: its peer dependencies ` +
+    "were left out (npm's --legacy-peer-deps or legacy-peer-deps=true in .npmrc, or a package manager that does not install peers). " +
+    `Install billing-outbox-worker without that option; if npm then refuses (ERESOLVE), the application has another major of the package it names, ` +
+    `and the worker runs from a folder of its own (README, "Install it in your application"); otherwise npm install ${packageName} and the other peers billing-outbox-worker lists`
+  );
+}
+
 export class MissingPeerError extends Error {
   /** The package that is not installed. */
   readonly packageName: string;
   constructor(part: string, packageName: string, cause: unknown) {
-    super(
-      `${part} needs the package ${packageName}, which is not installed: npm install billing-outbox-worker ` +
-        "(it brings the dependencies of billing-outbox's worker, HTTP API and command)",
-      { cause },
-    );
+    super(missingPeerMessage(part, packageName, workerPackageInstalled()), { cause });
     this.name = 'MissingPeerError';
     this.packageName = packageName;
   }
