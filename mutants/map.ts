@@ -179,6 +179,14 @@ export const MUTANTS: Mutant[] = [
     name: 'pause: new events wait as pending',
   },
   {
+    id: 'dead-letter-history-unbounded',
+    guarantee: "Nothing stuck silently: a dead letter retried again and again goes on in a new run before Temporal's history limit closes it",
+    find: '++reopens >= (input.reopensPerRun ?? REOPENS_PER_RUN)',
+    replace: 'false',
+    test: 'test/workflows.test.ts',
+    name: 'a dead letter retried again and again',
+  },
+  {
     id: 'claim-reads-backlog',
     guarantee: 'Fair claim cost: a claim reads at most a batch of any lane, never the backlog behind it',
     find: 'LIMIT least(r.free, s.n) + 1) c',

@@ -360,6 +360,29 @@ it('the retry Update: refused in flight (no Update in the history); a retried de
   });
 });
 
+it('a dead letter retried again and again continues as new every reopensPerRun retries, each retry still a delivery and its answer', async () => {
+  const { calls, activities } = fakeActivities(async () => {
+    throw ApplicationFailure.create({ type: ErrorTypes.rejected, message: 'No such customer', details: ['resource_missing'], nonRetryable: true });
+  });
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { reopensPerRun: 2 });
+    await waitFor('dead', async () => (await handle.query(stateQuery)).status === 'dead');
+    // The first retry: dead again in the same run.
+    expect(await handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).toMatchObject({ status: 'dead' });
+    expect((await handle.describe()).runId).toBe(handle.firstExecutionRunId);
+    // The second: this run's last; the retried delivery goes on in a new run, and is dead again there.
+    expect(await handle.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).toMatchObject({ status: 'dispatched' });
+    const latest = env.client.workflow.getHandle(handle.workflowId);
+    await waitFor('the new run dead again', async () => (await latest.describe()).runId !== handle.firstExecutionRunId && (await latest.query(stateQuery)).status === 'dead');
+    expect(calls.deliver).toHaveLength(3);
+    expect(calls.dead).toHaveLength(3);
+    // And it takes a retry as the first run did.
+    expect(await latest.executeUpdate(retryUpdate, { args: [{ requestedBy: 'test' }] })).toMatchObject({ status: 'dead' });
+    expect(calls.deliver).toHaveLength(4);
+    await latest.terminate('test over');
+  });
+});
+
 it("clears a wait's reason from the run's page when the wait is over: tries failing afterwards are not shown as waiting for a key", async () => {
   const { calls, activities } = fakeActivities(async () => {
     if (calls.deliver.length === 1) return { outcome: 'deferred', reason: 'stripe_credentials', waitMs: 60_000, attempts: 0 };

@@ -77,10 +77,20 @@ export interface UsageWorkflowInput {
    * it must not change where an open run continues as new (a non-determinism error).
    */
   deferralsPerRun?: number;
+  /**
+   * Operator retries of a dead letter one run takes before continuing as new, besides whenever the
+   * server suggests it: each adds about twenty history events (a job retrying every minute would
+   * reach Temporal's history limit in about two days, and the run be closed for it). Set by whoever
+   * starts the run (REOPENS_PER_RUN), as deferralsPerRun is.
+   */
+  reopensPerRun?: number;
 }
 
 /** UsageWorkflowInput.deferralsPerRun of the runs this release starts. */
 export const DEFERRALS_PER_RUN = 200;
+
+/** UsageWorkflowInput.reopensPerRun of the runs this release starts. */
+export const REOPENS_PER_RUN = 50;
 
 /** RelayWorkflowInput.callsPerRun of the runs this release starts. */
 export const RELAY_CALLS_PER_RUN = 200;

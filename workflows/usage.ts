@@ -40,6 +40,7 @@ import {
   OutboxErrorKey,
   OutboxStatusKey,
   DEFERRALS_PER_RUN,
+  REOPENS_PER_RUN,
   readReopenRequest,
   reopenSignal,
   RETRY_REFUSED,
@@ -358,6 +359,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
     }
   };
 
+  // Operator retries this run has taken (reopensPerRun).
+  let reopens = 0;
   for (;;) {
     const delivery = ++begun;
     try {
@@ -456,6 +459,14 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       { key: OutboxErrorKey, value: null },
     ]);
     show([`**Retrying** at ${reopen.requestedBy ? `${markdownText(reopen.requestedBy)}'s` : "an operator's"} request${force ? ' (forced past the 24 h guard)' : ''}, with identifier ${codeSpan(input.key)}.`]);
+    // A dead letter retried again and again (a job retrying it every minute) grows the history
+    // by each retry: the retried delivery goes on in a new run before Temporal's limit closes this one.
+    if (workflowInfo().continueAsNewSuggested || ++reopens >= (input.reopensPerRun ?? REOPENS_PER_RUN)) {
+      // A retry Update waiting on this delivery answers `dispatched` now: the new run cannot answer it.
+      continuing = true;
+      await condition(allHandlersFinished);
+      await continueAsNew<typeof usageWorkflow>({ ...input, force, firstAttemptedAt, attemptsSpent: 0, rateLimitedMs: 0 });
+    }
   }
 }
 

@@ -8,7 +8,7 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Clien
 import { defaultPayloadConverter } from '@temporalio/common';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
-import { DEFERRALS_PER_RUN, markdownText, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
+import { DEFERRALS_PER_RUN, markdownText, REOPENS_PER_RUN, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
 import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -99,6 +99,7 @@ export function usageWorkflowStartOptions(
     tenantId: row.tenant_id,
     retry: config.retry,
     deferralsPerRun: DEFERRALS_PER_RUN,
+    reopensPerRun: REOPENS_PER_RUN,
     ...(opts.force ? { force: true } : {}),
   };
   return {
