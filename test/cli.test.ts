@@ -449,8 +449,10 @@ describe('restored', () => {
     expect(requestsFor(key)).toHaveLength(0);
     await waitStatus(since, 'sent');
     expect((await row(since)).first_attempted_at.getTime()).toBeGreaterThan(backupTakenAt.getTime());
-    // Running it again stamps nothing more.
-    expect((await cliJson(['restored', '--backup-taken-at', backupTakenAt.toISOString()])).json.stamped).toBe(0);
+    // Run again, it would stamp what waits now as if it had been in the backup: refused without --again.
+    const again = await cli(['restored', '--backup-taken-at', backupTakenAt.toISOString()]);
+    expect(again.code).toBe(1);
+    expect(again.err).toMatch(/restored ran already .*by alice.*--again/);
   });
 });
 

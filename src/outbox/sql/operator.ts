@@ -376,3 +376,9 @@ export async function stampRestored(
   });
   return stamped;
 }
+
+/** The latest action of this kind in operator_actions: when and by whom; undefined if none. */
+export async function lastOperatorAction(db: Queryable, schema: Schema, action: OperatorAction['action']): Promise<{ at: Date; actor: string } | undefined> {
+  const { rows } = await db.query<{ at: Date; actor: string }>(`SELECT at, actor FROM ${schema.operatorActions} WHERE action = $1::text ORDER BY id DESC LIMIT 1`, [action]);
+  return rows[0];
+}
