@@ -12,18 +12,14 @@
  * which tenants the batch holds. Only PostgreSQL (embedded); nothing else is started.
  */
 import { randomUUID } from 'node:crypto';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import type { Queryable } from '../src/db.js';
-import { createPool, migrate } from '../src/db.js';
 import { CALL_LANE_MAX_IN_FLIGHT, STREAM_LANE_MAX_IN_FLIGHT } from '../src/config.js';
-import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
 import { claimStatement } from '../src/outbox/sql/relay.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
+import { withMigratedDatabase, type BenchPool } from './embedded-db.js';
 
 type ClaimOptions = Parameters<typeof claimStatement>[2];
-type Pool = ReturnType<typeof createPool>;
+type Pool = BenchPool;
 
 const FLOOD = 1_000_000;
 const OTHERS = 50;
@@ -78,38 +74,30 @@ async function explainBoth(pool: Pool, scenario: string, describe: (rows: { tena
   }
 }
 
-const tmp = await mkdtemp(path.join(os.tmpdir(), 'billing-outbox-claim-plan-'));
-// PostgreSQL runs as its own user when started by root: it must be able to enter the folder.
-await chmod(tmp, 0o755);
-const server = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'postgres', persistent: false });
-try {
-  const url = await server.createDatabase('claim_plan');
-  await migrate(url);
-  const withPath = new URL(url);
-  withPath.searchParams.set('options', `-c search_path=${schemaFor().name}`);
-  const pool = createPool(withPath.toString(), 2);
-  try {
-    await pool.query(
-      `INSERT INTO billing_customers SELECT 'flood', 'cus_flood' UNION ALL SELECT 'other' || g, 'cus_other_' || g FROM generate_series(1, $1::int) g`,
-      [Math.max(OTHERS, MANY_TENANTS, MOST_LANES)],
-    );
-    if (!onlyLanes) await smallerBacklogs(pool);
-    // Very many lanes waiting: the claim's cost is bounded by the lanes it looks at, not by those waiting.
-    await pool.query('TRUNCATE outbox');
-    await pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
-       SELECT 'other' || t, 'api_requests', 1, now(), 'lanes-' || r || '-' || t, r || '-' || t
-         FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
-      [MOST_LANES, MOST_LANES_ROWS],
-    );
-    await pool.query('VACUUM ANALYZE outbox');
-    await explainBoth(pool, `${MOST_LANES.toLocaleString('en')} tenants with ${MOST_LANES_ROWS} rows each`, (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`);
-  } finally {
-    await pool.end();
-  }
-} finally {
-  await server.stop();
-  await rm(tmp, { recursive: true, force: true });
+await withMigratedDatabase('claim-plan', async (pool) => {
+  await pool.query(
+    `INSERT INTO billing_customers SELECT 'flood', 'cus_flood' UNION ALL SELECT 'other' || g, 'cus_other_' || g FROM generate_series(1, $1::int) g`,
+    [Math.max(OTHERS, MANY_TENANTS, MOST_LANES)],
+  );
+  if (!onlyLanes) await smallerBacklogs(pool);
+  // Very many lanes waiting: the claim's cost is bounded by the lanes it looks at, not by those waiting.
+  await interleavedBacklog(pool, 'lanes', MOST_LANES, MOST_LANES_ROWS);
+});
+
+/**
+ * A backlog after an outage: `tenants` tenants (other1…) with `rows` rows each waiting, written
+ * interleaved (each tenant's oldest rows as old as the others'), then each mode's claim on it.
+ */
+async function interleavedBacklog(pool: Pool, tag: string, tenants: number, rows: number): Promise<void> {
+  await pool.query('TRUNCATE outbox');
+  await pool.query(
+    `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
+     SELECT 'other' || t, 'api_requests', 1, now(), $3 || '-' || r || '-' || t, r || '-' || t
+       FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
+    [tenants, rows, tag],
+  );
+  await pool.query('VACUUM ANALYZE outbox');
+  await explainBoth(pool, `${tenants.toLocaleString('en')} tenants with ${rows} rows each`, (claimed) => `tenants in the batch ${new Set(claimed.map((r) => r.tenant_id)).size}`);
 }
 
 async function smallerBacklogs(pool: Pool): Promise<void> {
@@ -130,17 +118,7 @@ async function smallerBacklogs(pool: Pool): Promise<void> {
       return `other tenants in the batch ${others}/${OTHERS}`;
     });
 
-    // A backlog after an outage: every one of MANY_TENANTS tenants has MANY_ROWS rows waiting,
-    // written interleaved (each tenant's oldest rows are as old as the others').
-    await pool.query('TRUNCATE outbox');
-    await pool.query(
-      `INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id)
-       SELECT 'other' || t, 'api_requests', 1, now(), 'many-' || r || '-' || t, r || '-' || t
-         FROM generate_series(1, $2::int) r, generate_series(1, $1::int) t ORDER BY r, t`,
-      [MANY_TENANTS, MANY_ROWS],
-    );
-    await pool.query('VACUUM ANALYZE outbox');
-    await explainBoth(pool, `${MANY_TENANTS.toLocaleString('en')} tenants with ${MANY_ROWS} rows each`, (rows) => `tenants in the batch ${new Set(rows.map((r) => r.tenant_id)).size}`);
+    await interleavedBacklog(pool, 'many', MANY_TENANTS, MANY_ROWS);
 
     // The same backlog with every lane nearly full, as while it drains: IN_FLIGHT_EACH of each
     // tenant's rows dispatched (v2's lanes one short of full; v1's full), the rest waiting.

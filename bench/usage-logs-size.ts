@@ -3,22 +3,9 @@
  * README, OUTBOX_RETENTION_DAYS). 1,000,000 usages of 100 tenants (`tenant-N`), UUID usage ids, the
  * default meter name, in an embedded PostgreSQL; heap and primary key, per row, after VACUUM.
  */
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
-import { createPool, migrate } from '../src/db.js';
-import { startEmbeddedPostgres } from '../src/embedded/postgres.js';
-import { schemaFor } from '../src/outbox/sql/schema.js';
+import { withMigratedDatabase } from './embedded-db.js';
 
-const tmp = await mkdtemp(path.join(os.tmpdir(), 'ulsize-'));
-await chmod(tmp, 0o755);
-const server = await startEmbeddedPostgres({ dataDir: path.join(tmp, 'pg'), database: 'postgres', persistent: false });
-try {
-  const url = await server.createDatabase('ulsize');
-  await migrate(url);
-  const u = new URL(url);
-  u.searchParams.set('options', `-c search_path=${schemaFor().name}`);
-  const pool = createPool(u.toString(), 2);
+await withMigratedDatabase('usage-logs-size', async (pool) => {
   await pool.query(`INSERT INTO billing_customers SELECT 'tenant-' || g, 'cus_' || g FROM generate_series(1, 100) g`);
   // Usage ids as an application's: a UUID each; tenant ids like 'tenant-42'; the default meter name.
   await pool.query(`INSERT INTO usage_logs (id, tenant_id, event_name, quantity, occurred_at)
@@ -27,8 +14,4 @@ try {
   const { rows } = await pool.query(`SELECT pg_relation_size('usage_logs') AS heap, pg_indexes_size('usage_logs') AS idx, pg_total_relation_size('usage_logs') AS total, (SELECT count(*) FROM usage_logs) AS n`);
   const r = rows[0];
   console.log(JSON.stringify({ rows: Number(r.n), heapBytesPerRow: Number(r.heap) / Number(r.n), indexBytesPerRow: Number(r.idx) / Number(r.n), totalBytesPerRow: Number(r.total) / Number(r.n) }));
-  await pool.end();
-} finally {
-  await server.stop();
-  await rm(tmp, { recursive: true, force: true });
-}
+});
