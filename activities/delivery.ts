@@ -18,9 +18,10 @@ import { isDatabaseUnavailable } from '../src/db.js';
 import type { DeliveryMetrics } from '../src/metrics.js';
 import type { AttemptRow, DeadMark, DeliveryStore, Marked } from '../src/outbox/sql/delivery.js';
 import { isAtStripe, isUnbilled, type OutboxStatus } from '../src/outbox/statuses.js';
-import { classifyStripeError, CREDENTIALS_REFUSED, neverReachedStripe, StreamSessionError } from '../src/stripe/errors.js';
+import { classifyStripeError, CREDENTIALS_REFUSED, looksDown, neverReachedStripe, StreamSessionError } from '../src/stripe/errors.js';
 import { leaseHolder, type Lease, type WaitContext } from '../src/stripe/meter-lease.js';
 import type { MeterCatalog, MeterEvent, MeterKeys } from '../src/stripe/meters.js';
+import { outageWatch, type OutageWatch } from '../src/stripe/outage.js';
 import type { SlotPacer } from '../src/stripe/rate-limit.js';
 import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import { maySendNow, noMeterRefusal, PAST_SEND_MARGIN_MS, SEND_MARGIN_MS, type AttemptFound, type Refusal } from '../src/stripe/send-check.js';
@@ -43,6 +44,8 @@ export interface DeliveryDeps {
   config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
+  /** Whether Stripe is down, judged by this process's calls (one is made from the timings without it). */
+  outage?: OutageWatch;
   /**
    * Tells the event's run that the event was delivered after its attempt had timed out (its
    * `rowChanged` signal): a run that has made the row dead meanwhile reads it, finds it at Stripe
@@ -81,6 +84,11 @@ interface AfterCall {
 export function createDeliveryActivities(deps: DeliveryDeps) {
   const { store, sender, lease, pacer, meters, metrics } = deps;
   const t = deps.config.timings;
+  // A 5xx or no answer waits longer than the retry policy only while Stripe fails this way for
+  // everyone; a wait this long after the one before is a new stretch.
+  const outage = deps.outage ?? outageWatch({ afterMs: t.outageAfterMs, gapMs: 2 * t.outageRetryMaxMs });
+  // When the outage this process last said so in its log began.
+  let announcedDown: number | null = null;
   /**
    * Put off without spending an attempt. Attempts of this activity that failed before (Temporal
    * retried them within it) are reported, so the workflow spends them from the event's budget.
@@ -101,6 +109,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * listed as that rather than as one more delivered event.
    */
   const acknowledged = async (key: string, outcome: 'sent' | 'accepted' | 'duplicate', { attempts: marked, first }: Marked, row: AttemptRow): Promise<DeliveryResult> => {
+    outage.answered();
     // The SDK's activity logger adds the workflow id, run id and attempt to every line.
     if (marked === null) {
       log.warn('meter event acknowledged by Stripe, but the row moved on meanwhile and was left as it is', {
@@ -416,6 +425,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<Marked>, opts: { takenBack?: boolean } = {}): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
+    // Any answer from Stripe ends an outage; an error of ours (not Stripe's) says nothing either way.
+    const downSince = looksDown(err) ? outage.failed(row.stripe_customer_id) : null;
+    if (!looksDown(err) && err instanceof Stripe.errors.StripeError && err.statusCode !== undefined) outage.answered();
+    const waitsOutOutage = failure.kind === 'retryable' && downSince !== null && mayWaitOutOutage(row);
     if (failure.kind === 'delivered') {
       const marked = await delivered();
       metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
@@ -433,7 +446,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     // Refused for good: nothing of the event is at Stripe (unless no meter event was sent at all,
     // as when the meter list was refused: an earlier call's customer is still the one to name).
-    await store.recordAttemptError(key, failure.code, failure.message, { refused: failure.kind === 'rejected' && !opts.takenBack });
+    const message = waitsOutOutage ? `${failure.message} (Stripe down since ${new Date(downSince).toISOString()}: waiting, no attempt spent)` : failure.message;
+    await store.recordAttemptError(key, failure.code, message, { refused: failure.kind === 'rejected' && !opts.takenBack });
     metrics?.stripeErrors.inc({ class: failure.kind });
     log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
     switch (failure.kind) {
@@ -443,8 +457,31 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         // Stripe's Retry-After, plus jitter so that the refused calls do not come back as one burst.
         return deferred('rate_limited', (failure.retryAfterMs ?? t.rateLimitedWaitMs) + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
       case 'retryable':
+        if (waitsOutOutage) return waitOutOutage(row, downSince);
         throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
     }
+  }
+
+  /** Whether this event may still wait out an outage: up to RETRY_MAX_OUTAGE_MS after its first attempt. */
+  function mayWaitOutOutage(row: AttemptRow): boolean {
+    return t.maxOutageMs > 0 && Date.now() - row.first_attempted_at.getTime() < t.maxOutageMs;
+  }
+
+  /**
+   * Stripe is down (src/stripe/outage.ts): the delivery tries again after the outage's age so far
+   * (15 s to 5 min, plus up to a quarter so the held deliveries do not come back as one burst),
+   * without spending an attempt. The call was made, so the row keeps it counted: its 23 h window
+   * stands, and Stripe's identifier dedup takes a copy of what it did receive.
+   */
+  function waitOutOutage(row: AttemptRow, since: number): DeliveryResult {
+    if (announcedDown !== since) {
+      announcedDown = since;
+      log.error('Stripe looks down: calls for every customer fail with 5xx or no answer. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
+        since: new Date(since).toISOString(),
+      });
+    }
+    const waitMs = Math.min(t.outageRetryMaxMs, Math.max(t.outageRetryMinMs, Date.now() - since));
+    return deferred('stripe_down', waitMs + Math.floor((Math.random() * waitMs) / 4), row.attempt_count);
   }
 }
 

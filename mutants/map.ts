@@ -526,6 +526,22 @@ export const MUTANTS: Mutant[] = [
     name: "about the deployment's key",
   },
   {
+    id: 'outage-spends-attempts',
+    guarantee: 'Through Stripe outages: Stripe down for everyone is waited out without spending attempts, instead of every event in flight dead after the retry policy',
+    find: '        if (waitsOutOutage) return waitOutOutage(row, downSince);',
+    replace: '',
+    test: 'test/unit/delivery.test.ts',
+    name: 'Stripe down for every customer',
+  },
+  {
+    id: 'outage-one-customer',
+    guarantee: "Nothing stuck silently: one customer's failures (a poison event) spend its attempts and end dead, never taken for Stripe being down",
+    find: 'return customers.size >= 2 && at - began >= afterMs ? began : null;',
+    replace: 'return customers.size >= 1 && at - began >= afterMs ? began : null;',
+    test: 'test/unit/outage.test.ts',
+    name: "one customer's failures are its own",
+  },
+  {
     id: 'retry-wait-unbounded',
     guarantee: "Nothing waits forever in silence: `retry --wait` waits at most its limit (10 minutes), then says the event is still on its way",
     find: 'const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result()).catch(',

@@ -151,6 +151,8 @@ const schema = z.object({
   RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
   RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
   RETRY_MAX_RATE_LIMITED_MS: int(1_000, 86_400_000).default(3_600_000),
+  // Under the 23 h resend window, so an event that waited out a long outage still has hours to be retried in.
+  RETRY_MAX_OUTAGE_MS: int(0, 72_000_000).default(21_600_000),
   DEAD_LETTER_OPEN_DAYS: decimal(0.001, 365).default(7),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
@@ -265,6 +267,16 @@ export interface DeliveryTimings {
   maintenanceAnswerMs: number;
   /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
   credentialsRetryMs: number;
+  /** Stripe is taken for down after this long of 5xx or no answer for two customers and more, with no other answer (src/stripe/outage.ts). */
+  outageAfterMs: number;
+  /** A delivery held by an outage tries again after its age so far, between these two (plus up to a quarter). */
+  outageRetryMinMs: number;
+  outageRetryMaxMs: number;
+  /**
+   * How long after its first attempt an event may wait out an outage without spending attempts
+   * (RETRY_MAX_OUTAGE_MS; 0: never). Past it, each failure spends an attempt as any other.
+   */
+  maxOutageMs: number;
   /** Heartbeats during an attempt (waiting for the lease, pacing, the call). */
   heartbeatEveryMs: number;
   /** A dead worker's attempt is retried elsewhere after this: a few missed heartbeats. */
@@ -290,7 +302,7 @@ const LEASE_WAIT_MS = 10_000;
 const HEARTBEAT_EVERY_MS = 2_000;
 
 /** The delivery timings for a Stripe call timeout and unanswered-call hold (exported for tests). */
-export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number): DeliveryTimings {
+export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, maxOutageMs = 21_600_000): DeliveryTimings {
   return {
     callTimeoutMs,
     // 5 s for our own queries around the call while holding the lease (begin, mark sent).
@@ -316,6 +328,13 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number):
     // Often enough that delivery resumes within seconds of the key being fixed, rarely enough that
     // a backlog held this way costs Stripe a handful of refused calls a second at most.
     credentialsRetryMs: 15_000,
+    // Longer than a blip the retry policy rides out in a few attempts.
+    outageAfterMs: 15_000,
+    // Soon after a short outage; every 5 minutes at most (the retry policy's own longest interval)
+    // in a long one, so a backlog held in flight costs Stripe a few calls a second when it returns.
+    outageRetryMinMs: 15_000,
+    outageRetryMaxMs: 300_000,
+    maxOutageMs,
     heartbeatEveryMs: HEARTBEAT_EVERY_MS,
     // Five heartbeats missed: not a slow query, a dead worker.
     heartbeatTimeoutMs: 5 * HEARTBEAT_EVERY_MS,
@@ -595,7 +614,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   problems.push(...temporalTlsProblems(c));
   if (problems.length > 0) throw new ConfigError(problems);
 
-  const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS);
+  const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS, c.RETRY_MAX_OUTAGE_MS);
   return {
     production: (PRODUCTION_ENVS as readonly string[]).includes(c.NODE_ENV),
     databaseUrl: c.DATABASE_URL,

@@ -89,6 +89,7 @@ export interface WorkerTuning {
   retryMaximumIntervalMs?: number; // RETRY_MAXIMUM_INTERVAL_MS
   retryMaximumAttempts?: number; // RETRY_MAXIMUM_ATTEMPTS
   retryMaxRateLimitedMs?: number; // RETRY_MAX_RATE_LIMITED_MS
+  retryMaxOutageMs?: number; // RETRY_MAX_OUTAGE_MS
   deadLetterOpenDays?: number; // DEAD_LETTER_OPEN_DAYS
   retentionDays?: number; // OUTBOX_RETENTION_DAYS
   pruneIntervalMs?: number; // OUTBOX_PRUNE_INTERVAL_MS
@@ -165,6 +166,7 @@ const TUNING_VARIABLES = {
   retryMaximumIntervalMs: 'RETRY_MAXIMUM_INTERVAL_MS',
   retryMaximumAttempts: 'RETRY_MAXIMUM_ATTEMPTS',
   retryMaxRateLimitedMs: 'RETRY_MAX_RATE_LIMITED_MS',
+  retryMaxOutageMs: 'RETRY_MAX_OUTAGE_MS',
   deadLetterOpenDays: 'DEAD_LETTER_OPEN_DAYS',
   retentionDays: 'OUTBOX_RETENTION_DAYS',
   pruneIntervalMs: 'OUTBOX_PRUNE_INTERVAL_MS',

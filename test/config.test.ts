@@ -56,6 +56,7 @@ describe('configuration', () => {
       RETRY_MAXIMUM_INTERVAL_MS: '60000',
       RETRY_MAXIMUM_ATTEMPTS: '5',
       RETRY_MAX_RATE_LIMITED_MS: '60000',
+      RETRY_MAX_OUTAGE_MS: '3600000',
       DEAD_LETTER_OPEN_DAYS: '2',
       RELAY_BATCH_SIZE: '50',
       RELAY_COUNT: '3',

@@ -120,6 +120,9 @@ export function testConfig(env: Record<string, string> = {}): Config {
     RELAY_POLL_INTERVAL_MS: '200',
     // A lost answer keeps its (customer, meter) closed this long; short, so retries in tests come quickly.
     STRIPE_UNANSWERED_HOLD_MS: '300',
+    // Failures spend attempts as the retry policy says, whatever failed before in the same worker;
+    // waiting out an outage is tested where it is turned on (outage.test.ts).
+    RETRY_MAX_OUTAGE_MS: '0',
     LOG_LEVEL: 'silent',
     ...env,
   });

@@ -110,9 +110,11 @@ export interface DeliverInput {
  * usage is stamped ahead of Stripe's 5-minute window by this worker's clock (`stamped_ahead`:
  * clock skew, bounded by MAX_AHEAD_WAIT_MS in src/stripe/send-check.ts), or Stripe refused the
  * deployment's API key (`stripe_credentials`: 401/403; about the key, not the event, so delivery
- * holds until the key works, bounded in the end by Stripe's 35-day window).
+ * holds until the key works, bounded in the end by Stripe's 35-day window), or Stripe is down
+ * (`stripe_down`: a 5xx or no answer while every customer's calls fail so, src/stripe/outage.ts;
+ * bounded by RETRY_MAX_OUTAGE_MS from the event's first attempt, after which failures spend attempts).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead' | 'stripe_credentials';
+export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead' | 'stripe_credentials' | 'stripe_down';
 
 /** What one attempt of the delivery activity answers. */
 export type DeliveryResult =

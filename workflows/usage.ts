@@ -317,9 +317,9 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       if (forcing && result.begun === false) force = true;
       spent += result.failedBefore ?? 0;
       // The 429 budget bounds the waits of an unbroken stretch of Stripe's 429s. Only another answer
-      // from Stripe ends the stretch (a failed try, a refused key); waits that are ours (the pace, a
+      // from Stripe ends the stretch (a failed try, a refused key, a failure while it is down); waits that are ours (the pace, a
       // busy lease, our database away) neither end it nor count towards it.
-      if ((result.failedBefore ?? 0) > 0 || result.reason === 'stripe_credentials') rateLimitedMs = 0;
+      if ((result.failedBefore ?? 0) > 0 || result.reason === 'stripe_credentials' || result.reason === 'stripe_down') rateLimitedMs = 0;
       let waitMs = result.waitMs;
       if (result.reason === 'rate_limited') {
         if (rateLimitedMs > maxRateLimitedMs) {
@@ -477,6 +477,8 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   lease_busy: 'for the (customer, meter) lease: another call for this customer and meter is in flight',
   database_unavailable: 'for our PostgreSQL, which is unreachable',
   stripe_credentials: 'for a working Stripe API key: Stripe refused ours (401/403). Fix STRIPE_API_KEY; delivery resumes by itself',
+  stripe_down:
+    "for Stripe to come back: this worker's calls for every customer fail (5xx or no answer). Each try is counted on the row; up to RETRY_MAX_OUTAGE_MS after the event's first attempt none spends the retry budget",
   stamped_ahead:
     "for the usage's time: it is stamped more than 5 minutes ahead of Stripe's clock as this worker reads it (its own; v2: corrected by the skew measured against Stripe's, billing_outbox_stripe_clock_skew_seconds), which Stripe would refuse",
 };

@@ -92,6 +92,17 @@ export function classifyStripeError(err: unknown): FailureClass {
   return { kind: 'rejected', code: err.code ?? `http_${status}`, message };
 }
 
+/**
+ * Whether a failed call looks like Stripe being down rather than an answer about the event: no
+ * answer (a connection error, a timeout) or a 5xx, also when it was a v2 stream session's request
+ * that failed so. A 409, a timestamp ahead or an error of ours (`unexpected_error`) are not.
+ */
+export function looksDown(err: unknown): boolean {
+  if (err instanceof StreamSessionError) return looksDown(err.cause);
+  if (!(err instanceof Stripe.errors.StripeError)) return false;
+  return err instanceof Stripe.errors.StripeConnectionError || err.statusCode === undefined || err.statusCode >= 500;
+}
+
 /** Retry-After in seconds (Stripe's form) or as an HTTP date; undefined when absent or unusable. */
 export function parseRetryAfter(value: string | undefined, now = Date.now()): number | undefined {
   if (!value) return undefined;

@@ -14,6 +14,7 @@ import { resolveTimings } from '../../src/config.js';
 import type { AttemptRow, DeliveryStore, Marked } from '../../src/outbox/sql/delivery.js';
 import type { Lease, LeaseWait } from '../../src/stripe/meter-lease.js';
 import type { MeterEvent } from '../../src/stripe/meters.js';
+import { outageWatch } from '../../src/stripe/outage.js';
 import { tracedSender, type MeterEventSender } from '../../src/stripe/sender.js';
 
 const timings = resolveTimings(20_000, 30_000);
@@ -500,5 +501,64 @@ describe('the first attempt, run in the workflow task (a local activity)', () =>
     } finally {
       vi.useRealTimers();
     }
+  });
+});
+
+describe('Stripe down for every customer (src/stripe/outage.ts)', () => {
+  const unavailable = () => new Stripe.errors.StripeAPIError({ type: 'api_error', statusCode: 503, message: 'service unavailable' } as never);
+  const failing = (err: () => Error) => async () => Promise.reject(err());
+  /** Judged down from the second customer's failure on (no time needed), as after 15 s of them. */
+  const watch = () => outageWatch({ afterMs: 0, gapMs: 600_000 });
+
+  it.each(['v1', 'v2'] as const)(
+    '%s: a 5xx once another customer failed so too is waited out: deferred as stripe_down, the call counted on the row, the attempts before it reported, the reason on the row',
+    async (api) => {
+      const outage = watch();
+      const first = parts({ api, send: failing(unavailable) });
+      await expect(deliver({ ...first.deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable', details: ['http_503'] });
+      const second = parts({ api, row: row({ stripe_customer_id: 'cus_b' }), send: failing(unavailable) });
+      const result = await deliver({ ...second.deps, outage }, { attempt: 3 });
+      expect(result).toMatchObject({ outcome: 'deferred', reason: 'stripe_down', attempts: 1, failedBefore: 2 });
+      const { waitMs } = result as { waitMs: number };
+      expect(waitMs).toBeGreaterThanOrEqual(timings.outageRetryMinMs);
+      expect(waitMs).toBeLessThanOrEqual(timings.outageRetryMinMs * 1.25);
+      expect(second.store.undoAttempt).not.toHaveBeenCalled();
+      expect(second.store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', expect.stringMatching(/^service unavailable \(Stripe down since .+: waiting, no attempt spent\)$/), { refused: false });
+    },
+  );
+
+  it('no answer at all (a connection error) counts as down too; a 409 does not', async () => {
+    const outage = watch();
+    await expect(deliver({ ...parts({ send: failing(stripeError.connection) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    const conflict = () => new Stripe.errors.StripeIdempotencyError({ type: 'idempotency_error', statusCode: 409, message: 'conflict' } as never);
+    await expect(deliver({ ...parts({ row: row({ stripe_customer_id: 'cus_b' }), send: failing(conflict) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    // The 409 was an answer: the stretch starts again.
+    await expect(deliver({ ...parts({ row: row({ stripe_customer_id: 'cus_c' }), send: failing(stripeError.connection) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(await deliver({ ...parts({ row: row({ stripe_customer_id: 'cus_b' }), send: failing(stripeError.connection) }).deps, outage })).toMatchObject({ reason: 'stripe_down' });
+  });
+
+  it("one customer's failures spend its attempts, however many", async () => {
+    const outage = watch();
+    for (let i = 0; i < 3; i++) {
+      await expect(deliver({ ...parts({ send: failing(unavailable) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    }
+  });
+
+  it('an event first attempted longer than RETRY_MAX_OUTAGE_MS ago spends its attempts again', async () => {
+    const outage = watch();
+    await expect(deliver({ ...parts({ send: failing(unavailable) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    const old = parts({ row: row({ stripe_customer_id: 'cus_b', first_attempted_at: new Date(Date.now() - timings.maxOutageMs - 60_000) }), send: failing(unavailable) });
+    await expect(deliver({ ...old.deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(old.store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', 'service unavailable', { refused: false });
+    // RETRY_MAX_OUTAGE_MS=0: never waited out.
+    const off = parts({ row: row({ stripe_customer_id: 'cus_c' }), send: failing(unavailable) });
+    await expect(deliver({ ...off.deps, config: { timings: { ...timings, maxOutageMs: 0 } }, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+  });
+
+  it('a success ends it', async () => {
+    const outage = watch();
+    await expect(deliver({ ...parts({ send: failing(unavailable) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(await deliver({ ...parts({ row: row({ stripe_customer_id: 'cus_b' }) }).deps, outage })).toMatchObject({ outcome: 'sent' });
+    await expect(deliver({ ...parts({ row: row({ stripe_customer_id: 'cus_c' }), send: failing(unavailable) }).deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
   });
 });
