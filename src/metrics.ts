@@ -159,6 +159,12 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers: outboxRegisters,
     collect: () => refresh(),
   });
+  const longestIdleInFlight = new Gauge({
+    name: 'billing_outbox_in_flight_idle_seconds',
+    help: 'How long the dispatched row untouched longest has gone without an attempt or a mark (a run at work touches it at every attempt); 0 when none.',
+    registers: outboxRegisters,
+    collect: () => refresh(),
+  });
   const statusQueryFailures = new Counter({
     name: 'billing_outbox_status_query_failures_total',
     help: 'Scrapes on which the outbox status query failed (the outbox gauges are then absent).',
@@ -183,11 +189,13 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
       // No stale numbers: absent series are what an alert on a dead database should see.
       outboxRows.reset();
       oldestPendingAge.reset();
+      longestIdleInFlight.reset();
       statusQueryFailures.inc();
       return;
     }
     for (const status of OUTBOX_STATUSES) outboxRows.set({ status }, summary.counts[status]);
     oldestPendingAge.set(summary.oldestPendingAgeSeconds);
+    longestIdleInFlight.set(summary.longestIdleInFlight?.idleSeconds ?? 0);
   }
 
   return {

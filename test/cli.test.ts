@@ -117,7 +117,7 @@ describe('status and dead', () => {
     const status = await cliJson<Record<string, unknown>>(['status']);
     expect(status.code).toBe(0);
     expect(Object.keys(status.json).sort()).toEqual(
-      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'oldestPendingAgeSeconds', 'reconcile', 'rejectedAsyncByErrorCode', 'relaysPaused', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
+      ['alarms', 'counts', 'deadByErrorCode', 'errorReports', 'inFlightByLastError', 'longestIdleInFlight', 'oldestPendingAgeSeconds', 'reconcile', 'rejectedAsyncByErrorCode', 'relaysPaused', 'sentEstimated', 'sentLastHour', 'sentLastMinute', 'startFailing'].sort(),
     );
     expect(status.json.relaysPaused).toBeNull();
     expect(status.json.startFailing).toBe(0);

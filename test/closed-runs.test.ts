@@ -195,9 +195,9 @@ describe('a sweep pass', () => {
     const opts = { staleAfterMs: 60_000, batchSize: 100, afterId };
     // A Temporal nothing answers for (and without the client's own retries, each call fails at once).
     const away = new TemporalClient({ connection: Connection.lazy({ address: `127.0.0.1:${await closedPort()}`, interceptors: [] }) });
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: away, taskQueue: config.temporal.taskQueue }, opts)).toEqual({ checked: 3, closed: 0, nextAfterId: afterId });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client: away, taskQueue: config.temporal.taskQueue }, opts)).toEqual({ checked: 3, closed: 0, deadLetters: 0, nextAfterId: afterId });
     const stopping = AbortSignal.abort();
-    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, nextAfterId: afterId });
+    expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { ...opts, signal: stopping })).toEqual({ checked: 0, closed: 0, deadLetters: 0, nextAfterId: afterId });
     for (const key of keys) expect((await row(key)).status).toBe('dispatched');
     // Temporal back: the pass goes through them all (none has a run: each is dead).
     expect(await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, opts)).toMatchObject({ checked: 6, closed: 6 });
@@ -389,6 +389,28 @@ describe('a row whose run has closed', () => {
     // PostgreSQL's resend guard counts the window from there by its own clock, whatever the clock of
     // the operator's machine said.
     expect((await row(key)).first_attempted_at?.getTime()).toBe(startTime.getTime());
+  });
+
+  it("a dead letter whose row was put back to dispatched while its run waits (the run's mark lost in a failover, a rebill that never reached it): the sweep makes it dead with the run's error, and retry reopens it in that run, billed once", async () => {
+    stripe.failNext(1, 400, { code: 'resource_missing', message: 'No such customer' });
+    const key = await enqueue(4);
+    await waitStatus(key, 'dead');
+    await waitFor('the run listed dead', async () => (await client.workflow.getHandle(key).describe()).typedSearchAttributes.get(OutboxStatusKey) === 'dead');
+    const { runId } = await client.workflow.getHandle(key).describe();
+    // The row as a replica without the dead mark's commit has it: in flight, for relays and retry alike.
+    await db.pool.query(`UPDATE outbox SET status = 'dispatched', dead_at = NULL, updated_at = now() - interval '10 minutes' WHERE idempotency_key = $1`, [key]);
+
+    expect(await sweep()).toMatchObject({ closed: 0, deadLetters: 1 });
+    const dead = await row(key);
+    expect(dead).toMatchObject({ status: 'dead', last_error_code: 'resource_missing' });
+    expect(dead.last_error_message).toMatch(/^its workflow run waits as a dead letter \(resource_missing\) while the row said dispatched/);
+    // An open run still delivering is left alone, as before.
+    expect(await sweep()).toMatchObject({ deadLetters: 0 });
+
+    expect(await retrier.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'signalled' });
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toHaveLength(1);
+    expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
   });
 
   it('a dead letter that never reached Stripe (no meter: no attempt), its run closed after its wait: retry reopens it unforced days later, its run no bound', async () => {

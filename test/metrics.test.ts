@@ -12,6 +12,7 @@ import { CALL_LANE_MAX_IN_FLIGHT, type ApiToken } from '../src/config.js';
 import { createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
 import { createMetrics, startMetricsServer, type Metrics } from '../src/metrics.js';
+import { idleInFlightAlarmMs, outboxStatus } from '../src/ops/status.js';
 import { statusSummary } from '../src/outbox/sql/status.js';
 import { refusedForGood, testConfig, usePipeline, waitFor } from './hooks.js';
 
@@ -73,6 +74,30 @@ describe('outbox gauges (no worker running)', () => {
     const age = sample(await scrape(), 'billing_outbox_oldest_pending_age_seconds');
     expect(age).toBeGreaterThanOrEqual(600);
     expect(age).toBeLessThan(660);
+  });
+
+  it('report the event in flight untouched longest, and status raises the alarm past two hours, naming it', async () => {
+    expect(sample(await scrape(), 'billing_outbox_in_flight_idle_seconds')).toBe(0);
+    const key = await enqueue('acme', 5);
+    const other = await enqueue('acme', 6);
+    // Its run paused in Temporal (or failing its workflow task) three hours ago: no attempt since.
+    await t.pool.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '3 hours' WHERE idempotency_key = $1`, [key]);
+    await t.pool.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '1 minute' WHERE idempotency_key = $1`, [other]);
+    const idle = sample(await scrape(), 'billing_outbox_in_flight_idle_seconds');
+    expect(idle).toBeGreaterThanOrEqual(3 * 3600);
+    expect(idle).toBeLessThan(3 * 3600 + 60);
+    const report = await outboxStatus(t.pool, t.schema);
+    expect(report.longestIdleInFlight).toEqual({ key, idleSeconds: expect.any(Number) });
+    expect(report.alarms).toContainEqual(expect.stringMatching(new RegExp(`^an event in flight untouched for 3 h and more \\(${key}\\).*billing-outbox inspect ${key}`)));
+    // Past the longest wait the settings allow a run at work (a 6-hour 429 budget here): no alarm.
+    expect(idleInFlightAlarmMs({ maximumIntervalMs: 300_000, maxRateLimitedMs: 3_600_000 })).toBe(2 * 3_600_000);
+    expect(idleInFlightAlarmMs({ maximumIntervalMs: 300_000, maxRateLimitedMs: 6 * 3_600_000 })).toBe(7 * 3_600_000);
+    expect((await outboxStatus(t.pool, t.schema, { idleAlarmMs: 7 * 3_600_000 })).alarms).toEqual([]);
+    // An hour's wait (a long Retry-After) is a run at work: no alarm.
+    await t.pool.query(`UPDATE outbox SET updated_at = now() - interval '1 hour' WHERE idempotency_key = $1`, [key]);
+    expect((await outboxStatus(t.pool, t.schema)).alarms).toEqual([]);
+    // Gone, for the counts of the tests after this one.
+    await t.pool.query('DELETE FROM outbox WHERE idempotency_key = ANY($1)', [[key, other]]);
   });
 
   it('include the default process metrics and the zeroed delivery counters', async () => {

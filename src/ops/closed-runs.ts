@@ -6,6 +6,12 @@
  * reason (`workflow_closed`, naming how the run closed), which `status`, `dead` and the metric
  * `billing_outbox_closed_runs_total` show, and which `retry` reopens with a new run.
  *
+ * It also finds a dispatched row whose run is open but waiting as a dead letter (it lists itself
+ * `dead`): the run's mark of the row lost (a failover to a replica without that commit, a backup of
+ * the outbox taken apart from Temporal's), or a `rebill` or a second `retry` that moved the row
+ * and never reached the run. The row would wait, in flight for the relays and `retry`, until the run
+ * closes days later; it is made dead with the run's error, where `retry` reopens it in that run.
+ *
  * Bounded: each pass reads at most `batchSize` rows and describes each one's run; the worker runs a
  * pass every interval, walking all dispatched rows in turn (a keyset cursor that wraps around).
  */
@@ -51,6 +57,8 @@ export interface SweepResult {
   checked: number;
   /** Rows made dead because their run had closed. */
   closed: number;
+  /** Rows made dead because their open run waits as a dead letter. */
+  deadLetters: number;
   /** Where the next pass starts: 0 once every dispatched row has been looked at. */
   nextAfterId: number;
 }
@@ -64,12 +72,20 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
   const afterId = opts.afterId ?? 0;
   const rows = await listStaleDispatched(deps.db, deps.schema, { afterId, staleAfterMs: opts.staleAfterMs, limit: opts.batchSize });
   let closed = 0;
+  let deadLetters = 0;
   let failuresInARow = 0;
   for (const row of rows) {
-    if (opts.signal?.aborted || failuresInARow >= SWEEP_FAILURES_IN_A_ROW) return { checked: rows.indexOf(row), closed, nextAfterId: afterId };
+    if (opts.signal?.aborted || failuresInARow >= SWEEP_FAILURES_IN_A_ROW) return { checked: rows.indexOf(row), closed, deadLetters, nextAfterId: afterId };
     const run = await describeRun(deps.client, row.idempotency_key, deps.taskQueue).catch((err: unknown) => (temporalUnreachable(err) ? 'unreachable' : undefined));
     failuresInARow = run === 'unreachable' ? failuresInARow + 1 : 0;
-    if (run === undefined || run === 'unreachable' || run.kind !== 'closed') continue;
+    if (run === undefined || run === 'unreachable') continue;
+    if (run.kind === 'running') {
+      if (run.deadLetter && (await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: run.deadLetter.code, message: deadRunMessage(run.deadLetter.code) }))) {
+        deadLetters++;
+        deps.log?.('usage workflow waits as a dead letter while its row said dispatched; the row is dead, for retry', { key: row.idempotency_key, code: run.deadLetter.code });
+      }
+      continue;
+    }
     const message = closedRunMessage(row.idempotency_key, run, 'dispatched');
     const marked = await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: TemporalErrorCodes.workflowClosed, message });
     if (!marked) continue;
@@ -81,5 +97,13 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
       code: TemporalErrorCodes.workflowClosed,
     });
   }
-  return { checked: rows.length, closed, nextAfterId: rows.length < opts.batchSize ? 0 : rows.at(-1)!.id };
+  return { checked: rows.length, closed, deadLetters, nextAfterId: rows.length < opts.batchSize ? 0 : rows.at(-1)!.id };
+}
+
+function deadRunMessage(code: string): string {
+  return (
+    `its workflow run waits as a dead letter (${code}) while the row said dispatched: the run's mark of the row was lost ` +
+    '(a failover, a database restored apart from Temporal) or a rebill or retry moved the row without reaching the run. ' +
+    "Stripe's words are on the run's page in the Web UI; billing-outbox retry reopens it in that run"
+  );
 }

@@ -4,6 +4,7 @@
  * `billing-outbox status`; the metrics scrape reads the same summary statement on its own.
  */
 import { ScheduleNotFoundError, WorkflowNotFoundError, type Client } from '@temporalio/client';
+import type { RetryPolicy } from '../config.js';
 import type { Queryable } from '../db.js';
 import { iso } from '../duration.js';
 import { errorReportTotals } from '../outbox/sql/error-reports.js';
@@ -11,7 +12,7 @@ import { relaysPaused, type RelaysPaused } from '../outbox/sql/relay.js';
 import { countByErrorCode, countRecentlySent, countStartFailing, statusSummary } from '../outbox/sql/status.js';
 import type { OutboxStatus } from '../outbox/statuses.js';
 import { CREDENTIALS_REFUSED } from '../stripe/errors.js';
-import { TemporalErrorCodes } from '../../workflows/shared.js';
+import { shellWord, TemporalErrorCodes } from '../../workflows/shared.js';
 import type { Schema } from '../outbox/sql/schema.js';
 import { reconcileScheduleId } from '../temporal/reconcile-schedule.js';
 import type { ReconcileRunResult } from './reconcile.js';
@@ -22,6 +23,8 @@ export interface StatusReport {
   sentEstimated: boolean;
   /** Null when nothing is waiting for a relay. */
   oldestPendingAgeSeconds: number | null;
+  /** The event in flight whose row has gone untouched longest (no attempt, no mark), and how long; null when none is in flight. */
+  longestIdleInFlight: { key: string; idleSeconds: number } | null;
   sentLastMinute: number;
   sentLastHour: number;
   deadByErrorCode: { code: string | null; count: number }[];
@@ -47,8 +50,19 @@ export interface StatusReport {
   alarms: string[];
 }
 
+/**
+ * How long a row in flight may go untouched before `status` raises an alarm: longer than any wait of
+ * a run at work between two tries, which touch the row. The longest are Stripe's Retry-After (cut to
+ * RETRY_MAX_RATE_LIMITED_MS), the retry policy's interval (RETRY_MAXIMUM_INTERVAL_MS), usage stamped
+ * ahead (an hour at most) and an outage's 5 minutes: two hours, or an hour more than the longer of
+ * the two settings.
+ */
+export function idleInFlightAlarmMs(retry: Pick<RetryPolicy, 'maximumIntervalMs' | 'maxRateLimitedMs'>): number {
+  return Math.max(2 * 3_600_000, Math.max(retry.maximumIntervalMs, retry.maxRateLimitedMs) + 3_600_000);
+}
+
 /** The outbox's state now, by PostgreSQL's clock. */
-export async function outboxStatus(db: Queryable, schema: Schema): Promise<StatusReport> {
+export async function outboxStatus(db: Queryable, schema: Schema, opts: { idleAlarmMs?: number } = {}): Promise<StatusReport> {
   const [summary, recent, dead, rejected, reports, inFlight, startFailing, paused] = await Promise.all([
     statusSummary(db, schema),
     countRecentlySent(db, schema),
@@ -65,6 +79,13 @@ export async function outboxStatus(db: Queryable, schema: Schema): Promise<Statu
   if (held > 0) {
     alarms.push(`${held} event(s) held: Stripe refused the API key (401/403). Fix STRIPE_API_KEY (expired, rolled or missing a permission); delivery resumes by itself.`);
   }
+  const idle = summary.longestIdleInFlight;
+  if (idle && idle.idleSeconds * 1000 >= (opts.idleAlarmMs ?? 2 * 3_600_000)) {
+    alarms.push(
+      `an event in flight untouched for ${Math.floor(idle.idleSeconds / 3600)} h and more (${idle.key}): no attempt or mark since, which a run at work never leaves this long. ` +
+        `Its run may be paused, failing its workflow task, or on a queue no worker polls: billing-outbox inspect ${shellWord(idle.key)}.`,
+    );
+  }
   const waiting = summary.counts.pending + summary.counts.claimed;
   if (paused) {
     alarms.push(
@@ -76,6 +97,7 @@ export async function outboxStatus(db: Queryable, schema: Schema): Promise<Statu
     counts: summary.counts,
     sentEstimated: summary.sentEstimated,
     oldestPendingAgeSeconds: waiting > 0 ? Math.floor(summary.oldestPendingAgeSeconds) : null,
+    longestIdleInFlight: idle && { key: idle.key, idleSeconds: Math.floor(idle.idleSeconds) },
     sentLastMinute: recent.last_minute,
     sentLastHour: recent.last_hour,
     deadByErrorCode: dead,

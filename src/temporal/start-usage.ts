@@ -8,7 +8,7 @@ import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError, type Clien
 import { defaultPayloadConverter } from '@temporalio/common';
 import type { Config } from '../config.js';
 import { inEventTrace } from '../tracing.js';
-import { DEFERRALS_PER_RUN, markdownText, REOPENS_PER_RUN, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
+import { DEFERRALS_PER_RUN, markdownText, REOPENS_PER_RUN, OutboxErrorKey, OutboxStatusKey, TenantIdKey, type UsageWorkflowInput, shellWord } from '../../workflows/shared.js';
 import { causes } from '../causes.js';
 
 /** What identifies the event to start: its outbox row's key and tenant (and what it is, for the Web UI). */
@@ -207,7 +207,8 @@ export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | '
 /** What the relay's start found: a new run, an open run (in Temporal's hands), or a closed run. */
 export type StartOutcome =
   | { kind: 'started' }
-  | { kind: 'running' }
+  /** `deadLetter`: the run lists itself dead (OutboxStatus), waiting for a retry, with its error code. */
+  | { kind: 'running'; deadLetter?: { code: string } }
   /**
    * No run of ours will ever mark the row: the key's run has closed (or is gone past retention),
    * or the run under the key is open on another task queue: another deployment's. `taskQueue`: the
@@ -295,7 +296,7 @@ export async function openRunNow(client: Client, key: string, taskQueue: string)
  * The key's latest run, as `describe` sees it: RUNNING, closed (how and when), gone, or on another
  * task queue than `taskQueue` (another deployment's: its state says nothing of our row).
  */
-export async function describeRun(client: Client, key: string, taskQueue: string): Promise<{ kind: 'running' } | Extract<StartOutcome, { kind: 'closed' }>> {
+export async function describeRun(client: Client, key: string, taskQueue: string): Promise<Extract<StartOutcome, { kind: 'running' | 'closed' }>> {
   try {
     const d = await client.workflow.getHandle(key).describe();
     const status = d.status.name;
@@ -303,7 +304,12 @@ export async function describeRun(client: Client, key: string, taskQueue: string
     // Only an open run on another queue is in the way; a closed one, wherever it ran, is closed:
     // `retry` starts ours beside it, and the operator is told how and where it closed.
     const elsewhere = d.taskQueue !== taskQueue ? { taskQueue: d.taskQueue } : undefined;
-    if (open) return elsewhere ? { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, ...elsewhere } : { kind: 'running' };
+    if (open && elsewhere) return { kind: 'closed', status: 'OTHER_TASK_QUEUE', closedAt: undefined, ...elsewhere };
+    if (open) {
+      // What the run lists itself as (its search attributes, read from the server's state: no worker needed).
+      if (d.typedSearchAttributes.get(OutboxStatusKey) !== 'dead') return { kind: 'running' };
+      return { kind: 'running', deadLetter: { code: d.typedSearchAttributes.get(OutboxErrorKey) ?? 'dead_letter' } };
+    }
     return { kind: 'closed', status, closedAt: d.closeTime, ...elsewhere };
   } catch (err) {
     if (err instanceof WorkflowNotFoundError) return { kind: 'closed', status: 'NOT_FOUND', closedAt: undefined };

@@ -235,7 +235,7 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
       const pass = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, metrics: deps.metrics, log }, { ...opts, afterId, signal });
       afterId = pass.nextAfterId;
       // A whole batch checked means rows may follow (nextAfterId is then the batch's last id).
-      goOn = pass.checked === opts.batchSize && pass.closed > 0;
+      goOn = pass.checked === opts.batchSize && pass.closed + pass.deadLetters > 0;
     } catch (err) {
       deps.log?.warn({ err: String(err) }, 'sweeping dispatched rows for closed runs failed; trying again later');
     }

@@ -1,5 +1,5 @@
 /** `billing-outbox status`: how the outbox is doing, at a glance. */
-import { outboxStatus, reconcileStatus, type ReconcileStatus } from '../../ops/status.js';
+import { idleInFlightAlarmMs, outboxStatus, reconcileStatus, type ReconcileStatus } from '../../ops/status.js';
 import { OUTBOX_STATUSES } from '../../outbox/statuses.js';
 import { noPositionals, parse } from '../args.js';
 import { EXIT_OK, writeJson, type CliContext } from '../context.js';
@@ -9,16 +9,19 @@ import { schemaFor } from '../../outbox/sql/schema.js';
 
 export const STATUS_HELP = `Usage: billing-outbox status [--json]
 
-Counts of outbox rows by status, the age of the oldest event not yet handed to Temporal, events
-sent in the last minute and hour, dead letters grouped by their last error code, events Stripe
+Counts of outbox rows by status, the age of the oldest event not yet handed to Temporal, the event
+in flight whose row has gone untouched longest (no attempt or mark since; its run at work never
+leaves it so for hours), events sent in the last minute and hour, dead letters grouped by their last error code, events Stripe
 rejected after accepting them (rejected_async) grouped by Stripe's error code, and the error reports
 Stripe sent, events in flight by the error their last attempt met, and alarms first (for example
-every delivery held because Stripe refused the API key, or relays paused by an operator). Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
+every delivery held because Stripe refused the API key, relays paused by an operator, or an event
+in flight untouched for 2 h). Stripe's reports name only a sample of the failed events: \`unmatched\` counts failures
 that could not be tied to a row, so more events may be affected than are marked rejected_async.
 
 Options:
   --json   print {counts: {pending, claimed, dispatched, sent, accepted, dead, rejected_async, cancelled},
-           sentEstimated, oldestPendingAgeSeconds, sentLastMinute, sentLastHour,
+           sentEstimated, oldestPendingAgeSeconds, longestIdleInFlight: {key, idleSeconds} or null,
+           sentLastMinute, sentLastHour,
            deadByErrorCode: [{code, count}], startFailing, rejectedAsyncByErrorCode: [{code, count}],
            errorReports: {received, lastReceivedAt, errorCount, matched, unmatched},
            inFlightByLastError: [{code, count}], relaysPaused: {at, by, reason} or null, alarms: [sentence],
@@ -38,7 +41,7 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
     return EXIT_OK;
   }
   noPositionals(positionals, STATUS_HELP);
-  const outbox = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema));
+  const outbox = await outboxStatus(await ctx.db(), schemaFor(ctx.config.databaseSchema), { idleAlarmMs: idleInFlightAlarmMs(ctx.config.retry) });
   // The outbox is the point of `status`: Temporal out of reach costs the reconcile lines only.
   const reconcile = await withinMs(
     TEMPORAL_WAIT_MS,
@@ -63,6 +66,8 @@ export async function statusCommand(args: string[], ctx: CliContext): Promise<nu
   );
   const oldest = report.oldestPendingAgeSeconds === null ? 'none waiting' : formatDuration(report.oldestPendingAgeSeconds * 1000);
   ctx.out.write(`\noldest pending: ${oldest}\n`);
+  const idle = report.longestIdleInFlight;
+  ctx.out.write(`in flight, longest untouched: ${idle ? `${formatDuration(idle.idleSeconds * 1000)} (${idle.key})` : 'none in flight'}\n`);
   ctx.out.write(`sent: ${report.sentLastMinute} in the last minute, ${report.sentLastHour} in the last hour\n`);
   if (report.startFailing > 0) {
     ctx.out.write(

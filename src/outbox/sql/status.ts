@@ -12,6 +12,11 @@ export interface StatusSummary {
   sentEstimated: boolean;
   /** Age of the oldest row still waiting for a relay (pending or claimed); 0 when there is none. */
   oldestPendingAgeSeconds: number;
+  /**
+   * The dispatched row untouched longest (no attempt begun, failed or marked since): how long, and
+   * its key; null when none is in flight. A run at work touches its row at every attempt.
+   */
+  longestIdleInFlight: { key: string; idleSeconds: number } | null;
 }
 
 /**
@@ -29,12 +34,14 @@ export interface StatusSummary {
  *   pages, so it follows growth between analyses. Below that size (or when the table was never
  *   analysed: reltuples = -1) both are counted exactly. The exact counts sit in a CASE branch, so
  *   PostgreSQL never runs them when the estimate is used.
+ * - The dispatched row untouched longest: read from the dispatched rows alone (the partial index of
+ *   unsettled rows), bounded by the lanes' in-flight limits.
  * - The oldest waiting row is the oldest of the lanes' first rows (ids follow commit order closely
  *   enough for an age), found as the claim finds them: a skip scan over `outbox_lane_idx`, one probe
  *   per lane with a backlog, not a sort of the backlog.
  */
 export async function statusSummary(db: Queryable, schema: Schema, opts: { exactCountBelow?: number } = {}): Promise<StatusSummary> {
-  const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; accepted: number; sent_estimated: boolean; oldest: number }>(
+  const { rows } = await db.query<{ unsent: Record<string, number> | null; sent: number; accepted: number; sent_estimated: boolean; oldest: number; idle: { key: string; seconds: number } | null }>(
     `WITH RECURSIVE lanes AS (
        (SELECT o.tenant_id, o.event_name FROM ${schema.outbox} o
          WHERE o.status = ANY($2::text[]) ORDER BY o.tenant_id, o.event_name LIMIT 1)
@@ -65,7 +72,9 @@ export async function statusSummary(db: Queryable, schema: Schema, opts: { exact
             END AS sent,
             CASE WHEN s.estimate < $1::float8 THEN (SELECT count(*) FROM ${schema.outbox} WHERE status = 'accepted') ELSE 0 END AS accepted,
             s.estimate >= $1::float8 AS sent_estimated,
-            COALESCE((SELECT extract(epoch FROM now() - h.created_at)::float8 FROM heads h ORDER BY h.id LIMIT 1), 0) AS oldest
+            COALESCE((SELECT extract(epoch FROM now() - h.created_at)::float8 FROM heads h ORDER BY h.id LIMIT 1), 0) AS oldest,
+            (SELECT jsonb_build_object('key', o.idempotency_key, 'seconds', greatest(0, extract(epoch FROM now() - o.updated_at))::float8)
+               FROM ${schema.outbox} o WHERE o.status = 'dispatched' ORDER BY o.updated_at LIMIT 1) AS idle
        FROM size s`,
     [opts.exactCountBelow ?? 100_000, [...AWAITING_RELAY], [...DELIVERED], schema.outbox],
   );
@@ -73,7 +82,7 @@ export async function statusSummary(db: Queryable, schema: Schema, opts: { exact
   const counts = Object.fromEntries(OUTBOX_STATUSES.map((status) => [status, Number(r.unsent?.[status] ?? 0)])) as Record<OutboxStatus, number>;
   counts.sent = r.sent;
   counts.accepted = r.accepted;
-  return { counts, sentEstimated: r.sent_estimated, oldestPendingAgeSeconds: r.oldest };
+  return { counts, sentEstimated: r.sent_estimated, oldestPendingAgeSeconds: r.oldest, longestIdleInFlight: r.idle && { key: r.idle.key, idleSeconds: Number(r.idle.seconds) } };
 }
 
 export interface RecentlySent {
