@@ -232,6 +232,25 @@ describe('setBillingCustomer: the application maps its tenants', () => {
     ]);
   });
 
+  it("two remaps at once: the second says the first's customer, not the one before both; the tenant's usage recorded meanwhile, neither waiting", async () => {
+    await setBillingCustomer(t.pool, { tenantId: 'remapped', stripeCustomerId: 'cus_remap_a' });
+    const first = await t.pool.connect();
+    try {
+      await first.query('BEGIN');
+      await setBillingCustomer(first, { tenantId: 'remapped', stripeCustomerId: 'cus_remap_b' });
+      const second = setBillingCustomer(t.pool, { tenantId: 'remapped', stripeCustomerId: 'cus_remap_c' }, { by: 'second' });
+      // Under the first remap's lock, usage is still recorded.
+      expect((await withTransaction(t.pool, (tx) => recordUsage(tx, { tenantId: 'remapped', usageId: 'r1', quantity: 1 }))).created).toBe(true);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      await first.query('COMMIT');
+      expect(await second).toEqual({ created: false, previousStripeCustomerId: 'cus_remap_b' });
+    } finally {
+      first.release();
+    }
+    const { rows } = await t.pool.query(`SELECT detail FROM operator_actions WHERE action = 'customers.set' AND tenant_id = 'remapped' AND actor = 'second'`);
+    expect(rows).toEqual([{ detail: 'cus_remap_b → cus_remap_c' }]);
+  });
+
   it('refuses, writing nothing, a tenant recordUsage would refuse or an id that is not a customer\'s', async () => {
     const before = (await t.pool.query('SELECT count(*)::int AS n FROM billing_customers')).rows[0].n;
     await expect(setBillingCustomer(t.pool, { tenantId: '', stripeCustomerId: 'cus_x' })).rejects.toBeInstanceOf(InvalidMappingError);

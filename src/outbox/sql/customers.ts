@@ -37,9 +37,10 @@ export interface BillingCustomerRow {
  */
 export function setBillingCustomerStatement(schema: Schema, tenantId: string, stripeCustomerId: string, actor: string): { text: string; values: unknown[] } {
   return {
-    // prev reads the row as the statement's snapshot has it (every part of the statement sees that
-    // one), unlocked: a row lock would wait on, and block, the tenant's recordUsage (its foreign key).
-    text: `WITH prev AS (SELECT stripe_customer_id AS customer FROM ${schema.billingCustomers} WHERE tenant_id = $1::text),
+    // prev locks the row as the update below would (FOR NO KEY UPDATE: the tenant's recordUsage, whose
+    // foreign key takes FOR KEY SHARE, neither waits nor blocks), so of two remaps at once the second
+    // reads the first's customer, not the one before both.
+    text: `WITH prev AS (SELECT stripe_customer_id AS customer FROM ${schema.billingCustomers} WHERE tenant_id = $1::text FOR NO KEY UPDATE),
      mapped AS (
        INSERT INTO ${schema.billingCustomers} (tenant_id, stripe_customer_id) VALUES ($1::text, $2::text)
        ON CONFLICT (tenant_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = now()
