@@ -5,7 +5,7 @@
  * it into `sent` by "already exists", and `billing-outbox rebill` bills it once under a new
  * identifier (never twice: one revision however many operators rebill at once; a sent row refused).
  */
-import type { Client } from '@temporalio/client';
+import { Client as TemporalClient, type Client } from '@temporalio/client';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -268,6 +268,16 @@ describe('an event Stripe rejected after accepting it', () => {
     expect(await rebillEvent(deps, key, { actor: 'alice' })).toMatchObject({ outcome: 'rebilled' });
     expect(await waitStatus(key, 'sent')).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}` });
     expect(counted(`r1:${key}`)).toHaveLength(1);
+  });
+
+  it('a rebill cut short after it moved the row (its start hanging on a slow Temporal, then Ctrl-C) has already recorded who began it', async () => {
+    const key = await rejectedAfterSent(7);
+    const hanging = new TemporalClient({ connection: client.connection, interceptors: { workflow: [{ start: () => new Promise<never>(() => undefined) }] } });
+    void rebillEvent({ db: db.pool, schema: schemaFor(), client: hanging, config, now: Date.now }, key, { actor: 'alice' });
+    await waitStatus(key, 'dispatched');
+    expect(await actionsFor(key)).toEqual([{ action: 'rebill', outcome: 'started', detail: `rebill of identifier ${key}` }]);
+    // Out of its lane's way for the tests after this one (the closed-run sweep would make it dead in 5 minutes).
+    await db.pool.query(`UPDATE outbox SET status = 'rejected_async' WHERE idempotency_key = $1`, [key]);
   });
 
   it("a retry signalled to a rejected dead letter's workflow by hand (Web UI, temporal CLI) sends nothing and leaves it rejected", async () => {

@@ -28,7 +28,7 @@ import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
 import { stripeIdentifierFor } from '../outbox/keys.js';
-import { findRebillCandidate, rebillRejected, recordOperatorAction, restoreRejected, type RebillCandidateRow } from '../outbox/sql/operator.js';
+import { findRebillCandidate, finishOperatorAction, rebillRejected, restoreRejected, startOperatorAction, type RebillCandidateRow } from '../outbox/sql/operator.js';
 import { tooOldToSend } from '../stripe/rules.js';
 import { openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
@@ -77,27 +77,27 @@ function notRejectedReason(row: RebillCandidateRow): string {
 }
 
 export async function rebillEvent(deps: RebillDeps, key: string, opts: { actor: string }): Promise<RebillResult> {
+  const failed = (message: string, row?: RebillCandidateRow): RebillResult => ({ key, outcome: 'failed', message, previousIdentifier: row?.identifier ?? null, identifier: null, revision: null });
   let row: RebillCandidateRow | undefined;
-  let result: RebillResult;
+  let audit: string;
   try {
     row = await findRebillCandidate(deps.db, deps.schema, key);
-    result = row
-      ? await decide(deps, row, opts)
-      : { key, outcome: 'failed', message: 'no outbox row with this key', previousIdentifier: null, identifier: null, revision: null };
+    if (!row) return failed('no outbox row with this key');
+    // Recorded before the row is touched: a rebill cut short (Ctrl-C while Temporal is slow, a
+    // crash between moving the row and reaching its run) still says who began it, and when.
+    audit = await startOperatorAction(deps.db, deps.schema, { actor: opts.actor, action: 'rebill', key, tenantId: row.tenant_id, forced: false, detail: `rebill of identifier ${row.identifier}` });
   } catch (err) {
-    result = { key, outcome: 'failed', message: scrub((err as Error).message), previousIdentifier: row?.identifier ?? null, identifier: null, revision: null };
+    return failed(scrub((err as Error).message), row);
   }
-  if (!row) return result;
+  let result: RebillResult;
   try {
-    await recordOperatorAction(deps.db, deps.schema, {
-      actor: opts.actor,
-      action: 'rebill',
-      key,
-      tenantId: row.tenant_id,
-      forced: false,
-      outcome: result.outcome,
-      detail: result.identifier ? `${result.message} (identifier ${result.previousIdentifier} → ${result.identifier}, revision ${result.revision})` : result.message,
-    });
+    result = await decide(deps, row, opts);
+  } catch (err) {
+    result = failed(scrub((err as Error).message), row);
+  }
+  try {
+    const detail = result.identifier ? `${result.message} (identifier ${result.previousIdentifier} → ${result.identifier}, revision ${result.revision})` : result.message;
+    await finishOperatorAction(deps.db, deps.schema, audit, result.outcome, detail);
   } catch (err) {
     result = { ...result, outcome: 'failed', message: `${result.message} (and recording it in operator_actions failed: ${scrub((err as Error).message)})` };
   }
