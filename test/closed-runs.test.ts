@@ -396,14 +396,20 @@ describe('a row whose run has closed', () => {
     const key = await enqueue(4);
     await waitStatus(key, 'dead');
     await waitFor('the run listed dead', async () => (await client.workflow.getHandle(key).describe()).typedSearchAttributes.get(OutboxStatusKey) === 'dead');
-    const { runId } = await client.workflow.getHandle(key).describe();
-    // The row as a replica without the dead mark's commit has it: in flight, for relays and retry alike.
-    await db.pool.query(`UPDATE outbox SET status = 'dispatched', dead_at = NULL, updated_at = now() - interval '10 minutes' WHERE idempotency_key = $1`, [key]);
+    const { runId, startTime } = await client.workflow.getHandle(key).describe();
+    // The row as a replica without the dead mark's commit has it, or a backup from before its first
+    // attempt: in flight, for relays and retry alike, with no attempt recorded.
+    await db.pool.query(`UPDATE outbox SET status = 'dispatched', dead_at = NULL, first_attempted_at = NULL, updated_at = now() - interval '10 minutes' WHERE idempotency_key = $1`, [key]);
 
     expect(await sweep()).toMatchObject({ closed: 0, deadLetters: 1 });
     const dead = await row(key);
     expect(dead).toMatchObject({ status: 'dead', last_error_code: 'resource_missing' });
     expect(dead.last_error_message).toMatch(/^its workflow run waits as a dead letter \(resource_missing\) while the row said dispatched/);
+    // The run's start bounds the attempt the row lost: a day later retry is refused (a resend could
+    // be past Stripe's dedup), not signalled on a row that says nothing was ever sent.
+    expect(dead.first_attempted_at?.getTime()).toBe(startTime.getTime());
+    const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 24 * 3_600_000 });
+    expect(await aDayLater.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'refused' });
     // An open run still delivering is left alone, as before.
     expect(await sweep()).toMatchObject({ deadLetters: 0 });
 

@@ -19,7 +19,7 @@ import type { Client } from '@temporalio/client';
 import type { Queryable } from '../db.js';
 import type { Metrics } from '../metrics.js';
 import { listStaleDispatched, markStaleDispatchedDead } from '../outbox/sql/sweep.js';
-import { closedRunMessage, describeRun } from '../temporal/start-usage.js';
+import { closedRunMessage, describeRun, firstAttemptBound } from '../temporal/start-usage.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
 import { temporalUnreachable } from '../reachable.js';
 import type { Schema } from '../outbox/sql/schema.js';
@@ -80,9 +80,15 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
     failuresInARow = run === 'unreachable' ? failuresInARow + 1 : 0;
     if (run === undefined || run === 'unreachable') continue;
     if (run.kind === 'running') {
-      if (run.deadLetter && (await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code: run.deadLetter.code, message: deadRunMessage(run.deadLetter.code) }))) {
+      if (!run.deadLetter) continue;
+      // The row may have lost its first attempt with the rest (a restore): the run's bound on it
+      // goes on the row, where retry's resend guard reads it. Unreadable, the row waits for the next pass.
+      const { code, runId, startTime } = run.deadLetter;
+      const bound = await firstAttemptBound(deps.client, row.idempotency_key, runId, startTime).catch(() => undefined);
+      if (!bound) continue;
+      if (await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code, message: deadRunMessage(code), firstAttemptedBy: bound })) {
         deadLetters++;
-        deps.log?.('usage workflow waits as a dead letter while its row said dispatched; the row is dead, for retry', { key: row.idempotency_key, code: run.deadLetter.code });
+        deps.log?.('usage workflow waits as a dead letter while its row said dispatched; the row is dead, for retry', { key: row.idempotency_key, code });
       }
       continue;
     }

@@ -207,8 +207,11 @@ export type ClosedRunStatus = Exclude<WorkflowExecutionStatusName, 'RUNNING' | '
 /** What the relay's start found: a new run, an open run (in Temporal's hands), or a closed run. */
 export type StartOutcome =
   | { kind: 'started' }
-  /** `deadLetter`: the run lists itself dead (OutboxStatus), waiting for a retry, with its error code. */
-  | { kind: 'running'; deadLetter?: { code: string } }
+  /**
+   * `deadLetter`: the run lists itself dead (OutboxStatus), waiting for a retry, with its error code;
+   * its run id and start, for firstAttemptBound.
+   */
+  | { kind: 'running'; deadLetter?: { code: string; runId: string; startTime: Date } }
   /**
    * No run of ours will ever mark the row: the key's run has closed (or is gone past retention),
    * or the run under the key is open on another task queue: another deployment's. `taskQueue`: the
@@ -262,7 +265,7 @@ export function isOpenRun(status: WorkflowExecutionStatusName): status is Exclud
 }
 
 /**
- * The earliest moment the key's run `runId` (closed) may have reached Stripe from: when the event was
+ * The earliest moment the key's run `runId` (closed, or an open dead letter) may have reached Stripe from: when the event was
  * first attempted as the run was told (a run continued as new, or started by an operator's retry,
  * carries it in its input), else the run's start. For a row that records no attempt (restored from
  * a backup older than them): the run's close, or its start when an earlier run began, would count
@@ -308,7 +311,7 @@ export async function describeRun(client: Client, key: string, taskQueue: string
     if (open) {
       // What the run lists itself as (its search attributes, read from the server's state: no worker needed).
       if (d.typedSearchAttributes.get(OutboxStatusKey) !== 'dead') return { kind: 'running' };
-      return { kind: 'running', deadLetter: { code: d.typedSearchAttributes.get(OutboxErrorKey) ?? 'dead_letter' } };
+      return { kind: 'running', deadLetter: { code: d.typedSearchAttributes.get(OutboxErrorKey) ?? 'dead_letter', runId: d.runId, startTime: d.startTime } };
     }
     return { kind: 'closed', status, closedAt: d.closeTime, ...elsewhere };
   } catch (err) {

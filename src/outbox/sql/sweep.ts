@@ -28,24 +28,27 @@ export async function listStaleDispatched(db: Queryable, schema: Schema, opts: {
 }
 
 /**
- * A dispatched row whose run has closed: dead with the reason. Guarded by the same staleness, so a
- * row reopened (or delivered) since it was read is left alone. Wakes the relays: its lane has room.
+ * A dispatched row whose run has closed (or waits as a dead letter): dead with the reason. Guarded by
+ * the same staleness, so a row reopened (or delivered) since it was read is left alone. Wakes the
+ * relays: its lane has room. `firstAttemptedBy`: when the run may first have reached Stripe, kept as
+ * the row's first attempt when the row records none (restored from before it), for the resend guard.
  */
 export async function markStaleDispatchedDead(
   db: Queryable,
   schema: Schema,
   id: number,
-  opts: { staleAfterMs: number; code: string; message: string },
+  opts: { staleAfterMs: number; code: string; message: string; firstAttemptedBy?: Date },
 ): Promise<boolean> {
   const { rows } = await db.query(
     `WITH dead AS (
        UPDATE ${schema.outbox}
-          SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text, updated_at = now()
+          SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text, updated_at = now(),
+              first_attempted_at = COALESCE(first_attempted_at, $6::timestamptz)
         WHERE id = $1::bigint AND status = 'dispatched' AND updated_at < now() - $2::int * interval '1 millisecond'
         RETURNING id
      )
      SELECT pg_notify($5::text, '') FROM dead`,
-    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), schema.outboxChannel],
+    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), schema.outboxChannel, opts.firstAttemptedBy ?? null],
   );
   return rows.length > 0;
 }
