@@ -86,7 +86,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   const t = deps.config.timings;
   // A 5xx or no answer waits longer than the retry policy only while Stripe fails this way for
   // everyone; a wait this long after the one before is a new stretch.
-  const outage = deps.outage ?? outageWatch({ afterMs: t.outageAfterMs, gapMs: 2 * t.outageRetryMaxMs });
+  const outage = deps.outage ?? outageWatch({ afterMs: t.outageAfterMs, quietMs: t.outageQuietMs });
   // When the outage this process last said so in its log began.
   let announcedDown: number | null = null;
   /**
@@ -462,9 +462,14 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
   }
 
-  /** Whether this event may still wait out an outage: up to RETRY_MAX_OUTAGE_MS after its first attempt. */
+  /**
+   * Whether this event may still wait out an outage: up to RETRY_MAX_OUTAGE_MS after its first
+   * attempt, or after it was put in flight if that is earlier (a try that made no meter-event call,
+   * the meter list or a stream session failing, is taken back and leaves no first attempt).
+   */
   function mayWaitOutOutage(row: AttemptRow): boolean {
-    return t.maxOutageMs > 0 && Date.now() - row.first_attempted_at.getTime() < t.maxOutageMs;
+    const from = Math.min(row.first_attempted_at.getTime(), row.dispatched_at?.getTime() ?? Infinity);
+    return t.maxOutageMs > 0 && Date.now() - from < t.maxOutageMs;
   }
 
   /**
@@ -476,7 +481,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   function waitOutOutage(row: AttemptRow, since: number): DeliveryResult {
     if (announcedDown !== since) {
       announcedDown = since;
-      log.error('Stripe looks down: calls for every customer fail with 5xx or no answer. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
+      log.error('Stripe looks down: calls for two customers and more fail with 5xx or no answer, with no other answer between. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
         since: new Date(since).toISOString(),
       });
     }

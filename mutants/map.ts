@@ -504,8 +504,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'sweep-misses-waiting-dead-letters',
     guarantee: "Nothing stuck silently: the closed-run sweep makes a dispatched row dead when its open run waits as a dead letter (the run's mark lost), for retry",
-    find: '      if (run.deadLetter && (await markStaleDispatchedDead(',
-    replace: '      if (false && run.deadLetter && (await markStaleDispatchedDead(',
+    find: '      if (!run.deadLetter) continue;',
+    replace: '      continue;',
     test: 'test/closed-runs.test.ts',
     name: 'put back to dispatched while its run waits',
   },
@@ -552,10 +552,18 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'outage-one-customer',
     guarantee: "Nothing stuck silently: one customer's failures (a poison event) spend its attempts and end dead, never taken for Stripe being down",
-    find: 'return customers.size >= 2 && at - began >= afterMs ? began : null;',
-    replace: 'return customers.size >= 1 && at - began >= afterMs ? began : null;',
+    find: '      if (recent >= 2 && at - began >= afterMs) down = began;',
+    replace: '      if (recent >= 1 && at - began >= afterMs) down = began;',
     test: 'test/unit/outage.test.ts',
     name: "one customer's failures are its own",
+  },
+  {
+    id: 'outage-stray-failure',
+    guarantee: "Nothing stuck silently: a poison customer's failures beside another customer's stray failure minutes before are not taken for Stripe being down",
+    find: '      const recent = [...customers.values()].filter((t) => at - t <= afterMs).length;',
+    replace: '      const recent = customers.size;',
+    test: 'test/unit/outage.test.ts',
+    name: 'a poison customer failing for an hour',
   },
   {
     id: 'retry-wait-unbounded',

@@ -269,6 +269,8 @@ export interface DeliveryTimings {
   credentialsRetryMs: number;
   /** Stripe is taken for down after this long of 5xx or no answer for two customers and more, with no other answer (src/stripe/outage.ts). */
   outageAfterMs: number;
+  /** No failure for this long ends an outage (or, before one is judged, a stretch of failures). */
+  outageQuietMs: number;
   /** A delivery held by an outage tries again after its age so far, between these two (plus up to a quarter). */
   outageRetryMinMs: number;
   outageRetryMaxMs: number;
@@ -330,6 +332,9 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, 
     credentialsRetryMs: 15_000,
     // Longer than a blip the retry policy rides out in a few attempts.
     outageAfterMs: 15_000,
+    // Each held delivery comes back within 6.25 minutes, on any of the workers: an hour covers ten
+    // workers taking two of them in turn. (An answer from Stripe ends the outage at once.)
+    outageQuietMs: 3_600_000,
     // Soon after a short outage; every 5 minutes at most (the retry policy's own longest interval)
     // in a long one, so a backlog held in flight costs Stripe a few calls a second when it returns.
     outageRetryMinMs: 15_000,

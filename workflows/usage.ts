@@ -478,7 +478,7 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   database_unavailable: 'for our PostgreSQL, which is unreachable',
   stripe_credentials: 'for a working Stripe API key: Stripe refused ours (401/403). Fix STRIPE_API_KEY; delivery resumes by itself',
   stripe_down:
-    "for Stripe to come back: this worker's calls for every customer fail (5xx or no answer). Each try is counted on the row; up to RETRY_MAX_OUTAGE_MS after the event's first attempt none spends the retry budget",
+    "for Stripe to come back: calls for two customers and more fail (5xx or no answer) with no other answer between, as the worker that tried this one sees them. A call made is counted on the row; up to RETRY_MAX_OUTAGE_MS after the event's first attempt (or its dispatch) none spends the retry budget",
   stamped_ahead:
     "for the usage's time: it is stamped more than 5 minutes ahead of Stripe's clock as this worker reads it (its own; v2: corrected by the skew measured against Stripe's, billing_outbox_stripe_clock_skew_seconds), which Stripe would refuse",
 };

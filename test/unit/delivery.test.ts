@@ -31,6 +31,7 @@ const row = (over: Partial<AttemptRow> = {}): AttemptRow => ({
   first_attempted_at: new Date(),
   stripe_customer_id: 'cus_a',
   created_at: new Date(Date.now() - 1_000),
+  dispatched_at: new Date(Date.now() - 1_000),
   identifier: KEY,
   identifier_revision: 0,
   ...over,
@@ -507,8 +508,11 @@ describe('the first attempt, run in the workflow task (a local activity)', () =>
 describe('Stripe down for every customer (src/stripe/outage.ts)', () => {
   const unavailable = () => new Stripe.errors.StripeAPIError({ type: 'api_error', statusCode: 503, message: 'service unavailable' } as never);
   const failing = (err: () => Error) => async () => Promise.reject(err());
-  /** Judged down from the second customer's failure on (no time needed), as after 15 s of them. */
-  const watch = () => outageWatch({ afterMs: 0, gapMs: 600_000 });
+  /** Judged down from the second customer's failure on, as after 15 s of them: its clock stands still. */
+  const watch = () => {
+    const t0 = Date.now();
+    return outageWatch({ afterMs: 0, quietMs: 3_600_000, now: () => t0 });
+  };
 
   it.each(['v1', 'v2'] as const)(
     '%s: a 5xx once another customer failed so too is waited out: deferred as stripe_down, the call counted on the row, the attempts before it reported, the reason on the row',
@@ -550,6 +554,11 @@ describe('Stripe down for every customer (src/stripe/outage.ts)', () => {
     const old = parts({ row: row({ stripe_customer_id: 'cus_b', first_attempted_at: new Date(Date.now() - timings.maxOutageMs - 60_000) }), send: failing(unavailable) });
     await expect(deliver({ ...old.deps, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
     expect(old.store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', 'service unavailable', { refused: false });
+    // Nor one put in flight that long ago whose tries made no meter-event call (the meter list
+    // refused by the outage): each is taken back, leaving no first attempt to count from.
+    const listFails = parts({ row: row({ stripe_customer_id: 'cus_d', dispatched_at: new Date(Date.now() - timings.maxOutageMs - 60_000) }) });
+    await expect(deliver({ ...listFails.deps, meters: { keysFor: async () => Promise.reject(unavailable()) }, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });
+    expect(listFails.store.undoAttempt).toHaveBeenCalled();
     // RETRY_MAX_OUTAGE_MS=0: never waited out.
     const off = parts({ row: row({ stripe_customer_id: 'cus_c' }), send: failing(unavailable) });
     await expect(deliver({ ...off.deps, config: { timings: { ...timings, maxOutageMs: 0 } }, outage })).rejects.toMatchObject({ type: 'StripeRetryable' });

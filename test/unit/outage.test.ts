@@ -2,22 +2,24 @@
 import { describe, expect, it } from 'vitest';
 import { outageWatch } from '../../src/stripe/outage.js';
 
+const T = 1_000_000;
+
 function watch() {
-  let now = 1_000_000;
-  const w = outageWatch({ afterMs: 15_000, gapMs: 600_000, now: () => now });
-  return { w, at: (ms: number) => (now = 1_000_000 + ms) };
+  let now = T;
+  const w = outageWatch({ afterMs: 15_000, quietMs: 3_600_000, now: () => now });
+  return { w, at: (ms: number) => (now = T + ms) };
 }
 
 describe('outageWatch', () => {
-  it('down once two customers have failed, with no answer between, for afterMs: since the first failure', () => {
+  it('down once two customers have failed within afterMs, with no answer between, for afterMs: since the first failure', () => {
     const { w, at } = watch();
     expect(w.failed('cus_a')).toBeNull();
     at(5_000);
     expect(w.failed('cus_b')).toBeNull();
     at(15_000);
-    expect(w.failed('cus_a')).toBe(1_000_000);
+    expect(w.failed('cus_a')).toBe(T);
     at(20_000);
-    expect(w.failed('cus_c')).toBe(1_000_000);
+    expect(w.failed('cus_c')).toBe(T);
   });
 
   it("one customer's failures are its own, however long they last", () => {
@@ -30,27 +32,41 @@ describe('outageWatch', () => {
     expect(w.failed(null)).toBeNull();
   });
 
+  it("a poison customer failing for an hour beside another's failure minutes ago is not an outage", () => {
+    const { w, at } = watch();
+    w.failed('cus_b');
+    for (let ms = 60_000; ms <= 3_000_000; ms += 240_000) {
+      at(ms);
+      expect(w.failed('cus_poison')).toBeNull();
+    }
+  });
+
   it('an answer from Stripe ends it: the next failures start a new stretch', () => {
     const { w, at } = watch();
     w.failed('cus_a');
-    at(20_000);
-    expect(w.failed('cus_b')).toBe(1_000_000);
+    at(15_000);
+    expect(w.failed('cus_b')).toBe(T);
     w.answered();
     at(21_000);
     expect(w.failed('cus_a')).toBeNull();
     at(30_000);
     expect(w.failed('cus_b')).toBeNull();
     at(36_000);
-    expect(w.failed('cus_a')).toBe(1_021_000);
+    expect(w.failed('cus_a')).toBe(T + 21_000);
   });
 
-  it('a failure more than gapMs after the one before starts a new stretch: two poison events an hour apart are not an outage', () => {
+  it('once down, stays down through failures minutes apart (held deliveries coming back on other workers), until quietMs without one', () => {
     const { w, at } = watch();
     w.failed('cus_a');
-    at(3_600_000);
-    expect(w.failed('cus_b')).toBeNull();
-    // Within the gap, the stretch goes on across quiet minutes (deliveries held by it come back every few).
-    at(3_900_000);
-    expect(w.failed('cus_a')).toBe(1_000_000 + 3_600_000);
+    at(15_000);
+    expect(w.failed('cus_b')).toBe(T);
+    // One customer's failure 50 minutes later, then 40 more: still the same outage.
+    at(15_000 + 50 * 60_000);
+    expect(w.failed('cus_a')).toBe(T);
+    at(15_000 + 90 * 60_000);
+    expect(w.failed('cus_a')).toBe(T);
+    // Over an hour with no failure: a new stretch, judged again.
+    at(15_000 + 155 * 60_000);
+    expect(w.failed('cus_a')).toBeNull();
   });
 });

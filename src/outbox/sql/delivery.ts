@@ -21,6 +21,8 @@ export interface AttemptRow {
   stripe_customer_id: string | null;
   /** When the row was committed: the start of the commit-to-acknowledgement latency. */
   created_at: Date;
+  /** When the row was last put in flight (by a relay, an operator's retry, a rebill). */
+  dispatched_at: Date | null;
   /**
    * The meter-event identifier this attempt sends (src/outbox/keys.ts `stripeIdentifierFor`): the
    * one stored on the row, fixed at its first attempt or by a rebill; the key when none is stored.
@@ -94,7 +96,7 @@ export async function beginAttempt(
           AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM extended))
           AND (o.status = ANY($5::text[]) OR $4::boolean OR o.first_attempted_at IS NULL
                OR o.first_attempted_at > now() - $3::bigint * interval '1 millisecond')
-        RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.created_at,
+        RETURNING o.status, o.attempt_count, o.event_name, o.quantity, o.occurred_at, o.first_attempted_at, o.dispatched_at, o.created_at,
                   COALESCE(o.stripe_identifier, o.idempotency_key) AS identifier, o.identifier_revision,
                   o.billed_customer_id AS stripe_customer_id
      )
