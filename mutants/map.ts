@@ -566,6 +566,14 @@ export const MUTANTS: Mutant[] = [
     name: 'a poison customer failing for an hour',
   },
   {
+    id: 'retry-bounds-rebill-by-old-run',
+    guarantee: "Every dead letter says what to do: a rebill cut short before its run started is retried as never attempted, not refused for the window of the identifier before it",
+    find: '    if (row.rebilled_at && row.first_attempted_at === null && closedAt && closedAt < row.rebilled_at',
+    replace: '    if (false && row.rebilled_at && row.first_attempted_at === null && closedAt && closedAt < row.rebilled_at',
+    test: 'test/rebill.test.ts',
+    name: 'cut short',
+  },
+  {
     id: 'retry-wait-unbounded',
     guarantee: "Nothing waits forever in silence: `retry --wait` waits at most its limit (10 minutes), then says the event is still on its way",
     find: 'const answer = await client.withDeadline(Date.now() + timeoutMs, () => update.result()).catch(',

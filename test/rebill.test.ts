@@ -18,7 +18,9 @@ import { LocalStripe, signatureHeader, type ErrorReportEvent } from '../src/embe
 import { createLogger } from '../src/log.js';
 import { createMetrics } from '../src/metrics.js';
 import { recordErrorReport } from '../src/ops/error-reports.js';
+import { sweepClosedRuns } from '../src/ops/closed-runs.js';
 import { rebillEvent } from '../src/ops/rebill.js';
+import { DeadLetterRetrier } from '../src/ops/retry.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt, markDelivered, markSentAndHandOff } from '../src/outbox/sql/delivery.js';
 import { markRejectedAsync } from '../src/outbox/sql/error-reports.js';
@@ -270,14 +272,21 @@ describe('an event Stripe rejected after accepting it', () => {
     expect(counted(`r1:${key}`)).toHaveLength(1);
   });
 
-  it('a rebill cut short after it moved the row (its start hanging on a slow Temporal, then Ctrl-C) has already recorded who began it', async () => {
+  it('a rebill cut short after it moved the row (its start hanging on a slow Temporal, then Ctrl-C) has already recorded who began it; swept dead, a retry a day later bills the new identifier once, unforced', async () => {
     const key = await rejectedAfterSent(7);
     const hanging = new TemporalClient({ connection: client.connection, interceptors: { workflow: [{ start: () => new Promise<never>(() => undefined) }] } });
     void rebillEvent({ db: db.pool, schema: schemaFor(), client: hanging, config, now: Date.now }, key, { actor: 'alice' });
     await waitStatus(key, 'dispatched');
     expect(await actionsFor(key)).toEqual([{ action: 'rebill', outcome: 'started', detail: `rebill of identifier ${key}` }]);
-    // Out of its lane's way for the tests after this one (the closed-run sweep would make it dead in 5 minutes).
-    await db.pool.query(`UPDATE outbox SET status = 'rejected_async' WHERE idempotency_key = $1`, [key]);
+
+    // No run delivers it: the closed-run sweep makes it dead (its run, the first delivery's, completed).
+    await sweepClosedRuns({ db: db.pool, schema: schemaFor(), client, taskQueue: config.temporal.taskQueue }, { staleAfterMs: 0, batchSize: 100 });
+    expect(await row(key)).toMatchObject({ status: 'dead', last_error_code: 'workflow_closed', first_attempted_at: null });
+    // That run sent only the old identifier: its close bounds nothing of r1, which never reached Stripe.
+    const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 25 * 3_600_000 });
+    expect(await aDayLater.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'reopened' });
+    expect(await waitStatus(key, 'sent')).toMatchObject({ identifier_revision: 1, stripe_identifier: `r1:${key}` });
+    expect(counted(`r1:${key}`)).toHaveLength(1);
   });
 
   it("a retry signalled to a rejected dead letter's workflow by hand (Web UI, temporal CLI) sends nothing and leaves it rejected", async () => {

@@ -369,6 +369,12 @@ export class DeadLetterRetrier {
     if (elsewhere !== undefined && status !== 'NOT_FOUND' && (status === 'COMPLETED' || REOPENABLE.has(status))) {
       return this.reopen(row, `${status} on task queue ${JSON.stringify(elsewhere)}, not this deployment's`, fresh, opts);
     }
+    // A row rebilled after its run closed (a rebill cut short before its own run started): that run
+    // sent only earlier identifiers, and the row records no attempt of this one. Its times bound
+    // nothing of it: reopened as never attempted.
+    if (row.rebilled_at && row.first_attempted_at === null && closedAt && closedAt < row.rebilled_at && status !== 'NOT_FOUND' && (status === 'COMPLETED' || REOPENABLE.has(status))) {
+      return this.reopen(row, `${status} before the rebill to its identifier`, fresh, opts);
+    }
     // A row found dead because its run closed (workflow_closed: put back by hand, or a database
     // restored from an older backup) that records no attempt, yet whose run may have made some
     // that reached Stripe: the earliest they may have been (firstAttemptBound) stands in for its

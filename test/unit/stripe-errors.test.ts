@@ -1,7 +1,7 @@
 /** How each Stripe failure is treated, pure: built as the `stripe` package builds its errors. */
 import Stripe from 'stripe';
 import { describe, expect, it } from 'vitest';
-import { classifyStripeError, neverReachedStripe, parseRetryAfter, StreamSessionError } from '../../src/stripe/errors.js';
+import { classifyStripeError, looksDown, neverReachedStripe, parseRetryAfter, StreamSessionError } from '../../src/stripe/errors.js';
 
 type Raw = { message: string; statusCode?: number; code?: string; headers?: Record<string, string> };
 const invalid = (raw: Raw) => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', ...raw } as never);
@@ -137,5 +137,24 @@ describe('neverReachedStripe', () => {
     for (const code of ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']) expect(neverReachedStripe(connection(code)), code).toBe(true);
     for (const code of ['ECONNRESET', 'ETIMEDOUT', 'EPIPE', undefined]) expect(neverReachedStripe(connection(code)), String(code)).toBe(false);
     expect(neverReachedStripe(new Error('ECONNREFUSED'))).toBe(false);
+  });
+});
+
+describe('looksDown', () => {
+  it('a 5xx or no answer looks like Stripe down, also behind a stream session request; an answer about the event, or an error of ours, does not', () => {
+    expect(looksDown(api({ message: 'down', statusCode: 500 }))).toBe(true);
+    expect(looksDown(api({ message: 'down', statusCode: 503 }))).toBe(true);
+    expect(looksDown(new Stripe.errors.StripeConnectionError({ message: 'socket hang up' } as never))).toBe(true);
+    // A StripeError with no status: the package's own when no answer came.
+    expect(looksDown(api({ message: 'nothing' }))).toBe(true);
+    expect(looksDown(new StreamSessionError(api({ message: 'down', statusCode: 502 })))).toBe(true);
+
+    expect(looksDown(api({ message: 'almost', statusCode: 499 }))).toBe(false);
+    expect(looksDown(new Stripe.errors.StripeIdempotencyError({ message: 'conflict', statusCode: 409 } as never))).toBe(false);
+    expect(looksDown(invalid({ message: 'No such customer', statusCode: 400 }))).toBe(false);
+    expect(looksDown(rate({ message: 'slow down', statusCode: 429 }))).toBe(false);
+    expect(looksDown(new StreamSessionError(invalid({ message: 'not enabled', statusCode: 400 })))).toBe(false);
+    expect(looksDown(new Error('socket hang up'))).toBe(false);
+    expect(looksDown('boom')).toBe(false);
   });
 });

@@ -28,11 +28,15 @@ export interface OperatorRow {
   first_attempted_at: Date | null;
   dead_at: Date | null;
   stripe_customer_id: string | null;
+  /** When the latest rebill of its identifier began (its audit row), for a rebilled row; null otherwise. */
+  rebilled_at: Date | null;
 }
 
 const operatorColumns = (schema: Schema) => `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
   o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
-  ${attemptCustomer(schema, 'o')} AS stripe_customer_id`;
+  ${attemptCustomer(schema, 'o')} AS stripe_customer_id,
+  CASE WHEN o.identifier_revision > 0 THEN (SELECT max(a.at) FROM ${schema.operatorActions} a
+    WHERE a.idempotency_key = o.idempotency_key AND a.action = 'rebill' AND a.outcome IN ('started', 'rebilled')) END AS rebilled_at`;
 
 export interface DeadLetterFilter {
   tenantId?: string | undefined;
