@@ -82,6 +82,9 @@ CREATE TABLE outbox (
   dead_at            timestamptz,
   rejected_at        timestamptz,
   cancelled_at       timestamptz,
+  -- When the latest rebill gave the row its identifier revision (NULL: never rebilled). A run
+  -- closed well before it sent only earlier identifiers (src/ops/retry.ts).
+  rebilled_at        timestamptz,
   updated_at         timestamptz NOT NULL DEFAULT now(),
   CHECK (status <> 'claimed' OR (claim_id IS NOT NULL AND processing_deadline IS NOT NULL))
 );

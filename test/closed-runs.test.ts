@@ -24,8 +24,10 @@ import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { Worker } from '@temporalio/worker';
 import { deliveredLateNotice } from '../activities/index.js';
-import { beginAttempt, undoAttempt } from '../src/outbox/sql/delivery.js';
+import { beginAttempt, storedIdentifier, undoAttempt } from '../src/outbox/sql/delivery.js';
 import { reopenDeadLetter } from '../src/outbox/sql/operator.js';
+import { markStaleDispatchedDead } from '../src/outbox/sql/sweep.js';
+import { pauseRelays, resumeRelays } from '../src/outbox/sql/relay.js';
 import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import { addCustomer, createTestDb, startsAnswerLost, startTestPipeline, testConfig, waitFor, workflowBundle, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
@@ -399,7 +401,7 @@ describe('a row whose run has closed', () => {
     const { runId, startTime } = await client.workflow.getHandle(key).describe();
     // The row as a replica without the dead mark's commit has it, or a backup from before its first
     // attempt: in flight, for relays and retry alike, with no attempt recorded.
-    await db.pool.query(`UPDATE outbox SET status = 'dispatched', dead_at = NULL, first_attempted_at = NULL, updated_at = now() - interval '10 minutes' WHERE idempotency_key = $1`, [key]);
+    await db.pool.query(`UPDATE outbox SET status = 'dispatched', dead_at = NULL, first_attempted_at = NULL, attempt_count = 0, updated_at = now() - interval '10 minutes' WHERE idempotency_key = $1`, [key]);
 
     expect(await sweep()).toMatchObject({ closed: 0, deadLetters: 1 });
     const dead = await row(key);
@@ -408,6 +410,8 @@ describe('a row whose run has closed', () => {
     // The run's start bounds the attempt the row lost: a day later retry is refused (a resend could
     // be past Stripe's dedup), not signalled on a row that says nothing was ever sent.
     expect(dead.first_attempted_at?.getTime()).toBe(startTime.getTime());
+    // Counted as an attempt, as a reopen's stamp is: a later try taken back cannot clear it.
+    expect(dead.attempt_count).toBe(1);
     const aDayLater = new DeadLetterRetrier({ db: db.pool, schema: schemaFor(), client, config, now: () => Date.now() + 24 * 3_600_000 });
     expect(await aDayLater.retryKey(key, { force: false, requestedBy: 'test' })).toMatchObject({ outcome: 'refused' });
     // An open run still delivering is left alone, as before.
@@ -417,6 +421,26 @@ describe('a row whose run has closed', () => {
     await waitStatus(key, 'sent');
     expect(eventsFor(key)).toHaveLength(1);
     expect((await client.workflow.getHandle(key).describe()).runId).toBe(runId);
+  });
+
+  it("the sweep's stamp on a row that records no attempt keeps the identifier the run sent (STRIPE_IDENTIFIER_NAMESPACE), as a reopen's does; a row that records one keeps its own", async () => {
+    // Rows no relay takes meanwhile: the statement alone is judged.
+    await pauseRelays(db.pool, schemaFor(), 'test', 'the sweep statement alone');
+    try {
+      const [restored, attempted] = [await enqueue(1), await enqueue(2)];
+      await db.pool.query(`UPDATE outbox SET status = 'dispatched', updated_at = now() - interval '10 minutes' WHERE idempotency_key = ANY($1)`, [[restored, attempted]]);
+      await db.pool.query(`UPDATE outbox SET first_attempted_at = now() - interval '1 hour', attempt_count = 3 WHERE idempotency_key = $1`, [attempted]);
+      const by = new Date(Date.now() - 2 * 3_600_000);
+      for (const key of [restored, attempted]) {
+        const { id } = await row(key);
+        expect(await markStaleDispatchedDead(db.pool, schemaFor(), id, { staleAfterMs: 60_000, code: 'http_500', message: 'x', firstAttempt: { by, identifier: storedIdentifier(key, 0, 'east') } })).toBe(true);
+      }
+      expect(await row(restored)).toMatchObject({ status: 'dead', first_attempted_at: by, attempt_count: 1, stripe_identifier: storedIdentifier(restored, 0, 'east') });
+      expect(await row(attempted)).toMatchObject({ status: 'dead', attempt_count: 3, stripe_identifier: null });
+      expect((await row(attempted)).first_attempted_at.getTime()).toBeGreaterThan(by.getTime());
+    } finally {
+      await resumeRelays(db.pool, schemaFor(), 'test');
+    }
   });
 
   it('a dead letter that never reached Stripe (no meter: no attempt), its run closed after its wait: retry reopens it unforced days later, its run no bound', async () => {

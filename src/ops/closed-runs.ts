@@ -19,6 +19,7 @@ import type { Client } from '@temporalio/client';
 import type { Queryable } from '../db.js';
 import type { Metrics } from '../metrics.js';
 import { listStaleDispatched, markStaleDispatchedDead } from '../outbox/sql/sweep.js';
+import { storedIdentifier } from '../outbox/sql/delivery.js';
 import { closedRunMessage, describeRun, firstAttemptBound } from '../temporal/start-usage.js';
 import { TemporalErrorCodes } from '../../workflows/shared.js';
 import { temporalUnreachable } from '../reachable.js';
@@ -31,6 +32,8 @@ export interface ClosedRunSweepDeps {
   client: Client;
   /** This deployment's task queue: a run on another is not ours. */
   taskQueue: string;
+  /** STRIPE_IDENTIFIER_NAMESPACE: the identifier a row restored without its first attempt was sent under. */
+  identifierNamespace?: string;
   metrics?: Pick<Metrics, 'closedRuns'> | undefined;
   log?: ((msg: string, fields: Record<string, unknown>) => void) | undefined;
 }
@@ -84,9 +87,16 @@ export async function sweepClosedRuns(deps: ClosedRunSweepDeps, opts: SweepOptio
       // The row may have lost its first attempt with the rest (a restore): the run's bound on it
       // goes on the row, where retry's resend guard reads it. Unreadable, the row waits for the next pass.
       const { code, runId, startTime } = run.deadLetter;
-      const bound = await firstAttemptBound(deps.client, row.idempotency_key, runId, startTime).catch(() => undefined);
+      const bound = await firstAttemptBound(deps.client, row.idempotency_key, runId, startTime).catch((err: unknown) => {
+        deps.log?.("usage workflow waits as a dead letter while its row said dispatched, but its history could not be read; the row waits for the sweep's next pass", {
+          key: row.idempotency_key,
+          error: String(err),
+        });
+        return undefined;
+      });
       if (!bound) continue;
-      if (await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code, message: deadRunMessage(code), firstAttemptedBy: bound })) {
+      const firstAttempt = { by: bound, identifier: storedIdentifier(row.idempotency_key, 0, deps.identifierNamespace ?? '') };
+      if (await markStaleDispatchedDead(deps.db, deps.schema, row.id, { staleAfterMs: opts.staleAfterMs, code, message: deadRunMessage(code), firstAttempt })) {
         deadLetters++;
         deps.log?.('usage workflow waits as a dead letter while its row said dispatched; the row is dead, for retry', { key: row.idempotency_key, code });
       }

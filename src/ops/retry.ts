@@ -117,6 +117,9 @@ const STOP_AFTER_UNREACHABLE = 8;
 /** How long an open run's worker may take to accept the `retry` Update (`--wait`). */
 const ACCEPT_TIMEOUT_MS = 10_000;
 /** Closed statuses after which a new run may be started; COMPLETED means the event was delivered. */
+/** How far Temporal's clock and PostgreSQL's may be apart when a run's close is set against a rebill's time. */
+const CLOCKS_APART_MS = 5 * 60_000;
+
 const REOPENABLE: ReadonlySet<WorkflowExecutionStatusName> = new Set(['TERMINATED', 'TIMED_OUT', 'FAILED', 'CANCELLED', 'CONTINUED_AS_NEW']);
 
 /** True while a resend would still be caught by Stripe's identifier deduplication. */
@@ -371,8 +374,16 @@ export class DeadLetterRetrier {
     }
     // A row rebilled after its run closed (a rebill cut short before its own run started): that run
     // sent only earlier identifiers, and the row records no attempt of this one. Its times bound
-    // nothing of it: reopened as never attempted.
-    if (row.rebilled_at && row.first_attempted_at === null && closedAt && closedAt < row.rebilled_at && status !== 'NOT_FOUND' && (status === 'COMPLETED' || REOPENABLE.has(status))) {
+    // nothing of it: reopened as never attempted. Closed well before (Temporal's clock against
+    // PostgreSQL's): the rebill's own run closes after it, and is never taken for an earlier one.
+    if (
+      row.rebilled_at &&
+      row.first_attempted_at === null &&
+      closedAt &&
+      closedAt.getTime() + CLOCKS_APART_MS < row.rebilled_at.getTime() &&
+      status !== 'NOT_FOUND' &&
+      (status === 'COMPLETED' || REOPENABLE.has(status))
+    ) {
       return this.reopen(row, `${status} before the rebill to its identifier`, fresh, opts);
     }
     // A row found dead because its run closed (workflow_closed: put back by hand, or a database

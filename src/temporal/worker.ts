@@ -232,7 +232,10 @@ async function startClosedRunSweep(deps: WorkerDeps, db: Queryable, signal: Abor
     if (signal.aborted) return;
     goOn = false;
     try {
-      const pass = await sweepClosedRuns({ db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, metrics: deps.metrics, log }, { ...opts, afterId, signal });
+      const pass = await sweepClosedRuns(
+        { db, schema: schemaFor(deps.config.databaseSchema), client: deps.client, taskQueue: deps.config.temporal.taskQueue, identifierNamespace: deps.config.stripe.identifierNamespace, metrics: deps.metrics, log },
+        { ...opts, afterId, signal },
+      );
       afterId = pass.nextAfterId;
       // A whole batch checked means rows may follow (nextAfterId is then the batch's last id).
       goOn = pass.checked === opts.batchSize && pass.closed + pass.deadLetters > 0;

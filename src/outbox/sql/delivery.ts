@@ -294,7 +294,7 @@ export async function markRowDead(db: Queryable, schema: Schema, key: string, co
 /** An operator's retry reopened the dead letter in its open run: the row is back in flight. */
 export async function markRowReopened(db: Queryable, schema: Schema, key: string): Promise<void> {
   await db.query(
-    `UPDATE ${schema.outbox} SET status = 'dispatched', dead_at = NULL, updated_at = now()
+    `UPDATE ${schema.outbox} SET status = 'dispatched', dispatched_at = now(), dead_at = NULL, updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'dead'`,
     [key],
   );

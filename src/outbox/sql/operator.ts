@@ -28,15 +28,13 @@ export interface OperatorRow {
   first_attempted_at: Date | null;
   dead_at: Date | null;
   stripe_customer_id: string | null;
-  /** When the latest rebill of its identifier began (its audit row), for a rebilled row; null otherwise. */
+  /** When the latest rebill gave the row its identifier revision; null when never rebilled. */
   rebilled_at: Date | null;
 }
 
 const operatorColumns = (schema: Schema) => `o.id, o.idempotency_key, o.tenant_id, o.event_name, o.quantity::text, o.status, o.attempt_count, o.last_error_code,
   o.last_error_message, o.occurred_at, o.created_at, o.first_attempted_at, o.dead_at,
-  ${attemptCustomer(schema, 'o')} AS stripe_customer_id,
-  CASE WHEN o.identifier_revision > 0 THEN (SELECT max(a.at) FROM ${schema.operatorActions} a
-    WHERE a.idempotency_key = o.idempotency_key AND a.action = 'rebill' AND a.outcome IN ('started', 'rebilled')) END AS rebilled_at`;
+  ${attemptCustomer(schema, 'o')} AS stripe_customer_id, o.rebilled_at`;
 
 export interface DeadLetterFilter {
   tenantId?: string | undefined;
@@ -174,7 +172,7 @@ export async function rebillRejected(
   const { rows } = await db.query<{ tenant_id: string }>(
     `UPDATE ${schema.outbox}
         SET status = 'dispatched', identifier_revision = $2::int + 1, stripe_identifier = $3::text,
-            dispatched_at = now(), first_attempted_at = NULL, attempt_count = 0, dead_at = NULL, sent_at = NULL,
+            dispatched_at = now(), rebilled_at = now(), first_attempted_at = NULL, attempt_count = 0, dead_at = NULL, sent_at = NULL,
             billed_customer_id = NULL, claim_id = NULL, processing_deadline = NULL,
             workflow_id = COALESCE(workflow_id, idempotency_key), updated_at = now()
       WHERE idempotency_key = $1::text AND status = 'rejected_async' AND identifier_revision = $2::int

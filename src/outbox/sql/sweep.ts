@@ -30,25 +30,29 @@ export async function listStaleDispatched(db: Queryable, schema: Schema, opts: {
 /**
  * A dispatched row whose run has closed (or waits as a dead letter): dead with the reason. Guarded by
  * the same staleness, so a row reopened (or delivered) since it was read is left alone. Wakes the
- * relays: its lane has room. `firstAttemptedBy`: when the run may first have reached Stripe, kept as
- * the row's first attempt when the row records none (restored from before it), for the resend guard.
+ * relays: its lane has room. `firstAttempt`: when the run may first have reached Stripe, and the
+ * identifier it sent then (storedIdentifier), kept on a row that records no attempt (restored from
+ * before it) as reopenDeadLetter keeps them: counted as an attempt, so a try taken back later does
+ * not clear the stamp, and under that identifier, so a retry sends what the run sent.
  */
 export async function markStaleDispatchedDead(
   db: Queryable,
   schema: Schema,
   id: number,
-  opts: { staleAfterMs: number; code: string; message: string; firstAttemptedBy?: Date },
+  opts: { staleAfterMs: number; code: string; message: string; firstAttempt?: { by: Date; identifier: string | null } },
 ): Promise<boolean> {
   const { rows } = await db.query(
     `WITH dead AS (
        UPDATE ${schema.outbox}
           SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text, updated_at = now(),
-              first_attempted_at = COALESCE(first_attempted_at, $6::timestamptz)
+              first_attempted_at = COALESCE(first_attempted_at, $6::timestamptz),
+              stripe_identifier = CASE WHEN first_attempted_at IS NULL AND $6::timestamptz IS NOT NULL THEN COALESCE(stripe_identifier, $7::text) ELSE stripe_identifier END,
+              attempt_count = CASE WHEN first_attempted_at IS NULL AND $6::timestamptz IS NOT NULL THEN greatest(attempt_count, 1) ELSE attempt_count END
         WHERE id = $1::bigint AND status = 'dispatched' AND updated_at < now() - $2::int * interval '1 millisecond'
         RETURNING id
      )
      SELECT pg_notify($5::text, '') FROM dead`,
-    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), schema.outboxChannel, opts.firstAttemptedBy ?? null],
+    [id, opts.staleAfterMs, opts.code, opts.message.slice(0, 1000), schema.outboxChannel, opts.firstAttempt?.by ?? null, opts.firstAttempt?.identifier ?? null],
   );
   return rows.length > 0;
 }
