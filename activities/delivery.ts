@@ -426,8 +426,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     // Any answer from Stripe ends an outage; an error of ours (not Stripe's) says nothing either way.
-    const downSince = looksDown(err) ? outage.failed(row.stripe_customer_id) : null;
-    if (!looksDown(err) && err instanceof Stripe.errors.StripeError && err.statusCode !== undefined) outage.answered();
+    const down = looksDown(err);
+    const downSince = down ? outage.failed(row.stripe_customer_id) : null;
+    if (!down && err instanceof Stripe.errors.StripeError) outage.answered();
     const waitsOutOutage = failure.kind === 'retryable' && downSince !== null && mayWaitOutOutage(row);
     if (failure.kind === 'delivered') {
       const marked = await delivered();

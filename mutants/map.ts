@@ -165,8 +165,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'restore-not-stamped',
     guarantee: 'Never billed twice after a restore: an event unsettled in the backup is sent only within 23 h of it, then refused for reconcile',
-    find: 'SET first_attempted_at = greatest($1::timestamptz, o.created_at), attempt_count',
-    replace: 'SET first_attempted_at = o.first_attempted_at, attempt_count',
+    find: "          SET ${firstAttemptStamp('o', 'greatest($1::timestamptz, o.created_at)', 'u.identifier')}, updated_at = now()",
+    replace: "          SET ${firstAttemptStamp('o', 'NULL', 'u.identifier')}, updated_at = now()",
     test: 'test/cli.test.ts',
     name: 'after a restore, an event unsettled in the backup',
   },
@@ -512,7 +512,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'idle-in-flight-unalarmed',
     guarantee: 'Nothing stuck silently: an event in flight whose row goes untouched past any wait of a run at work raises an alarm in status, naming it',
-    find: '  if (idle && idle.idleSeconds * 1000 >= (opts.idleAlarmMs ?? 2 * 3_600_000)) {',
+    find: '  if (idle && idle.idleSeconds * 1000 >= (opts.idleAlarmMs ?? IDLE_ALARM_MS)) {',
     replace: '  if (false) {',
     test: 'test/metrics.test.ts',
     name: 'untouched longest',

@@ -61,6 +61,9 @@ export type ApiToken = z.infer<typeof apiToken>;
 export const PRODUCTION_ENVS = ['production', 'prod', 'staging'] as const;
 const OTHER_ENVS = ['development', 'dev', 'local', 'test'] as const;
 
+/** RETRY_MAX_OUTAGE_MS's default: 6 h of an outage waited out, from an event's first attempt. */
+const MAX_OUTAGE_MS = 21_600_000;
+
 const schema = z.object({
   // An application's own spellings are taken (`staging` is production, `dev` is not); any other
   // value is refused rather than guessed: production decides which unsafe settings are refused.
@@ -152,7 +155,7 @@ const schema = z.object({
   RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
   RETRY_MAX_RATE_LIMITED_MS: int(1_000, 86_400_000).default(3_600_000),
   // Under the 23 h resend window, so an event that waited out a long outage still has hours to be retried in.
-  RETRY_MAX_OUTAGE_MS: int(0, 72_000_000).default(21_600_000),
+  RETRY_MAX_OUTAGE_MS: int(0, 72_000_000).default(MAX_OUTAGE_MS),
   DEAD_LETTER_OPEN_DAYS: decimal(0.001, 365).default(7),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
@@ -304,7 +307,7 @@ const LEASE_WAIT_MS = 10_000;
 const HEARTBEAT_EVERY_MS = 2_000;
 
 /** The delivery timings for a Stripe call timeout and unanswered-call hold (exported for tests). */
-export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, maxOutageMs = 21_600_000): DeliveryTimings {
+export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, maxOutageMs = MAX_OUTAGE_MS): DeliveryTimings {
   return {
     callTimeoutMs,
     // 5 s for our own queries around the call while holding the lease (begin, mark sent).

@@ -57,8 +57,10 @@ export interface StatusReport {
  * ahead (an hour at most) and an outage's 5 minutes: two hours, or an hour more than the longer of
  * the two settings.
  */
+const IDLE_ALARM_MS = 2 * 3_600_000;
+
 export function idleInFlightAlarmMs(retry: Pick<RetryPolicy, 'maximumIntervalMs' | 'maxRateLimitedMs'>): number {
-  return Math.max(2 * 3_600_000, Math.max(retry.maximumIntervalMs, retry.maxRateLimitedMs) + 3_600_000);
+  return Math.max(IDLE_ALARM_MS, Math.max(retry.maximumIntervalMs, retry.maxRateLimitedMs) + 3_600_000);
 }
 
 /** The outbox's state now, by PostgreSQL's clock. */
@@ -80,7 +82,7 @@ export async function outboxStatus(db: Queryable, schema: Schema, opts: { idleAl
     alarms.push(`${held} event(s) held: Stripe refused the API key (401/403). Fix STRIPE_API_KEY (expired, rolled or missing a permission); delivery resumes by itself.`);
   }
   const idle = summary.longestIdleInFlight;
-  if (idle && idle.idleSeconds * 1000 >= (opts.idleAlarmMs ?? 2 * 3_600_000)) {
+  if (idle && idle.idleSeconds * 1000 >= (opts.idleAlarmMs ?? IDLE_ALARM_MS)) {
     alarms.push(
       `an event in flight untouched for ${Math.floor(idle.idleSeconds / 3600)} h and more (${idle.key}): no attempt or mark since, which a run at work never leaves this long. ` +
         `Its run may be paused, failing its workflow task, or on a queue no worker polls: billing-outbox inspect ${shellWord(idle.key)}.`,

@@ -130,6 +130,20 @@ export function storedIdentifier(key: string, revision: number, namespace: strin
 }
 
 /**
+ * The SET clauses that stamp a row recording no attempt as first attempted at `at` (an SQL
+ * expression; NULL stamps nothing): counted as an attempt, so that one taken back later never clears
+ * the stamp, and under `identifier` (an SQL expression: storedIdentifier of the attempt it stands
+ * for, null for the key), the one that attempt sent. A row that records an attempt keeps its own.
+ * Used where an attempt may have reached Stripe unrecorded: a reopen, `restored`, the sweep.
+ */
+export function firstAttemptStamp(alias: string, at: string, identifier: string): string {
+  const stamping = `${alias}.first_attempted_at IS NULL AND ${at} IS NOT NULL`;
+  return `first_attempted_at = COALESCE(${alias}.first_attempted_at, ${at}),
+              stripe_identifier = CASE WHEN ${stamping} THEN COALESCE(${alias}.stripe_identifier, ${identifier}) ELSE ${alias}.stripe_identifier END,
+              attempt_count = CASE WHEN ${stamping} THEN greatest(${alias}.attempt_count, 1) ELSE ${alias}.attempt_count END`;
+}
+
+/**
  * Takes back an attempt begun but not made (our own pace put it off): the count goes down again,
  * and the first attempt's time is cleared if this was the first and no other has begun since (an
  * attempt that outlived its timeout is taken back after the next one began, which may have called).

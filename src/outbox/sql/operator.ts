@@ -8,6 +8,7 @@ import { DELIVERED, IN_FLIGHT, UNSETTLED } from '../statuses.js';
 import type { Schema } from './schema.js';
 import { attemptCustomer } from './customers.js';
 import { inFlightNow } from './relay.js';
+import { firstAttemptStamp } from './delivery.js';
 
 /**
  * An outbox row as the operator sees it, with the Stripe customer its attempts name
@@ -111,13 +112,9 @@ export async function reopenDeadLetter(
      )
      UPDATE ${schema.outbox} o
         SET status = 'dispatched', dispatched_at = now(), dead_at = NULL,
-            first_attempted_at = COALESCE(o.first_attempted_at, $2::timestamptz),
-            -- Stamped here, the row is taken as first attempted under the identifier it would have had
-            -- then (beginAttempt keeps a stamped row's identifier): with STRIPE_IDENTIFIER_NAMESPACE, not the bare key.
-            stripe_identifier = CASE WHEN o.first_attempted_at IS NULL AND $2::timestamptz IS NOT NULL THEN COALESCE(o.stripe_identifier, $3::text) ELSE o.stripe_identifier END,
-            -- The run that reached Stripe counts as an attempt: an attempt of the new run taken
-            -- back (undoAttempt of the row's "first") must not clear the stamp.
-            attempt_count = CASE WHEN o.first_attempted_at IS NULL AND $2::timestamptz IS NOT NULL THEN greatest(o.attempt_count, 1) ELSE o.attempt_count END,
+            -- The run that reached Stripe, as an attempt under the identifier it would have had then
+            -- (beginAttempt keeps a stamped row's identifier): with STRIPE_IDENTIFIER_NAMESPACE, not the bare key.
+            ${firstAttemptStamp('o', '$2::timestamptz', '$3::text')},
             workflow_id = COALESCE(o.workflow_id, o.idempotency_key), updated_at = now()
        FROM prev
       WHERE o.id = prev.id AND o.status = 'dead'
@@ -359,8 +356,7 @@ export async function stampRestored(
     after = Number(rows[rows.length - 1]!.id);
     const result = await db.query(
       `UPDATE ${schema.outbox} o
-          SET first_attempted_at = greatest($1::timestamptz, o.created_at), attempt_count = greatest(o.attempt_count, 1),
-              stripe_identifier = COALESCE(o.stripe_identifier, u.identifier), updated_at = now()
+          SET ${firstAttemptStamp('o', 'greatest($1::timestamptz, o.created_at)', 'u.identifier')}, updated_at = now()
          FROM unnest($2::bigint[], $3::text[]) AS u(id, identifier)
         WHERE o.id = u.id AND o.status = ANY($4::text[]) AND o.first_attempted_at IS NULL`,
       [opts.backupTakenAt, rows.map((r) => r.id), rows.map((r) => opts.identifierOf(r.idempotency_key)), [...UNSETTLED]],

@@ -5,6 +5,7 @@
  */
 import type { Queryable } from '../../db.js';
 import type { Schema } from './schema.js';
+import { firstAttemptStamp } from './delivery.js';
 
 export interface DispatchedRow {
   id: number;
@@ -43,11 +44,9 @@ export async function markStaleDispatchedDead(
 ): Promise<boolean> {
   const { rows } = await db.query(
     `WITH dead AS (
-       UPDATE ${schema.outbox}
+       UPDATE ${schema.outbox} o
           SET status = 'dead', dead_at = now(), last_error_code = $3::text, last_error_message = $4::text, updated_at = now(),
-              first_attempted_at = COALESCE(first_attempted_at, $6::timestamptz),
-              stripe_identifier = CASE WHEN first_attempted_at IS NULL AND $6::timestamptz IS NOT NULL THEN COALESCE(stripe_identifier, $7::text) ELSE stripe_identifier END,
-              attempt_count = CASE WHEN first_attempted_at IS NULL AND $6::timestamptz IS NOT NULL THEN greatest(attempt_count, 1) ELSE attempt_count END
+              ${firstAttemptStamp('o', '$6::timestamptz', '$7::text')}
         WHERE id = $1::bigint AND status = 'dispatched' AND updated_at < now() - $2::int * interval '1 millisecond'
         RETURNING id
      )
