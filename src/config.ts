@@ -18,6 +18,13 @@ export function isStripeItself(base: string): boolean {
   return URL.parse(base.trim())?.origin === STRIPE_DEFAULT_BASE;
 }
 
+/**
+ * What Kubernetes puts in every pod of a namespace for each Service in it (a service link): a
+ * Service named `api` sets API_PORT=tcp://10.96.0.12:8080 in the worker's pod too. Not a setting of
+ * ours: a port variable holding one is taken as unset.
+ */
+const SERVICE_LINK = /^(tcp|udp|sctp):\/\/[^\s/]+:\d+$/;
+
 /** A positive integer read from a string, with an inclusive range. */
 function int(min: number, max: number) {
   return z
@@ -40,7 +47,7 @@ function decimal(min: number, max: number) {
 const nonEmpty = (what: string) => z.string().trim().min(1, `must not be empty (${what})`);
 
 /** Scopes a bearer token can carry; each route requires one. */
-export const API_SCOPES = ['usage:write', 'usage:read', 'metrics:read'] as const;
+export const API_SCOPES = ['usage:write', 'metrics:read'] as const;
 export type ApiScope = (typeof API_SCOPES)[number];
 
 const apiToken = z.object({
@@ -270,7 +277,7 @@ export interface DeliveryTimings {
   maintenanceAnswerMs: number;
   /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
   credentialsRetryMs: number;
-  /** Stripe is taken for down after this long of 5xx or no answer for two customers and more, with no other answer (src/stripe/outage.ts). */
+  /** Stripe is taken for down after this long of 5xx or no answer for two customers and more that keep failing, with no other answer (src/stripe/outage.ts). */
   outageAfterMs: number;
   /** No failure for this long ends an outage (or, before one is judged, a stretch of failures). */
   outageQuietMs: number;
@@ -581,7 +588,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
           fileProblems.push(`${key}_FILE: cannot read ${file.trim()} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
         }
       }
-    } else if (given) input[key] = value;
+    } else if (given && !(key.endsWith('_PORT') && SERVICE_LINK.test(value.trim()))) input[key] = value;
   }
   if (fileProblems.length > 0) throw new ConfigError(fileProblems);
   const result = schema.safeParse(input);

@@ -254,6 +254,8 @@ describe('configuration', () => {
     expect(problems({ API_TOKENS: JSON.stringify([{ name: 'a', token: 'short', tenants: ['*'], scopes: ['usage:write'] }]) })[0]).toMatch(/24 characters/);
     const dup = { name: 'a', token: 'y'.repeat(30), tenants: ['*'], scopes: ['usage:write'] };
     expect(problems({ API_TOKENS: JSON.stringify([dup, dup]) })[0]).toMatch(/used twice/);
+    // A scope no route requires would make a token every request of which is refused (403).
+    expect(problems({ API_TOKENS: JSON.stringify([{ ...dup, scopes: ['usage:read'] }]) })[0]).toMatch(/^API_TOKENS: .*usage:write.*metrics:read/);
   });
 
   it('rejects API tokens that could never be used as given: a space or non-ASCII in the value, one value twice, a tenant no usage can name', () => {
@@ -275,5 +277,15 @@ describe('configuration', () => {
 
   it('treats empty strings as unset', () => {
     expect(loadConfig({ RELAY_COUNT: '', STRIPE_API_KEY: '  ' }).relay.count).toBe(2);
+  });
+
+  it("takes a Kubernetes service link in a port variable (a Service named api sets API_PORT=tcp://…) as unset, not as a bad value that stops the worker", () => {
+    const linked = loadConfig({ API_PORT: 'tcp://10.96.0.12:8080', WORKER_METRICS_PORT: 'tcp://10.96.4.2:9464' });
+    expect(linked.api.port).toBe(8080);
+    expect(linked).toEqual(loadConfig({}));
+    // Set in the pod's own environment, it wins over the link; anything else is still refused.
+    expect(loadConfig({ API_PORT: '9090' }).api.port).toBe(9090);
+    expect(() => loadConfig({ API_PORT: 'http://10.96.0.12:8080' })).toThrow(/API_PORT: must be a whole number/);
+    expect(() => loadConfig({ RELAY_COUNT: 'tcp://10.96.0.12:2' })).toThrow(/RELAY_COUNT: must be a whole number/);
   });
 });

@@ -42,6 +42,13 @@ const DEPENDENCY_GLOBALS = new Set([
   ...Object.keys(createRequire(import.meta.url)(path.join(ROOT, 'node_modules', 'tslib'))).filter((k) => k.startsWith('__')),
   '__zod_globalConfig',
   '__zod_globalRegistry',
+  // Node's own fetch (its built-in undici), which sets its dispatcher on first use: the Stripe SDK
+  // touches `Headers` when it loads.
+  'Symbol(undici.globalDispatcher.1)',
+  'Symbol(undici.globalDispatcher.2)',
+  // The Temporal SDK's activity and Nexus context storage, keyed by Symbol.for.
+  'Symbol(__temporal_activity_context_storage__)',
+  'Symbol(__temporal_nexus_context_storage__)',
 ]);
 
 /** The version the repository has installed: the scratch installs take the same, from the cache. */
@@ -237,7 +244,10 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
           path.join(app, 'imports.js'),
           `import pg from 'pg';
   const state = () => ({
-    globals: Object.getOwnPropertyNames(globalThis),
+    // By name and by symbol (where OpenTelemetry, undici and the Temporal SDK keep theirs).
+    globals: Reflect.ownKeys(globalThis).map(String),
+    // Built-ins an import could replace or tune in place.
+    builtins: [Error.prepareStackTrace, Error.stackTraceLimit, Promise, Promise.prototype.then, Date, JSON.parse, setTimeout, queueMicrotask, fetch, Symbol.dispose],
     listeners: ['SIGTERM', 'SIGINT', 'SIGHUP', 'exit', 'beforeExit', 'uncaughtException', 'unhandledRejection', 'warning'].map((e) => process.listenerCount(e)).join(),
     env: Object.keys(process.env).sort().join(),
     // Timers and handles left behind, once what was under way has settled; not the process's own
@@ -256,7 +266,8 @@ console.log(typeof recordUsage, typeof fromPrisma, UsageError.name, usage.quanti
     changes.push({
       entry,
       globals: after.globals.filter((g) => !before.globals.includes(g)),
-      others: ['listeners', 'env', 'resources', 'parsers'].filter((k) => after[k] !== before[k]).map((k) => k + ': ' + before[k] + ' -> ' + after[k]),
+      others: ['listeners', 'env', 'resources', 'parsers'].filter((k) => after[k] !== before[k]).map((k) => k + ': ' + before[k] + ' -> ' + after[k])
+        .concat(after.builtins.flatMap((b, i) => (b === before.builtins[i] ? [] : ['built-in ' + i + ' replaced']))),
     });
     before = after;
   }
