@@ -134,3 +134,9 @@ it("an event's next try after an unanswered first try waits out the hold: the fi
     await slow.close();
   }
 }, 120_000);
+
+it("gives a worker's regular activities as many slots as its deliveries: the tries waiting for one customer's lease, which many tenants may share (4 each in flight), leave slots for the relays and the other tenants' retries", () => {
+  const tuner = pipeline.workers[0]!.worker.options.tuner as unknown as Record<string, { type: string; numSlots: number }>;
+  expect(tuner.activityTaskSlotSupplier).toEqual({ type: 'fixed-size', numSlots: config.worker.maxConcurrentDeliveries });
+  expect(config.worker.maxConcurrentDeliveries).toBeGreaterThan(100);
+});

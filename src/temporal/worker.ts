@@ -140,9 +140,14 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
     ...(traced ? { interceptors: { activity: traced.activity }, sinks: traced.sinks } : {}),
     // A delivery's first attempt is a local activity that keeps its workflow task (and slot) for
     // as long as it waits for its lease (a second at most; longer waits are the regular
-    // activity's) and calls Stripe: the slots bound concurrent deliveries.
+    // activity's) and calls Stripe: the slots bound concurrent deliveries. Their later tries, and
+    // the relays' claims, are regular activities, each try holding a slot while it waits for its
+    // lease (up to 10 s): the SDK's default of 100 would let the waiters of one customer shared by
+    // many tenants (4 per tenant in flight, one call at a time) take every slot, and the relays
+    // and every other tenant's retries wait for one.
     maxConcurrentWorkflowTaskExecutions: config.worker.maxConcurrentDeliveries,
     maxConcurrentLocalActivityExecutions: config.worker.maxConcurrentDeliveries,
+    maxConcurrentActivityTaskExecutions: config.worker.maxConcurrentDeliveries,
     shutdownGraceTime: '20 seconds',
     ...deps.workerOptions,
   });
