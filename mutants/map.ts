@@ -388,9 +388,17 @@ export const MUTANTS: Mutant[] = [
     name: 'a plain outage',
   },
   {
+    id: 'stream-poison-customer-mixed-again',
+    guarantee: "One tenant never affects another (v2): a customer whose event failed alone in a split goes in requests of its own for a while, so its next poison does not split the others' requests again",
+    find: '          if (level > 0 && someThrough && f.batch.length === 1 && mayHalve(f)) this.apartUntil.set(f.batch[0]!.event.stripeCustomerId, performance.now() + APART_MS);',
+    replace: '',
+    test: 'test/stream-batcher.test.ts',
+    name: 'failed alone goes in requests of its own',
+  },
+  {
     id: 'stream-batcher-fifo',
     guarantee: "Tenants in turn (v2): the worker's stream batcher fills each request one event per customer in turn, so a flood already queued does not go first",
-    find: '      this.byCustomer.delete(customer);',
+    find: '    this.byCustomer.delete(customer);',
     replace: '',
     test: 'test/unit/stream-queue.test.ts',
     name: 'a flood queued first',

@@ -236,6 +236,28 @@ describe('one event that fails every request it is in', () => {
     expect(server.streamRequests().filter((r) => r.status === 200).flatMap((r) => r.identifiers).filter((id) => String(id).startsWith('cus_a'))).toEqual([]);
   });
 
+  it("a customer whose event failed alone goes in requests of its own for a while: the others' next events are not split again with its next poison", async () => {
+    const customers = ['cus_a', 'cus_b', 'cus_c', 'cus_d', 'cus_e'];
+    const server = await startStripe({ customers });
+    for (const id of ['cus_a-0', 'cus_a-1']) server.failStreamRequestsWith(id, 500);
+    const stream = batcher(server);
+    const round = (i: number) =>
+      within(10_000, `round ${i}`, Promise.all(customers.map((c) => stream.send(eventOf(c, `${c}-${i}`)).then(() => 'accepted', (err: unknown) => (err as Stripe.errors.StripeError).statusCode))));
+    expect(await round(0)).toEqual([500, 'accepted', 'accepted', 'accepted', 'accepted']);
+    const splitting = server.streamRequests().length;
+    expect(splitting).toBeGreaterThan(2);
+    // Its retried (still poison) event and the others' next: one request for the others, one for it.
+    expect(await round(1)).toEqual([500, 'accepted', 'accepted', 'accepted', 'accepted']);
+    const after = server.streamRequests().slice(splitting);
+    expect(after.map((r) => ({ status: r.status, ids: [...r.identifiers].sort() }))).toEqual(
+      expect.arrayContaining([
+        { status: 500, ids: ['cus_a-1'] },
+        { status: 200, ids: ['cus_b-1', 'cus_c-1', 'cus_d-1', 'cus_e-1'] },
+      ]),
+    );
+    expect(after).toHaveLength(2);
+  });
+
   it('an event that breaks requests beside one Stripe refuses as malformed: each meets its own fate', async () => {
     const server = await startStripe();
     server.failStreamRequestsWith('poison', 503);

@@ -6,6 +6,9 @@
  * after the flood. A tenant is billed as its Stripe customer, so this is the turn per tenant the
  * claim also gives (the batcher sees events, not outbox rows).
  *
+ * A customer set apart (one whose event broke requests it shared, src/stripe/stream.ts) is not mixed
+ * into the others' requests: when the ring's turn starts with it, a request takes its events alone.
+ *
  * An identifier already waiting is not queued twice: a second `send` of it (a retried attempt whose
  * first one gave up while its event still waited) joins the waiting one and settles with it, so one
  * request never carries an identifier twice and an event never takes two places.
@@ -60,26 +63,46 @@ export class StreamQueue {
     else this.byCustomer.set(customer, { items: [w], head: 0 });
   }
 
-  /** Up to `max` events, one per customer in turn; a customer served goes to the back of the ring. */
-  take(max: number): Waiting[] {
+  /**
+   * Up to `max` events, one per customer in turn; a customer served goes to the back of the ring.
+   * A customer `apart` is passed over, keeping its place, unless the turn starts with it: then its
+   * events alone, up to `max`.
+   */
+  take(max: number, apart: (customer: string) => boolean = () => false): Waiting[] {
     const taken: Waiting[] = [];
+    const first = this.byCustomer.keys().next();
+    if (!first.done && apart(first.value)) {
+      while (taken.length < max && this.byCustomer.has(first.value)) taken.push(this.takeOne(first.value));
+      return taken;
+    }
     while (taken.length < max) {
-      const next = this.byCustomer.entries().next();
-      if (next.done) break;
-      const [customer, queue] = next.value;
-      const w = queue.items[queue.head++]!;
-      taken.push(w);
-      this.byIdentifier.delete(w.event.identifier);
-      this.byCustomer.delete(customer);
-      if (queue.head < queue.items.length) {
-        // Array.shift would copy a flood's queue on every take; the taken head is dropped in bulk.
-        if (queue.head >= 1024 && queue.head * 2 >= queue.items.length) {
-          queue.items.splice(0, queue.head);
-          queue.head = 0;
+      let customer: string | undefined;
+      for (const c of this.byCustomer.keys()) {
+        if (!apart(c)) {
+          customer = c;
+          break;
         }
-        this.byCustomer.set(customer, queue);
       }
+      if (customer === undefined) break;
+      taken.push(this.takeOne(customer));
     }
     return taken;
+  }
+
+  /** The next event of `customer`, which goes to the back of the ring (out of it with none left). */
+  private takeOne(customer: string): Waiting {
+    const queue = this.byCustomer.get(customer)!;
+    const w = queue.items[queue.head++]!;
+    this.byIdentifier.delete(w.event.identifier);
+    this.byCustomer.delete(customer);
+    if (queue.head < queue.items.length) {
+      // Array.shift would copy a flood's queue on every take; the taken head is dropped in bulk.
+      if (queue.head >= 1024 && queue.head * 2 >= queue.items.length) {
+        queue.items.splice(0, queue.head);
+        queue.head = 0;
+      }
+      this.byCustomer.set(customer, queue);
+    }
+    return w;
   }
 }

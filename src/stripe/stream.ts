@@ -109,6 +109,13 @@ const REFRESH_BEFORE_EXPIRY_MS = 60_000;
 export const CLOCK_SKEW_WARN_MS = 30_000;
 /** A failed request that took longer than this is a slow Stripe, not one bad event: it is not split. */
 const SPLIT_ONLY_FAILURES_WITHIN_MS = 5_000;
+/**
+ * How long a customer whose event failed alone, in a split whose other requests went through, is
+ * kept out of the others' requests (StreamQueue.take): a poison event comes back with its retries,
+ * and each request it shared would be split again (a dozen requests and pace slots instead of one).
+ * Each such failure sets it apart again.
+ */
+export const APART_MS = 60_000;
 
 /** The arrival rate is counted over about this long (an exponentially decaying count). */
 const RATE_WINDOW_MS = 1_000;
@@ -137,6 +144,15 @@ export interface MeterEventStreamOptions {
 export class MeterEventStream implements MeterEventSender {
   readonly api = 'v2';
   private readonly queue = new StreamQueue();
+  /** Customers set apart (APART_MS), and until when (performance.now()). */
+  private readonly apartUntil = new Map<string, number>();
+  private readonly isApart = (customer: string): boolean => {
+    const until = this.apartUntil.get(customer);
+    if (until === undefined) return false;
+    if (until > performance.now()) return true;
+    this.apartUntil.delete(customer);
+    return false;
+  };
   /** Set when the oldest waiting event has lingered long enough: a request may leave with fewer than 100. */
   private due = false;
   private timer: NodeJS.Timeout | undefined;
@@ -239,7 +255,7 @@ export class MeterEventStream implements MeterEventSender {
     } catch (err) {
       paceFailure = err;
     }
-    const batch = this.queue.take(this.maxBatch);
+    const batch = this.queue.take(this.maxBatch, this.isApart);
     if (this.queue.size === 0) {
       this.due = false;
       clearTimeout(this.timer);
@@ -268,7 +284,7 @@ export class MeterEventStream implements MeterEventSender {
     const first = await this.attempt(batch, true);
     let failing = first ? [{ batch, ...first }] : [];
     let someThrough = true;
-    while (failing.length > 0) {
+    for (let level = 0; failing.length > 0; level++) {
       const halves: Waiting[][] = [];
       const alone: Waiting[] = [];
       for (const f of failing) {
@@ -283,6 +299,9 @@ export class MeterEventStream implements MeterEventSender {
           for (const w of f.batch) w.mayHaveReached ??= f.err;
           halves.push(...halve(f.batch));
         } else {
+          // One event failing alone where the rest of its level went through: its customer's
+          // next events go in requests of their own for a while.
+          if (level > 0 && someThrough && f.batch.length === 1 && mayHalve(f)) this.apartUntil.set(f.batch[0]!.event.stripeCustomerId, performance.now() + APART_MS);
           for (const w of f.batch) rejectWith(w, f.err);
         }
       }

@@ -62,6 +62,22 @@ describe('StreamQueue', () => {
     expect(q.size).toBe(1);
   });
 
+  it("a customer set apart is passed over, keeping its place, and has a take of its own when the turn starts with it", () => {
+    const q = new StreamQueue();
+    for (const i of [0, 1]) for (const c of ['a', 'b', 'c']) q.push(waiting(`cus_${c}`, `${c}-${i}`));
+    const apart = (customer: string) => customer === 'cus_b';
+    expect(ids(q.take(100, apart))).toEqual(['a-0', 'c-0', 'a-1', 'c-1']);
+    expect(ids(q.take(100, apart))).toEqual(['b-0', 'b-1']);
+    // Others first in the ring: passed over again; its own take when it comes first.
+    q.push(waiting('cus_a', 'a-2'));
+    q.push(waiting('cus_b', 'b-2'));
+    q.push(waiting('cus_c', 'c-2'));
+    expect(ids(q.take(1, apart))).toEqual(['a-2']);
+    expect(ids(q.take(100, apart))).toEqual(['b-2']);
+    expect(ids(q.take(100, apart))).toEqual(['c-2']);
+    expect(q.size).toBe(0);
+  });
+
   it('20,000 events of one customer come out whole and in order, 100 at a time', () => {
     const q = new StreamQueue();
     for (let i = 0; i < 20_000; i++) q.push(waiting('cus_flood', `f-${i}`));
