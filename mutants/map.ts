@@ -131,6 +131,14 @@ export const MUTANTS: Mutant[] = [
     name: "retries a tenant's dead letters at its lane's pace",
   },
   {
+    id: 'bulk-retry-lane-holds-every-slot',
+    guarantee: "One tenant never affects another: a bulk retry gives each lane one of its slots, so one tenant's pile waiting for room does not hold the other tenants' dead letters back",
+    find: '        await forEachLimit([...lanes.entries()], BULK_CONCURRENCY, async ([lane, rows]) => {',
+    replace: '        await forEachLimit([...lanes.entries()], 1, async ([lane, rows]) => {',
+    test: 'test/bulk-retry.test.ts',
+    name: 'a lane that stays full is reported',
+  },
+  {
     id: 'claim-unfair',
     guarantee: "Fairness: the claim serves tenants in turn; one tenant's backlog never keeps another's event out of the next claim",
     find: 'FROM ranked r ORDER BY r.turn, r.lane_n, r.id LIMIT $1::int',

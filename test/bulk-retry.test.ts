@@ -52,18 +52,24 @@ it("retries a tenant's dead letters at its lane's pace: never more than LANE_MAX
 it("a lane that stays full is reported, its rows untried, and every other lane's dead letters are retried", async () => {
   const insert = (tenant: string, key: string, status: string) =>
     t.pool.query(`INSERT INTO outbox (tenant_id, event_name, quantity, occurred_at, idempotency_key, usage_id, status, last_error_code) VALUES ($1, $2, 1, now(), $3, $3, $4, 'http_500')`, [tenant, METER, key, status]);
-  // 'jammed' has its whole lane in flight (runs that never finish), and a dead letter first in line.
+  // 'jammed' has its whole lane in flight (runs that never finish), and more dead letters than the
+  // retry's eight slots first in line.
   const jammed = Array.from({ length: t.config.lanes.maxInFlight }, (_, i) => `u:jammed:in-flight-${i}`);
   for (const key of jammed) await insert('jammed', key, 'dispatched');
   await insert('jammed', 'u:jammed:dead', 'dead');
+  for (let i = 0; i < 10; i++) await insert('jammed', `u:jammed:dead-${i}`, 'dead');
   await insert('free', 'u:free:dead', 'dead');
   try {
     const results: RetryResult[] = [];
-    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now, laneRoomWaitMs: 1_000 });
+    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now, laneRoomWaitMs: 3_000 });
     expect(await retrier.retryAllDead({}, { force: false, requestedBy: 'test' }, (r) => results.push(r))).toEqual({});
     const by = Object.fromEntries(results.map((r) => [r.key, r]));
     expect(by['u:jammed:dead']).toMatchObject({ outcome: 'refused', message: expect.stringContaining('its lane (tenant jammed, meter api_requests) had its') });
     expect(by['u:free:dead']).toMatchObject({ outcome: 'reopened' });
+    // The jammed lane's pile waited in one slot: the free lane's dead letter went back at once,
+    // not after the jammed lane's wait for room.
+    expect(results.map((r) => r.key).slice(0, 1)).toEqual(['u:free:dead']);
+    expect(results.filter((r) => r.key.startsWith('u:jammed:')).map((r) => r.outcome)).toEqual(Array(11).fill('refused'));
     await t.waitStatus('u:free:dead', 'sent', 30_000);
     expect((await t.row('u:jammed:dead'))?.status).toBe('dead');
   } finally {

@@ -155,6 +155,16 @@ const LANE_ROOM_WAIT_MS = 120_000;
 const LEAVES_DEAD_WITHIN_MS = 5_000;
 const DEFAULT_PAGE_SIZE = 500;
 
+/** Each lane's first row, then each lane's second, and so on: the lanes in turn. */
+function inTurns<T>(lanes: [string, T[]][]): [string, T][] {
+  const out: [string, T][] = [];
+  const total = lanes.reduce((n, [, rows]) => n + rows.length, 0);
+  for (let i = 0; out.length < total; i++) {
+    for (const [lane, rows] of lanes) if (i < rows.length) out.push([lane, rows[i]!]);
+  }
+  return out;
+}
+
 export class DeadLetterRetrier {
   private readonly deps: RetrierDeps;
   constructor(deps: RetrierDeps) {
@@ -193,36 +203,46 @@ export class DeadLetterRetrier {
       afterId = page.at(-1)!.id;
       // A lane's rows one after another, each when the lane has room (LANE_MAX_IN_FLIGHT, as the
       // claim gives it): a tenant's thousands of dead letters go back at the pace its lane drains,
-      // not into Temporal at once, where every tenant's events would queue behind them. With
-      // `--wait` each retry holds its slot until its outcome, so the eight slots bound what this
-      // command has in flight, and a lane's rows are not chained (one would wait for the other's outcome).
-      const turns = new Map<string, Promise<void>>();
-      await forEachLimit(page, BULK_CONCURRENCY, async (row) => {
+      // not into Temporal at once, where every tenant's events would queue behind them. The lanes
+      // take the eight slots in turn, one slot each, so one tenant's pile waiting for room does not
+      // hold the others' dead letters back. With `--wait` each retry holds its slot until its
+      // outcome, so the eight slots bound what this command has in flight, and a lane's rows are
+      // not chained (one would wait for the other's outcome): the rows go in turns of the lanes.
+      const lanes = new Map<string, OperatorRow[]>();
+      for (const row of page) {
         const lane = JSON.stringify([row.tenant_id, row.event_name]);
-        const retryInTurn = async () => {
-          if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) return;
-          const notTried = (outcome: RetryOutcome, why: string) => onResult({ key: row.idempotency_key, outcome, forced: opts.force, message: `not retried: ${why}` });
-          const full = `its lane (tenant ${row.tenant_id}, meter ${row.event_name}) had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${this.laneRoomWaitMs / 1000} s without one finishing: is a worker running? Run the same command again later`;
-          if (fullLanes.has(lane)) return notTried('refused', full);
-          try {
-            if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0))) {
-              fullLanes.add(lane);
-              return notTried('refused', full);
-            }
-          } catch (err) {
-            return notTried('failed', `counting its lane's events in flight failed: ${scrub((err as Error).message)}`);
+        const rows = lanes.get(lane);
+        if (rows) rows.push(row);
+        else lanes.set(lane, [row]);
+      }
+      const retryInTurn = async (lane: string, row: OperatorRow) => {
+        if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) return;
+        const notTried = (outcome: RetryOutcome, why: string) => onResult({ key: row.idempotency_key, outcome, forced: opts.force, message: `not retried: ${why}` });
+        const full =
+          `its lane (tenant ${row.tenant_id}, meter ${row.event_name}) had its ${this.deps.config.lanes.maxInFlight} events in flight (LANE_MAX_IN_FLIGHT) for ${this.laneRoomWaitMs / 1000} s without one finishing ` +
+          '(its events retried may be failing again, or no worker is running): run the same command again later';
+        if (fullLanes.has(lane)) return notTried('refused', full);
+        try {
+          if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0))) {
+            fullLanes.add(lane);
+            return notTried('refused', full);
           }
-          const result = await this.retryRow(row, opts);
-          onResult(result);
-          if (!opts.wait && (result.outcome === 'signalled' || result.outcome === 'reopened')) {
-            if (!(await this.leftDead(row.idempotency_key).catch(() => true))) unmoved.set(lane, (unmoved.get(lane) ?? 0) + 1);
-          }
-        };
-        if (opts.wait) return retryInTurn();
-        const turn = (turns.get(lane) ?? Promise.resolve()).then(retryInTurn);
-        turns.set(lane, turn);
-        await turn;
-      });
+        } catch (err) {
+          return notTried('failed', `counting its lane's events in flight failed: ${scrub((err as Error).message)}`);
+        }
+        const result = await this.retryRow(row, opts);
+        onResult(result);
+        if (!opts.wait && (result.outcome === 'signalled' || result.outcome === 'reopened')) {
+          if (!(await this.leftDead(row.idempotency_key).catch(() => true))) unmoved.set(lane, (unmoved.get(lane) ?? 0) + 1);
+        }
+      };
+      if (opts.wait) {
+        await forEachLimit(inTurns([...lanes.entries()]), BULK_CONCURRENCY, ([lane, row]) => retryInTurn(lane, row));
+      } else {
+        await forEachLimit([...lanes.entries()], BULK_CONCURRENCY, async ([lane, rows]) => {
+          for (const row of rows) await retryInTurn(lane, row);
+        });
+      }
       // Temporal away: each row would wait out the client's retries (some 20 s) and fail, for
       // every dead letter there is. The rows not reached are still dead: the same command goes on.
       if (this.unreachableInARow >= STOP_AFTER_UNREACHABLE) {
