@@ -87,6 +87,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   // A 5xx or no answer waits longer than the retry policy only while Stripe fails this way for
   // everyone; a wait this long after the one before is a new stretch.
   const outage = deps.outage ?? outageWatch({ afterMs: t.outageAfterMs, quietMs: t.outageQuietMs });
+  metrics?.watchStripeDown(outage.downSince);
   // When the outage this process last said so in its log began.
   let announcedDown: number | null = null;
   /**

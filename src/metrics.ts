@@ -145,6 +145,18 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     registers: workerRegisters,
   });
 
+  // The worker's judgement that Stripe is down for everyone (src/stripe/outage.ts), read when scraped.
+  let stripeDownSince: () => number | null = () => null;
+  new Gauge({
+    name: 'billing_outbox_stripe_down_seconds',
+    help: "How long this worker has taken Stripe for down for everyone (its calls for two customers and more keep failing with 5xx or no answer, no other answer between), its deliveries waiting without spending attempts; 0 when it does not.",
+    registers: workerRegisters,
+    collect() {
+      const since = stripeDownSince();
+      this.set(since === null ? 0 : Math.max(0, Date.now() - since) / 1000);
+    },
+  });
+
   const outboxRegisters = options.db ? registers : [];
   const outboxRows = new Gauge({
     name: 'billing_outbox_rows',
@@ -218,6 +230,10 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
     reconcileDrift,
     reconcileLastSuccess,
     reconcileDriftingCustomers,
+    /** Where billing_outbox_stripe_down_seconds reads the worker's judgement from. */
+    watchStripeDown(downSince: () => number | null): void {
+      stripeDownSince = downSince;
+    },
     contentType: registry.contentType,
     /** The registry in Prometheus text format, followed by the Temporal SDK's metrics if configured. */
     async render(): Promise<string> {
@@ -235,7 +251,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
 }
 
 /** What the delivery activity records. */
-export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'commitToAck'>;
+export type DeliveryMetrics = Pick<Metrics, 'eventsSent' | 'stripeErrors' | 'commitToAck' | 'watchStripeDown'>;
 /** What the reconcile activity records. */
 export type ReconcileMetrics = Pick<Metrics, 'reconcileDrift' | 'reconcileLastSuccess' | 'reconcileDriftingCustomers'>;
 /** What the relay activity records. */

@@ -4,7 +4,9 @@
  * None is dead for it. A single customer whose calls fail is that customer's: its events spend
  * their attempts and go dead as before (src/stripe/outage.ts).
  */
+import { Registry } from 'prom-client';
 import { expect, it } from 'vitest';
+import { createMetrics } from '../src/metrics.js';
 import { statusCounts, useStripe, waitFor } from './hooks.js';
 
 const t = useStripe({ customers: { acme: 'cus_acme', globex: 'cus_globex' }, stripe: { meters: ['api_requests'] } });
@@ -18,7 +20,10 @@ function outageConfig(env: Record<string, string>) {
 it.each(['v1', 'v2'])('%s: every call failing (503) well past the retry budget: nothing dead, each event waits with the reason on its row, then is billed once', async (api) => {
   const config = outageConfig({ STRIPE_METER_API: api });
   t.stripe.failNext(1_000_000, 503);
-  const pipeline = await t.startPipeline(config);
+  const metrics = createMetrics(new Registry());
+  const downFor = async () => Number(/^billing_outbox_stripe_down_seconds (\S+)$/m.exec(await metrics.registry.metrics())?.[1]);
+  const pipeline = await t.startPipeline(config, { metrics });
+  expect(await downFor()).toBe(0);
   const keys = [...(await t.backlog('acme', 3)), ...(await t.backlog('globex', 3))];
 
   // Calls for each event past its 4 attempts (each call counted on the row), none dead.
@@ -29,10 +34,13 @@ it.each(['v1', 'v2'])('%s: every call failing (503) well past the retry budget: 
     }, 60_000);
   }
   expect((await statusCounts(t.pool)).dead ?? 0).toBe(0);
+  // The worker's metrics say it takes Stripe for down, and since when.
+  expect(await downFor()).toBeGreaterThan(0);
   t.stripe.heal();
   const billed = api === 'v1' ? 'sent' : 'accepted';
   for (const key of keys) await t.waitStatus(key, billed);
   for (const key of keys) expect(t.eventsFor(key), key).toHaveLength(1);
+  expect(await downFor()).toBe(0);
   await pipeline.stop();
 }, 120_000);
 

@@ -18,6 +18,8 @@ export interface OutageWatch {
   answered(): void;
   /** A call for this customer failed with a 5xx or got no answer. Returns when Stripe went down, or null. */
   failed(customer: string | null): number | null;
+  /** When Stripe went down, as judged now (null: not down, or no failure for `quietMs`). */
+  downSince(): number | null;
 }
 
 export interface OutageWatchOptions {
@@ -54,6 +56,7 @@ export function outageWatch({ afterMs, quietMs, windowMs = OUTAGE_WINDOW_MS, now
   };
   return {
     answered: reset,
+    downSince: () => (down !== null && last !== null && now() - last <= quietMs ? down : null),
     failed(customer) {
       const at = now();
       if (down !== null && last !== null && at - last > quietMs) reset();

@@ -105,7 +105,7 @@ describe('v1: under the (customer, meter) lease', () => {
       const { deps, store } = parts({ api, row: row({ identifier: `r1:${KEY}`, identifier_revision: 1 }) });
       store.markSentAndHandOff.mockResolvedValueOnce({ attempts: null, first: false, handOffs: [] });
       store.markDelivered.mockResolvedValueOnce({ attempts: null, first: false });
-      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() } };
+      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() }, watchStripeDown: vi.fn() };
       expect(await deliver({ ...deps, metrics: metrics as never })).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 1 });
       if (api === 'v1') expect(store.markSentAndHandOff).toHaveBeenCalledWith(KEY, expect.any(String), timings.handOffMs, 1);
       else expect(store.markDelivered).toHaveBeenCalledWith(KEY, 'accepted', 1);
@@ -136,7 +136,7 @@ describe('v1: under the (customer, meter) lease', () => {
       const { deps, store } = parts({ api });
       store.markSentAndHandOff.mockResolvedValueOnce({ attempts: 2, first: false, handOffs: [] });
       store.markDelivered.mockResolvedValueOnce({ attempts: 2, first: false });
-      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() } };
+      const metrics = { eventsSent: { inc: vi.fn() }, commitToAck: { observe: vi.fn() }, stripeErrors: { inc: vi.fn() }, watchStripeDown: vi.fn() };
       expect(await deliver({ ...deps, metrics: metrics as never })).toEqual({ outcome: api === 'v1' ? 'sent' : 'accepted', attempts: 2 });
       expect(metrics.eventsSent.inc).not.toHaveBeenCalled();
       expect(metrics.commitToAck.observe).not.toHaveBeenCalled();

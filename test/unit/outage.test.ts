@@ -73,6 +73,7 @@ describe('outageWatch', () => {
     w.failed('cus_a');
     expect(w.failed('cus_b')).toBe(T);
     w.answered();
+    expect(w.downSince()).toBeNull();
     at(21_000);
     expect(w.failed('cus_a')).toBeNull();
     expect(w.failed('cus_b')).toBeNull();
@@ -88,14 +89,19 @@ describe('outageWatch', () => {
     w.failed('cus_b');
     at(15_000);
     w.failed('cus_a');
+    expect(w.downSince()).toBeNull();
     expect(w.failed('cus_b')).toBe(T);
+    expect(w.downSince()).toBe(T);
     // One customer's failure 50 minutes later, then 40 more: still the same outage.
     at(15_000 + 50 * 60_000);
     expect(w.failed('cus_a')).toBe(T);
     at(15_000 + 90 * 60_000);
     expect(w.failed('cus_a')).toBe(T);
-    // Over an hour with no failure: judged again.
+    // Over an hour with no failure: over, as read (a worker whose calls stopped) and when judged again.
+    at(15_000 + 150 * 60_000);
+    expect(w.downSince()).toBe(T);
     at(15_000 + 155 * 60_000);
+    expect(w.downSince()).toBeNull();
     expect(w.failed('cus_a')).toBeNull();
     expect(w.failed('cus_b')).toBeNull();
   });
