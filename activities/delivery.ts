@@ -483,7 +483,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   function waitOutOutage(row: AttemptRow, since: number): DeliveryResult {
     if (announcedDown !== since) {
       announcedDown = since;
-      log.error('Stripe looks down: calls for two customers and more keep failing with 5xx or no answer, with no other answer between. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
+      log.error('Stripe looks down: calls for several customers fail with 5xx or no answer, with no other answer between. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
         since: new Date(since).toISOString(),
       });
     }

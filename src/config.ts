@@ -277,7 +277,7 @@ export interface DeliveryTimings {
   maintenanceAnswerMs: number;
   /** A delivery held because Stripe refused the API key (401/403) tries again this much later. */
   credentialsRetryMs: number;
-  /** Stripe is taken for down after this long of 5xx or no answer for two customers and more that keep failing, with no other answer (src/stripe/outage.ts). */
+  /** Stripe is taken for down after this long of 5xx or no answer for several customers, with no other answer (src/stripe/outage.ts). */
   outageAfterMs: number;
   /** No failure for this long ends an outage (or, before one is judged, a stretch of failures). */
   outageQuietMs: number;

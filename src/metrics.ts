@@ -149,7 +149,7 @@ export function createMetrics(registry: Registry = new Registry(), options: Metr
   let stripeDownSince: () => number | null = () => null;
   new Gauge({
     name: 'billing_outbox_stripe_down_seconds',
-    help: "How long this worker has taken Stripe for down for everyone (its calls for two customers and more keep failing with 5xx or no answer, no other answer between), its deliveries waiting without spending attempts; 0 when it does not.",
+    help: "How long this worker has taken Stripe for down for everyone (its calls failing with 5xx or no answer for several customers, no other answer between), its deliveries waiting without spending attempts; 0 when it does not.",
     registers: workerRegisters,
     collect() {
       const since = stripeDownSince();
