@@ -404,6 +404,14 @@ export const MUTANTS: Mutant[] = [
     name: 'failed alone goes in requests of its own',
   },
   {
+    id: 'stream-apart-takes-whole-request',
+    guarantee: "Tenants in turn (v2): a customer set apart gets its share of a request when its turn comes, not a whole request while the others get one event each",
+    find: '      const share = Math.ceil(max / this.byCustomer.size);',
+    replace: '      const share = max;',
+    test: 'test/unit/stream-queue.test.ts',
+    name: 'a customer set apart is passed over',
+  },
+  {
     id: 'stream-batcher-fifo',
     guarantee: "Tenants in turn (v2): the worker's stream batcher fills each request one event per customer in turn, so a flood already queued does not go first",
     find: '    this.byCustomer.delete(customer);',

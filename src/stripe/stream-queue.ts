@@ -7,7 +7,8 @@
  * claim also gives (the batcher sees events, not outbox rows).
  *
  * A customer set apart (one whose event broke requests it shared, src/stripe/stream.ts) is not mixed
- * into the others' requests: when the ring's turn starts with it, a request takes its events alone.
+ * into the others' requests: when the ring's turn starts with it, a request takes its events alone,
+ * as many as a round of the ring would give it over the request (its share, not a whole request).
  *
  * An identifier already waiting is not queued twice: a second `send` of it (a retried attempt whose
  * first one gave up while its event still waited) joins the waiting one and settles with it, so one
@@ -66,13 +67,14 @@ export class StreamQueue {
   /**
    * Up to `max` events, one per customer in turn; a customer served goes to the back of the ring.
    * A customer `apart` is passed over, keeping its place, unless the turn starts with it: then its
-   * events alone, up to `max`.
+   * events alone, its share of `max` among the customers waiting.
    */
   take(max: number, apart: (customer: string) => boolean = () => false): Waiting[] {
     const taken: Waiting[] = [];
     const first = this.byCustomer.keys().next();
     if (!first.done && apart(first.value)) {
-      while (taken.length < max && this.byCustomer.has(first.value)) taken.push(this.takeOne(first.value));
+      const share = Math.ceil(max / this.byCustomer.size);
+      while (taken.length < share && this.byCustomer.has(first.value)) taken.push(this.takeOne(first.value));
       return taken;
     }
     while (taken.length < max) {

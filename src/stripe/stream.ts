@@ -113,9 +113,10 @@ const SPLIT_ONLY_FAILURES_WITHIN_MS = 5_000;
  * How long a customer whose event failed alone, in a split whose other requests went through, is
  * kept out of the others' requests (StreamQueue.take): a poison event comes back with its retries,
  * and each request it shared would be split again (a dozen requests and pace slots instead of one).
- * Each such failure sets it apart again.
+ * Longer than the retry policy's longest interval (5 minutes by default), and each failure of its
+ * event alone, in a split or in a request of its own, sets it apart again.
  */
-export const APART_MS = 60_000;
+export const APART_MS = 10 * 60_000;
 
 /** The arrival rate is counted over about this long (an exponentially decaying count). */
 const RATE_WINDOW_MS = 1_000;
@@ -299,9 +300,10 @@ export class MeterEventStream implements MeterEventSender {
           for (const w of f.batch) w.mayHaveReached ??= f.err;
           halves.push(...halve(f.batch));
         } else {
-          // One event failing alone where the rest of its level went through: its customer's
-          // next events go in requests of their own for a while.
-          if (level > 0 && someThrough && f.batch.length === 1 && mayHalve(f)) this.apartUntil.set(f.batch[0]!.event.stripeCustomerId, performance.now() + APART_MS);
+          // One event failing alone where the rest of its level went through, or in a request of
+          // its customer set apart: its customer's next events go in requests of their own.
+          const customer = f.batch.length === 1 && mayHalve(f) ? f.batch[0]!.event.stripeCustomerId : undefined;
+          if (customer !== undefined && ((level > 0 && someThrough) || this.isApart(customer))) this.apartUntil.set(customer, performance.now() + APART_MS);
           for (const w of f.batch) rejectWith(w, f.err);
         }
       }

@@ -76,6 +76,11 @@ describe('StreamQueue', () => {
     expect(ids(q.take(100, apart))).toEqual(['b-2']);
     expect(ids(q.take(100, apart))).toEqual(['c-2']);
     expect(q.size).toBe(0);
+    // Its own take is its share of the request among the customers waiting, not a whole request.
+    for (let i = 0; i < 10; i++) q.push(waiting('cus_b', `b-flood-${i}`));
+    for (const c of ['a', 'c', 'd', 'e']) q.push(waiting(`cus_${c}`, `${c}-3`));
+    expect(ids(q.take(10, apart))).toEqual(['b-flood-0', 'b-flood-1']);
+    expect(ids(q.take(10, apart))).toEqual(['a-3', 'c-3', 'd-3', 'e-3']);
   });
 
   it('20,000 events of one customer come out whole and in order, 100 at a time', () => {
