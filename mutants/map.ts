@@ -398,7 +398,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'stream-poison-customer-mixed-again',
     guarantee: "One tenant never affects another (v2): a customer whose event failed alone in a split goes in requests of its own for a while, so its next poison does not split the others' requests again",
-    find: '          if (level > 0 && someThrough && f.batch.length === 1 && mayHalve(f)) this.apartUntil.set(f.batch[0]!.event.stripeCustomerId, performance.now() + APART_MS);',
+    find: '          if (customer !== undefined && ((level > 0 && someThrough) || this.isApart(customer))) this.apartUntil.set(customer, performance.now() + APART_MS);',
     replace: '',
     test: 'test/stream-batcher.test.ts',
     name: 'failed alone goes in requests of its own',
