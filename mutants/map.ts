@@ -125,7 +125,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'bulk-retry-ignores-lanes',
     guarantee: "Lanes: a bulk retry gives a lane no more than its room (LANE_MAX_IN_FLIGHT): one tenant's dead letters never flood Temporal",
-    find: 'if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0))) {',
+    find: 'if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0, () => fullLanes.has(lane)))) {',
     replace: 'if (!(await Promise.resolve(true))) {',
     test: 'test/bulk-retry.test.ts',
     name: "retries a tenant's dead letters at its lane's pace",

@@ -61,7 +61,7 @@ it("a lane that stays full is reported, its rows untried, and every other lane's
   await insert('free', 'u:free:dead', 'dead');
   try {
     const results: RetryResult[] = [];
-    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now, laneRoomWaitMs: 3_000 });
+    const retrier = new DeadLetterRetrier({ db: t.pool, schema: t.schema, client: t.client, config: t.config, now: Date.now, laneRoomWaitMs: 8_000 });
     expect(await retrier.retryAllDead({}, { force: false, requestedBy: 'test' }, (r) => results.push(r))).toEqual({});
     const by = Object.fromEntries(results.map((r) => [r.key, r]));
     expect(by['u:jammed:dead']).toMatchObject({ outcome: 'refused', message: expect.stringContaining('its lane (tenant jammed, meter api_requests) had its') });

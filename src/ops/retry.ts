@@ -207,7 +207,9 @@ export class DeadLetterRetrier {
       // take the eight slots in turn, one slot each, so one tenant's pile waiting for room does not
       // hold the others' dead letters back. With `--wait` each retry holds its slot until its
       // outcome, so the eight slots bound what this command has in flight, and a lane's rows are
-      // not chained (one would wait for the other's outcome): the rows go in turns of the lanes.
+      // not chained (one would wait for the other's outcome): the rows go in turns of the lanes,
+      // and a lane found full stops every wait for its room (a full lane's rows may still take
+      // several slots for up to LANE_ROOM_WAIT_MS).
       const lanes = new Map<string, OperatorRow[]>();
       for (const row of page) {
         const lane = JSON.stringify([row.tenant_id, row.event_name]);
@@ -223,7 +225,7 @@ export class DeadLetterRetrier {
           '(its events retried may be failing again, or no worker is running): run the same command again later';
         if (fullLanes.has(lane)) return notTried('refused', full);
         try {
-          if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0))) {
+          if (!(await this.laneRoom(row, unmoved.get(lane) ?? 0, () => fullLanes.has(lane)))) {
             fullLanes.add(lane);
             return notTried('refused', full);
           }
@@ -255,12 +257,15 @@ export class DeadLetterRetrier {
     return this.deps.laneRoomWaitMs ?? LANE_ROOM_WAIT_MS;
   }
 
-  /** Waits until the row's lane has room, counting `unmoved` rows as in flight (at most laneRoomWaitMs); false if it never did. */
-  private async laneRoom(row: OperatorRow, unmoved: number): Promise<boolean> {
+  /**
+   * Waits until the row's lane has room, counting `unmoved` rows as in flight (at most
+   * laneRoomWaitMs, or until `foundFull`: another row's wait for the lane gave up); false if it never did.
+   */
+  private async laneRoom(row: OperatorRow, unmoved: number, foundFull: () => boolean): Promise<boolean> {
     const until = Date.now() + this.laneRoomWaitMs;
     for (;;) {
       if ((await laneInFlight(this.deps.db, this.deps.schema, row.tenant_id, row.event_name)) + unmoved < this.deps.config.lanes.maxInFlight) return true;
-      if (Date.now() >= until) return false;
+      if (Date.now() >= until || foundFull()) return false;
       await new Promise((resolve) => setTimeout(resolve, LANE_ROOM_POLL_MS));
     }
   }
