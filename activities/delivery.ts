@@ -87,7 +87,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   // A 5xx or no answer waits longer than the retry policy only while Stripe fails this way for
   // everyone; a wait this long after the one before is a new stretch.
   const outage = deps.outage ?? outageWatch({ afterMs: t.outageAfterMs, quietMs: t.outageQuietMs });
-  metrics?.watchStripeDown(outage.downSince);
+  // The gauge says what this worker sees now: held deliveries come back within outageRetryMaxMs and
+  // a quarter, and one that has met none of their failures for longer is not seeing an outage
+  // (the judgement itself stays up to outageQuietMs, for the next failure).
+  metrics?.watchStripeDown(() => outage.downSince(t.outageRetryMaxMs * 1.25));
   // When the outage this process last said so in its log began.
   let announcedDown: number | null = null;
   /**

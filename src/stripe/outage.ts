@@ -21,8 +21,10 @@ export interface OutageWatch {
   answered(): void;
   /** A call for this customer failed with a 5xx or got no answer. Returns when Stripe went down, or null. */
   failed(customer: string | null): number | null;
-  /** When Stripe went down, as judged now (null: not down, or no failure for `quietMs`). */
-  downSince(): number | null;
+  /** When Stripe went down, as judged now (null: not down, or no failure for `quietFor`, `quietMs` by default). */
+  downSince(quietFor?: number): number | null;
+  /** Whether Stripe answered this worker within the last `ms`. */
+  answeredWithin(ms: number): boolean;
 }
 
 export interface OutageWatchOptions {
@@ -43,8 +45,11 @@ export interface OutageWatchOptions {
   now?: () => number;
 }
 
-/** Customers remembered, the least recently failed forgotten first: three are enough to judge. */
-const CUSTOMERS_KEPT = 64;
+/**
+ * Customers remembered, the least recently failed forgotten first: more than fail within windowMs
+ * in all but the largest outages (whose customers then fail in turn faster than afterMs).
+ */
+const CUSTOMERS_KEPT = 4_096;
 /** One customer's failures closer than this count once: the events of one failed v2 request. */
 const SAME_REQUEST_MS = 1_000;
 
@@ -52,20 +57,26 @@ const SAME_REQUEST_MS = 1_000;
 export const OUTAGE_WINDOW_MS = 120_000;
 
 export function outageWatch({ afterMs, quietMs, windowMs = OUTAGE_WINDOW_MS, now = Date.now }: OutageWatchOptions): OutageWatch {
-  // Since Stripe last answered: when the failures began and the last of them, each customer's
-  // (a few) failures counted, and since when Stripe is down (null: not yet).
+  // Since Stripe last answered: when the failures began and the last of them, each customer's run
+  // of failures (each within windowMs of the one before: when it began, its last, how many), and
+  // since when Stripe is down (null: not yet).
   let began: number | null = null;
   let last = 0;
   let down: number | null = null;
-  const customers = new Map<string, number[]>();
+  let answeredAt = -Infinity;
+  const customers = new Map<string, { first: number; last: number; count: number }>();
   const reset = () => {
     began = null;
     down = null;
     customers.clear();
   };
   return {
-    answered: reset,
-    downSince: () => (down !== null && now() - last <= quietMs ? down : null),
+    answered() {
+      answeredAt = now();
+      reset();
+    },
+    answeredWithin: (ms) => now() - answeredAt <= ms,
+    downSince: (quietFor = quietMs) => (down !== null && now() - last <= quietFor ? down : null),
     failed(customer) {
       const at = now();
       if (began !== null && at - last > (down === null ? windowMs : quietMs)) reset();
@@ -73,18 +84,22 @@ export function outageWatch({ afterMs, quietMs, windowMs = OUTAGE_WINDOW_MS, now
       last = at;
       if (down !== null) return down;
       if (customer !== null) {
-        const times = (customers.get(customer) ?? []).filter((t) => at - t <= windowMs);
-        if (times.length === 0 || at - times.at(-1)! >= SAME_REQUEST_MS) times.push(at);
+        const run = customers.get(customer);
         customers.delete(customer);
-        customers.set(customer, times);
+        if (!run || at - run.last > windowMs) customers.set(customer, { first: at, last: at, count: 1 });
+        else customers.set(customer, { first: run.first, last: at, count: run.count + (at - run.last >= SAME_REQUEST_MS ? 1 : 0) });
         if (customers.size > CUSTOMERS_KEPT) customers.delete(customers.keys().next().value!);
       }
-      // How often each customer failed within windowMs, most first.
-      const counts = [...customers.values()].map((times) => times.filter((t) => at - t <= windowMs).length).sort((a, b) => b - a);
-      const [, second = 0, third = 0] = counts;
-      if ((third === 0 && second < 2) || at - began < afterMs) return null;
-      // Since the failures began, or windowMs ago if that is later (a poison customer's long stretch is not the outage's).
-      down = Math.max(began, at - windowMs);
+      // The customers failing now (their last failure within windowMs), the most failing first.
+      for (const [c, run] of customers) if (at - run.last > windowMs) customers.delete(c);
+      const failing = [...customers.values()].sort((a, b) => b.count - a.count);
+      const [, second, third] = failing;
+      if (!third && (second?.count ?? 0) < 2) return null;
+      // Timed from when the second customer began failing: a poison customer's long stretch is
+      // not the outage's.
+      const [, from] = failing.map((run) => run.first).sort((a, b) => a - b) as [number, number];
+      if (at - from < afterMs) return null;
+      down = from;
       return down;
     },
   };
