@@ -279,7 +279,7 @@ export interface DeliveryTimings {
   credentialsRetryMs: number;
   /** Stripe is taken for down after this long of 5xx or no answer for several customers, with no other answer (src/stripe/outage.ts). */
   outageAfterMs: number;
-  /** No failure for this long ends an outage (or, before one is judged, a stretch of failures). */
+  /** Once Stripe is taken for down, no failure for this long ends the outage. */
   outageQuietMs: number;
   /** A delivery held by an outage tries again after its age so far, between these two (plus up to a quarter). */
   outageRetryMinMs: number;
