@@ -72,6 +72,8 @@ interface Ready {
 /** How far one attempt got: `begun` once its beginAttempt statement is sent (answered or not). */
 interface Progress {
   begun: boolean;
+  /** The run's last try was held as Stripe down since then (DeliverInput.heldByOutageSince). */
+  heldByOutageSince?: number | undefined;
 }
 
 interface AfterCall {
@@ -97,7 +99,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * Put off without spending an attempt. Attempts of this activity that failed before (Temporal
    * retried them within it) are reported, so the workflow spends them from the event's budget.
    */
-  const deferred = (reason: DeferralReason, waitMs: number, attempts: number, begun = true): DeliveryResult => ({
+  const deferred = (reason: DeferralReason, waitMs: number, attempts: number, begun = true): Extract<DeliveryResult, { outcome: 'deferred' }> => ({
     outcome: 'deferred',
     reason,
     waitMs,
@@ -152,7 +154,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
       // Set as the attempt's first statement on the row goes out (beginAttempt): before it, the row
       // is untouched, and a forced retry's force is not used up.
-      const progress: Progress = { begun: false };
+      const progress: Progress = { begun: false, heldByOutageSince: input.heldByOutageSince };
       const startedAt = performance.now();
       try {
         const result = await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
@@ -305,7 +307,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // No answer: Stripe may still be on it, unless the connection never existed (refused, host
       // not found), when nothing was sent and the next delivery of the lease may go at once.
       if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
-      return failed(key, ready.row, err, sent);
+      return failed(key, ready.row, err, sent, { progress });
     }
     return acknowledged(key, 'sent', await sent(), ready.row);
   }
@@ -332,9 +334,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // never made), and Temporal tries again, or the key's refusal holds it.
       if (err instanceof StreamSessionError) {
         await undoIfCounted(key, ready.row);
-        return failed(key, ready.row, err, accepted, { takenBack: true });
+        return failed(key, ready.row, err, accepted, { takenBack: true, progress });
       }
-      return failed(key, ready.row, err, accepted);
+      return failed(key, ready.row, err, accepted, { progress });
     }
     return acknowledged(key, 'accepted', await accepted(), ready.row);
   }
@@ -426,12 +428,16 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * A call that did not simply succeed, classified where it was made: Stripe already had it
    * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
    */
-  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<Marked>, opts: { takenBack?: boolean } = {}): Promise<DeliveryResult> {
+  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<Marked>, opts: { takenBack?: boolean; progress?: Progress } = {}): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     // Any answer from Stripe ends an outage; an error of ours (not Stripe's) says nothing either way.
     const down = looksDown(err);
-    const downSince = down ? outage.failed(row.stripe_customer_id) : null;
+    const judged = down ? outage.failed(row.stripe_customer_id) : null;
+    // A held delivery comes back on any worker: one that has not judged Stripe down itself takes
+    // the judgement of the worker that held it, unless Stripe has answered it since.
+    const held = opts.progress?.heldByOutageSince;
+    const downSince = judged ?? (down && held !== undefined && !outage.answeredSince(held) ? held : null);
     if (!down && err instanceof Stripe.errors.StripeError) outage.answered();
     const waitsOutOutage = failure.kind === 'retryable' && downSince !== null && mayWaitOutOutage(row);
     if (failure.kind === 'delivered') {
@@ -491,7 +497,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       });
     }
     const waitMs = Math.min(t.outageRetryMaxMs, Math.max(t.outageRetryMinMs, Date.now() - since));
-    return deferred('stripe_down', waitMs + Math.floor((Math.random() * waitMs) / 4), row.attempt_count);
+    return { ...deferred('stripe_down', waitMs + Math.floor((Math.random() * waitMs) / 4), row.attempt_count), downSince: since };
   }
 }
 

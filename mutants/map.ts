@@ -574,6 +574,22 @@ export const MUTANTS: Mutant[] = [
     name: 'Stripe down for every customer',
   },
   {
+    id: 'outage-judgement-not-carried',
+    guarantee: "Through Stripe outages: a held delivery's next try carries the judgement that held it, to whichever worker takes it",
+    find: "      heldByOutageSince = result.reason === 'stripe_down' ? result.downSince : undefined;",
+    replace: '      heldByOutageSince = undefined;',
+    test: 'test/workflows.test.ts',
+    name: 'passes on the judgement that held its last try',
+  },
+  {
+    id: 'outage-judgement-carried-ignored',
+    guarantee: 'Through Stripe outages: a worker that has not judged Stripe down itself holds a delivery held elsewhere, unless Stripe has answered it since',
+    find: '    const downSince = judged ?? (down && held !== undefined && !outage.answeredSince(held) ? held : null);',
+    replace: '    const downSince = judged;',
+    test: 'test/unit/delivery.test.ts',
+    name: 'a held delivery back on a worker that has not judged Stripe down',
+  },
+  {
     id: 'outage-one-customer',
     guarantee: "Nothing stuck silently: one customer's failures (a poison event) spend its attempts and end dead, never taken for Stripe being down",
     find: '      const [, second, third] = failing;',

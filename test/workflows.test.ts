@@ -153,6 +153,22 @@ it('a retry Update accepted while the dead mark runs, which finds the row at Str
   });
 });
 
+it("passes on the judgement that held its last try as Stripe down to the next try (on whichever worker), and only to that one", async () => {
+  const answers: DeliveryResult[] = [
+    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 1, downSince: 1_234 },
+    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 2, downSince: 1_234 },
+    { outcome: 'deferred', reason: 'paced', waitMs: 100, attempts: 3 },
+    { outcome: 'sent', attempts: 4 },
+  ];
+  const { calls, activities } = fakeActivities(async () => answers.shift()!);
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue);
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'sent' });
+  });
+  expect(calls.deliver.map((c) => c.heldByOutageSince)).toEqual([undefined, 1_234, 1_234, undefined]);
+});
+
 it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {
   const { calls, activities } = fakeActivities(async () => {
     throw retryable();

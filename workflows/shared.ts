@@ -99,6 +99,12 @@ export interface DeliverInput {
   key: string;
   /** Operator override of the identifier-window guard (see ReopenRequest.force). */
   force?: boolean;
+  /**
+   * The run's last try was held because Stripe was down since then (ms), as the worker that made
+   * it judged: a worker that has not judged so itself, and has had no answer from Stripe since,
+   * holds the next such failure too instead of spending an attempt on it.
+   */
+  heldByOutageSince?: number;
 }
 
 /**
@@ -130,9 +136,9 @@ export type DeliveryResult =
    * DeferralReason). `failedBefore`: attempts of this activity that failed before this one
    * deferred (Temporal retried them within the activity): they are spent from the event's budget.
    * `begun: false`: the attempt deferred before it began on the row (it touched nothing there), so
-   * a forced retry's force still stands for the next one.
+   * a forced retry's force still stands for the next one. `downSince`: `stripe_down`'s, since when.
    */
-  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number; begun?: false };
+  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number; begun?: false; downSince?: number };
 
 export interface UsageState {
   status: OutboxStatus;

@@ -287,6 +287,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
     let inTask = true;
+    // Stripe down since then, as the worker that held the last try judged (DeliverInput).
+    let heldByOutageSince: number | undefined;
     for (let deferrals = 1; ; deferrals++) {
       let result: DeliveryResult;
       // A forced reopen forces one attempt: that attempt starts a new 24 h window (beginAttempt).
@@ -309,9 +311,10 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         }
       } else {
         inTask = false;
-        result = await deliverWithBudget(spent)({ key: input.key, force: forcing });
+        result = await deliverWithBudget(spent)({ key: input.key, force: forcing, ...(heldByOutageSince === undefined ? {} : { heldByOutageSince }) });
       }
       if (result.outcome !== 'deferred') return result;
+      heldByOutageSince = result.reason === 'stripe_down' ? result.downSince : undefined;
       // Put off before it began on the row (a busy lease, our database away): the force is still
       // the operator's, for the attempt that does begin.
       if (forcing && result.begun === false) force = true;

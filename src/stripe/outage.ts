@@ -14,7 +14,8 @@
  * While Stripe is down, a delivery that fails this way waits instead of spending an attempt
  * (activities/delivery.ts), so an outage longer than the retry policy does not turn every event in
  * flight into a dead letter. Each worker judges by its own calls: no state is shared, and a worker
- * restarted mid-outage judges again from its next failures (spending the attempts they cost).
+ * restarted mid-outage judges again from its next failures (spending the attempts they cost),
+ * except that a delivery held comes back with the judgement that held it (DeliverInput).
  */
 export interface OutageWatch {
   /** Stripe answered (anything but a 5xx or no answer). */
@@ -23,8 +24,8 @@ export interface OutageWatch {
   failed(customer: string | null): number | null;
   /** When Stripe went down, as judged now (null: not down, or no failure for `quietFor`, `quietMs` by default). */
   downSince(quietFor?: number): number | null;
-  /** Whether Stripe answered this worker within the last `ms`. */
-  answeredWithin(ms: number): boolean;
+  /** Whether Stripe has answered this worker since `at` (ms). */
+  answeredSince(at: number): boolean;
 }
 
 export interface OutageWatchOptions {
@@ -75,7 +76,7 @@ export function outageWatch({ afterMs, quietMs, windowMs = OUTAGE_WINDOW_MS, now
       answeredAt = now();
       reset();
     },
-    answeredWithin: (ms) => now() - answeredAt <= ms,
+    answeredSince: (at) => answeredAt >= at,
     downSince: (quietFor = quietMs) => (down !== null && now() - last <= quietFor ? down : null),
     failed(customer) {
       const at = now();

@@ -75,8 +75,12 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
   return { deps, store, lease, pacer, sent };
 }
 
-async function deliver(deps: DeliveryDeps, info: { attempt?: number; isLocal?: boolean } = {}, env = new MockActivityEnvironment({ attempt: info.attempt ?? 1, isLocal: info.isLocal ?? false }, { logger: silent })) {
-  return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY });
+async function deliver(
+  deps: DeliveryDeps,
+  info: { attempt?: number; isLocal?: boolean; heldByOutageSince?: number } = {},
+  env = new MockActivityEnvironment({ attempt: info.attempt ?? 1, isLocal: info.isLocal ?? false }, { logger: silent }),
+) {
+  return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY, ...(info.heldByOutageSince === undefined ? {} : { heldByOutageSince: info.heldByOutageSince }) });
 }
 
 const stripeError = {
@@ -570,6 +574,24 @@ describe('Stripe down for every customer (src/stripe/outage.ts)', () => {
     // The same failure of an event inside it is waited out (Stripe was down for each above).
     expect(await deliver({ ...parts({ send: failing(unavailable) }).deps, outage: watch('cus_b') })).toMatchObject({ reason: 'stripe_down' });
   });
+
+  it.each(['v1', 'v2'] as const)(
+    "%s: a held delivery back on a worker that has not judged Stripe down waits again on the judgement that held it, unless Stripe has answered that worker since",
+    async (api) => {
+      const since = Date.now() - 60_000;
+      const fresh = () => outageWatch({ afterMs: 15_000, quietMs: 3_600_000 });
+      const held = parts({ api, send: failing(unavailable) });
+      expect(await deliver({ ...held.deps, outage: fresh() }, { heldByOutageSince: since })).toMatchObject({ reason: 'stripe_down', downSince: since });
+      // Not held before: its failure is this worker's to judge, and spends an attempt.
+      await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: fresh() })).rejects.toMatchObject({ type: 'StripeRetryable' });
+      // Stripe answered this worker since the outage began: its failure is its own.
+      const answered = fresh();
+      answered.answered();
+      await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: answered }, { heldByOutageSince: since })).rejects.toMatchObject({ type: 'StripeRetryable' });
+      // A refusal is an answer, held or not.
+      await expect(deliver({ ...parts({ api, send: failing(stripeError.rejected) }).deps, outage: fresh() }, { heldByOutageSince: since })).rejects.toMatchObject({ type: 'StripeRejected' });
+    },
+  );
 
   it('a success ends it', async () => {
     const outage = watch('cus_c');
