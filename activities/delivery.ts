@@ -26,7 +26,7 @@ import type { SlotPacer } from '../src/stripe/rate-limit.js';
 import { SAFE_RESEND_WINDOW_MS } from '../src/stripe/rules.js';
 import { maySendNow, noMeterRefusal, PAST_SEND_MARGIN_MS, SEND_MARGIN_MS, type AttemptFound, type Refusal } from '../src/stripe/send-check.js';
 import type { MeterEventSender } from '../src/stripe/sender.js';
-import { ErrorTypes, type DeferralReason, type DeliverInput, type DeliveryResult } from '../workflows/shared.js';
+import { ErrorTypes, type DeferralReason, type DeliverInput, type DeliveryResult, type OutageHold } from '../workflows/shared.js';
 
 export type { DeliveryResult };
 
@@ -72,8 +72,8 @@ interface Ready {
 /** How far one attempt got: `begun` once its beginAttempt statement is sent (answered or not). */
 interface Progress {
   begun: boolean;
-  /** The run's last try was held as Stripe down since then (DeliverInput.heldByOutageSince). */
-  heldByOutageSince?: number | undefined;
+  /** The run's last try of Stripe was held as Stripe down (DeliverInput.heldByOutage). */
+  heldByOutage?: OutageHold | undefined;
 }
 
 interface AfterCall {
@@ -154,7 +154,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
       // Set as the attempt's first statement on the row goes out (beginAttempt): before it, the row
       // is untouched, and a forced retry's force is not used up.
-      const progress: Progress = { begun: false, heldByOutageSince: input.heldByOutageSince };
+      const progress: Progress = { begun: false, heldByOutage: input.heldByOutage };
       const startedAt = performance.now();
       try {
         const result = await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
@@ -281,7 +281,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     const untilSlot = slot.at - performance.now();
     if (untilSlot > 0) await ctx.sleep(untilSlot);
-    const ready = await readyToSend(key, row);
+    const ready = await readyToSend(key, row, progress);
     if ('outcome' in ready) return ready;
     // The lease must outlast the call (and the pace's wait before it). If this process stalled since
     // it was extended (a long GC pause, a starved CPU) it is renewed, checked still ours; a lapsed
@@ -321,7 +321,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const workflowId = activityInfo().workflowExecution?.workflowId ?? key;
     progress.begun = true;
     const begun = await store.beginAttempt(key, { workflowId, safeWindowMs: SAFE_RESEND_WINDOW_MS, force });
-    const ready = await readyToSend(key, begun.row);
+    const ready = await readyToSend(key, begun.row, progress);
     if ('outcome' in ready) return ready;
     const accepted = () => store.markDelivered(key, 'accepted', ready.row.identifier_revision);
     try {
@@ -365,7 +365,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * (read from Stripe). Each refusal is recorded on the row and thrown as a non-retryable failure;
    * an event Stripe already has ends the attempt as `already_sent`.
    */
-  async function readyToSend(key: string, row: AttemptRow | undefined): Promise<DeliveryResult | Ready> {
+  async function readyToSend(key: string, row: AttemptRow | undefined, progress: Progress): Promise<DeliveryResult | Ready> {
     let found: AttemptFound;
     if (row) {
       found = { begun: true, status: row.status, stripeCustomerId: row.stripe_customer_id, occurredAt: row.occurred_at };
@@ -382,7 +382,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       try {
         skewMs = await sender.clockSkewMs();
       } catch (err) {
-        return failedBeforeTheCall(key, row, err);
+        return failedBeforeTheCall(key, row, err, progress);
       }
     }
     const check = maySendNow(found, Date.now() + skewMs, sender.api === 'v2' ? PAST_SEND_MARGIN_MS : SEND_MARGIN_MS);
@@ -403,7 +403,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     try {
       keys = await meters.keysFor(row.event_name);
     } catch (err) {
-      return failedBeforeTheCall(key, row, err);
+      return failedBeforeTheCall(key, row, err, progress);
     }
     if (!keys) {
       await undoIfCounted(key, row);
@@ -413,9 +413,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
   }
 
   /** A call to Stripe made before the meter event's (the meter list, a stream session) failed: classified as one, the attempt taken back. */
-  async function failedBeforeTheCall(key: string, row: AttemptRow, err: unknown): Promise<DeliveryResult> {
+  async function failedBeforeTheCall(key: string, row: AttemptRow, err: unknown, progress: Progress): Promise<DeliveryResult> {
     await undoIfCounted(key, row);
-    return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true });
+    return failed(key, row, err, async () => ({ attempts: row.attempt_count, first: false }), { takenBack: true, progress });
   }
 
   async function refuse(key: string, r: Refusal): Promise<never> {
@@ -435,11 +435,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     const down = looksDown(err);
     const judged = down ? outage.failed(row.stripe_customer_id) : null;
     // A held delivery comes back on any worker: one that has not judged Stripe down itself takes
-    // the judgement of the worker that held it, unless Stripe has answered it since.
-    const held = opts.progress?.heldByOutageSince;
-    const downSince = judged ?? (down && held !== undefined && !outage.answeredSince(held) ? held : null);
+    // the judgement that held it, unless Stripe has answered it since, for up to outageQuietMs
+    // after a worker last judged so by its own calls.
+    const held = opts.progress?.heldByOutage;
+    const carried = down && held && !outage.answeredSince(held.judgedAt) && Date.now() - held.judgedAt <= t.outageQuietMs ? held : undefined;
+    const hold: OutageHold | null = judged !== null ? { since: judged, judgedAt: Date.now() } : (carried ?? null);
     if (!down && err instanceof Stripe.errors.StripeError) outage.answered();
-    const waitsOutOutage = failure.kind === 'retryable' && downSince !== null && mayWaitOutOutage(row);
+    const waitsOutOutage = failure.kind === 'retryable' && hold !== null && mayWaitOutOutage(row);
     if (failure.kind === 'delivered') {
       const marked = await delivered();
       metrics?.stripeErrors.inc({ class: 'delivered_duplicate' });
@@ -457,7 +459,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     // Refused for good: nothing of the event is at Stripe (unless no meter event was sent at all,
     // as when the meter list was refused: an earlier call's customer is still the one to name).
-    const message = waitsOutOutage ? `${failure.message} (Stripe down since ${new Date(downSince).toISOString()}: waiting, no attempt spent)` : failure.message;
+    const message = waitsOutOutage ? `${failure.message} (Stripe down since ${new Date(hold.since).toISOString()}: waiting, no attempt spent)` : failure.message;
     await store.recordAttemptError(key, failure.code, message, { refused: failure.kind === 'rejected' && !opts.takenBack });
     metrics?.stripeErrors.inc({ class: failure.kind });
     log.warn('meter event call failed', { idempotencyKey: key, class: failure.kind, code: failure.code, message: failure.message });
@@ -468,7 +470,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
         // Stripe's Retry-After, plus jitter so that the refused calls do not come back as one burst.
         return deferred('rate_limited', (failure.retryAfterMs ?? t.rateLimitedWaitMs) + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
       case 'retryable':
-        if (waitsOutOutage) return waitOutOutage(row, downSince);
+        if (waitsOutOutage) return waitOutOutage(row, hold, judged !== null);
         throw ApplicationFailure.create({ type: ErrorTypes.retryable, message: failure.message, details: [failure.code] });
     }
   }
@@ -489,15 +491,17 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * without spending an attempt. The call was made, so the row keeps it counted: its 23 h window
    * stands, and Stripe's identifier dedup takes a copy of what it did receive.
    */
-  function waitOutOutage(row: AttemptRow, since: number): DeliveryResult {
-    if (announcedDown !== since) {
+  function waitOutOutage(row: AttemptRow, hold: OutageHold, judgedHere: boolean): DeliveryResult {
+    const { since } = hold;
+    // Logged where it was judged: a hold passed on is another worker's judgement.
+    if (judgedHere && announcedDown !== since) {
       announcedDown = since;
       log.error('Stripe looks down: calls for several customers fail with 5xx or no answer, with no other answer between. Deliveries wait without spending attempts (RETRY_MAX_OUTAGE_MS)', {
         since: new Date(since).toISOString(),
       });
     }
     const waitMs = Math.min(t.outageRetryMaxMs, Math.max(t.outageRetryMinMs, Date.now() - since));
-    return { ...deferred('stripe_down', waitMs + Math.floor((Math.random() * waitMs) / 4), row.attempt_count), downSince: since };
+    return { ...deferred('stripe_down', waitMs + Math.floor((Math.random() * waitMs) / 4), row.attempt_count), outageHold: hold };
   }
 }
 

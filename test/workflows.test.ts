@@ -153,11 +153,13 @@ it('a retry Update accepted while the dead mark runs, which finds the row at Str
   });
 });
 
-it("passes on the judgement that held its last try as Stripe down to the next try (on whichever worker), and only to that one", async () => {
+it("passes on the judgement that held its last try as Stripe down to the next tries (on whichever worker), through waits of our own, until Stripe answers", async () => {
+  const hold = { since: 1_234, judgedAt: 5_678 };
   const answers: DeliveryResult[] = [
-    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 1, downSince: 1_234 },
-    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 2, downSince: 1_234 },
+    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 1, outageHold: hold },
+    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 2, outageHold: hold },
     { outcome: 'deferred', reason: 'paced', waitMs: 100, attempts: 3 },
+    { outcome: 'deferred', reason: 'rate_limited', waitMs: 100, attempts: 3 },
     { outcome: 'sent', attempts: 4 },
   ];
   const { calls, activities } = fakeActivities(async () => answers.shift()!);
@@ -166,7 +168,7 @@ it("passes on the judgement that held its last try as Stripe down to the next tr
     await env.sleep('1 minute');
     expect(await handle.query(stateQuery)).toMatchObject({ status: 'sent' });
   });
-  expect(calls.deliver.map((c) => c.heldByOutageSince)).toEqual([undefined, 1_234, 1_234, undefined]);
+  expect(calls.deliver.map((c) => c.heldByOutage)).toEqual([undefined, hold, hold, hold, undefined]);
 });
 
 it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {

@@ -100,11 +100,17 @@ export interface DeliverInput {
   /** Operator override of the identifier-window guard (see ReopenRequest.force). */
   force?: boolean;
   /**
-   * The run's last try was held because Stripe was down since then (ms), as the worker that made
-   * it judged: a worker that has not judged so itself, and has had no answer from Stripe since,
-   * holds the next such failure too instead of spending an attempt on it.
+   * The run's last try of Stripe was held because Stripe was down: a worker that has not judged so
+   * itself, and has had no answer from Stripe since a worker last did, holds the next such failure
+   * too instead of spending an attempt on it, for up to an hour after that judgement.
    */
-  heldByOutageSince?: number;
+  heldByOutage?: OutageHold;
+}
+
+/** A try held because Stripe was down (ms): since when, and when a worker last judged so by its own calls. */
+export interface OutageHold {
+  since: number;
+  judgedAt: number;
 }
 
 /**
@@ -136,9 +142,10 @@ export type DeliveryResult =
    * DeferralReason). `failedBefore`: attempts of this activity that failed before this one
    * deferred (Temporal retried them within the activity): they are spent from the event's budget.
    * `begun: false`: the attempt deferred before it began on the row (it touched nothing there), so
-   * a forced retry's force still stands for the next one. `downSince`: `stripe_down`'s, since when.
+   * a forced retry's force still stands for the next one. `outageHold`: `stripe_down`'s, passed on
+   * to the next try (DeliverInput.heldByOutage).
    */
-  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number; begun?: false; downSince?: number };
+  | { outcome: 'deferred'; reason: DeferralReason; waitMs: number; attempts: number; failedBefore?: number; begun?: false; outageHold?: OutageHold };
 
 export interface UsageState {
   status: OutboxStatus;

@@ -50,6 +50,7 @@ import {
   stateQuery,
   TemporalErrorCodes,
   type DeliveryResult,
+  type OutageHold,
   type ReopenRequest,
   type RetryRefusal,
   type UsageState,
@@ -287,8 +288,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
     let inTask = true;
-    // Stripe down since then, as the worker that held the last try judged (DeliverInput).
-    let heldByOutageSince: number | undefined;
+    // The last try of Stripe was held as Stripe down (DeliverInput.heldByOutage).
+    let heldByOutage: OutageHold | undefined;
     for (let deferrals = 1; ; deferrals++) {
       let result: DeliveryResult;
       // A forced reopen forces one attempt: that attempt starts a new 24 h window (beginAttempt).
@@ -311,10 +312,12 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
         }
       } else {
         inTask = false;
-        result = await deliverWithBudget(spent)({ key: input.key, force: forcing, ...(heldByOutageSince === undefined ? {} : { heldByOutageSince }) });
+        result = await deliverWithBudget(spent)({ key: input.key, force: forcing, ...(heldByOutage ? { heldByOutage } : {}) });
       }
       if (result.outcome !== 'deferred') return result;
-      heldByOutageSince = result.reason === 'stripe_down' ? result.downSince : undefined;
+      // Kept through waits of our own (the pace, the lease, our database), until Stripe answers.
+      if (result.reason === 'stripe_down') heldByOutage = result.outageHold;
+      else if (result.reason === 'rate_limited' || result.reason === 'stripe_credentials') heldByOutage = undefined;
       // Put off before it began on the row (a busy lease, our database away): the force is still
       // the operator's, for the attempt that does begin.
       if (forcing && result.begun === false) force = true;

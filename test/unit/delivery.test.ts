@@ -16,6 +16,7 @@ import type { Lease, LeaseWait } from '../../src/stripe/meter-lease.js';
 import type { MeterEvent } from '../../src/stripe/meters.js';
 import { outageWatch } from '../../src/stripe/outage.js';
 import { tracedSender, type MeterEventSender } from '../../src/stripe/sender.js';
+import type { OutageHold } from '../../workflows/shared.js';
 
 const timings = resolveTimings(20_000, 30_000);
 const KEY = 'u:acme:1';
@@ -77,10 +78,10 @@ function parts(opts: { api?: 'v1' | 'v2'; row?: AttemptRow | undefined; send?: (
 
 async function deliver(
   deps: DeliveryDeps,
-  info: { attempt?: number; isLocal?: boolean; heldByOutageSince?: number } = {},
+  info: { attempt?: number; isLocal?: boolean; heldByOutage?: OutageHold } = {},
   env = new MockActivityEnvironment({ attempt: info.attempt ?? 1, isLocal: info.isLocal ?? false }, { logger: silent }),
 ) {
-  return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY, ...(info.heldByOutageSince === undefined ? {} : { heldByOutageSince: info.heldByOutageSince }) });
+  return env.run(createDeliveryActivities(deps).deliverUsage, { key: KEY, ...(info.heldByOutage ? { heldByOutage: info.heldByOutage } : {}) });
 }
 
 const stripeError = {
@@ -576,20 +577,27 @@ describe('Stripe down for every customer (src/stripe/outage.ts)', () => {
   });
 
   it.each(['v1', 'v2'] as const)(
-    "%s: a held delivery back on a worker that has not judged Stripe down waits again on the judgement that held it, unless Stripe has answered that worker since",
+    "%s: a held delivery back on a worker that has not judged Stripe down waits again on the judgement that held it, unless Stripe has answered that worker since, or an hour has passed since a worker judged so",
     async (api) => {
-      const since = Date.now() - 60_000;
+      const hold = { since: Date.now() - 120_000, judgedAt: Date.now() - 60_000 };
       const fresh = () => outageWatch({ afterMs: 15_000, quietMs: 3_600_000 });
       const held = parts({ api, send: failing(unavailable) });
-      expect(await deliver({ ...held.deps, outage: fresh() }, { heldByOutageSince: since })).toMatchObject({ reason: 'stripe_down', downSince: since });
+      expect(await deliver({ ...held.deps, outage: fresh() }, { heldByOutage: hold })).toMatchObject({ reason: 'stripe_down', outageHold: hold });
+      expect(held.store.recordAttemptError).toHaveBeenCalledWith(KEY, 'http_503', expect.stringContaining(`(Stripe down since ${new Date(hold.since).toISOString()}: waiting`), { refused: false });
+      // The meter list failing before the call (Stripe's whole API down): held too.
+      const listFails = parts({ api });
+      expect(await deliver({ ...listFails.deps, meters: { keysFor: async () => Promise.reject(unavailable()) }, outage: fresh() }, { heldByOutage: hold })).toMatchObject({ reason: 'stripe_down' });
       // Not held before: its failure is this worker's to judge, and spends an attempt.
       await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: fresh() })).rejects.toMatchObject({ type: 'StripeRetryable' });
-      // Stripe answered this worker since the outage began: its failure is its own.
+      // Stripe answered this worker since a worker last judged it down: its failure is its own.
       const answered = fresh();
       answered.answered();
-      await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: answered }, { heldByOutageSince: since })).rejects.toMatchObject({ type: 'StripeRetryable' });
+      await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: answered }, { heldByOutage: hold })).rejects.toMatchObject({ type: 'StripeRetryable' });
+      // Nor past outageQuietMs after that judgement (a poison event held through an outage, Stripe back).
+      const stale = { since: hold.since, judgedAt: Date.now() - timings.outageQuietMs - 1_000 };
+      await expect(deliver({ ...parts({ api, send: failing(unavailable) }).deps, outage: fresh() }, { heldByOutage: stale })).rejects.toMatchObject({ type: 'StripeRetryable' });
       // A refusal is an answer, held or not.
-      await expect(deliver({ ...parts({ api, send: failing(stripeError.rejected) }).deps, outage: fresh() }, { heldByOutageSince: since })).rejects.toMatchObject({ type: 'StripeRejected' });
+      await expect(deliver({ ...parts({ api, send: failing(stripeError.rejected) }).deps, outage: fresh() }, { heldByOutage: hold })).rejects.toMatchObject({ type: 'StripeRejected' });
     },
   );
 
