@@ -606,6 +606,14 @@ export const MUTANTS: Mutant[] = [
     name: 'passes on the judgement that held its last try',
   },
   {
+    id: 'outage-hold-lost-at-continue-as-new',
+    guarantee: "Through Stripe outages: a held delivery's hold is carried across continue-as-new to the new run's first try",
+    find: '    let heldByOutage: OutageHold | undefined = carriedHold;',
+    replace: '    let heldByOutage: OutageHold | undefined;',
+    test: 'test/workflows.test.ts',
+    name: 'carries the hold across continue-as-new',
+  },
+  {
     id: 'outage-one-customer',
     guarantee: "Nothing stuck silently: one customer's failures (a poison event) spend its attempts and end dead, never taken for Stripe being down",
     find: '      const [, second, third] = failing;',

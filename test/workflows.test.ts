@@ -171,6 +171,22 @@ it("passes on the judgement that held its last try as Stripe down to the next tr
   expect(calls.deliver.map((c) => c.heldByOutage)).toEqual([undefined, hold, hold, hold, undefined]);
 });
 
+it('carries the hold across continue-as-new, to the new run\'s first try in its workflow task', async () => {
+  const hold = { since: 1_234, judgedAt: 5_678 };
+  const answers: DeliveryResult[] = [
+    { outcome: 'deferred', reason: 'stripe_down', waitMs: 15_000, attempts: 1, outageHold: hold },
+    { outcome: 'sent', attempts: 2 },
+  ];
+  const { calls, activities } = fakeActivities(async () => answers.shift()!);
+  await withWorker(activities, async (taskQueue) => {
+    const handle = await start(taskQueue, { deferralsPerRun: 1 });
+    await env.sleep('1 minute');
+    expect(await handle.query(stateQuery)).toMatchObject({ status: 'sent' });
+    expect((await handle.describe()).runId).not.toBe(handle.firstExecutionRunId);
+  });
+  expect(calls.deliver.map((c) => c.heldByOutage)).toEqual([undefined, hold]);
+});
+
 it('runs the retry policy out, then the event is dead and waits for a retry signal', async () => {
   const { calls, activities } = fakeActivities(async () => {
     throw retryable();

@@ -70,6 +70,8 @@ export interface UsageWorkflowInput {
    * not each activity's): carried across deferrals and continue-as-new, reset by an operator's retry.
    */
   attemptsSpent?: number;
+  /** The delivery's last try was held as Stripe down (DeliverInput.heldByOutage): carried across continue-as-new. */
+  heldByOutage?: OutageHold;
   /**
    * Deferrals (429s, pacing, a busy customer) one run waits out before continuing as new, besides
    * whenever the server suggests it: each adds about a dozen history events. Set by whoever starts

@@ -280,6 +280,8 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
   let rateLimitedMs = input.rateLimitedMs ?? 0;
   // Failed attempts of the delivery in progress, whatever run we are in.
   let spent = input.attemptsSpent ?? 0;
+  // A hold of the run before, for this run's first delivery (UsageWorkflowInput.heldByOutage).
+  let carriedHold = input.heldByOutage;
 
   /**
    * Calls Stripe until it answers for good, waiting out deferrals. Throws on failure. Only Stripe's
@@ -288,8 +290,10 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
    */
   const deliver = async (): Promise<Extract<DeliveryResult, { attempts: number }>> => {
     let inTask = true;
-    // The last try of Stripe was held as Stripe down (DeliverInput.heldByOutage).
-    let heldByOutage: OutageHold | undefined;
+    // The last try of Stripe was held as Stripe down (DeliverInput.heldByOutage); the run's first
+    // delivery takes it from the run before (continue-as-new).
+    let heldByOutage: OutageHold | undefined = carriedHold;
+    carriedHold = undefined;
     for (let deferrals = 1; ; deferrals++) {
       let result: DeliveryResult;
       // A forced reopen forces one attempt: that attempt starts a new 24 h window (beginAttempt).
@@ -300,7 +304,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       if (inTask && spent === 0) {
         inTask = false;
         try {
-          result = await deliverInTask({ key: input.key, force: forcing });
+          result = await deliverInTask({ key: input.key, force: forcing, ...(heldByOutage ? { heldByOutage } : {}) });
         } catch (err) {
           // A failure that another attempt cannot help, or no attempts left: as the retry policy would.
           spent += 1;
@@ -360,6 +364,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
           firstAttemptedAt,
           attemptsSpent: spent,
           rateLimitedMs,
+          heldByOutage,
         });
       }
     }
@@ -471,7 +476,7 @@ async function deliverEvent(input: UsageWorkflowInput, state: UsageState, row: R
       // A retry Update waiting on this delivery answers `dispatched` now: the new run cannot answer it.
       continuing = true;
       await condition(allHandlersFinished);
-      await continueAsNew<typeof usageWorkflow>({ ...input, force, firstAttemptedAt, attemptsSpent: 0, rateLimitedMs: 0 });
+      await continueAsNew<typeof usageWorkflow>({ ...input, force, firstAttemptedAt, attemptsSpent: 0, rateLimitedMs: 0, heldByOutage: undefined });
     }
   }
 }
