@@ -204,11 +204,23 @@ export class MeterEventStream implements MeterEventSender {
     return this.skewMs ?? 0;
   }
 
-  /** Sends `event` in a coming request; settles with that request's outcome. */
-  send(event: MeterEvent): Promise<void> {
+  /**
+   * Sends `event` in a coming request; settles with that request's outcome, or after `within` ms
+   * as no answer (the event stays in its request: Stripe's identifier dedup takes a resend).
+   */
+  send(event: MeterEvent, within?: number): Promise<void> {
     return new Promise((resolve, reject) => {
       const lingerMs = this.lingerMs();
-      this.queue.push({ event, resolve, reject });
+      if (within === undefined) {
+        this.queue.push({ event, resolve, reject });
+      } else {
+        const givenUp = setTimeout(
+          () => reject(new Stripe.errors.StripeConnectionError({ message: `No answer from the meter event stream within this attempt's ${Math.round(within)} ms.` })),
+          within,
+        );
+        const settle = () => clearTimeout(givenUp);
+        this.queue.push({ event, resolve: () => (settle(), resolve()), reject: (err) => (settle(), reject(err)) });
+      }
       this.timer ??= setTimeout(() => {
         this.timer = undefined;
         this.due = true;
