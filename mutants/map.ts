@@ -598,6 +598,22 @@ export const MUTANTS: Mutant[] = [
     name: 'a run started under a shorter STRIPE_TIMEOUT_MS',
   },
   {
+    id: 'door-waits-on-known-meter',
+    guarantee: 'Off the request path, through Stripe outages: usage for a meter the door knows is answered without waiting for Stripe',
+    find: "      if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) void this.readStartedAfter(now).catch(() => undefined);\n      return 'active';",
+    replace: "      if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) return 'ask';\n      return 'active';",
+    test: 'test/api.test.ts',
+    name: 'usage for a meter the door knows is answered without waiting',
+  },
+  {
+    id: 'door-waits-after-failed-read',
+    guarantee: 'Off the request path, through Stripe outages: a name the door has not read is let in without waiting for the next paced read when the last read failed',
+    find: "    if (this.failedAt > this.loadedFrom && now - this.failedAt < FAILED_READ_KEPT_MS) return 'unanswered';",
+    replace: '',
+    test: 'test/api.test.ts',
+    name: 'names the door has not read are let in without waiting',
+  },
+  {
     id: 'call-given-up-ignored',
     guarantee: "Through Stripe outages: a run started under a shorter STRIPE_TIMEOUT_MS gets its v1 call's answer (an outage's hold included) within its own attempt timeout, not a Temporal timeout spending an attempt",
     find: '    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },',
@@ -946,7 +962,7 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'door-burst-let-in',
     guarantee: 'Every bad input gets a clear error: every request of a burst for a misspelt meter is refused (422), not only the first',
-    find: '  if (meters.missingWithin(eventName, METER_CHECK_TIMEOUT_MS)) return true;',
+    find: "    if (this.loadedFrom >= now - missWithinMs) return 'missing';",
     replace: '',
     test: 'test/api.test.ts',
     name: 'refuses every request of a burst',

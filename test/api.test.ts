@@ -11,6 +11,7 @@ import { HEALTH_FRESH_MS } from '../src/api/health.js';
 import type { ApiToken, Config } from '../src/config.js';
 import { BEGIN_SHORT, createPool } from '../src/db.js';
 import { createLogger } from '../src/log.js';
+import type Stripe from 'stripe';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
 import { MeterCatalog } from '../src/stripe/meters.js';
@@ -382,6 +383,48 @@ describe('at the door', () => {
     }
   });
 
+  it('through a Stripe outage, usage for a meter the door knows is answered without waiting for the meter list, however old its last read', async () => {
+    const stripe = await LocalStripe.start({ meters: ['api_requests'] });
+    try {
+      const client = createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe);
+      // Stripe answers the first read of the meter list, then stops answering (the door's own wait would be 1 s).
+      let reads = 0;
+      const hanging = { [Symbol.asyncIterator]: () => ({ next: () => new Promise<never>(() => undefined) }) };
+      const list = ((...args: Parameters<typeof client.billing.meters.list>) => (++reads === 1 ? client.billing.meters.list(...args) : hanging)) as typeof client.billing.meters.list;
+      const stalling = { billing: { ...client.billing, meters: Object.assign(Object.create(client.billing.meters) as object, { list }) } } as Pick<Stripe, 'billing'>;
+      // Every read already past its age: each request would ask Stripe again if the door waited for it.
+      const catalog = new MeterCatalog(stalling, { maxAgeMs: 0, minReloadIntervalMs: 0 });
+      const withMeters = buildApi({ config, db: t.pool, log, temporal, meters: catalog });
+      extraApps.push(withMeters);
+      expect((await post(usage(), writer, {}, withMeters)).statusCode).toBe(201);
+      for (let i = 0; i < 5; i++) {
+        const began = performance.now();
+        expect((await post(usage(), writer, {}, withMeters)).statusCode).toBe(201);
+        expect(performance.now() - began).toBeLessThan(800);
+      }
+      // Asked behind the answers, and still waiting for Stripe.
+      expect(reads).toBeGreaterThan(1);
+    } finally {
+      await stripe.close();
+    }
+  });
+
+  it('through a Stripe outage that refuses connections, names the door has not read are let in without waiting for the next paced read', async () => {
+    const stripe = await LocalStripe.start({ meters: ['api_requests'] });
+    // The catalog's own pace: a read a second at most.
+    const catalog = new MeterCatalog(createStripeClient(testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_door' }).stripe));
+    const withMeters = buildApi({ config, db: t.pool, log, temporal, meters: catalog });
+    extraApps.push(withMeters);
+    await stripe.close();
+    // The first asks (its read refused at once); the next would wait for the pace's next read, a second.
+    expect((await post(usage({ event_name: 'not_read_1' }), writer, {}, withMeters)).statusCode).toBe(201);
+    for (const name of ['not_read_2', 'not_read_3']) {
+      const began = performance.now();
+      expect((await post(usage({ event_name: name }), writer, {}, withMeters)).statusCode).toBe(201);
+      expect(performance.now() - began).toBeLessThan(800);
+    }
+  });
+
   it('answers usage already recorded as recorded (200) once its meter is gone, and refuses only new usage for it (422)', async () => {
     // The meter deactivated between a request that timed out after its 201 and the client's retry.
     const stripe = await LocalStripe.start({ meters: ['another_meter'] });
@@ -452,7 +495,7 @@ describe('at the door', () => {
         await new Promise((r) => setTimeout(r, takesMs(++checks)));
         return { meterId: 'mtr_1', customerKey: 'stripe_customer_id', valueKey: 'value' };
       },
-      missingWithin: () => false,
+      known: () => 'ask' as const,
     });
   };
   it('answers a usage whose handling outlasts the request timeout (a slow meter check): the whole request arrived in time, so it gets its 201, not a reset', async () => {

@@ -1,5 +1,5 @@
 /** The meter catalog against the local Stripe-compatible server, through the real `stripe` client. */
-import type Stripe from 'stripe';
+import Stripe from 'stripe';
 import { afterAll, beforeAll, expect, it, vi } from 'vitest';
 import { createStripeClient } from '../src/stripe/client.js';
 import { LocalStripe } from '../src/embedded/stripe/server.js';
@@ -9,6 +9,7 @@ import { testConfig } from './helpers.js';
 let local: LocalStripe;
 let stripe: Stripe;
 let listCalls = 0;
+let listFails = false;
 /** The real client, counting its meter-list calls. */
 let counted: Pick<Stripe, 'billing'>;
 
@@ -17,6 +18,11 @@ beforeAll(async () => {
   stripe = createStripeClient(testConfig({ STRIPE_API_BASE: local.url, STRIPE_API_KEY: 'sk_test_meters' }).stripe);
   const list: Stripe['billing']['meters']['list'] = (...args: Parameters<Stripe['billing']['meters']['list']>) => {
     listCalls++;
+    // Stripe away: the list's first page is not answered.
+    if (listFails) {
+      const unanswered = () => Promise.reject(new Stripe.errors.StripeConnectionError({ message: 'socket hang up' } as never));
+      return { [Symbol.asyncIterator]: () => ({ next: unanswered }) } as never;
+    }
     return stripe.billing.meters.list(...args);
   };
   counted = { billing: { ...stripe.billing, meters: Object.assign(Object.create(stripe.billing.meters) as object, { list }) } } as Pick<Stripe, 'billing'>;
@@ -83,5 +89,31 @@ it("ages its cache on a monotonic clock: the wall clock stepped back an hour doe
     expect(listCalls).toBe(before + 1);
   } finally {
     vi.useRealTimers();
+  }
+});
+
+it("answers the ingestion door without waiting for Stripe: a known meter from a read however old (one started behind it), a name not read yet let in for a few seconds after a failed read", async () => {
+  let now = 2_000_000;
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 0, now: () => now });
+  expect(catalog.known('api_requests', 1_000)).toBe('ask');
+  expect(await catalog.keysFor('api_requests')).toBeDefined();
+  expect(catalog.known('api_requests', 1_000)).toBe('active');
+  // Not read within the second: a miss said without asking.
+  expect(catalog.known('never_made', 1_000)).toBe('missing');
+  now += 61_000;
+  const before = listCalls;
+  listFails = true;
+  try {
+    // Past the minute, Stripe away: answered from the old read at once, a read started behind it (one for both asks).
+    expect(catalog.known('api_requests', 1_000)).toBe('active');
+    expect(catalog.known('api_requests', 1_000)).toBe('active');
+    await vi.waitFor(() => expect(catalog.known('never_made', 1_000)).toBe('unanswered'), { timeout: 5_000 });
+    expect(listCalls).toBe(before + 1);
+    // A failed read is taken as such for 5 s; then a name not read yet is asked about again.
+    now += 5_000;
+    expect(catalog.known('never_made', 1_000)).toBe('ask');
+    expect(catalog.known('api_requests', 1_000)).toBe('active');
+  } finally {
+    listFails = false;
   }
 });

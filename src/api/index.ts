@@ -57,7 +57,7 @@ export interface ApiDeps {
   /** For the webhook route (tests); by default a client built from `config.stripe`. */
   stripe?: WebhookStripe;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
-  meters?: Pick<MeterCatalog, 'keysFor' | 'missingWithin'>;
+  meters?: Pick<MeterCatalog, 'keysFor' | 'known'>;
   /** How long a usage request waits for its tenant's turn at a database connection before a 503 (default 5 s). */
   turnWaitMs?: number;
   /** How long /health waits for each dependency (default 2 s). */

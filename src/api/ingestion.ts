@@ -23,7 +23,7 @@ export interface IngestionDeps {
   defaultEventName: string;
   bodyLimitBytes: number;
   /** Stripe's meters, to refuse usage for a meter that does not exist; unchecked without it. */
-  meters?: Pick<MeterCatalog, 'keysFor' | 'missingWithin'> | undefined;
+  meters?: Pick<MeterCatalog, 'keysFor' | 'known'> | undefined;
   /** How long a request waits for its tenant's turn at a connection of `db` before a 503 (default 5 s). */
   turnWaitMs?: number | undefined;
   /** False: statements go unnamed (withoutPreparedStatements), for a pooler that cannot keep named ones. */

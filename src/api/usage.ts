@@ -73,13 +73,25 @@ const METER_CHECK_TIMEOUT_MS = 1_000;
 /**
  * Whether Stripe has an active meter for `eventName`: false only when Stripe said so. If Stripe
  * cannot be asked (away, slow), the usage is let in: the worker checks again before sending, and
- * refusing usage because Stripe is down would lose it.
+ * refusing usage because Stripe is down would lose it. Only a name the last read of the meter list
+ * did not find waits for Stripe (METER_CHECK_TIMEOUT_MS at most): a known one is answered from
+ * that read however old (refreshed behind the answer), so neither a Stripe outage nor the cache's
+ * minute running out puts a wait on every request.
  */
-async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'missingWithin'>, eventName: string): Promise<boolean> {
-  // Stripe said so within the last second: that stands. Asking again would wait for the catalog's
-  // pace (a read a second at most), past this timeout: a burst of one misspelt name would be let
-  // in unchecked after its first request was refused, and die later as no_meter.
-  if (meters.missingWithin(eventName, METER_CHECK_TIMEOUT_MS)) return true;
+async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'known'>, eventName: string): Promise<boolean> {
+  switch (meters.known(eventName, METER_CHECK_TIMEOUT_MS)) {
+    // Known, or the list's last read failed a moment ago (another would not be answered either).
+    case 'active':
+    case 'unanswered':
+      return false;
+    // Stripe said so within the last second: that stands. Asking again would wait for the catalog's
+    // pace (a read a second at most), past this timeout: a burst of one misspelt name would be let
+    // in unchecked after its first request was refused, and die later as no_meter.
+    case 'missing':
+      return true;
+    case 'ask':
+      break;
+  }
   let timer: NodeJS.Timeout | undefined;
   const unknown = new Promise<'unknown'>((resolve) => (timer = setTimeout(() => resolve('unknown'), METER_CHECK_TIMEOUT_MS)));
   try {

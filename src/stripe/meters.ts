@@ -73,12 +73,17 @@ export function meterEventPayload(event: MeterEvent): Record<string, string> {
  * shared and paced (at most one per `minReloadIntervalMs`): a backlog naming a meter that does not
  * exist costs one list call per interval, not one per event.
  */
+/** How long after a failed read of the meter list a name not read yet is let in without asking again (`known`). */
+const FAILED_READ_KEPT_MS = 5_000;
+
 export class MeterCatalog {
   private byName = new Map<string, MeterKeys>();
   private inFlight: { startedAt: number; done: Promise<void> } | undefined;
   private lastStartedAt = Number.NEGATIVE_INFINITY;
   /** When the read behind the current cache started. */
   private loadedFrom = Number.NEGATIVE_INFINITY;
+  /** When the last read that failed did. */
+  private failedAt = Number.NEGATIVE_INFINITY;
 
   private readonly stripe: Pick<Stripe, 'billing'>;
   private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number };
@@ -105,11 +110,21 @@ export class MeterCatalog {
   }
 
   /**
-   * Whether the last read of the meter list, started within the last `withinMs`, found no active
-   * meter for `eventName`: a miss that recent, said without asking Stripe again.
+   * What the meter list says of `eventName` without waiting for Stripe (the ingestion door's
+   * question): `active` when the last read found an active meter for it, however old that read is
+   * (one is started behind the answer once it is past `maxAgeMs`); `missing` when a read started
+   * within the last `missWithinMs` found none; `unanswered` when the last read failed, under
+   * FAILED_READ_KEPT_MS ago; else `ask` (keysFor reads the list again).
    */
-  missingWithin(eventName: string, withinMs: number): boolean {
-    return this.loadedFrom >= this.now() - withinMs && !this.byName.has(eventName);
+  known(eventName: string, missWithinMs: number): 'active' | 'missing' | 'unanswered' | 'ask' {
+    const now = this.now();
+    if (this.byName.has(eventName)) {
+      if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) void this.readStartedAfter(now).catch(() => undefined);
+      return 'active';
+    }
+    if (this.loadedFrom >= now - missWithinMs) return 'missing';
+    if (this.failedAt > this.loadedFrom && now - this.failedAt < FAILED_READ_KEPT_MS) return 'unanswered';
+    return 'ask';
   }
 
   /** Waits for a read of the meter list that started at or after `askedAt` (starting one if needed). */
@@ -129,9 +144,14 @@ export class MeterCatalog {
       }
       const startedAt = this.now();
       this.lastStartedAt = startedAt;
-      const done = this.read(startedAt).finally(() => {
-        if (this.inFlight?.done === done) this.inFlight = undefined;
-      });
+      const done = this.read(startedAt)
+        .catch((err: unknown) => {
+          this.failedAt = this.now();
+          throw err;
+        })
+        .finally(() => {
+          if (this.inFlight?.done === done) this.inFlight = undefined;
+        });
       this.inFlight = { startedAt, done };
       return done;
     }
