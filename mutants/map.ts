@@ -614,6 +614,14 @@ export const MUTANTS: Mutant[] = [
     name: 'names the door has not read are let in without waiting',
   },
   {
+    id: 'renamed-default-conflicts',
+    guarantee: 'Idempotent enqueue: a usage recorded again without an event name after the default meter changed is the same usage (nothing added), not a conflict',
+    find: '  if (usage.eventNameGiven && entry.eventName !== usage.eventName) found.push(',
+    replace: '  if (entry.eventName !== usage.eventName) found.push(',
+    test: 'test/enqueue.test.ts',
+    name: 'recorded again without a name after the default changed',
+  },
+  {
     id: 'call-given-up-ignored',
     guarantee: "Through Stripe outages: a run started under a shorter STRIPE_TIMEOUT_MS gets its v1 call's answer (an outage's hold included) within its own attempt timeout, not a Temporal timeout spending an attempt",
     find: '    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },',
