@@ -395,7 +395,9 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       found = { begun: true, status: row.status, stripeCustomerId: row.stripe_customer_id, occurredAt: row.occurred_at };
     } else {
       const existing = await store.findRow(key);
-      found = existing ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at } : { begun: false, exists: false, key };
+      found = existing
+        ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at, lastError: existing.last_error_code ? `${existing.last_error_code}: ${existing.last_error_message ?? ''}` : null }
+        : { begun: false, exists: false, key };
     }
     // By Stripe's clock where the sender measures it (v2), else by ours (v1: Stripe's refusal says
     // so, and is retried). Not measurable now (no stream session to be had): failed as the call

@@ -622,6 +622,22 @@ export const MUTANTS: Mutant[] = [
     name: 'recorded again without a name after the default changed',
   },
   {
+    id: 'retries-past-the-window-allowed',
+    guarantee: 'Dead with a reason someone can see: a configuration whose retries could outlast the 23 h resend window is refused at start (an event would die of the window, not its own error)',
+    find: '  if (c.RETRY_MAX_OUTAGE_MS + attemptsMs > SAFE_RESEND_WINDOW_MS) {',
+    replace: '  if (c.RETRY_MAX_OUTAGE_MS + attemptsMs > 10 * SAFE_RESEND_WINDOW_MS) {',
+    test: 'test/config.test.ts',
+    name: 'refuses retries that could outlast the 23 h resend window',
+  },
+  {
+    id: 'window-refusal-hides-last-error',
+    guarantee: 'Dead with a reason someone can see: an event refused at the resend window keeps the error that kept it failing in its reason',
+    find: "    ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at, lastError: existing.last_error_code ? `${existing.last_error_code}: ${existing.last_error_message ?? ''}` : null }",
+    replace: '    ? { begun: false, exists: true, firstAttemptedAt: existing.first_attempted_at }',
+    test: 'test/pipeline.test.ts',
+    name: 'refuses a retry past the 24 h identifier window',
+  },
+  {
     id: 'call-given-up-ignored',
     guarantee: "Through Stripe outages: a run started under a shorter STRIPE_TIMEOUT_MS gets its v1 call's answer (an outage's hold included) within its own attempt timeout, not a Temporal timeout spending an attempt",
     find: '    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },',

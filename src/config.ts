@@ -7,7 +7,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import type { RetryPolicy } from '../workflows/shared.js';
-import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SECRET_KEY_PATTERN, WEBHOOK_SECRET_PATTERN } from './stripe/rules.js';
+import { DEFAULT_LIVE_RATE, DEFAULT_TEST_RATE, SAFE_RESEND_WINDOW_MS, SECRET_KEY_PATTERN, WEBHOOK_SECRET_PATTERN } from './stripe/rules.js';
 import { DEFAULT_SCHEMA, schemaNameProblem } from './outbox/sql/schema.js';
 import { MAX_EVENT_NAME_LENGTH, tenantProblem, textProblem } from './outbox/validate.js';
 
@@ -70,6 +70,30 @@ const OTHER_ENVS = ['development', 'dev', 'local', 'test'] as const;
 
 /** RETRY_MAX_OUTAGE_MS's default: 6 h of an outage waited out, from an event's first attempt. */
 const MAX_OUTAGE_MS = 21_600_000;
+
+/**
+ * The longest RETRY_MAX_OUTAGE_MS and RETRY_MAX_RATE_LIMITED_MS: 20 h, under the 23 h resend window
+ * (SAFE_RESEND_WINDOW_MS), so an event that waited out a long outage still has hours to be retried
+ * in rather than die of the window itself (`identifier_window_expired`, which asks an operator to
+ * reconcile) instead of its own error.
+ */
+const LONGEST_RETRY_MS = 72_000_000;
+
+/**
+ * How long an event's failed attempts can take at most, end to end: each attempt's timeout, and
+ * the retry policy's waits between them (the first attempt, in the workflow task, is followed by
+ * the initial interval, then the regular activity's backoff starts again from it).
+ */
+export function longestAttemptsMs(retry: Pick<RetryPolicy, 'initialIntervalMs' | 'backoffCoefficient' | 'maximumIntervalMs' | 'maximumAttempts'>, attemptTimeoutMs: number): number {
+  let total = retry.maximumAttempts * attemptTimeoutMs;
+  if (retry.maximumAttempts > 1) total += retry.initialIntervalMs;
+  let wait = retry.initialIntervalMs;
+  for (let i = 2; i < retry.maximumAttempts; i++) {
+    total += Math.min(wait, retry.maximumIntervalMs);
+    wait *= retry.backoffCoefficient;
+  }
+  return total;
+}
 
 const schema = z.object({
   // An application's own spellings are taken (`staging` is production, `dev` is not); any other
@@ -160,9 +184,8 @@ const schema = z.object({
   RETRY_BACKOFF_COEFFICIENT: decimal(1, 10).default(2),
   RETRY_MAXIMUM_INTERVAL_MS: int(1, 86_400_000).default(300_000),
   RETRY_MAXIMUM_ATTEMPTS: int(1, 1_000).default(12),
-  RETRY_MAX_RATE_LIMITED_MS: int(1_000, 86_400_000).default(3_600_000),
-  // Under the 23 h resend window, so an event that waited out a long outage still has hours to be retried in.
-  RETRY_MAX_OUTAGE_MS: int(0, 72_000_000).default(MAX_OUTAGE_MS),
+  RETRY_MAX_RATE_LIMITED_MS: int(1_000, LONGEST_RETRY_MS).default(3_600_000),
+  RETRY_MAX_OUTAGE_MS: int(0, LONGEST_RETRY_MS).default(MAX_OUTAGE_MS),
   DEAD_LETTER_OPEN_DAYS: decimal(0.001, 365).default(7),
   RELAY_BATCH_SIZE: int(1, 5_000).default(200),
   RELAY_COUNT: int(1, 64).default(2),
@@ -627,9 +650,24 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     }
   }
   problems.push(...temporalTlsProblems(c));
+  const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS, c.RETRY_MAX_OUTAGE_MS);
+  const attemptsMs = longestAttemptsMs(
+    { initialIntervalMs: c.RETRY_INITIAL_INTERVAL_MS, backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT, maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS, maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS },
+    timings.attemptTimeoutMs,
+  );
+  // Past the outage's wait (from the first attempt), an event's failures spend attempts: the last
+  // must still come before the resend window closes, or the event dies of the window (an operator
+  // asked to reconcile) instead of its own error.
+  if (c.RETRY_MAX_OUTAGE_MS + attemptsMs > SAFE_RESEND_WINDOW_MS) {
+    const h = (ms: number) => `${Number((ms / 3_600_000).toFixed(1))} h`;
+    problems.push(
+      `RETRY_MAXIMUM_ATTEMPTS: ${c.RETRY_MAXIMUM_ATTEMPTS} attempts, with the RETRY_* intervals and attempts of up to ${timings.attemptTimeoutMs / 1000} s (STRIPE_TIMEOUT_MS + 20 s), ` +
+        `can take ${h(attemptsMs)}, after the ${h(c.RETRY_MAX_OUTAGE_MS)} of RETRY_MAX_OUTAGE_MS: past the ${h(SAFE_RESEND_WINDOW_MS)} an event may be sent in (Stripe's 24 h identifier dedup); ` +
+        'fewer attempts, a shorter RETRY_MAXIMUM_INTERVAL_MS or RETRY_MAX_OUTAGE_MS',
+    );
+  }
   if (problems.length > 0) throw new ConfigError(problems);
 
-  const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS, c.RETRY_MAX_OUTAGE_MS);
   return {
     production: (PRODUCTION_ENVS as readonly string[]).includes(c.NODE_ENV),
     databaseUrl: c.DATABASE_URL,

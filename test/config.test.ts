@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { CONFIG_VARIABLES, ConfigError, loadConfig, misspelledVariables, misspelledVariableWarnings } from '../src/config.js';
+import { CONFIG_VARIABLES, ConfigError, loadConfig, longestAttemptsMs, misspelledVariables, misspelledVariableWarnings } from '../src/config.js';
 import { requireStripeKey } from '../src/stripe/client.js';
 
 function problems(env: Record<string, string>): string[] {
@@ -124,6 +124,18 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('TEMPORAL_ADDRESS:'))).toMatch(/host:port/);
     expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toMatch(/http/);
     expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
+  });
+
+  it("refuses retries that could outlast the 23 h resend window (an event would die of the window, not of its own error); the defaults take 21.5 min", () => {
+    expect(longestAttemptsMs({ initialIntervalMs: 1_000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12 }, 40_000)).toBe(1_292_000);
+    expect(longestAttemptsMs({ initialIntervalMs: 1_000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 1 }, 40_000)).toBe(40_000);
+    // "Retry for longer": 500 attempts 5 minutes apart, each up to 40 s: some 46 h.
+    expect(problems({ RETRY_MAXIMUM_ATTEMPTS: '500' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 500 attempts, .* can take 46\.4 h, after the 6 h of RETRY_MAX_OUTAGE_MS: past the 23 h/)]);
+    // The longest outage's wait leaves room for the default attempts, not for 60 of them.
+    expect(loadConfig({ RETRY_MAX_OUTAGE_MS: '72000000' }).timings.maxOutageMs).toBe(72_000_000);
+    expect(problems({ RETRY_MAX_OUTAGE_MS: '72000000', RETRY_MAXIMUM_ATTEMPTS: '60' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 60 attempts/)]);
+    // A 429 stretch longer than 20 h is refused as such.
+    expect(problems({ RETRY_MAX_RATE_LIMITED_MS: '86400000' })).toEqual([expect.stringMatching(/^RETRY_MAX_RATE_LIMITED_MS: must be at most 72000000/)]);
   });
 
   it('STRIPE_METER_EVENT_NAME: held to the rules of an event name sent with a usage, or the process does not start', () => {

@@ -289,6 +289,8 @@ describe('the core pipeline', () => {
       return r.status === 'dead' && r.last_error_code === 'identifier_window_expired' ? r : undefined;
     });
     expect(refused.last_error_message).toMatch(/24 h/);
+    // What made it dead before stays in view.
+    expect(refused.last_error_message).toMatch(/Its last error: http_503: /);
     expect(refused.attempt_count).toBe(t.config.retry.maximumAttempts);
     expect(requestsFor(key)).toHaveLength(before);
 

@@ -20,8 +20,11 @@ export type AttemptFound =
   | { begun: true; status: OutboxStatus; stripeCustomerId: string | null; occurredAt: Date }
   /** Not begun: no such row. */
   | { begun: false; exists: false; key: string }
-  /** Not begun: the row's first attempt is older than the safe resend window, and no force. */
-  | { begun: false; exists: true; firstAttemptedAt: Date | null };
+  /**
+   * Not begun: the row's first attempt is older than the safe resend window, and no force. Its
+   * last error (`code: message`), if any: what kept it failing until then.
+   */
+  | { begun: false; exists: true; firstAttemptedAt: Date | null; lastError?: string | null };
 
 export interface Refusal {
   errorType: 'missing' | 'unsafeToSend' | 'rejected';
@@ -75,7 +78,8 @@ export function maySendNow(found: AttemptFound, now: number, pastMarginMs = SEND
     }
     const message =
       `first attempted ${found.firstAttemptedAt?.toISOString()}, more than ${inHours(SAFE_RESEND_WINDOW_MS)} h ago: ` +
-      `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.`;
+      `Stripe's 24 h identifier dedup may no longer catch a duplicate. Reconcile, then retry with force.` +
+      (found.lastError && !found.lastError.startsWith('identifier_window_expired:') ? ` Its last error: ${found.lastError}` : '');
     return { verdict: 'refuse', refusal: { errorType: 'unsafeToSend', code: 'identifier_window_expired', message, record: true, metricClass: 'unsafe' } };
   }
   if (isAtStripe(found.status)) return { verdict: 'already_at_stripe' };

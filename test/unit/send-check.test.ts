@@ -30,6 +30,11 @@ describe('maySendNow', () => {
     const v = maySendNow({ begun: false, exists: true, firstAttemptedAt: first }, NOW);
     expect(v).toMatchObject({ verdict: 'refuse', refusal: { errorType: 'unsafeToSend', code: 'identifier_window_expired', record: true, metricClass: 'unsafe' } });
     expect(v.verdict === 'refuse' && v.refusal.message).toMatch(new RegExp(`^first attempted ${first.toISOString()}, more than 23 h ago`));
+    // Still failing when the window ran out: the error that kept it failing stays on the row (not the window's own, again).
+    const failing = maySendNow({ begun: false, exists: true, firstAttemptedAt: first, lastError: 'http_503: Service Unavailable' }, NOW);
+    expect(failing.verdict === 'refuse' && failing.refusal.message).toMatch(/retry with force\. Its last error: http_503: Service Unavailable$/);
+    const again = maySendNow({ begun: false, exists: true, firstAttemptedAt: first, lastError: (v.verdict === 'refuse' && `identifier_window_expired: ${v.refusal.message}`) || '' }, NOW);
+    expect(again.verdict === 'refuse' && again.refusal.message).toBe(v.verdict === 'refuse' && v.refusal.message);
   });
 
   it('every status at Stripe is never sent again; every other status may be', () => {

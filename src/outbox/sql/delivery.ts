@@ -318,7 +318,7 @@ export async function markRowReopened(db: Queryable, schema: Schema, key: string
 export interface DeliveryStore {
   beginAttempt(key: string, opts: Parameters<typeof beginAttempt>[3]): ReturnType<typeof beginAttempt>;
   undoAttempt(key: string, opts: { wasFirst: boolean }): Promise<void>;
-  findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at' | 'status'> | undefined>;
+  findRow(key: string): Promise<Pick<OutboxRow, 'first_attempted_at' | 'status' | 'last_error_code' | 'last_error_message'> | undefined>;
   recordAttemptError(key: string, code: string, message: string, opts?: { refused?: boolean }): Promise<void>;
   markDelivered(key: string, status: (typeof DELIVERED)[number], revision: number): ReturnType<typeof markDelivered>;
   markSentAndHandOff(key: string, holder: string, handOffMs: number, revision: number): ReturnType<typeof markSentAndHandOff>;
