@@ -638,6 +638,14 @@ export const MUTANTS: Mutant[] = [
     name: 'refuses a retry past the 24 h identifier window',
   },
   {
+    id: 'cancel-early-sent-to-reconcile',
+    guarantee: 'Every bad input gets a clear error: a cancel of a v2 event Stripe has not processed yet says to cancel again shortly, not to reconcile',
+    find: "      const early = missing && row.status === 'accepted' && age < STREAM_PROCESSING_MS;",
+    replace: '      const early = false;',
+    test: 'test/reconcile.test.ts',
+    name: "reports Stripe's own refusal",
+  },
+  {
     id: 'call-given-up-ignored',
     guarantee: "Through Stripe outages: a run started under a shorter STRIPE_TIMEOUT_MS gets its v1 call's answer (an outage's hold included) within its own attempt timeout, not a Temporal timeout spending an attempt",
     find: '    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },',

@@ -433,6 +433,15 @@ describe('billing-outbox cancel', () => {
     expect(r.err).toContain('resource_missing');
     expect(r.err).toContain('billing-outbox reconcile');
     expect((await row(unknown)).status).toBe('sent');
+
+    // Accepted by the v2 stream a minute ago: Stripe validates it later, and may not have it yet.
+    const streamed = await event(tn, 1, 46, { toStripe: false, status: 'accepted' });
+    await t.pool.query(`UPDATE outbox SET sent_at = now() - interval '1 minute' WHERE idempotency_key = $1`, [streamed]);
+    const early = await cli(['cancel', streamed]);
+    expect(early.code).toBe(1);
+    expect(early.err).toContain('may not have processed it yet');
+    expect(early.err).not.toContain('billing-outbox reconcile');
+    expect((await row(streamed)).status).toBe('accepted');
   });
 
   it('a cancel repeated after one whose answer was lost gets the first answer again (one Idempotency-Key per cancel), and the row becomes cancelled', async () => {

@@ -116,10 +116,16 @@ async function decide(db: Queryable, schema: Schema, row: CancelCandidateRow, op
     }
     if (err instanceof Stripe.errors.StripeInvalidRequestError) {
       const missing = err.code === 'resource_missing';
+      // The stream takes an event and processes it later: one accepted minutes ago may not be there yet.
+      const early = missing && row.status === 'accepted' && age < STREAM_PROCESSING_MS;
       return done(
         'refused',
         `Stripe refused the cancel (${err.code ?? `HTTP ${err.statusCode ?? '?'}`}): ${err.message}` +
-          (missing ? ' Stripe has no such event: reconcile (billing-outbox reconcile) before anything else.' : ''),
+          (early
+            ? ` Stripe took the event ${formatDuration(age)} ago on the meter event stream and may not have processed it yet: cancel again in a few minutes (reconcile if it still has none).`
+            : missing
+              ? ' Stripe has no such event: reconcile (billing-outbox reconcile) before anything else.'
+              : ''),
       );
     }
     // No answer, or an unexpected one: nothing changed on our side. A cancel may be repeated.
@@ -159,6 +165,12 @@ async function recordCancelled(
  * wording for it, so the message is the signal: the local Stripe's wording
  * (src/embedded/stripe/adjustments.ts `alreadyCancelled`), and an adjustment said to exist already.
  */
+/**
+ * How long after the stream took an event a cancel Stripe answers "no such event" is taken for
+ * Stripe not having processed it yet, rather than for an event Stripe never had.
+ */
+const STREAM_PROCESSING_MS = 10 * 60_000;
+
 const ALREADY_CANCELLED = /\bhas already been cancell?ed\b|\badjustment already exists\b/i;
 
 function isAlreadyCancelled(err: unknown): boolean {
