@@ -40,7 +40,7 @@ export interface DeliveryDeps {
   /** v1: a slot of the account-wide pace for each call. */
   pacer: Pick<SlotPacer, 'take' | 'keepPace'>;
   /** The payload keys of each meter (read from Stripe, cached). */
-  meters: Pick<MeterCatalog, 'keysFor'>;
+  meters: Pick<MeterCatalog, 'keysFor'> & Partial<Pick<MeterCatalog, 'swapLeftMs'>>;
   config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
@@ -62,6 +62,9 @@ const LATE_MARGIN_MS = 1_000;
  * (statementAnswerMs, 5 s) and a second to spare.
  */
 const RECORD_MARGIN_MS = 6_000;
+
+/** How often a delivery whose meter is being replaced looks for the new one. */
+const METER_SWAP_RETRY_MS = 15_000;
 
 /** The shortest wait for Stripe's answer an attempt gives a call (or a stream request) it makes. */
 const MIN_ANSWER_WAIT_MS = 1_000;
@@ -433,6 +436,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     }
     if (!keys) {
       await undoIfCounted(key, row);
+      // Deactivated a moment ago with no active meter since: an operator replacing it. Waited for
+      // (METER_SWAP_MS at most), not dead at once for want of a meter about to exist.
+      const swapLeftMs = meters.swapLeftMs?.(row.event_name) ?? 0;
+      if (swapLeftMs > 0) return deferred('meter_replacing', Math.min(METER_SWAP_RETRY_MS, swapLeftMs) + Math.floor(Math.random() * 1_000), row.attempt_count);
       return refuse(key, noMeterRefusal(row.event_name));
     }
     return { row, customer: check.stripeCustomerId, keys };

@@ -646,6 +646,22 @@ export const MUTANTS: Mutant[] = [
     name: "reports Stripe's own refusal",
   },
   {
+    id: 'meter-swap-dead-at-once',
+    guarantee: 'Nothing lost, dead only with a reason: an event whose meter is being replaced (deactivated, none active yet) waits for the new meter, not dead at once as no_meter',
+    find: "      if (swapLeftMs > 0) return deferred('meter_replacing',",
+    replace: "      if (swapLeftMs < 0) return deferred('meter_replacing',",
+    test: 'test/unit/delivery.test.ts',
+    name: 'a meter being replaced',
+  },
+  {
+    id: 'door-refuses-meter-being-replaced',
+    guarantee: 'Every bad input gets a clear error and loses nothing: usage for a meter being replaced is let in at the door, not refused as a meter Stripe does not have',
+    find: "    return keys === undefined && meters.known(eventName, METER_CHECK_TIMEOUT_MS) !== 'replacing';",
+    replace: '    return keys === undefined;',
+    test: 'test/api.test.ts',
+    name: 'refuses usage for a meter Stripe does not have',
+  },
+  {
     id: 'call-given-up-ignored',
     guarantee: "Through Stripe outages: a run started under a shorter STRIPE_TIMEOUT_MS gets its v1 call's answer (an outage's hold included) within its own attempt timeout, not a Temporal timeout spending an attempt",
     find: '    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },',

@@ -117,3 +117,35 @@ it("answers the ingestion door without waiting for Stripe: a known meter from a 
     listFails = false;
   }
 });
+
+it('a meter deactivated with none active since is being replaced for 15 minutes (its usage let in, its delivery waiting), then simply missing', async () => {
+  let now = 3_000_000;
+  const catalog = new MeterCatalog(counted, { minReloadIntervalMs: 0, now: () => now });
+  const id = local.addMeter('swapped');
+  expect(await catalog.keysFor('swapped')).toMatchObject({ meterId: id });
+  // The operator's first step, through Stripe's API: the meter deactivated, its successor not yet made.
+  await stripe.billing.meters.deactivate(id);
+  now += 61_000;
+  expect(await catalog.keysFor('swapped')).toBeUndefined();
+  expect(catalog.swapLeftMs('swapped')).toBeGreaterThan(14 * 60_000);
+  expect(catalog.known('swapped', 1_000)).toBe('replacing');
+  // Never had a meter: not being replaced.
+  expect(catalog.swapLeftMs('never_had_one')).toBe(0);
+  // The successor made: its keys, nothing waiting any more.
+  local.addMeter('swapped', { customerKey: 'account', valueKey: 'units' });
+  now += 61_000;
+  expect(await catalog.keysFor('swapped')).toMatchObject({ customerKey: 'account', valueKey: 'units' });
+  expect(catalog.swapLeftMs('swapped')).toBe(0);
+
+  // One deactivated 16 minutes ago (by this machine's clock) and never replaced: missing, as any other.
+  local.deactivateMeter('swapped');
+  vi.useFakeTimers({ toFake: ['Date'], now: Date.now() + 16 * 60_000 });
+  try {
+    now += 61_000;
+    expect(await catalog.keysFor('swapped')).toBeUndefined();
+    expect(catalog.swapLeftMs('swapped')).toBe(0);
+    expect(catalog.known('swapped', 1_000)).toBe('missing');
+  } finally {
+    vi.useRealTimers();
+  }
+});

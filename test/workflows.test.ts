@@ -468,8 +468,8 @@ it("bounds Stripe's 429s by RETRY_MAX_RATE_LIMITED_MS across continue-as-new", a
   });
 });
 
-it('never dead-letters an event for waiting on our own pace, a busy customer, our own database, a refused key or its clock', async () => {
-  const reasons = ['paced', 'lease_busy', 'database_unavailable', 'stripe_credentials', 'stamped_ahead'] as const;
+it('never dead-letters an event for waiting on our own pace, a busy customer, our own database, a refused key, its clock or its meter being replaced', async () => {
+  const reasons = ['paced', 'lease_busy', 'database_unavailable', 'stripe_credentials', 'stamped_ahead', 'meter_replacing'] as const;
   const { calls, activities } = fakeActivities(async () =>
     calls.deliver.length > 40 ? sent() : { outcome: 'deferred', reason: reasons[calls.deliver.length % reasons.length]!, waitMs: 60_000, attempts: 0 },
   );

@@ -126,9 +126,11 @@ export interface OutageHold {
  * deployment's API key (`stripe_credentials`: 401/403; about the key, not the event, so delivery
  * holds until the key works, bounded in the end by Stripe's 35-day window), or Stripe is down
  * (`stripe_down`: a 5xx or no answer while every customer's calls fail so, src/stripe/outage.ts;
- * bounded by RETRY_MAX_OUTAGE_MS from the event's first attempt, after which failures spend attempts).
+ * bounded by RETRY_MAX_OUTAGE_MS from the event's first attempt, after which failures spend attempts),
+ * or the event's meter is being replaced (`meter_replacing`: deactivated, no active one yet; bounded
+ * by METER_SWAP_MS in src/stripe/meters.ts, after which the event is dead as `no_meter`).
  */
-export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead' | 'stripe_credentials' | 'stripe_down';
+export type DeferralReason = 'rate_limited' | 'paced' | 'lease_busy' | 'database_unavailable' | 'stamped_ahead' | 'stripe_credentials' | 'stripe_down' | 'meter_replacing';
 
 /** What one attempt of the delivery activity answers. */
 export type DeliveryResult =

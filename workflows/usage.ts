@@ -490,6 +490,8 @@ const WAITING_FOR: Record<Extract<DeliveryResult, { outcome: 'deferred' }>['reas
   stripe_credentials: 'for a working Stripe API key: Stripe refused ours (401/403). Fix STRIPE_API_KEY; delivery resumes by itself',
   stripe_down:
     "for Stripe to come back: calls for two customers and more fail (5xx or no answer) with no other answer between, as the worker that tried this one sees them. A call made is counted on the row; up to RETRY_MAX_OUTAGE_MS after the event's first attempt (or its dispatch) none spends the retry budget",
+  meter_replacing:
+    "for the usage's meter: Stripe has it deactivated, with no active meter for its event name yet (an operator replacing it); for up to 15 minutes after the deactivation, then it is dead as no_meter",
   stamped_ahead:
     "for the usage's time: it is stamped more than 5 minutes ahead of Stripe's clock as this worker reads it (its own; v2: corrected by the skew measured against Stripe's, billing_outbox_stripe_clock_skew_seconds), which Stripe would refuse",
 };

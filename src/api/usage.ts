@@ -80,8 +80,10 @@ const METER_CHECK_TIMEOUT_MS = 1_000;
  */
 async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'known'>, eventName: string): Promise<boolean> {
   switch (meters.known(eventName, METER_CHECK_TIMEOUT_MS)) {
-    // Known, or the list's last read failed a moment ago (another would not be answered either).
+    // Known; being replaced (its delivery waits for the new meter); or the list's last read failed
+    // a moment ago (another would not be answered either).
     case 'active':
+    case 'replacing':
     case 'unanswered':
       return false;
     // Stripe said so within the last second: that stands. Asking again would wait for the catalog's
@@ -96,7 +98,8 @@ async function meterMissing(meters: Pick<MeterCatalog, 'keysFor' | 'known'>, eve
   const unknown = new Promise<'unknown'>((resolve) => (timer = setTimeout(() => resolve('unknown'), METER_CHECK_TIMEOUT_MS)));
   try {
     const keys = await Promise.race([meters.keysFor(eventName).catch(() => 'unknown' as const), unknown]);
-    return keys === undefined;
+    // Read just now: none active, unless its meter is being replaced.
+    return keys === undefined && meters.known(eventName, METER_CHECK_TIMEOUT_MS) !== 'replacing';
   } finally {
     clearTimeout(timer);
   }

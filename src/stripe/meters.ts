@@ -73,6 +73,13 @@ export function meterEventPayload(event: MeterEvent): Record<string, string> {
  * shared and paced (at most one per `minReloadIntervalMs`): a backlog naming a meter that does not
  * exist costs one list call per interval, not one per event.
  */
+/**
+ * How long after its meter was deactivated, with no active one since, an event name counts as a
+ * meter being replaced (MeterCatalog.swapLeftMs): usage for it is let in and its delivery waits,
+ * rather than refused or dead as a meter Stripe does not have.
+ */
+export const METER_SWAP_MS = 15 * 60_000;
+
 /** How long after a failed read of the meter list a name not read yet is let in without asking again (`known`). */
 const FAILED_READ_KEPT_MS = 5_000;
 
@@ -84,6 +91,8 @@ export class MeterCatalog {
   private loadedFrom = Number.NEGATIVE_INFINITY;
   /** When the last read that failed did. */
   private failedAt = Number.NEGATIVE_INFINITY;
+  /** Event names whose meter is being replaced (swapLeftMs), until when. */
+  private swapUntil = new Map<string, number>();
 
   private readonly stripe: Pick<Stripe, 'billing'>;
   private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number };
@@ -112,16 +121,18 @@ export class MeterCatalog {
   /**
    * What the meter list says of `eventName` without waiting for Stripe (the ingestion door's
    * question): `active` when the last read found an active meter for it, however old that read is
-   * (one is started behind the answer once it is past `maxAgeMs`); `missing` when a read started
+   * (one is started behind the answer once it is past `maxAgeMs`); `replacing` when its meter is
+   * being replaced (swapLeftMs); `missing` when a read started
    * within the last `missWithinMs` found none; `unanswered` when the last read failed, under
    * FAILED_READ_KEPT_MS ago; else `ask` (keysFor reads the list again).
    */
-  known(eventName: string, missWithinMs: number): 'active' | 'missing' | 'unanswered' | 'ask' {
+  known(eventName: string, missWithinMs: number): 'active' | 'replacing' | 'missing' | 'unanswered' | 'ask' {
     const now = this.now();
     if (this.byName.has(eventName)) {
       if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) void this.readStartedAfter(now).catch(() => undefined);
       return 'active';
     }
+    if (this.swapLeftMs(eventName) > 0) return 'replacing';
     if (this.loadedFrom >= now - missWithinMs) return 'missing';
     if (this.failedAt > this.loadedFrom && now - this.failedAt < FAILED_READ_KEPT_MS) return 'unanswered';
     return 'ask';
@@ -157,10 +168,26 @@ export class MeterCatalog {
     }
   }
 
+  /**
+   * How much longer (ms) `eventName` counts as a meter being replaced: the last read found no active
+   * meter for it, and one deactivated less than METER_SWAP_MS before (an operator replacing it,
+   * which Stripe only allows as a deactivation and a new meter). 0 otherwise.
+   */
+  swapLeftMs(eventName: string): number {
+    return Math.max(0, (this.swapUntil.get(eventName) ?? 0) - this.now());
+  }
+
   private async read(startedAt: number): Promise<void> {
-    const meters = await metersByEventName(this.stripe);
+    const every = await everyMeterByEventName(this.stripe);
+    const swapUntil = new Map<string, number>();
+    for (const [name, same] of every) {
+      if (same.some((m) => m.status === 'active')) continue;
+      const deactivatedAt = Math.max(...same.map((m) => m.status_transitions?.deactivated_at ?? 0)) * 1000;
+      const left = deactivatedAt + METER_SWAP_MS - Date.now();
+      if (left > 0) swapUntil.set(name, startedAt + left);
+    }
     const next = new Map<string, MeterKeys>();
-    for (const [name, meter] of meters) {
+    for (const [name, meter] of currentMeters(every)) {
       if (meter.status !== 'active') continue;
       next.set(name, {
         meterId: meter.id,
@@ -169,6 +196,7 @@ export class MeterCatalog {
       });
     }
     this.byName = next;
+    this.swapUntil = swapUntil;
     this.loadedFrom = startedAt;
   }
 }

@@ -321,6 +321,18 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(old.sent).toEqual([]);
   });
 
+  it('a meter being replaced (deactivated a moment ago, none active yet): the delivery waits for it, the attempt taken back, nothing sent; past the swap window, no_meter', async () => {
+    const { deps, store, sent } = parts();
+    deps.meters = { keysFor: async () => undefined, swapLeftMs: () => 10 * 60_000 };
+    const result = await deliver(deps);
+    expect(result).toMatchObject({ outcome: 'deferred', reason: 'meter_replacing' });
+    expect((result as { waitMs: number }).waitMs).toBeLessThanOrEqual(16_000);
+    expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(sent).toEqual([]);
+    deps.meters = { keysFor: async () => undefined, swapLeftMs: () => 0 };
+    await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
+  });
+
   it('a meter Stripe does not have: StripeRejected no_meter, nothing sent', async () => {
     const { deps, sent } = parts();
     deps.meters = { keysFor: async () => undefined };

@@ -119,12 +119,18 @@ export class Catalog {
    */
   replaceMeter(eventName: string, keys: MeterKeyOptions): string {
     const old = this.meterForEvent(eventName);
-    if (old) {
-      old.status = 'inactive';
-      old.status_transitions = { deactivated_at: this.nowSeconds() };
-      old.updated = this.nowSeconds();
-    }
+    if (old) this.deactivate(old);
     return this.addMeter(eventName, keys);
+  }
+
+  /** Stripe's `POST /v1/billing/meters/:id/deactivate`: its events are refused until another meter takes the name. */
+  deactivate(meter: MeterObject): MeterObject {
+    if (meter.status === 'active') {
+      meter.status = 'inactive';
+      meter.status_transitions = { deactivated_at: this.nowSeconds() };
+      meter.updated = this.nowSeconds();
+    }
+    return meter;
   }
 
   meter(id: string): MeterObject | undefined {

@@ -210,12 +210,18 @@ export class LocalStripe implements ControlTarget {
     this.catalog.addCustomer(id);
   }
 
-  /** A meter for `eventName`; `keys` are the payload keys it reads (Stripe's defaults otherwise). */
   /** Deactivates the meter for `eventName` and creates another that reads other payload keys. */
   replaceMeter(eventName: string, keys: MeterKeyOptions): string {
     return this.catalog.replaceMeter(eventName, keys);
   }
 
+  /** Deactivates the active meter for `eventName` (none active after it, until addMeter). */
+  deactivateMeter(eventName: string): void {
+    const meter = this.catalog.meterForEvent(eventName);
+    if (meter) this.catalog.deactivate(meter);
+  }
+
+  /** A meter for `eventName`; `keys` are the payload keys it reads (Stripe's defaults otherwise). */
   addMeter(eventName: string, keys: MeterKeyOptions = {}): string {
     return this.catalog.addMeter(eventName, keys);
   }
@@ -715,6 +721,14 @@ export class LocalStripe implements ControlTarget {
         method: 'GET',
         pattern: /^\/v1\/billing\/meters\/([^/]+)$/,
         handle: (_c, [id = '']) => found(catalog.meter(id), `No such billing meter: '${id}'`),
+      },
+      {
+        method: 'POST',
+        pattern: /^\/v1\/billing\/meters\/([^/]+)\/deactivate$/,
+        handle: (_c, [id = '']) => {
+          const meter = catalog.meter(id);
+          return meter ? json(catalog.deactivate(meter)) : notFound(`No such billing meter: '${id}'`, 'id');
+        },
       },
       {
         method: 'GET',
