@@ -266,12 +266,16 @@ INSERT INTO rate_limits (bucket) VALUES ('stripe_calls'), ('dispatch');
 -- Its relays can be paused by an operator (`billing-outbox relays pause`): while relays_paused_at is
 -- set, every claim takes nothing (src/outbox/sql/relay.ts), new events wait as pending and those in
 -- flight go on to Stripe.
+-- identifier_namespace: the STRIPE_IDENTIFIER_NAMESPACE its workers last started with ('' for none;
+-- NULL before any has), which operator commands stamp and rebill identifiers with, whatever their
+-- own environment says (src/outbox/sql/operator.ts, identifierNamespaceOf).
 CREATE TABLE deployment (
   only_row             boolean PRIMARY KEY DEFAULT true CHECK (only_row),
   id                   text NOT NULL,
   created_at           timestamptz NOT NULL DEFAULT now(),
   relays_paused_at     timestamptz,
   relays_paused_by     text,
-  relays_paused_reason text
+  relays_paused_reason text,
+  identifier_namespace text
 );
 INSERT INTO deployment (id) VALUES (gen_random_uuid()::text);

@@ -456,8 +456,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'rebill-keeps-identifier',
     guarantee: 'Effectively once at Stripe: a rebill sends a new identifier (the rejected one is taken at Stripe: "already exists" would mark it sent, unbilled)',
-    find: 'const identifier = stripeIdentifierFor(key, revision, config.stripe.identifierNamespace);',
-    replace: 'const identifier = stripeIdentifierFor(key, row.identifier_revision, config.stripe.identifierNamespace);',
+    find: 'const identifier = stripeIdentifierFor(key, revision, await identifierNamespaceOf(',
+    replace: 'const identifier = stripeIdentifierFor(key, row.identifier_revision, await identifierNamespaceOf(',
     test: 'test/rebill.test.ts',
     name: 'lost answer',
   },
@@ -660,6 +660,14 @@ export const MUTANTS: Mutant[] = [
     replace: '    return keys === undefined;',
     test: 'test/api.test.ts',
     name: 'refuses usage for a meter Stripe does not have',
+  },
+  {
+    id: 'cli-stamps-its-own-namespace',
+    guarantee: "Effectively once at Stripe: operator commands stamp identifiers with the namespace the deployment's workers use, not the CLI's environment (a resend under another identifier is billed twice)",
+    find: '  return rows[0]?.identifier_namespace ?? configured;',
+    replace: '  return configured;',
+    test: 'test/namespace.test.ts',
+    name: 'stamp identifiers with the namespace',
   },
   {
     id: 'call-given-up-ignored',

@@ -14,7 +14,7 @@ import { recordErrorReport } from '../src/ops/error-reports.js';
 import { recordUsage } from '../src/outbox/enqueue.js';
 import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { createStripeClient } from '../src/stripe/client.js';
-import { addCustomer, createTestDb, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
+import { addCustomer, createTestDb, runCliWithoutTemporal, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
 
 const CUSTOMER = 'cus_shared_account';
@@ -126,6 +126,25 @@ describe('two deployments sharing one Stripe account', () => {
     const fresh = await record(east, 'fresh-1', 1);
     await waitSent(east, fresh);
     expect((await row(east, fresh)).stripe_identifier).toBe(`east/${fresh}`);
+  });
+});
+
+describe("operator commands run with another environment than the workers'", () => {
+  it("stamp identifiers with the namespace the deployment's workers started with, not their own (a shell without STRIPE_IDENTIFIER_NAMESPACE)", async () => {
+    const { rows } = await east.db.pool.query<{ identifier_namespace: string | null }>('SELECT identifier_namespace FROM deployment');
+    expect(rows[0]!.identifier_namespace).toBe('east');
+    // A dead letter never attempted, as a restore leaves one that may have reached Stripe after the backup.
+    const key = await withTransaction(east.db.pool, async (c) => {
+      const r = await recordUsage(c, { usageId: 'restored-1', tenantId: 'acme', quantity: 1, occurredAt: new Date(Date.now() - 60_000) });
+      await c.query(`UPDATE outbox SET status = 'dead', dead_at = now() WHERE idempotency_key = $1`, [r.entry.idempotencyKey]);
+      return r.entry.idempotencyKey;
+    });
+    const bare = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared' });
+    expect(bare.stripe.identifierNamespace).toBe('');
+    const r = await runCliWithoutTemporal(['restored', '--backup-taken-at', new Date(Date.now() - 3_600_000).toISOString(), '--by', 'test'], bare, east.db);
+    expect(r.code).toBe(0);
+    // Its next attempt resends what the workers would have sent: east's identifier, recognised by Stripe.
+    expect((await row(east, key)).stripe_identifier).toBe(`east/${key}`);
   });
 });
 

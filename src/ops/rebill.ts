@@ -28,7 +28,7 @@ import type { Config } from '../config.js';
 import type { Queryable } from '../db.js';
 import { scrub } from '../log.js';
 import { stripeIdentifierFor } from '../outbox/keys.js';
-import { findRebillCandidate, finishOperatorAction, rebillRejected, restoreRejected, startOperatorAction, type RebillCandidateRow } from '../outbox/sql/operator.js';
+import { findRebillCandidate, finishOperatorAction, identifierNamespaceOf, rebillRejected, restoreRejected, startOperatorAction, type RebillCandidateRow } from '../outbox/sql/operator.js';
 import { tooOldToSend } from '../stripe/rules.js';
 import { openRunNow, unpolledWarning, usageWorkflowStartOptions } from '../temporal/start-usage.js';
 import { reopenSignal, stateQuery, type UsageState } from '../../workflows/shared.js';
@@ -158,7 +158,7 @@ async function decide(deps: RebillDeps, row: RebillCandidateRow, opts: { actor: 
   }
 
   const revision = row.identifier_revision + 1;
-  const identifier = stripeIdentifierFor(key, revision, config.stripe.identifierNamespace);
+  const identifier = stripeIdentifierFor(key, revision, await identifierNamespaceOf(db, schema, config.stripe.identifierNamespace));
   const moved = await rebillRejected(db, schema, key, { fromRevision: row.identifier_revision, identifier });
   if (!moved) {
     const current = await findRebillCandidate(db, schema, key);

@@ -36,6 +36,7 @@ import { scrub } from '../log.js';
 import { temporalUnreachable } from '../reachable.js';
 import {
   findOperatorRow,
+  identifierNamespaceOf,
   laneInFlight,
   listDeadLetters,
   startOperatorAction,
@@ -466,7 +467,8 @@ export class DeadLetterRetrier {
     const done = (outcome: RetryOutcome, message: string): RetryResult => ({ key, outcome, forced: opts.force, message });
     const { db, schema, client, config } = this.deps;
 
-    const reopened = await reopenDeadLetter(db, schema, key, reachedStripeBy, storedIdentifier(key, 0, config.stripe.identifierNamespace));
+    const namespace = await identifierNamespaceOf(db, schema, config.stripe.identifierNamespace);
+    const reopened = await reopenDeadLetter(db, schema, key, reachedStripeBy, storedIdentifier(key, 0, namespace));
     if (!reopened) {
       const current = await findOperatorRow(db, schema, key);
       return done('skipped', `no longer dead (now ${current?.status ?? 'missing'}): another retry got there first`);

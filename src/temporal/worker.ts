@@ -30,6 +30,7 @@ import { shippedWorkflowBundle } from './workflow-bundle.js';
 import { ensureReconcileScheduleOrWarn, reconcileScheduleId, restoreReconcileSchedule } from './reconcile-schedule.js';
 import { checkSearchAttributes } from './search-attributes.js';
 import { schemaFor } from '../outbox/sql/schema.js';
+import { recordIdentifierNamespace } from '../outbox/sql/operator.js';
 import { startTracingSdk, temporalTracing, workflowTracingModule, type Tracing } from '../tracing.js';
 
 export const WORKFLOWS_PATH = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'workflows', 'index.ts');
@@ -98,6 +99,14 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   await ensureRelays(client, config, deployment);
   const stopping = new AbortController();
   const schema = schemaFor(config.databaseSchema);
+  // The deployment's identifier namespace is this worker's from now on: operator commands stamp with it.
+  const namespaceBefore = await recordIdentifierNamespace(pool, schema, config.stripe.identifierNamespace);
+  if (namespaceBefore != null) {
+    deps.log?.warn(
+      { before: namespaceBefore, now: config.stripe.identifierNamespace },
+      'STRIPE_IDENTIFIER_NAMESPACE differs from the one this deployment\'s workers started with before: events not attempted yet go to Stripe under the new one (those attempted keep theirs)',
+    );
+  }
   const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.

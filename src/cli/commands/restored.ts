@@ -1,6 +1,6 @@
 /** `billing-outbox restored --backup-taken-at T`: after restoring the outbox from a backup, before the workers start. */
 import { storedIdentifier } from '../../outbox/sql/delivery.js';
-import { lastOperatorAction, stampRestored } from '../../outbox/sql/operator.js';
+import { identifierNamespaceOf, lastOperatorAction, stampRestored } from '../../outbox/sql/operator.js';
 import { schemaFor } from '../../outbox/sql/schema.js';
 import { SAFE_RESEND_WINDOW_MS } from '../../stripe/rules.js';
 import { noPositionals, parse } from '../args.js';
@@ -12,8 +12,8 @@ Run after restoring the outbox's database from a backup, before starting any wor
 were not yet at Stripe in the backup may have been delivered after it was taken, and Stripe
 recognises a resend of an identifier for 24 hours only. Each unsettled row never attempted
 (pending, claimed, dispatched or dead) is stamped as first attempted at TIME, or at its creation if
-that is later, under the identifier it would have been sent with (STRIPE_IDENTIFIER_NAMESPACE as
-configured), so that the resend guard applies to it: sent normally until 23 hours after its stamp
+that is later, under the identifier it would have been sent with (the STRIPE_IDENTIFIER_NAMESPACE
+the deployment's workers last started with), so that the resend guard applies to it: sent normally until 23 hours after its stamp
 (a copy Stripe already has is recognised), and past that refused, dead as
 identifier_window_expired, to be reconciled (\`billing-outbox reconcile\` over its hour) and retried
 with --force only if Stripe does not have it. Rows attempted before keep their own first attempt.
@@ -60,7 +60,7 @@ export async function restoredCommand(args: string[], ctx: CliContext): Promise<
     );
     return EXIT_FAILED;
   }
-  const namespace = ctx.config.stripe.identifierNamespace;
+  const namespace = await identifierNamespaceOf(db, schema, ctx.config.stripe.identifierNamespace);
   const stamped = await stampRestored(db, schema, {
     backupTakenAt: at,
     actor,

@@ -380,3 +380,30 @@ export async function lastOperatorAction(db: Queryable, schema: Schema, action: 
   const { rows } = await db.query<{ at: Date; actor: string }>(`SELECT at, actor FROM ${schema.operatorActions} WHERE action = $1::text ORDER BY id DESC LIMIT 1`, [action]);
   return rows[0];
 }
+
+/**
+ * Records the STRIPE_IDENTIFIER_NAMESPACE a worker starts with as the deployment's (every worker,
+ * at start). Returns the one recorded before, if another ('' for none; null before any worker).
+ */
+export async function recordIdentifierNamespace(db: Queryable, schema: Schema, namespace: string): Promise<string | null | undefined> {
+  const { rows } = await db.query<{ before: string | null }>(
+    `UPDATE ${schema.deployment} d SET identifier_namespace = $1::text
+       FROM (SELECT identifier_namespace AS before FROM ${schema.deployment}) old
+      RETURNING old.before`,
+    [namespace],
+  );
+  const before = rows[0]?.before ?? null;
+  return before === namespace ? undefined : before;
+}
+
+/**
+ * The identifier namespace operator commands stamp and rebill with: the one the deployment's
+ * workers last started with, whatever this process's environment says (a CLI run from a shell
+ * without STRIPE_IDENTIFIER_NAMESPACE would stamp bare keys where the workers sent
+ * `<namespace>/<key>`, and a resend under another identifier is billed twice); `configured` only
+ * while no worker has started.
+ */
+export async function identifierNamespaceOf(db: Queryable, schema: Schema, configured: string): Promise<string> {
+  const { rows } = await db.query<{ identifier_namespace: string | null }>(`SELECT identifier_namespace FROM ${schema.deployment}`);
+  return rows[0]?.identifier_namespace ?? configured;
+}
