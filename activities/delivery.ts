@@ -57,26 +57,8 @@ export interface DeliveryDeps {
 /** An attempt that ends this close to its start-to-close timeout may have been timed out by Temporal. */
 const LATE_MARGIN_MS = 1_000;
 
-/**
- * What an attempt keeps of its start-to-close timeout after Stripe's answer: the row's statement
- * (statementAnswerMs, 5 s) and a second to spare.
- */
-const RECORD_MARGIN_MS = 6_000;
-
 /** How often a delivery whose meter is being replaced looks for the new one. */
 const METER_SWAP_RETRY_MS = 15_000;
-
-/** The shortest wait for Stripe's answer an attempt gives a call (or a stream request) it makes. */
-const MIN_ANSWER_WAIT_MS = 1_000;
-
-/**
- * How long the attempt waits for Stripe's answer to the call it makes now: what is left before
- * `answerBy`, never more than `most` (v1: the client's own timeout; v2: the stream's request has its
- * own, and the event may wait for its request's turn first), never under MIN_ANSWER_WAIT_MS.
- */
-function answerWait(progress: Progress, most = Number.POSITIVE_INFINITY): number {
-  return Math.max(MIN_ANSWER_WAIT_MS, Math.min(most, progress.answerBy - performance.now()));
-}
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
@@ -89,17 +71,11 @@ interface Ready {
   keys: MeterKeys;
 }
 
-/** One attempt as it goes: `begun` once its beginAttempt statement is sent (answered or not). */
+/** How far one attempt got: `begun` once its beginAttempt statement is sent (answered or not). */
 interface Progress {
   begun: boolean;
   /** The run's last try of Stripe was held as Stripe down (DeliverInput.heldByOutage). */
   heldByOutage?: OutageHold | undefined;
-  /**
-   * When (performance.now()) Stripe's answer must be in, to be recorded before Temporal times the
-   * attempt out: the run's attempt timeout was fixed when it started, from the STRIPE_TIMEOUT_MS of
-   * that day, and a longer one since must not make its attempts time out unclassified.
-   */
-  answerBy: number;
 }
 
 /** The lease's fate after the attempt. */
@@ -181,8 +157,8 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       const beat = activityInfo().isLocal ? undefined : setInterval(() => ctx.heartbeat(), t.heartbeatEveryMs);
       // Set as the attempt's first statement on the row goes out (beginAttempt): before it, the row
       // is untouched, and a forced retry's force is not used up.
+      const progress: Progress = { begun: false, heldByOutage: input.heldByOutage };
       const startedAt = performance.now();
-      const progress: Progress = { begun: false, heldByOutage: input.heldByOutage, answerBy: startedAt + activityInfo().startToCloseTimeoutMs - RECORD_MARGIN_MS };
       try {
         const result = await (sender.api === 'v1' ? attemptUnderLease(input, progress) : attemptByStream(input, progress));
         // Delivered after Temporal gave up on this attempt (a v2 request queued behind a slow
@@ -326,7 +302,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     };
     try {
       await pacer.keepPace(slot.at, t.lateToleranceMs, (ms) => ctx.sleep(ms));
-      await sender.send(meterEvent(key, ready), answerWait(progress, t.callTimeoutMs));
+      await sender.send(meterEvent(key, ready));
     } catch (err) {
       // The pace statement failed on our own PostgreSQL: nothing was sent. Not the event's
       // failure: deferred without spending an attempt (deliverUsage), as on v2.
@@ -352,7 +328,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
     if ('outcome' in ready) return ready;
     const accepted = () => store.markDelivered(key, 'accepted', ready.row.identifier_revision);
     try {
-      await sender.send(meterEvent(key, ready), answerWait(progress));
+      await sender.send(meterEvent(key, ready));
     } catch (err) {
       // The batch's request never left: our own PostgreSQL failed its pace statement. Not the
       // event's failure: deferred without spending an attempt (deliverUsage), as on v1.

@@ -68,6 +68,9 @@ export type ApiToken = z.infer<typeof apiToken>;
 export const PRODUCTION_ENVS = ['production', 'prod', 'staging'] as const;
 const OTHER_ENVS = ['development', 'dev', 'local', 'test'] as const;
 
+/** The longest STRIPE_TIMEOUT_MS: what a run's attempt timeout leaves room for (DeliveryTimings.attemptTimeoutMs). */
+const LONGEST_STRIPE_TIMEOUT_MS = 120_000;
+
 /** RETRY_MAX_OUTAGE_MS's default: 6 h of an outage waited out, from an event's first attempt. */
 const MAX_OUTAGE_MS = 21_600_000;
 
@@ -84,8 +87,8 @@ const LONGEST_RETRY_MS = 72_000_000;
  * the retry policy's waits between them (the first attempt, in the workflow task, is followed by
  * the initial interval, then the regular activity's backoff starts again from it).
  */
-export function longestAttemptsMs(retry: Pick<RetryPolicy, 'initialIntervalMs' | 'backoffCoefficient' | 'maximumIntervalMs' | 'maximumAttempts'>, attemptTimeoutMs: number): number {
-  let total = retry.maximumAttempts * attemptTimeoutMs;
+export function longestAttemptsMs(retry: Pick<RetryPolicy, 'initialIntervalMs' | 'backoffCoefficient' | 'maximumIntervalMs' | 'maximumAttempts'>, attemptMs: number): number {
+  let total = retry.maximumAttempts * attemptMs;
   if (retry.maximumAttempts > 1) total += retry.initialIntervalMs;
   let wait = retry.initialIntervalMs;
   for (let i = 2; i < retry.maximumAttempts; i++) {
@@ -161,7 +164,7 @@ const schema = z.object({
       if (problem) ctx.addIssue({ code: 'custom', message: problem });
     })
     .default('api_requests'),
-  STRIPE_TIMEOUT_MS: int(100, 120_000).default(20_000),
+  STRIPE_TIMEOUT_MS: int(100, LONGEST_STRIPE_TIMEOUT_MS).default(20_000),
   STRIPE_UNANSWERED_HOLD_MS: int(0, 600_000).default(30_000),
   STRIPE_WEBHOOK_SECRET: z
     .string()
@@ -316,8 +319,18 @@ export interface DeliveryTimings {
   heartbeatEveryMs: number;
   /** A dead worker's attempt is retried elsewhere after this: a few missed heartbeats. */
   heartbeatTimeoutMs: number;
-  /** One attempt at most: the lease wait, then the call, plus room for the database work and the pace around it. */
+  /**
+   * One attempt at most, as Temporal times it (start-to-close, fixed in each run when it starts):
+   * the lease wait, then the longest call any worker may make (STRIPE_TIMEOUT_MS's maximum), plus
+   * room for the database work and the pace around it. Not this worker's call timeout: a run
+   * started before STRIPE_TIMEOUT_MS was raised would otherwise have each attempt timed out by
+   * Temporal while its call went on, its answer (an outage's hold included) thrown away and an
+   * attempt spent. A dead worker is noticed sooner: by the heartbeat timeout, or in the workflow
+   * task by that task's own timeout.
+   */
   attemptTimeoutMs: number;
+  /** One attempt at most with this worker's STRIPE_TIMEOUT_MS (what its retries can take, end to end). */
+  attemptMs: number;
 }
 
 /**
@@ -377,7 +390,8 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, 
     // Five heartbeats missed: not a slow query, a dead worker.
     heartbeatTimeoutMs: 5 * HEARTBEAT_EVERY_MS,
     // The wait for the lease, the call, and 10 s for the database work and the pace's wait around it.
-    attemptTimeoutMs: LEASE_WAIT_MS + callTimeoutMs + 10_000,
+    attemptTimeoutMs: LEASE_WAIT_MS + LONGEST_STRIPE_TIMEOUT_MS + 10_000,
+    attemptMs: LEASE_WAIT_MS + callTimeoutMs + 10_000,
   };
 }
 
@@ -653,7 +667,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const timings = resolveTimings(c.STRIPE_TIMEOUT_MS, c.STRIPE_UNANSWERED_HOLD_MS, c.RETRY_MAX_OUTAGE_MS);
   const attemptsMs = longestAttemptsMs(
     { initialIntervalMs: c.RETRY_INITIAL_INTERVAL_MS, backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT, maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS, maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS },
-    timings.attemptTimeoutMs,
+    timings.attemptMs,
   );
   // Past the outage's wait (from the first attempt), an event's failures spend attempts: the last
   // must still come before the resend window closes, or the event dies of the window (an operator
@@ -661,7 +675,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (c.RETRY_MAX_OUTAGE_MS + attemptsMs > SAFE_RESEND_WINDOW_MS) {
     const h = (ms: number) => `${Number((ms / 3_600_000).toFixed(1))} h`;
     problems.push(
-      `RETRY_MAXIMUM_ATTEMPTS: ${c.RETRY_MAXIMUM_ATTEMPTS} attempts, with the RETRY_* intervals and attempts of up to ${timings.attemptTimeoutMs / 1000} s (STRIPE_TIMEOUT_MS + 20 s), ` +
+      `RETRY_MAXIMUM_ATTEMPTS: ${c.RETRY_MAXIMUM_ATTEMPTS} attempts, with the RETRY_* intervals and attempts of up to ${timings.attemptMs / 1000} s (STRIPE_TIMEOUT_MS + 20 s), ` +
         `can take ${h(attemptsMs)}, after the ${h(c.RETRY_MAX_OUTAGE_MS)} of RETRY_MAX_OUTAGE_MS: past the ${h(SAFE_RESEND_WINDOW_MS)} an event may be sent in (Stripe's 24 h identifier dedup); ` +
         'fewer attempts, a shorter RETRY_MAXIMUM_INTERVAL_MS or RETRY_MAX_OUTAGE_MS',
     );

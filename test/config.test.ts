@@ -19,7 +19,7 @@ describe('configuration', () => {
     const c = loadConfig({});
     expect(c.temporal).toEqual({ address: undefined, namespace: 'default', taskQueue: 'billing-outbox' });
     expect(c.stripe).toMatchObject({ apiBase: 'https://api.stripe.com', isRealStripe: true, meterEventName: 'api_requests' });
-    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 40_000, heartbeatTimeoutMs: 10_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 });
+    expect(c.retry).toEqual({ initialIntervalMs: 1000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12, attemptTimeoutMs: 140_000, heartbeatTimeoutMs: 10_000, maxRateLimitedMs: 3_600_000, deadLetterOpenMs: 7 * 86_400_000 });
     expect(c.lanes).toEqual({ maxInFlight: 4 });
     expect(c.timings).toMatchObject({ callTimeoutMs: 20_000, leaseMs: 25_000, leaseWaitMs: 10_000, handOffMs: 5_000, unansweredHoldMs: 30_000, heartbeatTimeoutMs: 10_000 });
     expect(c.relay.batchSize).toBeGreaterThan(0);
@@ -124,6 +124,15 @@ describe('configuration', () => {
     expect(p.find((l) => l.startsWith('TEMPORAL_ADDRESS:'))).toMatch(/host:port/);
     expect(p.find((l) => l.startsWith('STRIPE_API_BASE:'))).toMatch(/http/);
     expect(p.find((l) => l.startsWith('DATABASE_URL:'))).toMatch(/postgres/);
+  });
+
+  it("times a run's attempts for the longest STRIPE_TIMEOUT_MS, not this worker's: raised later, the events in flight are not timed out by Temporal while their calls go on", () => {
+    const quick = loadConfig({ STRIPE_TIMEOUT_MS: '1000' });
+    const slowest = loadConfig({ STRIPE_TIMEOUT_MS: '120000' });
+    expect(quick.retry.attemptTimeoutMs).toBe(slowest.retry.attemptTimeoutMs);
+    // The lease wait, the longest call, and the database work around it.
+    expect(slowest.retry.attemptTimeoutMs).toBeGreaterThanOrEqual(slowest.timings.leaseMs + 10_000 + 5_000);
+    expect(quick.timings.attemptMs).toBe(21_000);
   });
 
   it("refuses retries that could outlast the 23 h resend window (an event would die of the window, not of its own error); the defaults take 21.5 min", () => {

@@ -73,20 +73,14 @@ export function stripeKeyFromFile(
   });
 }
 
-/**
- * One v1 meter-event call (the v1 sender of src/stripe/sender.ts; tests and benchmarks call it
- * directly), given up after `within` ms when given, instead of after the client's own timeout.
- */
-export async function sendMeterEvent(client: Pick<Stripe, 'billing'>, event: MeterEvent, within?: number): Promise<void> {
-  await client.billing.meterEvents.create(
-    {
-      event_name: event.eventName,
-      payload: meterEventPayload(event),
-      identifier: event.identifier,
-      timestamp: Math.floor(event.occurredAt.getTime() / 1000),
-    },
-    within === undefined ? undefined : { timeout: Math.max(1, Math.floor(within)) },
-  );
+/** One v1 meter-event call (the v1 sender of src/stripe/sender.ts; tests and benchmarks call it directly). */
+export async function sendMeterEvent(client: Pick<Stripe, 'billing'>, event: MeterEvent): Promise<void> {
+  await client.billing.meterEvents.create({
+    event_name: event.eventName,
+    payload: meterEventPayload(event),
+    identifier: event.identifier,
+    timestamp: Math.floor(event.occurredAt.getTime() / 1000),
+  });
 }
 
 // ---- Reconciliation and corrections -----------------------------------------------------------------

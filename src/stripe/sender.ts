@@ -18,11 +18,8 @@ export interface MeterEventSender {
    * no such rule.
    */
   readonly api: 'v1' | 'v2';
-  /**
-   * Resolves when Stripe took the event; rejects with Stripe's error, for the caller to classify,
-   * or as no answer (a StripeConnectionError) once `within` ms have passed without one.
-   */
-  send(event: MeterEvent, within?: number): Promise<void>;
+  /** Resolves when Stripe took the event; rejects with Stripe's error, for the caller to classify. */
+  send(event: MeterEvent): Promise<void>;
   /**
    * Stripe's clock minus this worker's (ms), where the sender measures it (v2: by each session's
    * created time, the first session opened to measure it; rejects as a send would when none can
@@ -34,7 +31,7 @@ export interface MeterEventSender {
 
 /** v1: one call per event. */
 export function meterEventsV1(client: Pick<Stripe, 'billing'>): MeterEventSender {
-  return { api: 'v1', send: (event, within) => sendMeterEvent(client, event, within) };
+  return { api: 'v1', send: (event) => sendMeterEvent(client, event) };
 }
 
 /**
@@ -48,7 +45,7 @@ export function tracedSender(sender: MeterEventSender, keyOf: () => string | und
     api: sender.api,
     // Read through: the stream measures it anew at each session.
     ...(sender.clockSkewMs ? { clockSkewMs: () => sender.clockSkewMs!() } : {}),
-    send(event, within) {
+    send(event) {
       const key = keyOf();
       return tracer().startActiveSpan(
         name,
@@ -59,7 +56,7 @@ export function tracedSender(sender: MeterEventSender, keyOf: () => string | und
         (span) =>
           endSpan(
             span,
-            sender.send(event, within).then(
+            sender.send(event).then(
               // Stripe answers 200 when it takes a meter event (v1) or a stream batch (v2).
               () => void span.setAttribute('http.response.status_code', 200),
               (err: unknown) => {

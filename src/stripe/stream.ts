@@ -204,23 +204,11 @@ export class MeterEventStream implements MeterEventSender {
     return this.skewMs ?? 0;
   }
 
-  /**
-   * Sends `event` in a coming request; settles with that request's outcome, or after `within` ms
-   * as no answer (the event stays in its request: Stripe's identifier dedup takes a resend).
-   */
-  send(event: MeterEvent, within?: number): Promise<void> {
+  /** Sends `event` in a coming request; settles with that request's outcome. */
+  send(event: MeterEvent): Promise<void> {
     return new Promise((resolve, reject) => {
       const lingerMs = this.lingerMs();
-      if (within === undefined) {
-        this.queue.push({ event, resolve, reject });
-      } else {
-        const givenUp = setTimeout(
-          () => reject(new Stripe.errors.StripeConnectionError({ message: `No answer from the meter event stream within this attempt's ${Math.round(within)} ms.` })),
-          within,
-        );
-        const settle = () => clearTimeout(givenUp);
-        this.queue.push({ event, resolve: () => (settle(), resolve()), reject: (err) => (settle(), reject(err)) });
-      }
+      this.queue.push({ event, resolve, reject });
       this.timer ??= setTimeout(() => {
         this.timer = undefined;
         this.due = true;

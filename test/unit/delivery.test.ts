@@ -219,19 +219,6 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'connection_error', expect.any(String), { refused: false });
   });
 
-  it("a run started under a shorter STRIPE_TIMEOUT_MS (its attempt timeout fixed then): the call waits what is left of the attempt, not this worker's timeout", async () => {
-    const within: (number | undefined)[] = [];
-    for (const startToCloseTimeoutMs of [16_000, 60_000]) {
-      const { deps } = parts();
-      const sender = { ...deps.sender, send: async (_e: MeterEvent, ms?: number) => void within.push(ms) };
-      await deliver({ ...deps, sender }, {}, new MockActivityEnvironment({ startToCloseTimeoutMs }, { logger: silent }));
-    }
-    // 16 s less the 6 s kept to record the answer; this worker's own 20 s when the attempt has longer.
-    expect(within[0]).toBeGreaterThan(9_000);
-    expect(within[0]).toBeLessThanOrEqual(10_000);
-    expect(within[1]).toBe(timings.callTimeoutMs);
-  });
-
   it('a connection refused (nothing sent): the lease is handed on at once, not held', async () => {
     const refused = new Stripe.errors.StripeConnectionError({ message: 'An error occurred with our connection to Stripe.', detail: Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }) } as never);
     const { deps, lease } = parts({ send: async () => Promise.reject(refused) });
@@ -423,15 +410,6 @@ describe('v2: the meter event stream', () => {
     atStripe.deps.sender = { ...atStripe.deps.sender, clockSkewMs: unneeded };
     expect(await deliver(atStripe.deps)).toMatchObject({ outcome: 'already_sent' });
     expect(unneeded).not.toHaveBeenCalled();
-  });
-
-  it("the event waits for its request's answer what is left of the attempt (its turn in the queue first, then the request)", async () => {
-    const within: (number | undefined)[] = [];
-    const { deps } = parts({ api: 'v2' });
-    const sender = { ...deps.sender, send: async (_e: MeterEvent, ms?: number) => void within.push(ms) };
-    await deliver({ ...deps, sender }, {}, new MockActivityEnvironment({ startToCloseTimeoutMs: 60_000 }, { logger: silent }));
-    expect(within[0]).toBeGreaterThan(53_000);
-    expect(within[0]).toBeLessThanOrEqual(54_000);
   });
 
   it("Stripe's duplicate answer on the stream marks the row accepted", async () => {
