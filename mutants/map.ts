@@ -614,14 +614,6 @@ export const MUTANTS: Mutant[] = [
     name: 'names the door has not read are let in without waiting',
   },
   {
-    id: 'renamed-default-conflicts',
-    guarantee: 'Idempotent enqueue: a usage recorded again without an event name after the default meter changed is the same usage (nothing added), not a conflict',
-    find: '  if (usage.eventNameGiven && entry.eventName !== usage.eventName) found.push(',
-    replace: '  if (entry.eventName !== usage.eventName) found.push(',
-    test: 'test/enqueue.test.ts',
-    name: 'recorded again without a name after the default changed',
-  },
-  {
     id: 'retries-past-the-window-allowed',
     guarantee: 'Dead with a reason someone can see: a configuration whose retries could outlast the 23 h resend window is refused at start (an event would die of the window, not its own error)',
     find: '  if (c.RETRY_MAX_OUTAGE_MS + attemptsMs > SAFE_RESEND_WINDOW_MS) {',

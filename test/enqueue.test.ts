@@ -327,15 +327,6 @@ describe("recordUsage's meter event name when the usage names none", () => {
     expect(DEFAULT_EVENT_NAME).toBe('api_requests');
   });
 
-  it('recorded again without a name after the default changed: the same usage (nothing added), not a conflict; naming the new one is a conflict', async () => {
-    const first = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-renamed', tenantId: 'acme', quantity: 2 }, { defaultEventName: 'tokens' }));
-    const again = await withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-renamed', tenantId: 'acme', quantity: 2 }, { defaultEventName: 'api_calls' }));
-    expect(again).toEqual({ entry: first.entry, created: false });
-    await expect(
-      withTransaction(t.pool, (c) => recordUsage(c, { usageId: 'meter-renamed', tenantId: 'acme', quantity: 2, eventName: 'api_calls' }, { defaultEventName: 'api_calls' })),
-    ).rejects.toBeInstanceOf(UsageConflictError);
-  });
-
   it("never reads STRIPE_METER_EVENT_NAME from the application's environment", async () => {
     const before = process.env.STRIPE_METER_EVENT_NAME;
     process.env.STRIPE_METER_EVENT_NAME = 'from_the_environment';

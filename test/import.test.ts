@@ -195,13 +195,6 @@ it('a re-run after the usages grew too old for Stripe counts the ones recorded a
   ]);
 });
 
-it('a file without event names imported again after the default meter changed: every line already recorded, none a conflict', async () => {
-  const p = randomUUID().slice(0, 8);
-  const lines = [1, 2].map((i) => JSON.stringify({ tenant_id: 'acme', usage_id: `${p}-${i}`, quantity: i, occurred_at: ago(3_600_000) }));
-  expect(await importUsage(t.pool, lines, { defaultEventName: 'tokens' })).toMatchObject({ recorded: 2, refused: 0 });
-  expect(await importUsage(t.pool, lines, { defaultEventName: 'api_calls' })).toMatchObject({ recorded: 0, alreadyRecorded: 2, refused: 0 });
-});
-
 it('a progress bar on stderr only when stderr is a terminal; refusals above it, the summary on stdout', async () => {
   const { runCli } = await import('../src/cli/run.js');
   const p = randomUUID().slice(0, 8);

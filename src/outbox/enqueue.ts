@@ -104,8 +104,7 @@ export async function recordUsage(
 /**
  * Whether a usage recorded again is the one already there (then nothing is added) rather than a
  * reused id with other values (refused). A usage without a time takes the transaction's, so any
- * recorded time matches it; one without an event name, the default meter's, so any recorded name
- * does (a client's retry after the default changed is the same usage).
+ * recorded time matches it.
  */
 export function sameUsage(entry: OutboxEntry, usage: ValidUsage): boolean {
   return differences(entry, usage).length === 0;
@@ -136,7 +135,7 @@ export function prunedUsageError(usage: ValidUsage, recorded: RecordedUsage | un
 export function differences(entry: Pick<OutboxEntry, 'quantity' | 'eventName' | 'occurredAt'>, usage: ValidUsage): string[] {
   const found: string[] = [];
   if (entry.quantity !== usage.quantity) found.push(`quantity (recorded ${entry.quantity}, given ${usage.quantity})`);
-  if (usage.eventNameGiven && entry.eventName !== usage.eventName) found.push(`eventName (recorded ${JSON.stringify(entry.eventName)}, given ${JSON.stringify(usage.eventName)})`);
+  if (entry.eventName !== usage.eventName) found.push(`eventName (recorded ${JSON.stringify(entry.eventName)}, given ${JSON.stringify(usage.eventName)})`);
   if (usage.occurredAt !== null && entry.occurredAt.getTime() !== usage.occurredAt.getTime()) {
     found.push(`occurredAt (recorded ${entry.occurredAt.toISOString()}, given ${usage.occurredAt.toISOString()})`);
   }

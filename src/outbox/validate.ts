@@ -116,11 +116,6 @@ export interface ValidUsage {
   tenantId: string;
   quantity: number;
   eventName: string;
-  /**
-   * False when `eventName` is the default meter's, the caller having named none: recorded again so,
-   * it matches the event name recorded the first time, even if the default has changed since.
-   */
-  eventNameGiven: boolean;
   /** Null: the transaction's time. */
   occurredAt: Date | null;
 }
@@ -168,7 +163,7 @@ export function validateUsage(input: UsageInput, defaultEventName: string, now =
     }
     occurredAt = input.occurredAt;
   }
-  return { usageId, tenantId, quantity, eventName, eventNameGiven: input.eventName !== undefined, occurredAt };
+  return { usageId, tenantId, quantity, eventName, occurredAt };
 }
 
 /**

@@ -4,11 +4,15 @@
  * the caller's transaction. One named function per statement; values travel as typed arrays.
  */
 import { callerRows, entryColumns, type CallerEntryRow, type TransactionClient } from './enqueue.js';
-import type { ValidUsage } from '../validate.js';
 import type { Schema } from './schema.js';
 
-/** A checked usage of the file, with its idempotency key. */
-export interface ImportedUsage extends ValidUsage {
+export interface ImportedUsage {
+  usageId: string;
+  tenantId: string;
+  eventName: string;
+  quantity: number;
+  /** Null: the transaction's time. */
+  occurredAt: Date | null;
   key: string;
 }
 
