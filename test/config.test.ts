@@ -143,6 +143,8 @@ describe('configuration', () => {
     // The longest outage's wait leaves room for the default attempts, not for 60 of them.
     expect(loadConfig({ RETRY_MAX_OUTAGE_MS: '72000000' }).timings.maxOutageMs).toBe(72_000_000);
     expect(problems({ RETRY_MAX_OUTAGE_MS: '72000000', RETRY_MAXIMUM_ATTEMPTS: '60' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 60 attempts/)]);
+    // Nor for a 20-h stretch of 429s before them.
+    expect(problems({ RETRY_MAX_RATE_LIMITED_MS: '72000000', RETRY_MAXIMUM_ATTEMPTS: '60' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 60 attempts, .* after the 20 h of RETRY_MAX_RATE_LIMITED_MS/)]);
     // A 429 stretch longer than 20 h is refused as such.
     expect(problems({ RETRY_MAX_RATE_LIMITED_MS: '86400000' })).toEqual([expect.stringMatching(/^RETRY_MAX_RATE_LIMITED_MS: must be at most 72000000/)]);
   });

@@ -160,17 +160,17 @@ async function recordCancelled(
 }
 
 /**
- * Stripe's refusal to cancel an event it has already cancelled (one cancelled by other means: ours
- * repeat under one Idempotency-Key, src/stripe/client.ts). Stripe documents neither a code nor a
- * wording for it, so the message is the signal: the local Stripe's wording
- * (src/embedded/stripe/adjustments.ts `alreadyCancelled`), and an adjustment said to exist already.
- */
-/**
  * How long after the stream took an event a cancel Stripe answers "no such event" is taken for
  * Stripe not having processed it yet, rather than for an event Stripe never had.
  */
 const STREAM_PROCESSING_MS = 10 * 60_000;
 
+/**
+ * Stripe's refusal to cancel an event it has already cancelled (one cancelled by other means: ours
+ * repeat under one Idempotency-Key, src/stripe/client.ts). Stripe documents neither a code nor a
+ * wording for it, so the message is the signal: the local Stripe's wording
+ * (src/embedded/stripe/adjustments.ts `alreadyCancelled`), and an adjustment said to exist already.
+ */
 const ALREADY_CANCELLED = /\bhas already been cancell?ed\b|\badjustment already exists\b/i;
 
 function isAlreadyCancelled(err: unknown): boolean {
