@@ -672,13 +672,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   // Past the outage's wait (from the first attempt), an event's failures spend attempts: the last
   // must still come before the resend window closes, or the event dies of the window (an operator
   // asked to reconcile) instead of its own error.
-  // An event's waits that spend no attempt, an outage's or an unbroken stretch of 429s, come first.
-  const longestWait = Math.max(c.RETRY_MAX_OUTAGE_MS, c.RETRY_MAX_RATE_LIMITED_MS);
+  // An event's waits that spend no attempt come first: an outage's, then a stretch of 429s as the
+  // backlog meets Stripe again (an outage ends one, so it may come after).
+  const longestWait = c.RETRY_MAX_OUTAGE_MS + c.RETRY_MAX_RATE_LIMITED_MS;
   if (longestWait + attemptsMs > SAFE_RESEND_WINDOW_MS) {
     const h = (ms: number) => `${Number((ms / 3_600_000).toFixed(1))} h`;
     problems.push(
       `RETRY_MAXIMUM_ATTEMPTS: ${c.RETRY_MAXIMUM_ATTEMPTS} attempts, with the RETRY_* intervals and attempts of up to ${timings.attemptMs / 1000} s (STRIPE_TIMEOUT_MS + 20 s), ` +
-        `can take ${h(attemptsMs)}, after the ${h(longestWait)} of ${c.RETRY_MAX_OUTAGE_MS >= c.RETRY_MAX_RATE_LIMITED_MS ? 'RETRY_MAX_OUTAGE_MS' : 'RETRY_MAX_RATE_LIMITED_MS'}: ` +
+        `can take ${h(attemptsMs)}, after the ${h(longestWait)} of RETRY_MAX_OUTAGE_MS and RETRY_MAX_RATE_LIMITED_MS: ` +
         `past the ${h(SAFE_RESEND_WINDOW_MS)} an event may be sent in (Stripe's 24 h identifier dedup); fewer attempts, a shorter RETRY_MAXIMUM_INTERVAL_MS, RETRY_MAX_OUTAGE_MS or RETRY_MAX_RATE_LIMITED_MS`,
     );
   }

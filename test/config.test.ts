@@ -139,12 +139,12 @@ describe('configuration', () => {
     expect(longestAttemptsMs({ initialIntervalMs: 1_000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 12 }, 40_000)).toBe(1_292_000);
     expect(longestAttemptsMs({ initialIntervalMs: 1_000, backoffCoefficient: 2, maximumIntervalMs: 300_000, maximumAttempts: 1 }, 40_000)).toBe(40_000);
     // "Retry for longer": 500 attempts 5 minutes apart, each up to 40 s: some 46 h.
-    expect(problems({ RETRY_MAXIMUM_ATTEMPTS: '500' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 500 attempts, .* can take 46\.4 h, after the 6 h of RETRY_MAX_OUTAGE_MS: past the 23 h/)]);
-    // The longest outage's wait leaves room for the default attempts, not for 60 of them.
+    expect(problems({ RETRY_MAXIMUM_ATTEMPTS: '500' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 500 attempts, .* can take 46\.4 h, after the 7 h of RETRY_MAX_OUTAGE_MS and RETRY_MAX_RATE_LIMITED_MS: past the 23 h/)]);
+    // The longest outage's wait, then the default hour of 429s, leaves room for the default attempts, not for 60 of them.
     expect(loadConfig({ RETRY_MAX_OUTAGE_MS: '72000000' }).timings.maxOutageMs).toBe(72_000_000);
     expect(problems({ RETRY_MAX_OUTAGE_MS: '72000000', RETRY_MAXIMUM_ATTEMPTS: '60' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 60 attempts/)]);
-    // Nor for a 20-h stretch of 429s before them.
-    expect(problems({ RETRY_MAX_RATE_LIMITED_MS: '72000000', RETRY_MAXIMUM_ATTEMPTS: '60' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 60 attempts, .* after the 20 h of RETRY_MAX_RATE_LIMITED_MS/)]);
+    // Nor for 3 h of 429s after it: both come before the attempts.
+    expect(problems({ RETRY_MAX_OUTAGE_MS: '72000000', RETRY_MAX_RATE_LIMITED_MS: '10800000' })).toEqual([expect.stringMatching(/^RETRY_MAXIMUM_ATTEMPTS: 12 attempts, .* after the 23 h of RETRY_MAX_OUTAGE_MS and RETRY_MAX_RATE_LIMITED_MS/)]);
     // A 429 stretch longer than 20 h is refused as such.
     expect(problems({ RETRY_MAX_RATE_LIMITED_MS: '86400000' })).toEqual([expect.stringMatching(/^RETRY_MAX_RATE_LIMITED_MS: must be at most 72000000/)]);
   });

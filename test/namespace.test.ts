@@ -16,6 +16,7 @@ import { beginAttempt } from '../src/outbox/sql/delivery.js';
 import { createStripeClient } from '../src/stripe/client.js';
 import { addCustomer, createTestDb, runCliWithoutTemporal, startTestPipeline, temporalNamespace, testConfig, waitFor, type TestDb, type TestPipeline } from './helpers.js';
 import { schemaFor } from '../src/outbox/sql/schema.js';
+import { readDeployment } from '../src/temporal/worker.js';
 
 const CUSTOMER = 'cus_shared_account';
 
@@ -139,6 +140,12 @@ describe("operator commands run with another environment than the workers'", () 
       await c.query(`UPDATE outbox SET status = 'dead', dead_at = now() WHERE idempotency_key = $1`, [r.entry.idempotencyKey]);
       return r.entry.idempotencyKey;
     });
+    // Another namespace than the workers': refused, nothing stamped (which is right is the operator's to say).
+    const other = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared', STRIPE_IDENTIFIER_NAMESPACE: 'west' });
+    const refused = await runCliWithoutTemporal(['restored', '--backup-taken-at', new Date(Date.now() - 3_600_000).toISOString(), '--by', 'test'], other, east.db);
+    expect(refused.code).toBe(1);
+    expect(refused.err).toMatch(/STRIPE_IDENTIFIER_NAMESPACE is "west" here, but this deployment's workers last started with "east"/);
+    expect((await row(east, key)).stripe_identifier).toBeNull();
     const bare = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared' });
     expect(bare.stripe.identifierNamespace).toBe('');
     const r = await runCliWithoutTemporal(['restored', '--backup-taken-at', new Date(Date.now() - 3_600_000).toISOString(), '--by', 'test'], bare, east.db);
@@ -146,6 +153,16 @@ describe("operator commands run with another environment than the workers'", () 
     // Its next attempt resends what the workers would have sent: east's identifier, recognised by Stripe.
     expect((await row(east, key)).stripe_identifier).toBe(`east/${key}`);
   });
+});
+
+it("a schema made by an earlier build, its deployment row without the namespace column: refused at the worker's start with what to do, not a column error", async () => {
+  const db = await createTestDb();
+  try {
+    await db.pool.query('ALTER TABLE deployment DROP COLUMN identifier_namespace');
+    await expect(readDeployment(db.pool, schemaFor().name)).rejects.toThrow(/made by an earlier build of billing-outbox's 001_schema\.sql/);
+  } finally {
+    await db.drop();
+  }
 });
 
 it('a worker on a Temporal namespace without its search attributes refuses to start, naming them and how to create them', async () => {

@@ -99,14 +99,18 @@ export async function startWorker(deps: WorkerDeps): Promise<RunningWorker> {
   await ensureRelays(client, config, deployment);
   const stopping = new AbortController();
   const schema = schemaFor(config.databaseSchema);
-  // The deployment's identifier namespace is this worker's from now on: operator commands stamp with it.
-  const namespaceBefore = await recordIdentifierNamespace(pool, schema, config.stripe.identifierNamespace);
-  if (namespaceBefore != null) {
-    deps.log?.warn(
-      { before: namespaceBefore, now: config.stripe.identifierNamespace },
-      'STRIPE_IDENTIFIER_NAMESPACE differs from the one this deployment\'s workers started with before: events not attempted yet go to Stripe under the new one (those attempted keep theirs)',
-    );
-  }
+  // The deployment's identifier namespace is this worker's from now on: operator commands stamp with
+  // it. Not a reason to stay down (PostgreSQL away or read-only at this moment): said, and gone on.
+  await recordIdentifierNamespace(answeredWithin(pool, config.timings.statementAnswerMs), schema, config.stripe.identifierNamespace).then(
+    (before) => {
+      if (before == null) return;
+      deps.log?.warn(
+        { before, now: config.stripe.identifierNamespace },
+        "STRIPE_IDENTIFIER_NAMESPACE differs from the one this deployment's workers started with before: events not attempted yet go to Stripe under the new one (those attempted keep theirs)",
+      );
+    },
+    (err: unknown) => deps.log?.warn({ err: String(err) }, 'could not record the identifier namespace in the deployment row; operator commands use the one recorded before'),
+  );
   const notifier = new OutboxNotifier(deps.databaseUrl, schema.name);
   const relayLog = (msg: string, fields: Record<string, unknown>) => deps.log?.warn(fields, msg);
   // v2: one batcher per worker on the meter event stream, each request in the account-wide pace.
@@ -265,8 +269,9 @@ export const RELAY_DEPLOYMENT_MEMO = 'billingOutboxDeployment';
 /** This schema's deployment id (migrations/001_schema.sql), put on the relays it starts. */
 export async function readDeployment(db: Queryable, schemaName: string): Promise<string> {
   const schema = schemaFor(schemaName);
-  // The pause column too: the claim reads it, and a schema without it would fail every claim.
-  const { rows } = await db.query<{ id: string }>(`SELECT id, relays_paused_at FROM ${schema.deployment}`).catch(async (err: unknown) => {
+  // The pause column too: the claim reads it, and a schema without it would fail every claim; and
+  // the identifier namespace, recorded at every start.
+  const { rows } = await db.query<{ id: string }>(`SELECT id, relays_paused_at, identifier_namespace FROM ${schema.deployment}`).catch(async (err: unknown) => {
     // 42P01: no such table; 42703: no such column. Never migrated, or made by an unreleased build's
     // 001_schema.sql, which lacked it.
     const code = (err as { code?: unknown }).code;

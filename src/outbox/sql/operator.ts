@@ -386,10 +386,10 @@ export async function lastOperatorAction(db: Queryable, schema: Schema, action: 
  * at start). Returns the one recorded before, if another ('' for none; null before any worker).
  */
 export async function recordIdentifierNamespace(db: Queryable, schema: Schema, namespace: string): Promise<string | null | undefined> {
+  // The row locked before it is read: two workers starting at once each see the other's value.
   const { rows } = await db.query<{ before: string | null }>(
-    `UPDATE ${schema.deployment} d SET identifier_namespace = $1::text
-       FROM (SELECT identifier_namespace AS before FROM ${schema.deployment}) old
-      RETURNING old.before`,
+    `WITH old AS (SELECT identifier_namespace AS before FROM ${schema.deployment} FOR UPDATE)
+     UPDATE ${schema.deployment} d SET identifier_namespace = $1::text FROM old RETURNING old.before`,
     [namespace],
   );
   const before = rows[0]?.before ?? null;
@@ -398,12 +398,30 @@ export async function recordIdentifierNamespace(db: Queryable, schema: Schema, n
 
 /**
  * The identifier namespace operator commands stamp and rebill with: the one the deployment's
- * workers last started with, whatever this process's environment says (a CLI run from a shell
- * without STRIPE_IDENTIFIER_NAMESPACE would stamp bare keys where the workers sent
- * `<namespace>/<key>`, and a resend under another identifier is billed twice); `configured` only
- * while no worker has started.
+ * workers last started with, when this process has none (a CLI run from a shell without
+ * STRIPE_IDENTIFIER_NAMESPACE would stamp bare keys where the workers sent `<namespace>/<key>`, and
+ * a resend under another identifier is billed twice); `configured` while no worker has started.
+ * Two different ones are refused: which is right (a namespace changed since a backup was taken,
+ * a CLI pointed at another deployment's database) is the operator's to say.
  */
 export async function identifierNamespaceOf(db: Queryable, schema: Schema, configured: string): Promise<string> {
   const { rows } = await db.query<{ identifier_namespace: string | null }>(`SELECT identifier_namespace FROM ${schema.deployment}`);
-  return rows[0]?.identifier_namespace ?? configured;
+  const recorded = rows[0]?.identifier_namespace ?? null;
+  if (recorded === null) return configured;
+  if (configured !== '' && configured !== recorded) {
+    throw new NamespaceMismatchError(
+      `STRIPE_IDENTIFIER_NAMESPACE is ${JSON.stringify(configured)} here, but this deployment's workers last started with ${JSON.stringify(recorded)}: ` +
+        'run with theirs (identifiers stamped with another would be resent as new events and billed twice). If theirs has changed since ' +
+        `(a database restored from before the change), record it first: UPDATE ${schema.deployment} SET identifier_namespace = '<theirs now>'`,
+    );
+  }
+  return recorded;
+}
+
+/** An operator command's STRIPE_IDENTIFIER_NAMESPACE other than the one the workers started with. */
+export class NamespaceMismatchError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'NamespaceMismatchError';
+  }
 }
