@@ -40,7 +40,7 @@ export interface DeliveryDeps {
   /** v1: a slot of the account-wide pace for each call. */
   pacer: Pick<SlotPacer, 'take' | 'keepPace'>;
   /** The payload keys of each meter (read from Stripe, cached). */
-  meters: Pick<MeterCatalog, 'keysFor'> & Partial<Pick<MeterCatalog, 'swapLeftMs'>>;
+  meters: Pick<MeterCatalog, 'keysFor'> & Partial<Pick<MeterCatalog, 'swapLeftMs' | 'refresh'>>;
   config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
@@ -59,6 +59,9 @@ const LATE_MARGIN_MS = 1_000;
 
 /** How often a delivery whose meter is being replaced looks for the new one. */
 const METER_SWAP_RETRY_MS = 15_000;
+
+/** Stripe's codes for an event whose meter is not active (v1 answers them at once). */
+const METER_GONE_CODES = ['no_meter', 'archived_meter'];
 
 function fail(type: string, code: string, message: string): ApplicationFailure {
   return ApplicationFailure.create({ type, message, details: [code], nonRetryable: true });
@@ -310,7 +313,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // No answer: Stripe may still be on it, unless the connection never existed (refused, host
       // not found), when nothing was sent and the next delivery of the lease may go at once.
       if (err instanceof Stripe.errors.StripeConnectionError && !neverReachedStripe(err)) after.unanswered = true;
-      return failed(key, ready.row, err, sent, { progress });
+      return failed(key, ready.row, err, sent, { progress, sentToMeter: ready.keys.meterId });
     }
     return acknowledged(key, 'sent', await sent(), ready.row);
   }
@@ -415,10 +418,40 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       // Deactivated a moment ago with no active meter since: an operator replacing it. Waited for
       // (METER_SWAP_MS at most), not dead at once for want of a meter about to exist.
       const swapLeftMs = meters.swapLeftMs?.(row.event_name) ?? 0;
-      if (swapLeftMs > 0) return deferred('meter_replacing', Math.min(METER_SWAP_RETRY_MS, swapLeftMs) + Math.floor(Math.random() * 1_000), row.attempt_count);
+      if (swapLeftMs > 0) return waitForMeterSwap(key, row, swapLeftMs);
       return refuse(key, noMeterRefusal(row.event_name));
     }
     return { row, customer: check.stripeCustomerId, keys };
+  }
+
+  /**
+   * The event's meter is being replaced (deactivated, none active yet: MeterCatalog.swapLeftMs), or
+   * was a moment ago: waited for, the reason on the row, no attempt spent (the caller took it back).
+   */
+  async function waitForMeterSwap(key: string, row: AttemptRow, swapLeftMs: number): Promise<DeliveryResult> {
+    await store.recordAttemptError(
+      key,
+      'meter_replacing',
+      `Stripe has no active meter for event name ${JSON.stringify(row.event_name)} since it deactivated one moments ago: waiting for its replacement (15 minutes at most), no attempt spent`,
+    );
+    return deferred('meter_replacing', Math.min(METER_SWAP_RETRY_MS, swapLeftMs) + Math.floor(Math.random() * 1_000), row.attempt_count);
+  }
+
+  /**
+   * v1: Stripe refused the event for want of an active meter although this worker's meter list
+   * (up to a minute old) had one: read again. A meter being replaced is waited for; one replaced
+   * already (another meter for the name) is sent to on the next try. Undefined: refused for good.
+   */
+  async function meterChangedSince(key: string, row: AttemptRow, sentTo: string | undefined, takenBack: boolean): Promise<DeliveryResult | undefined> {
+    if (sentTo === undefined || !meters.refresh) return undefined;
+    const now = await meters.refresh().then(
+      async () => ({ keys: await meters.keysFor(row.event_name), swapLeftMs: meters.swapLeftMs?.(row.event_name) ?? 0 }),
+      () => undefined,
+    );
+    const swapLeftMs = now?.keys ? (now.keys.meterId === sentTo ? 0 : 1_000) : (now?.swapLeftMs ?? 0);
+    if (swapLeftMs === 0) return undefined;
+    if (!takenBack) await undoIfCounted(key, row);
+    return waitForMeterSwap(key, row, swapLeftMs);
   }
 
   /** A call to Stripe made before the meter event's (the meter list, a stream session) failed: classified as one, the attempt taken back. */
@@ -437,7 +470,13 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * A call that did not simply succeed, classified where it was made: Stripe already had it
    * (delivered), a refusal for good, a 429 to wait out, or a failure another attempt may pass.
    */
-  async function failed(key: string, row: AttemptRow, err: unknown, delivered: () => Promise<Marked>, opts: { takenBack?: boolean; progress?: Progress } = {}): Promise<DeliveryResult> {
+  async function failed(
+    key: string,
+    row: AttemptRow,
+    err: unknown,
+    delivered: () => Promise<Marked>,
+    opts: { takenBack?: boolean; progress?: Progress; sentToMeter?: string } = {},
+  ): Promise<DeliveryResult> {
     if (err instanceof ApplicationFailure) throw err;
     const failure = classifyStripeError(err);
     // Any answer from Stripe ends an outage; an error of ours (not Stripe's) says nothing either way.
@@ -465,6 +504,10 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       metrics?.stripeErrors.inc({ class: failure.kind });
       log.error('Stripe refused the API key: delivery holds until STRIPE_API_KEY works again', { idempotencyKey: key, code: failure.code, message: failure.message });
       return deferred('stripe_credentials', t.credentialsRetryMs + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
+    }
+    if (failure.kind === 'rejected' && METER_GONE_CODES.includes(failure.code)) {
+      const waiting = await meterChangedSince(key, row, opts.sentToMeter, opts.takenBack ?? false);
+      if (waiting) return waiting;
     }
     // Refused for good: nothing of the event is at Stripe (unless no meter event was sent at all,
     // as when the meter list was refused: an earlier call's customer is still the one to name).

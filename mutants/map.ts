@@ -614,6 +614,14 @@ export const MUTANTS: Mutant[] = [
     name: 'a schema made by an earlier build',
   },
   {
+    id: 'meter-swap-refusal-dead',
+    guarantee: "Nothing lost, dead only with a reason: an event Stripe refuses as no_meter because its meter was deactivated since the worker read the list waits for the replacement, not dead",
+    find: "    if (failure.kind === 'rejected' && METER_GONE_CODES.includes(failure.code)) {",
+    replace: '    if (false) {',
+    test: 'test/pipeline.test.ts',
+    name: 'deactivated since the worker read the list',
+  },
+  {
     id: 'door-waits-on-known-meter',
     guarantee: 'Off the request path, through Stripe outages: usage for a meter the door knows is answered without waiting for Stripe',
     find: "      if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) void this.readStartedAfter(now).catch(() => undefined);\n      return 'active';",
@@ -656,8 +664,8 @@ export const MUTANTS: Mutant[] = [
   {
     id: 'meter-swap-dead-at-once',
     guarantee: 'Nothing lost, dead only with a reason: an event whose meter is being replaced (deactivated, none active yet) waits for the new meter, not dead at once as no_meter',
-    find: "      if (swapLeftMs > 0) return deferred('meter_replacing',",
-    replace: "      if (swapLeftMs < 0) return deferred('meter_replacing',",
+    find: '      if (swapLeftMs > 0) return waitForMeterSwap(key, row, swapLeftMs);',
+    replace: '',
     test: 'test/unit/delivery.test.ts',
     name: 'a meter being replaced',
   },

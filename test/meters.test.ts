@@ -148,4 +148,26 @@ it('a meter deactivated with none active since is being replaced for 15 minutes 
   } finally {
     vi.useRealTimers();
   }
+
+  // This machine's clock two hours behind Stripe's: still 15 minutes at most from when the catalog
+  // first saw the deactivation, not started again by each read.
+  const skewed = local.addMeter('swapped_skewed');
+  const fresh = new MeterCatalog(counted, { minReloadIntervalMs: 0, now: () => now });
+  expect(await fresh.keysFor('swapped_skewed')).toMatchObject({ meterId: skewed });
+  local.deactivateMeter('swapped_skewed');
+  vi.useFakeTimers({ toFake: ['Date'], now: Date.now() - 2 * 3_600_000 });
+  try {
+    now += 61_000;
+    expect(await fresh.keysFor('swapped_skewed')).toBeUndefined();
+    expect(fresh.swapLeftMs('swapped_skewed')).toBeLessThanOrEqual(15 * 60_000);
+    expect(fresh.swapLeftMs('swapped_skewed')).toBeGreaterThan(14 * 60_000);
+    now += 10 * 60_000;
+    await fresh.keysFor('swapped_skewed');
+    expect(fresh.swapLeftMs('swapped_skewed')).toBeLessThanOrEqual(5 * 60_000);
+    now += 6 * 60_000;
+    await fresh.keysFor('swapped_skewed');
+    expect(fresh.swapLeftMs('swapped_skewed')).toBe(0);
+  } finally {
+    vi.useRealTimers();
+  }
 });

@@ -255,6 +255,28 @@ describe('the core pipeline', () => {
     expect(event!.asyncError).toBeUndefined();
   });
 
+  it("an event sent to a meter deactivated since the worker read the list (v1: Stripe's no_meter at once): waits for its replacement, then sent to it once", async () => {
+    const before = t.stripe.addMeter('swap_units');
+    const first = await enqueue('acme', 1, { eventName: 'swap_units' });
+    await waitStatus(first, 'sent');
+    // The operator's first step: the worker's list (read a moment ago) still names the old meter.
+    t.stripe.deactivateMeter('swap_units');
+    const key = await enqueue('acme', 5, { eventName: 'swap_units' });
+    const waiting = await waitFor('waiting for the meter', async () => {
+      const r = await row(key);
+      return r.last_error_code === 'meter_replacing' ? r : undefined;
+    });
+    expect(waiting.status).toBe('dispatched');
+    expect(waiting.last_error_message).toMatch(/waiting for its replacement/);
+    // Refused by Stripe, taken back: not an attempt of the event's budget.
+    expect(waiting.attempt_count).toBe(0);
+    // The second step: the new meter, with its own payload keys.
+    const after = t.stripe.addMeter('swap_units', { customerKey: 'account', valueKey: 'units' });
+    expect(after).not.toBe(before);
+    await waitStatus(key, 'sent');
+    expect(eventsFor(key)).toEqual([expect.objectContaining({ value: 5, payload: { account: 'cus_acme', units: '5' } })]);
+  });
+
   it('dead-letters an event whose meter does not exist at Stripe, with the reason, without sending it', async () => {
     const key = await enqueue('acme', 1, { eventName: 'no_such_meter' });
     const dead = await waitStatus(key, 'dead');

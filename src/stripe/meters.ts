@@ -91,8 +91,8 @@ export class MeterCatalog {
   private loadedFrom = Number.NEGATIVE_INFINITY;
   /** When the last read that failed did. */
   private failedAt = Number.NEGATIVE_INFINITY;
-  /** Event names whose meter is being replaced (swapLeftMs), until when. */
-  private swapUntil = new Map<string, number>();
+  /** Event names whose meter is being replaced (swapLeftMs): the deactivation's time (Stripe's), until when (ours). */
+  private swaps = new Map<string, { deactivatedAt: number; until: number }>();
 
   private readonly stripe: Pick<Stripe, 'billing'>;
   private readonly opts: { minReloadIntervalMs?: number; maxAgeMs?: number; now?: () => number };
@@ -168,23 +168,32 @@ export class MeterCatalog {
     }
   }
 
+  /** Reads the meter list again now (shared with any read started since), whatever the cache's age. */
+  async refresh(): Promise<void> {
+    await this.readStartedAfter(this.now());
+  }
+
   /**
    * How much longer (ms) `eventName` counts as a meter being replaced: the last read found no active
    * meter for it, and one deactivated less than METER_SWAP_MS before (an operator replacing it,
    * which Stripe only allows as a deactivation and a new meter). 0 otherwise.
    */
   swapLeftMs(eventName: string): number {
-    return Math.max(0, (this.swapUntil.get(eventName) ?? 0) - this.now());
+    return Math.max(0, (this.swaps.get(eventName)?.until ?? 0) - this.now());
   }
 
   private async read(startedAt: number): Promise<void> {
     const every = await everyMeterByEventName(this.stripe);
-    const swapUntil = new Map<string, number>();
+    const swaps = new Map<string, { deactivatedAt: number; until: number }>();
     for (const [name, same] of every) {
       if (same.some((m) => m.status === 'active')) continue;
       const deactivatedAt = Math.max(...same.map((m) => m.status_transitions?.deactivated_at ?? 0)) * 1000;
-      const left = deactivatedAt + METER_SWAP_MS - Date.now();
-      if (left > 0) swapUntil.set(name, startedAt + left);
+      // Timed from when this catalog first saw that deactivation, METER_SWAP_MS at most: a clock far
+      // behind Stripe's does not stretch the wait, each read does not start it again.
+      const seen = this.swaps.get(name);
+      const until = seen?.deactivatedAt === deactivatedAt ? seen.until : startedAt + Math.min(METER_SWAP_MS, deactivatedAt + METER_SWAP_MS - Date.now());
+      // Kept once over too: seen again, it stays over.
+      swaps.set(name, { deactivatedAt, until });
     }
     const next = new Map<string, MeterKeys>();
     for (const [name, meter] of currentMeters(every)) {
@@ -196,7 +205,7 @@ export class MeterCatalog {
       });
     }
     this.byName = next;
-    this.swapUntil = swapUntil;
+    this.swaps = swaps;
     this.loadedFrom = startedAt;
   }
 }

@@ -315,6 +315,7 @@ describe('v1: under the (customer, meter) lease', () => {
     expect(result).toMatchObject({ outcome: 'deferred', reason: 'meter_replacing' });
     expect((result as { waitMs: number }).waitMs).toBeLessThanOrEqual(16_000);
     expect(store.undoAttempt).toHaveBeenCalledWith(KEY, { wasFirst: true });
+    expect(store.recordAttemptError).toHaveBeenCalledWith(KEY, 'meter_replacing', expect.stringContaining('waiting for its replacement'));
     expect(sent).toEqual([]);
     deps.meters = { keysFor: async () => undefined, swapLeftMs: () => 0 };
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
