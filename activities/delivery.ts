@@ -40,7 +40,7 @@ export interface DeliveryDeps {
   /** v1: a slot of the account-wide pace for each call. */
   pacer: Pick<SlotPacer, 'take' | 'keepPace'>;
   /** The payload keys of each meter (read from Stripe, cached). */
-  meters: Pick<MeterCatalog, 'keysFor'> & Partial<Pick<MeterCatalog, 'swapLeftMs' | 'refresh'>>;
+  meters: Pick<MeterCatalog, 'keysFor'> & Partial<Pick<MeterCatalog, 'swapLeftMs' | 'refresh' | 'lastRead'>>;
   config: Pick<Config, 'timings'>;
   /** This process's counters; nothing is recorded without it. */
   metrics?: DeliveryMetrics;
@@ -442,13 +442,19 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
    * (up to a minute old) had one: read again. A meter being replaced is waited for; one replaced
    * already (another meter for the name) is sent to on the next try. Undefined: refused for good.
    */
-  async function meterChangedSince(key: string, row: AttemptRow, sentTo: string | undefined, takenBack: boolean): Promise<DeliveryResult | undefined> {
-    if (sentTo === undefined || !meters.refresh) return undefined;
-    const now = await meters.refresh().then(
-      async () => ({ keys: await meters.keysFor(row.event_name), swapLeftMs: meters.swapLeftMs?.(row.event_name) ?? 0 }),
-      () => undefined,
-    );
-    const swapLeftMs = now?.keys ? (now.keys.meterId === sentTo ? 0 : 1_000) : (now?.swapLeftMs ?? 0);
+  async function meterChangedSince(key: string, row: AttemptRow, failure: { code: string; message: string }, sentTo: string | undefined, takenBack: boolean): Promise<DeliveryResult | undefined> {
+    if (sentTo === undefined || !meters.refresh || !meters.lastRead) return undefined;
+    try {
+      await meters.refresh();
+    } catch (err) {
+      // Not known whether the meter is gone or being replaced: another attempt will tell, within
+      // the event's budget (this one stays counted).
+      const message = `${failure.message} (and the meter list could not be read again to tell a meter being replaced: ${String(err)})`;
+      await store.recordAttemptError(key, failure.code, message);
+      throw ApplicationFailure.create({ type: ErrorTypes.retryable, message, details: [failure.code] });
+    }
+    const now = meters.lastRead(row.event_name);
+    const swapLeftMs = now ? (now.meterId === sentTo ? 0 : 1_000) : (meters.swapLeftMs?.(row.event_name) ?? 0);
     if (swapLeftMs === 0) return undefined;
     if (!takenBack) await undoIfCounted(key, row);
     return waitForMeterSwap(key, row, swapLeftMs);
@@ -506,7 +512,7 @@ export function createDeliveryActivities(deps: DeliveryDeps) {
       return deferred('stripe_credentials', t.credentialsRetryMs + Math.floor(Math.random() * t.rateLimitJitterMs), row.attempt_count);
     }
     if (failure.kind === 'rejected' && METER_GONE_CODES.includes(failure.code)) {
-      const waiting = await meterChangedSince(key, row, opts.sentToMeter, opts.takenBack ?? false);
+      const waiting = await meterChangedSince(key, row, failure, opts.sentToMeter, opts.takenBack ?? false);
       if (waiting) return waiting;
     }
     // Refused for good: nothing of the event is at Stripe (unless no meter event was sent at all,

@@ -622,6 +622,14 @@ export const MUTANTS: Mutant[] = [
     name: 'deactivated since the worker read the list',
   },
   {
+    id: 'meter-reread-failure-dead',
+    guarantee: "Nothing lost, dead only with a reason: Stripe's no_meter for a meter the worker's list still had, with the list not readable now, is retried within the budget, not dead at once",
+    find: '      throw ApplicationFailure.create({ type: ErrorTypes.retryable, message, details: [failure.code] });\n    }\n    const now = meters.lastRead(row.event_name);',
+    replace: '      return undefined;\n    }\n    const now = meters.lastRead(row.event_name);',
+    test: 'test/unit/delivery.test.ts',
+    name: "Stripe's no_meter for a meter this worker's list still had",
+  },
+  {
     id: 'door-waits-on-known-meter',
     guarantee: 'Off the request path, through Stripe outages: usage for a meter the door knows is answered without waiting for Stripe',
     find: "      if (now - this.loadedFrom >= (this.opts.maxAgeMs ?? 60_000)) void this.readStartedAfter(now).catch(() => undefined);\n      return 'active';",

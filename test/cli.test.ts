@@ -430,8 +430,12 @@ describe('restored', () => {
 
     // Deployed with STRIPE_IDENTIFIER_NAMESPACE: a copy sent after the backup went as `ns1/<key>`, and
     // the stamp says so, or the resend would go as the bare key, which Stripe never saw.
+    // (Its workers recorded it in the deployment row; this file's run without one.)
     const namespaced = { ...t.config, stripe: { ...t.config.stripe, identifierNamespace: 'ns1' } };
-    const done = await cli(['restored', '--backup-taken-at', backupTakenAt.toISOString(), '--by', 'alice', '--json'], { config: namespaced });
+    await t.pool.query(`UPDATE deployment SET identifier_namespace = 'ns1'`);
+    const done = await cli(['restored', '--backup-taken-at', backupTakenAt.toISOString(), '--by', 'alice', '--json'], { config: namespaced }).finally(() =>
+      t.pool.query(`UPDATE deployment SET identifier_namespace = ''`),
+    );
     expect(done.code).toBe(0);
     expect((JSON.parse(done.out) as { stamped: number }).stamped).toBeGreaterThanOrEqual(2);
     const stamped = await row(key);

@@ -173,6 +173,11 @@ export class MeterCatalog {
     await this.readStartedAfter(this.now());
   }
 
+  /** The keys the last read of the meter list found for `eventName`, without reading it again. */
+  lastRead(eventName: string): MeterKeys | undefined {
+    return this.byName.get(eventName);
+  }
+
   /**
    * How much longer (ms) `eventName` counts as a meter being replaced: the last read found no active
    * meter for it, and one deactivated less than METER_SWAP_MS before (an operator replacing it,

@@ -321,6 +321,28 @@ describe('v1: under the (customer, meter) lease', () => {
     await expect(deliver(deps)).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
   });
 
+  it("Stripe's no_meter for a meter this worker's list still had: read again; waited for while being replaced, sent to a new one soon, dead only when the list still names the same meter", async () => {
+    const noMeter = () => new Stripe.errors.StripeInvalidRequestError({ type: 'invalid_request_error', statusCode: 400, code: 'no_meter', message: "No active meter was found for event name 'api_requests'." } as never);
+    const run = async (after: { lastRead?: typeof KEYS; swapLeftMs?: number; refresh?: () => Promise<void> }) => {
+      const p = parts({ send: async () => Promise.reject(noMeter()) });
+      p.deps.meters = { keysFor: async () => KEYS, refresh: after.refresh ?? (async () => undefined), lastRead: () => after.lastRead, swapLeftMs: () => after.swapLeftMs ?? 0 };
+      return { p, result: deliver(p.deps) };
+    };
+    const swapping = await run({ swapLeftMs: 10 * 60_000 });
+    expect(await swapping.result).toMatchObject({ outcome: 'deferred', reason: 'meter_replacing' });
+    expect(swapping.p.store.undoAttempt).toHaveBeenCalled();
+    const replaced = await run({ lastRead: { ...KEYS, meterId: 'mtr_2' } });
+    const soon = (await replaced.result) as { reason: string; waitMs: number };
+    expect(soon.reason).toBe('meter_replacing');
+    expect(soon.waitMs).toBeLessThanOrEqual(2_000);
+    await expect((await run({ lastRead: KEYS })).result).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
+    await expect((await run({})).result).rejects.toMatchObject({ type: 'StripeRejected', details: ['no_meter'] });
+    // The list not readable now: another attempt will tell (this one counted), not dead.
+    const unread = await run({ refresh: async () => Promise.reject(new Error('list unavailable')) });
+    await expect(unread.result).rejects.toMatchObject({ type: 'StripeRetryable', nonRetryable: false, details: ['no_meter'] });
+    expect(unread.p.store.undoAttempt).not.toHaveBeenCalled();
+  });
+
   it('a meter Stripe does not have: StripeRejected no_meter, nothing sent', async () => {
     const { deps, sent } = parts();
     deps.meters = { keysFor: async () => undefined };

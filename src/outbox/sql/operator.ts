@@ -410,9 +410,10 @@ export async function identifierNamespaceOf(db: Queryable, schema: Schema, confi
   if (recorded === null) return configured;
   if (configured !== '' && configured !== recorded) {
     throw new NamespaceMismatchError(
-      `STRIPE_IDENTIFIER_NAMESPACE is ${JSON.stringify(configured)} here, but this deployment's workers last started with ${JSON.stringify(recorded)}: ` +
-        'run with theirs (identifiers stamped with another would be resent as new events and billed twice). If theirs has changed since ' +
-        `(a database restored from before the change), record it first: UPDATE ${schema.deployment} SET identifier_namespace = '<theirs now>'`,
+      `STRIPE_IDENTIFIER_NAMESPACE is ${JSON.stringify(configured)} here, but this database records ${JSON.stringify(recorded)} as the one its workers last started with: ` +
+        'identifiers stamped with another would be resent as new events, and billed twice. Run without STRIPE_IDENTIFIER_NAMESPACE to use the recorded one. ' +
+        "After a restore it is the backup's, the one the events waiting in the backup were sent with after it was taken, unless the namespace changed first " +
+        '(then set that one, and reconcile the hours around the change). The record is made at each worker start: a start that could not write it left the one before.',
     );
   }
   return recorded;
