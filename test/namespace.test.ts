@@ -144,7 +144,7 @@ describe("operator commands run with another environment than the workers'", () 
     const other = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared', STRIPE_IDENTIFIER_NAMESPACE: 'west' });
     const refused = await runCliWithoutTemporal(['restored', '--backup-taken-at', new Date(Date.now() - 3_600_000).toISOString(), '--by', 'test'], other, east.db);
     expect(refused.code).toBe(1);
-    expect(refused.err).toMatch(/STRIPE_IDENTIFIER_NAMESPACE is "west" here, but this deployment's workers last started with "east"/);
+    expect(refused.err).toMatch(/STRIPE_IDENTIFIER_NAMESPACE is "west" here, but this database records "east" as the one its workers last started with/);
     expect((await row(east, key)).stripe_identifier).toBeNull();
     const bare = testConfig({ STRIPE_API_BASE: stripe.url, STRIPE_API_KEY: 'sk_test_shared' });
     expect(bare.stripe.identifierNamespace).toBe('');
