@@ -389,7 +389,8 @@ export function resolveTimings(callTimeoutMs: number, unansweredHoldMs: number, 
     heartbeatEveryMs: HEARTBEAT_EVERY_MS,
     // Five heartbeats missed: not a slow query, a dead worker.
     heartbeatTimeoutMs: 5 * HEARTBEAT_EVERY_MS,
-    // The wait for the lease, the call, and 10 s for the database work and the pace's wait around it.
+    // The wait for the lease, the call (the longest any worker may make, for Temporal; this
+    // worker's own for attemptMs), and 10 s for the database work and the pace's wait around it.
     attemptTimeoutMs: LEASE_WAIT_MS + LONGEST_STRIPE_TIMEOUT_MS + 10_000,
     attemptMs: LEASE_WAIT_MS + callTimeoutMs + 10_000,
   };
@@ -669,11 +670,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     { initialIntervalMs: c.RETRY_INITIAL_INTERVAL_MS, backoffCoefficient: c.RETRY_BACKOFF_COEFFICIENT, maximumIntervalMs: c.RETRY_MAXIMUM_INTERVAL_MS, maximumAttempts: c.RETRY_MAXIMUM_ATTEMPTS },
     timings.attemptMs,
   );
-  // Past the outage's wait (from the first attempt), an event's failures spend attempts: the last
-  // must still come before the resend window closes, or the event dies of the window (an operator
-  // asked to reconcile) instead of its own error.
-  // An event's waits that spend no attempt come first: an outage's, then a stretch of 429s as the
-  // backlog meets Stripe again (an outage ends one, so it may come after).
+  // An event's waits that spend no attempt come first (an outage's, then a stretch of 429s as the
+  // backlog meets Stripe again), then its failures spend attempts: the last must still come before
+  // the resend window closes, or the event dies of the window (an operator asked to reconcile)
+  // instead of its own error.
   const longestWait = c.RETRY_MAX_OUTAGE_MS + c.RETRY_MAX_RATE_LIMITED_MS;
   if (longestWait + attemptsMs > SAFE_RESEND_WINDOW_MS) {
     const h = (ms: number) => `${Number((ms / 3_600_000).toFixed(1))} h`;

@@ -4,14 +4,6 @@
 import type Stripe from 'stripe';
 
 /**
- * The meter each event name is recorded on. Stripe routes a meter event to the one active meter
- * with that `event_name`; an inactive meter is kept only when no active one has the name.
- */
-export async function metersByEventName(client: Pick<Stripe, 'billing'>): Promise<Map<string, Stripe.Billing.Meter>> {
-  return currentMeters(await everyMeterByEventName(client));
-}
-
-/**
  * Every meter of each event name, active or not: a meter replaced (to change its payload keys)
  * keeps what it counted before, and reconciliation reads both.
  */
@@ -62,6 +54,16 @@ export function meterEventPayload(event: MeterEvent): Record<string, string> {
 }
 
 /**
+ * How long after its meter was deactivated, with no active one since, an event name counts as a
+ * meter being replaced (MeterCatalog.swapLeftMs): usage for it is let in and its delivery waits,
+ * rather than refused or dead as a meter Stripe does not have.
+ */
+export const METER_SWAP_MS = 15 * 60_000;
+
+/** How long after a failed read of the meter list a name not read yet is let in without asking again (`known`). */
+const FAILED_READ_KEPT_MS = 5_000;
+
+/**
  * The payload keys of each meter, read from Stripe's meter list and cached for `maxAgeMs` (a
  * minute). A meter's own keys never change, but the meter an event name goes to does: a meter
  * deactivated and replaced by one with other payload keys would otherwise get events under the old
@@ -73,16 +75,6 @@ export function meterEventPayload(event: MeterEvent): Record<string, string> {
  * shared and paced (at most one per `minReloadIntervalMs`): a backlog naming a meter that does not
  * exist costs one list call per interval, not one per event.
  */
-/**
- * How long after its meter was deactivated, with no active one since, an event name counts as a
- * meter being replaced (MeterCatalog.swapLeftMs): usage for it is let in and its delivery waits,
- * rather than refused or dead as a meter Stripe does not have.
- */
-export const METER_SWAP_MS = 15 * 60_000;
-
-/** How long after a failed read of the meter list a name not read yet is let in without asking again (`known`). */
-const FAILED_READ_KEPT_MS = 5_000;
-
 export class MeterCatalog {
   private byName = new Map<string, MeterKeys>();
   private inFlight: { startedAt: number; done: Promise<void> } | undefined;
